@@ -1,0 +1,276 @@
+//! The [`Objective`] trait and everything that crosses its boundary.
+
+use anyhow::{bail, Result};
+use candle_core::{Tensor, Var};
+use candle_nn::VarBuilder;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::Collective;
+
+/// Where training stands when a loss is computed or a step has ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress {
+    /// Optimiser steps taken before this one (0-based).
+    pub step: usize,
+    /// Current epoch (0-based).
+    pub epoch: usize,
+    /// Steps in one epoch.
+    pub steps_per_epoch: usize,
+    /// Steps in the whole run.
+    pub total_steps: usize,
+    /// The run's seed; combine with `step` through [`Progress::rng`] for per-step randomness
+    /// that a resumed run reproduces.
+    pub seed: u64,
+}
+
+impl Progress {
+    /// Fraction of training done, in `[0, 1]`.
+    pub fn fraction(&self) -> f64 {
+        if self.total_steps == 0 {
+            1.0
+        } else {
+            (self.step as f64 / self.total_steps as f64).min(1.0)
+        }
+    }
+
+    /// A generator determined by the run seed, this step and a caller-chosen `stream`, so an
+    /// objective's random draws (slices, partitions) are the same after `--resume`.
+    pub fn rng(&self, stream: u64) -> ChaCha8Rng {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ 0x5eed_0b1e_c71e);
+        rng.set_stream(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ self.step as u64);
+        rng
+    }
+
+    /// Cosine ramp from `start` (step 0) to `end` (last step):
+    /// `end − (end − start)(cos(π k/K) + 1)/2`, the EMA momentum schedule of BYOL/DINO/CARP.
+    pub fn cosine_ramp(&self, start: f64, end: f64) -> f64 {
+        let k = self.fraction();
+        end - (end - start) * ((std::f64::consts::PI * k).cos() + 1.0) / 2.0
+    }
+}
+
+/// One mini-batch as an objective sees it. All tensors live on the training device.
+///
+/// `B` = instances in the batch, `V` = views per instance (global first, then local crops),
+/// `D` = projection width, `F` = backbone width.
+pub struct Batch<'a> {
+    /// Projector outputs `[V, B, D]`, view-major (`projections.get(v)` is view `v` of every
+    /// instance). If the objective asked for no projector, this is the backbone output.
+    pub projections: &'a Tensor,
+    /// Backbone outputs `[V, B, F]`.
+    pub features: &'a Tensor,
+    /// The first `global_views` views are full-size ("global") crops; the rest are local crops.
+    pub global_views: usize,
+    /// Dataset indices of the `B` instances, `[B]` u32, stable over epochs (instance tables).
+    pub indices: &'a Tensor,
+    /// Class labels `[B]` u32 when the data set has them.
+    pub labels: Option<&'a Tensor>,
+    /// Teacher projections of the global views `[V_global, B, D]`, detached; present exactly
+    /// when [`Requirements::teacher`] asked for a teacher.
+    pub teacher: Option<&'a Tensor>,
+    /// Training progress (step, epoch, totals, seed).
+    pub progress: Progress,
+    /// Train mode (batch-norm batch statistics) for the objective's own heads.
+    pub train: bool,
+    /// Gathers batch statistics across data-parallel workers; see [`Collective`].
+    pub collective: &'a dyn Collective,
+}
+
+impl Batch<'_> {
+    /// Number of views `V`.
+    pub fn views(&self) -> usize {
+        self.projections.dims()[0]
+    }
+    /// Number of instances `B`.
+    pub fn batch_size(&self) -> usize {
+        self.projections.dims()[1]
+    }
+    /// The labels, or a clear error for objectives that need them.
+    pub fn require_labels(&self, objective: &str) -> Result<&Tensor> {
+        match self.labels {
+            Some(l) => Ok(l),
+            None => bail!(
+                "objective `{objective}` is supervised and needs class labels, but the data set has none; \
+                 use a labelled data set or an unsupervised objective"
+            ),
+        }
+    }
+}
+
+/// The scalar loss plus its named terms (unweighted values as logged).
+pub struct LossOutput {
+    /// Scalar tensor to differentiate.
+    pub loss: Tensor,
+    /// Named scalar terms, e.g. `("invariance", …)`, logged every step.
+    pub terms: Vec<(String, Tensor)>,
+}
+
+impl LossOutput {
+    /// A loss with no separate terms.
+    pub fn new(loss: Tensor) -> Self {
+        Self {
+            loss,
+            terms: Vec::new(),
+        }
+    }
+    /// Adds a named term.
+    pub fn with_term(mut self, name: impl Into<String>, value: Tensor) -> Self {
+        self.terms.push((name.into(), value));
+        self
+    }
+}
+
+/// An exponential-moving-average teacher: a copy of encoder + projector, never trained by the
+/// optimiser, fed the global views, updated in [`Objective::after_step`] through
+/// [`StepContext::ema_update`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TeacherSpec {
+    /// Whether the teacher's batch norm uses batch statistics (train mode), as BYOL and DINO do.
+    pub train_mode: bool,
+}
+
+/// What an objective needs from the trainer; checked before the first step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Requirements {
+    /// Smallest number of views per instance.
+    pub min_views: usize,
+    /// Largest number of views, if bounded.
+    pub max_views: Option<usize>,
+    /// Smallest batch size `B`, and why (quoted in the error).
+    pub min_batch: usize,
+    pub min_batch_reason: &'static str,
+    /// Needs class labels (supervised objectives).
+    pub labels: bool,
+    /// Wants the trainer's projector; `false` gives the loss the backbone output.
+    pub projector: bool,
+    /// Wants an EMA teacher.
+    pub teacher: Option<TeacherSpec>,
+}
+
+impl Default for Requirements {
+    fn default() -> Self {
+        Self {
+            min_views: 2,
+            max_views: None,
+            min_batch: 1,
+            min_batch_reason: "",
+            labels: false,
+            projector: true,
+            teacher: None,
+        }
+    }
+}
+
+impl Requirements {
+    /// Checks a planned run against these limits, with an error that names the fix.
+    pub fn check(
+        &self,
+        objective: &str,
+        views: usize,
+        batch: usize,
+        has_labels: bool,
+    ) -> Result<()> {
+        if views < self.min_views {
+            bail!(
+                "objective `{objective}` needs at least {} views per instance, got --views {views}; \
+                 use --views {} or more",
+                self.min_views,
+                self.min_views
+            );
+        }
+        if let Some(max) = self.max_views {
+            if views > max {
+                bail!(
+                    "objective `{objective}` takes at most {max} views per instance, got --views {views}; \
+                     use --views {max} or fewer"
+                );
+            }
+        }
+        if batch < self.min_batch {
+            bail!(
+                "objective `{objective}` needs batch size ≥ {} ({}), got --batch-size {batch}; \
+                 use --batch-size {} or more",
+                self.min_batch,
+                self.min_batch_reason,
+                self.min_batch
+            );
+        }
+        if self.labels && !has_labels {
+            bail!(
+                "objective `{objective}` is supervised and needs class labels, but the data set has none"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// What an objective may use when it is built.
+pub struct BuildContext<'a> {
+    /// Creates the objective's own parameters and buffers (instance tables, prototypes,
+    /// queues, predictor heads). Names under it are saved in and restored from checkpoints.
+    pub vb: VarBuilder<'a>,
+    /// Number of training instances `N` (instance tables are `N × d`).
+    pub num_instances: usize,
+    /// Number of classes when the data has labels.
+    pub num_classes: Option<usize>,
+    /// Width of [`Batch::projections`].
+    pub projection_dim: usize,
+    /// Width of [`Batch::features`].
+    pub feature_dim: usize,
+    /// Views per instance the run will use.
+    pub views: usize,
+    /// Batch size `B` the run will use.
+    pub batch_size: usize,
+}
+
+/// Given to [`Objective::after_step`] after every optimiser step.
+pub struct StepContext<'a> {
+    /// The step that just ended.
+    pub progress: Progress,
+    /// Trainable student parameters (encoder + projector) by name.
+    pub student: &'a [(String, Var)],
+    /// The teacher's parameters under the same names, when one was requested.
+    pub teacher: Option<&'a [(String, Var)]>,
+}
+
+impl StepContext<'_> {
+    /// `θ_t ← m·θ_t + (1 − m)·θ_s` for every student parameter (spec §3).
+    pub fn ema_update(&self, momentum: f64) -> Result<()> {
+        let Some(teacher) = self.teacher else {
+            bail!("ema_update called but the objective did not request a teacher");
+        };
+        for ((name_s, s), (name_t, t)) in self.student.iter().zip(teacher) {
+            debug_assert_eq!(name_s, name_t);
+            let updated = ((t.as_tensor() * momentum)? + (s.as_tensor() * (1.0 - momentum))?)?;
+            t.set(&updated)?;
+        }
+        Ok(())
+    }
+}
+
+/// A self-supervised (or supervised) training objective.
+pub trait Objective: Send {
+    /// What the trainer must provide; checked before training starts.
+    fn requirements(&self) -> Requirements;
+
+    /// The loss for one batch.
+    fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput>;
+
+    /// Runs after every optimiser step (EMA update, queue push, prototype normalisation).
+    fn after_step(&mut self, _ctx: &StepContext<'_>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A typed objective configuration: serde defaults are the paper's defaults, unknown keys are
+/// rejected (`#[serde(deny_unknown_fields)]`), [`ObjectiveConfig::validate`] checks values.
+pub trait ObjectiveConfig: Serialize + DeserializeOwned + Default + 'static {
+    /// Value checks beyond types (e.g. a positive temperature), naming the key and the fix.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Builds the objective.
+    fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>>;
+}

@@ -1,0 +1,130 @@
+//! Registration records collected with `inventory` from every linked objective crate.
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::{BuildContext, Objective, ObjectiveConfig};
+
+/// One documented configuration key of an objective (shown by `ssl describe`).
+#[derive(Debug, Clone, Copy)]
+pub struct ConfigKey {
+    pub name: &'static str,
+    pub doc: &'static str,
+}
+
+/// How an objective makes itself known. Submit one with [`crate::register_objective!`].
+pub struct Registration {
+    /// Canonical name used on the command line (`ssl run --objective NAME`).
+    pub name: &'static str,
+    /// Other accepted names.
+    pub aliases: &'static [&'static str],
+    /// One line for `ssl list`.
+    pub summary: &'static str,
+    /// Paper citation (authors, title, venue, year).
+    pub paper: &'static str,
+    /// Documented config keys, in display order.
+    pub keys: &'static [ConfigKey],
+    /// The default configuration as YAML (the paper's defaults).
+    pub default_config: fn() -> serde_yaml::Value,
+    /// Parses, validates and builds from a YAML mapping of overrides.
+    pub build: fn(&serde_yaml::Value, &BuildContext<'_>) -> Result<Box<dyn Objective>>,
+}
+
+inventory::collect!(Registration);
+
+impl Registration {
+    /// Whether `name` is this objective's name or one of its aliases (case-insensitive).
+    pub fn answers_to(&self, name: &str) -> bool {
+        self.name.eq_ignore_ascii_case(name)
+            || self.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
+    }
+}
+
+/// The typed defaults of `C` as YAML.
+pub fn default_config_of<C: ObjectiveConfig>() -> serde_yaml::Value {
+    serde_yaml::to_value(C::default()).expect("objective configs serialise to YAML")
+}
+
+/// Parses `C` from a YAML mapping (missing keys default, unknown keys are errors) and validates.
+pub fn parse_config<C: ObjectiveConfig>(name: &str, value: &serde_yaml::Value) -> Result<C> {
+    let value = match value {
+        serde_yaml::Value::Null => serde_yaml::Value::Mapping(Default::default()),
+        v => v.clone(),
+    };
+    let config: C = serde_yaml::from_value(value)
+        .map_err(|e| anyhow!("{e}"))
+        .with_context(|| {
+            format!("invalid configuration for objective `{name}` (see `ssl describe {name}`)")
+        })?;
+    config
+        .validate()
+        .with_context(|| format!("invalid configuration for objective `{name}`"))?;
+    Ok(config)
+}
+
+/// Parses, validates and builds `C`; the `build` entry of a [`Registration`].
+pub fn build_from<C: ObjectiveConfig>(
+    name: &str,
+    value: &serde_yaml::Value,
+    ctx: &BuildContext<'_>,
+) -> Result<Box<dyn Objective>> {
+    parse_config::<C>(name, value)?.build(ctx)
+}
+
+/// All linked objectives, sorted by name.
+pub fn registry() -> Vec<&'static Registration> {
+    let mut all: Vec<_> = inventory::iter::<Registration>.into_iter().collect();
+    all.sort_by_key(|r| r.name);
+    all
+}
+
+/// Finds an objective by name or alias; an unknown name gets the closest known one suggested.
+pub fn find(name: &str) -> Result<&'static Registration> {
+    let all = registry();
+    if let Some(r) = all.iter().find(|r| r.answers_to(name)) {
+        return Ok(r);
+    }
+    let lower = name.to_ascii_lowercase();
+    let closest = all
+        .iter()
+        .flat_map(|r| std::iter::once(r.name).chain(r.aliases.iter().copied()))
+        .map(|n| (strsim::jaro_winkler(&lower, &n.to_ascii_lowercase()), n))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    let known: Vec<_> = all.iter().map(|r| r.name).collect();
+    match closest {
+        Some((score, n)) if score > 0.7 => bail!(
+            "unknown objective `{name}`; did you mean `{n}`? (known: {}; see `ssl list`)",
+            known.join(", ")
+        ),
+        _ => bail!(
+            "unknown objective `{name}` (known: {}; see `ssl list`)",
+            known.join(", ")
+        ),
+    }
+}
+
+/// Registers an objective:
+///
+/// ```ignore
+/// ssl_core::register_objective! {
+///     name: "vicreg", aliases: &[], summary: "…", paper: "…",
+///     keys: &[ConfigKey { name: "lambda", doc: "invariance weight" }],
+///     config: VicregConfig,
+/// }
+/// ```
+#[macro_export]
+macro_rules! register_objective {
+    (name: $name:expr, aliases: $aliases:expr, summary: $summary:expr, paper: $paper:expr,
+     keys: $keys:expr, config: $config:ty $(,)?) => {
+        $crate::inventory::submit! {
+            $crate::Registration {
+                name: $name,
+                aliases: $aliases,
+                summary: $summary,
+                paper: $paper,
+                keys: $keys,
+                default_config: $crate::registry::default_config_of::<$config>,
+                build: |value, ctx| $crate::registry::build_from::<$config>($name, value, ctx),
+            }
+        }
+    };
+}
