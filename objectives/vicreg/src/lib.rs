@@ -1,1 +1,299 @@
-//! placeholder
+//! VICReg: Variance-Invariance-Covariance Regularization.
+//!
+//! Bardes, Ponce & LeCun, "VICReg: Variance-Invariance-Covariance Regularization for
+//! Self-Supervised Learning", ICLR 2022. Spec: `shared/spec/objectives.md` §2.3.
+//!
+//! `L = λ·inv + μ·(1/V)Σ_v v(Z_v) + ν·(2/V)Σ_v c(Z_v)`, with `inv` the mean over view pairs of
+//! `mse`. At V = 2 this is the official code: variance averaged over the branches, covariance
+//! summed. Needs B ≥ 2 (unbiased variance).
+
+use anyhow::Result;
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+use ssl_core::{
+    register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
+    Requirements,
+};
+
+/// `mse(a, b)`: mean over all elements of `(a − b)²`. `a, b`: `[N, d]`.
+pub fn invariance(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+    (a - b)?.sqr()?.mean_all()
+}
+
+/// `v(Z) = (1/d) Σ_j relu(1 − sqrt(var_u(Z_{:,j}) + 1e-4))`. `z`: `[N, d]`, N ≥ 2.
+pub fn variance(z: &Tensor) -> candle_core::Result<Tensor> {
+    let n = z.dim(0)? as f64;
+    let centred = z.broadcast_sub(&z.mean_keepdim(0)?)?;
+    let var = (centred.sqr()?.sum(0)? / (n - 1.0))?;
+    let std = (var + 1e-4)?.sqrt()?;
+    (1.0 - std)?.relu()?.mean_all()
+}
+
+/// `c(Z) = (1/d) Σ_{i≠j} C(Z)_{ij}²`, `C = (Z − mean)ᵀ(Z − mean)/(N − 1)`. `z`: `[N, d]`.
+pub fn covariance(z: &Tensor) -> candle_core::Result<Tensor> {
+    let (n, d) = z.dims2()?;
+    let centred = z.broadcast_sub(&z.mean_keepdim(0)?)?;
+    let cov = (centred.t()?.matmul(&centred)? / (n as f64 - 1.0))?;
+    let diagonal = (centred.sqr()?.sum(0)? / (n as f64 - 1.0))?;
+    let off_diagonal = (cov.sqr()?.sum_all()? - diagonal.sqr()?.sum_all()?)?;
+    off_diagonal / d as f64
+}
+
+/// The three VICReg terms of `z`: `[V, B, d]` (view-major), unweighted.
+pub struct VicregTerms {
+    /// Mean over the `V(V−1)/2` view pairs of `mse`.
+    pub invariance: Tensor,
+    /// `(1/V) Σ_v v(Z_v)`.
+    pub variance: Tensor,
+    /// `(2/V) Σ_v c(Z_v)`.
+    pub covariance: Tensor,
+}
+
+/// Computes [`VicregTerms`] for `z`: `[V, B, d]`, V ≥ 2.
+pub fn vicreg_terms(z: &Tensor) -> candle_core::Result<VicregTerms> {
+    let views: Vec<Tensor> = (0..z.dim(0)?)
+        .map(|v| z.get(v))
+        .collect::<candle_core::Result<_>>()?;
+    let v = views.len();
+    let mut inv = Vec::new();
+    for i in 0..v {
+        for j in i + 1..v {
+            inv.push(invariance(&views[i], &views[j])?);
+        }
+    }
+    let var: Vec<Tensor> = views
+        .iter()
+        .map(variance)
+        .collect::<candle_core::Result<_>>()?;
+    let cov: Vec<Tensor> = views
+        .iter()
+        .map(covariance)
+        .collect::<candle_core::Result<_>>()?;
+    Ok(VicregTerms {
+        invariance: (Tensor::stack(&inv, 0)?.mean(0))?,
+        variance: (Tensor::stack(&var, 0)?.sum(0)? / v as f64)?,
+        covariance: (Tensor::stack(&cov, 0)?.sum(0)? * (2.0 / v as f64))?,
+    })
+}
+
+/// `λ·inv + μ·var + ν·cov` for `z`: `[V, B, d]`.
+pub fn vicreg_loss(z: &Tensor, cfg: &VicregConfig) -> candle_core::Result<Tensor> {
+    let t = vicreg_terms(z)?;
+    (t.invariance * cfg.lambda)? + (t.variance * cfg.mu)? + (t.covariance * cfg.nu)?
+}
+
+/// VICReg hyper-parameters (paper defaults λ = μ = 25, ν = 1).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VicregConfig {
+    /// Invariance weight λ.
+    pub lambda: f64,
+    /// Variance weight μ.
+    pub mu: f64,
+    /// Covariance weight ν.
+    pub nu: f64,
+}
+
+impl Default for VicregConfig {
+    fn default() -> Self {
+        Self {
+            lambda: 25.0,
+            mu: 25.0,
+            nu: 1.0,
+        }
+    }
+}
+
+impl ObjectiveConfig for VicregConfig {
+    fn validate(&self) -> Result<()> {
+        for (key, value) in [("lambda", self.lambda), ("mu", self.mu), ("nu", self.nu)] {
+            anyhow::ensure!(
+                value.is_finite() && value >= 0.0,
+                "`{key}` must be a finite weight ≥ 0, got {value}"
+            );
+        }
+        Ok(())
+    }
+    fn build(&self, _ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>> {
+        Ok(Box::new(Vicreg(self.clone())))
+    }
+}
+
+/// The VICReg objective.
+pub struct Vicreg(pub VicregConfig);
+
+impl Objective for Vicreg {
+    fn requirements(&self) -> Requirements {
+        Requirements {
+            min_batch: 2,
+            min_batch_reason: "the variance term uses the unbiased batch variance",
+            ..Requirements::default()
+        }
+    }
+
+    fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput> {
+        let z = batch.collective.all_gather(batch.projections, 1)?;
+        let t = vicreg_terms(&z)?;
+        let c = &self.0;
+        let loss = ((&t.invariance * c.lambda)? + (&t.variance * c.mu)? + (&t.covariance * c.nu)?)?;
+        Ok(LossOutput::new(loss)
+            .with_term("invariance", t.invariance)
+            .with_term("variance", t.variance)
+            .with_term("covariance", t.covariance))
+    }
+}
+
+register_objective! {
+    name: "vicreg",
+    aliases: &[],
+    summary: "Variance-invariance-covariance regularisation (dimension-contrastive)",
+    paper: "Bardes, Ponce, LeCun. VICReg: Variance-Invariance-Covariance Regularization for Self-Supervised Learning. ICLR 2022",
+    keys: &[
+        ConfigKey { name: "lambda", doc: "invariance weight λ" },
+        ConfigKey { name: "mu", doc: "variance weight μ (averaged over views)" },
+        ConfigKey { name: "nu", doc: "covariance weight ν (summed over the two views)" },
+    ],
+    config: VicregConfig,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Var};
+
+    fn za_zb() -> candle_core::Result<(Tensor, Tensor)> {
+        let dev = Device::Cpu;
+        let a = Tensor::new(
+            &[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]],
+            &dev,
+        )?;
+        let b = Tensor::new(
+            &[[1f64, 1., 2.], [0., 0., 1.], [2., 2., 1.], [0., 3., 0.]],
+            &dev,
+        )?;
+        Ok((a, b))
+    }
+
+    fn scalar(t: &Tensor) -> f64 {
+        t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
+    }
+
+    fn close(a: f64, b: f64, rel: f64) {
+        assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
+    }
+
+    #[test]
+    fn known_answers_spec_2_3() -> candle_core::Result<()> {
+        let (a, b) = za_zb()?;
+        close(scalar(&invariance(&a, &b)?), 0.5, 1e-9);
+        close(scalar(&variance(&a)?), 0.1222947894, 1e-8);
+        close(scalar(&variance(&b)?), 0.0753209515, 1e-8);
+        close(scalar(&covariance(&a)?), 4.0 / 27.0, 1e-9);
+        close(scalar(&covariance(&b)?), 7.0 / 18.0, 1e-9);
+        let z = Tensor::stack(&[&a, &b], 0)?;
+        close(
+            scalar(&vicreg_loss(&z, &VicregConfig::default())?),
+            15.5072337985,
+            1e-9,
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn known_answer_in_f32() -> candle_core::Result<()> {
+        let (a, b) = za_zb()?;
+        let z = Tensor::stack(&[&a, &b], 0)?.to_dtype(DType::F32)?;
+        close(
+            scalar(&vicreg_loss(&z, &VicregConfig::default())?),
+            15.5072337985,
+            1e-4,
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn multi_view_reduces_to_pairwise_means() -> candle_core::Result<()> {
+        let z = Tensor::randn(0f64, 1., (4, 6, 5), &Device::Cpu)?;
+        let t = vicreg_terms(&z)?;
+        let mut inv = 0.0;
+        for i in 0..4 {
+            for j in i + 1..4 {
+                inv += scalar(&invariance(&z.get(i)?, &z.get(j)?)?) / 6.0;
+            }
+        }
+        close(scalar(&t.invariance), inv, 1e-12);
+        let var: f64 = (0..4)
+            .map(|v| scalar(&variance(&z.get(v).unwrap()).unwrap()))
+            .sum();
+        close(scalar(&t.variance), var / 4.0, 1e-12);
+        let cov: f64 = (0..4)
+            .map(|v| scalar(&covariance(&z.get(v).unwrap()).unwrap()))
+            .sum();
+        close(scalar(&t.covariance), cov * 2.0 / 4.0, 1e-12);
+        Ok(())
+    }
+
+    #[test]
+    fn gradient_matches_finite_differences() -> candle_core::Result<()> {
+        let z0 = Tensor::randn(0f64, 0.5, (2, 5, 3), &Device::Cpu)?;
+        let var = Var::from_tensor(&z0)?;
+        let cfg = VicregConfig::default();
+        let grad = vicreg_loss(var.as_tensor(), &cfg)?.backward()?;
+        let g = grad
+            .get(var.as_tensor())
+            .unwrap()
+            .flatten_all()?
+            .to_vec1::<f64>()?;
+        let base = z0.flatten_all()?.to_vec1::<f64>()?;
+        let h = 1e-6;
+        for (k, gk) in g.iter().enumerate() {
+            let eval = |delta: f64| {
+                let mut v = base.clone();
+                v[k] += delta;
+                let t = Tensor::from_vec(v, (2, 5, 3), &Device::Cpu).unwrap();
+                scalar(&vicreg_loss(&t, &cfg).unwrap())
+            };
+            let fd = (eval(h) - eval(-h)) / (2.0 * h);
+            assert!(
+                (fd - gk).abs() < 1e-5 * (1.0 + fd.abs()),
+                "element {k}: fd {fd} vs {gk}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn registered_with_documented_defaults() {
+        let reg = ssl_core::find("vicreg").unwrap();
+        let defaults = (reg.default_config)();
+        let map = defaults.as_mapping().unwrap();
+        assert_eq!(map.len(), reg.keys.len());
+        for key in reg.keys {
+            assert!(
+                map.contains_key(key.name),
+                "undocumented default {}",
+                key.name
+            );
+        }
+        assert_eq!(defaults["lambda"].as_f64(), Some(25.0));
+    }
+
+    #[test]
+    fn unknown_key_and_bad_value_are_clear_errors() {
+        let bad: serde_yaml::Value = serde_yaml::from_str("lamda: 3").unwrap();
+        let err = format!(
+            "{:#}",
+            ssl_core::registry::parse_config::<VicregConfig>("vicreg", &bad).unwrap_err()
+        );
+        assert!(
+            err.contains("unknown field `lamda`") && err.contains("lambda"),
+            "{err}"
+        );
+        let neg: serde_yaml::Value = serde_yaml::from_str("mu: -1").unwrap();
+        let err = format!(
+            "{:#}",
+            ssl_core::registry::parse_config::<VicregConfig>("vicreg", &neg).unwrap_err()
+        );
+        assert!(err.contains("`mu`"), "{err}");
+    }
+}
