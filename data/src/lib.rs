@@ -1,1 +1,24 @@
-//! placeholder
+//! Datasets, augmentations and the multi-view loader of candle-ssl.
+//!
+//! * [`dataset`]: the in-memory [`Dataset`] container (flat `f32` samples plus labels).
+//! * [`digits`](mod@digits): the vendored UCI 8x8 handwritten digits, bilinearly upsampled.
+//! * [`gmm`]: the synthetic 2D Gaussian mixture of IConE Appendix E.
+//! * [`split`]: deterministic stratified train/test splits.
+//! * [`augment`]: per-view stochastic transforms ([`ViewTransform`]).
+//! * [`loader`]: the deterministic, rayon-parallel multi-view batch loader ([`ViewLoader`]).
+
+pub mod augment;
+pub mod dataset;
+pub mod digits;
+pub mod gmm;
+pub mod loader;
+pub mod split;
+
+pub use augment::{
+    apply_affine, AffineParams, DigitsAugment, GaussianJitter, Identity, ViewTransform,
+};
+pub use dataset::Dataset;
+pub use digits::{bilinear_resize, digits, DEFAULT_DIGITS_SIZE};
+pub use gmm::gaussian_mixture;
+pub use loader::{clean_batch, mix_seed, ViewBatch, ViewLoader};
+pub use split::stratified_split;

@@ -1,0 +1,360 @@
+//! The deterministic multi-view batch loader.
+//!
+//! A [`ViewLoader`] iterates over a subset of a [`Dataset`] in batches, producing `views`
+//! independently augmented views of every instance. The *instance id* of a sample is its
+//! position `k` in the loader's index subset (`0..N`), which is what instance-level objectives
+//! (e.g. embedding tables) key on.
+//!
+//! Determinism: the epoch's order is a shuffle seeded from `(seed, epoch)`, and each view's RNG is
+//! seeded from `(seed, epoch, instance id, view)`, so the output does not depend on the rayon
+//! thread count or scheduling. Views are augmented in parallel with rayon on the current pool.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+
+use crate::augment::ViewTransform;
+use crate::Dataset;
+
+/// Domain-separation tags for [`mix_seed`].
+const TAG_ORDER: u64 = 0x006f_7264_6572; // "order"
+const TAG_VIEW: u64 = 0x7669_6577; // "view"
+
+/// Mixes a sequence of words into one 64-bit seed (SplitMix64 finaliser chained over the words).
+pub fn mix_seed(words: &[u64]) -> u64 {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    for &w in words {
+        h = splitmix(h ^ splitmix(w.wrapping_add(0x9e37_79b9_7f4a_7c15)));
+    }
+    h
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// One batch of multi-view data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ViewBatch {
+    /// View-major values, shape `[views_count, batch_size, sample_shape...]`.
+    pub views: Vec<f32>,
+    /// Instance id (position in the loader's subset) of each batch row.
+    pub instance_ids: Vec<u32>,
+    /// Class label of each batch row.
+    pub labels: Vec<u32>,
+    /// Number of instances in this batch (the last batch may be smaller unless `drop_last`).
+    pub batch_size: usize,
+    /// Number of views per instance.
+    pub views_count: usize,
+}
+
+impl ViewBatch {
+    /// The values of view `v` for all rows, shape `[batch_size, sample_shape...]`.
+    pub fn view(&self, v: usize) -> &[f32] {
+        let n = self.views.len() / self.views_count.max(1);
+        &self.views[v * n..(v + 1) * n]
+    }
+}
+
+/// Multi-view loader over a subset of a dataset.
+#[derive(Clone)]
+pub struct ViewLoader {
+    dataset: Arc<Dataset>,
+    indices: Vec<usize>,
+    batch_size: usize,
+    views: usize,
+    drop_last: bool,
+    seed: u64,
+    transform: Arc<dyn ViewTransform>,
+}
+
+impl std::fmt::Debug for ViewLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ViewLoader")
+            .field("dataset", &self.dataset.name)
+            .field("instances", &self.indices.len())
+            .field("batch_size", &self.batch_size)
+            .field("views", &self.views)
+            .field("drop_last", &self.drop_last)
+            .field("seed", &self.seed)
+            .finish()
+    }
+}
+
+impl ViewLoader {
+    /// Builds a loader; `indices` are positions in `dataset` (instance `k` is `indices[k]`).
+    ///
+    /// Errors if `batch_size` or `views` is 0, an index is out of range, or the subset has more
+    /// than `u32::MAX` instances.
+    pub fn new(
+        dataset: Arc<Dataset>,
+        indices: Vec<usize>,
+        batch_size: usize,
+        views: usize,
+        drop_last: bool,
+        seed: u64,
+        transform: Arc<dyn ViewTransform>,
+    ) -> Result<Self> {
+        if batch_size == 0 {
+            bail!("ViewLoader: batch_size must be at least 1");
+        }
+        if views == 0 {
+            bail!("ViewLoader: views must be at least 1");
+        }
+        if let Some(&bad) = indices.iter().find(|&&i| i >= dataset.len()) {
+            bail!(
+                "ViewLoader: index {bad} out of range for dataset {:?} of {} samples",
+                dataset.name,
+                dataset.len()
+            );
+        }
+        if indices.len() > u32::MAX as usize {
+            bail!("ViewLoader: too many instances ({})", indices.len());
+        }
+        Ok(Self {
+            dataset,
+            indices,
+            batch_size,
+            views,
+            drop_last,
+            seed,
+            transform,
+        })
+    }
+
+    /// The underlying dataset.
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.dataset
+    }
+
+    /// Dataset positions of the instances (instance `k` is `indices()[k]`).
+    pub fn indices(&self) -> &[usize] {
+        &self.indices
+    }
+
+    /// Number of instances (N).
+    pub fn num_instances(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// Configured batch size.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// Views per instance.
+    pub fn views(&self) -> usize {
+        self.views
+    }
+
+    /// Batches per epoch: `floor(N / B)` with `drop_last`, else `ceil(N / B)`.
+    pub fn steps_per_epoch(&self) -> usize {
+        let n = self.indices.len();
+        if self.drop_last {
+            n / self.batch_size
+        } else {
+            n.div_ceil(self.batch_size)
+        }
+    }
+
+    /// The instance ids of `epoch` in visiting order (a permutation of `0..N`).
+    pub fn epoch_order(&self, epoch: usize) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..self.indices.len() as u32).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(mix_seed(&[TAG_ORDER, self.seed, epoch as u64]));
+        order.shuffle(&mut rng);
+        order
+    }
+
+    /// Lazily yields the batches of `epoch`; each batch is augmented in parallel when pulled.
+    pub fn epoch(&self, epoch: usize) -> impl Iterator<Item = ViewBatch> + '_ {
+        let order = self.epoch_order(epoch);
+        let steps = self.steps_per_epoch();
+        let b = self.batch_size;
+        (0..steps).map(move |s| {
+            let end = ((s + 1) * b).min(order.len());
+            self.make_batch(epoch, &order[s * b..end])
+        })
+    }
+
+    /// Builds the batch for the given instance ids (augmentations seeded as in [`Self::epoch`]).
+    pub fn make_batch(&self, epoch: usize, ids: &[u32]) -> ViewBatch {
+        let sl = self.dataset.sample_len();
+        let bs = ids.len();
+        let mut views = vec![0f32; self.views * bs * sl];
+        let shape = &self.dataset.shape;
+        if sl > 0 {
+            views.par_chunks_mut(sl).enumerate().for_each(|(j, out)| {
+                let (v, row) = (j / bs, j % bs);
+                let id = ids[row];
+                let input = self.dataset.sample(self.indices[id as usize]);
+                let mut rng = ChaCha8Rng::seed_from_u64(mix_seed(&[
+                    TAG_VIEW,
+                    self.seed,
+                    epoch as u64,
+                    id as u64,
+                    v as u64,
+                ]));
+                self.transform.apply(input, shape, out, &mut rng);
+            });
+        }
+        ViewBatch {
+            views,
+            instance_ids: ids.to_vec(),
+            labels: ids
+                .iter()
+                .map(|&id| self.dataset.labels[self.indices[id as usize]])
+                .collect(),
+            batch_size: bs,
+            views_count: self.views,
+        }
+    }
+}
+
+/// Un-augmented samples at dataset positions `indices`, concatenated: `[len, sample_shape...]`.
+pub fn clean_batch(dataset: &Dataset, indices: &[usize]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(indices.len() * dataset.sample_len());
+    for &i in indices {
+        out.extend_from_slice(dataset.sample(i));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::augment::{DigitsAugment, GaussianJitter, Identity};
+
+    fn gmm_loader(batch: usize, drop_last: bool) -> ViewLoader {
+        let d = Arc::new(crate::gaussian_mixture(0));
+        let idx: Vec<usize> = (0..d.len()).step_by(7).collect(); // 250 instances
+        ViewLoader::new(
+            d,
+            idx,
+            batch,
+            4,
+            drop_last,
+            42,
+            Arc::new(GaussianJitter::default()),
+        )
+        .unwrap()
+    }
+
+    fn collect(loader: &ViewLoader, epoch: usize, threads: usize) -> Vec<ViewBatch> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| loader.epoch(epoch).collect())
+    }
+
+    #[test]
+    fn deterministic_across_thread_pools() {
+        let loader = gmm_loader(64, false);
+        assert_eq!(collect(&loader, 3, 1), collect(&loader, 3, 2));
+
+        let d = Arc::new(crate::digits(16).unwrap());
+        let idx: Vec<usize> = (0..200).collect();
+        let loader =
+            ViewLoader::new(d, idx, 50, 2, true, 9, Arc::new(DigitsAugment::default())).unwrap();
+        let a = collect(&loader, 0, 1);
+        assert_eq!(a, collect(&loader, 0, 2));
+        assert_eq!(a[0].views.len(), 2 * 50 * 256);
+    }
+
+    #[test]
+    fn every_instance_once_per_epoch() {
+        let loader = gmm_loader(64, false);
+        assert_eq!(loader.steps_per_epoch(), 4);
+        let batches: Vec<_> = loader.epoch(0).collect();
+        assert_eq!(batches.len(), 4);
+        assert_eq!(
+            batches.iter().map(|b| b.batch_size).collect::<Vec<_>>(),
+            vec![64, 64, 64, 58]
+        );
+        let mut ids: Vec<u32> = batches
+            .iter()
+            .flat_map(|b| b.instance_ids.clone())
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..250).collect::<Vec<u32>>());
+        for b in &batches {
+            assert_eq!(b.views_count, 4);
+            assert_eq!(b.views.len(), 4 * b.batch_size * 2);
+            for (row, &id) in b.instance_ids.iter().enumerate() {
+                let pos = loader.indices()[id as usize];
+                assert_eq!(b.labels[row], loader.dataset().labels[pos]);
+                // Each view is the clean sample plus small noise.
+                let clean = loader.dataset().sample(pos);
+                for v in 0..4 {
+                    let got = &b.view(v)[row * 2..row * 2 + 2];
+                    assert!((got[0] - clean[0]).abs() < 1.0 && (got[1] - clean[1]).abs() < 1.0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn drop_last_behaviour() {
+        let loader = gmm_loader(64, true);
+        assert_eq!(loader.steps_per_epoch(), 3);
+        let batches: Vec<_> = loader.epoch(1).collect();
+        assert_eq!(batches.len(), 3);
+        assert!(batches.iter().all(|b| b.batch_size == 64));
+        let mut ids: Vec<u32> = batches
+            .iter()
+            .flat_map(|b| b.instance_ids.clone())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), 192);
+        // Exact multiple: nothing dropped.
+        let d = Arc::new(crate::gaussian_mixture(0));
+        let l = ViewLoader::new(d, (0..128).collect(), 64, 1, true, 0, Arc::new(Identity)).unwrap();
+        assert_eq!(l.steps_per_epoch(), 2);
+        // Fewer instances than a batch: no batches at all.
+        let d = Arc::new(crate::gaussian_mixture(0));
+        let l = ViewLoader::new(d, (0..10).collect(), 64, 1, true, 0, Arc::new(Identity)).unwrap();
+        assert_eq!(l.epoch(0).count(), 0);
+    }
+
+    #[test]
+    fn epochs_differ_and_views_differ() {
+        let loader = gmm_loader(64, false);
+        let e0: Vec<_> = loader.epoch(0).collect();
+        let e1: Vec<_> = loader.epoch(1).collect();
+        assert_ne!(e0[0].instance_ids, e1[0].instance_ids);
+        assert_ne!(e0[0].views, e1[0].views);
+        assert_ne!(e0[0].view(0), e0[0].view(1));
+        // Same epoch twice is identical.
+        assert_eq!(e0, loader.epoch(0).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn identity_views_and_clean_batch() {
+        let d = Arc::new(crate::gaussian_mixture(0));
+        let idx = vec![5, 900, 17];
+        let l =
+            ViewLoader::new(d.clone(), idx.clone(), 3, 2, false, 0, Arc::new(Identity)).unwrap();
+        let b = l.epoch(0).next().unwrap();
+        let positions: Vec<usize> = b.instance_ids.iter().map(|&i| idx[i as usize]).collect();
+        let clean = clean_batch(&d, &positions);
+        assert_eq!(b.view(0), clean.as_slice());
+        assert_eq!(b.view(1), clean.as_slice());
+        assert_eq!(clean_batch(&d, &[900]), d.sample(900));
+    }
+
+    #[test]
+    fn rejects_bad_configuration() {
+        let d = Arc::new(crate::gaussian_mixture(0));
+        assert!(ViewLoader::new(d.clone(), vec![0], 0, 1, false, 0, Arc::new(Identity)).is_err());
+        assert!(ViewLoader::new(d.clone(), vec![0], 1, 0, false, 0, Arc::new(Identity)).is_err());
+        assert!(ViewLoader::new(d, vec![1750], 1, 1, false, 0, Arc::new(Identity)).is_err());
+    }
+}
