@@ -1,0 +1,709 @@
+//! Offline linear probe (spec §1): train-statistics standardisation, L2-regularised logistic
+//! regression with an unpenalised intercept solved by L-BFGS in `f64`, and balanced accuracy.
+//!
+//! * `K ≥ 3` classes: multinomial (softmax) model, `J = (1/n) Σ CE + ‖W‖²_F / (2Cn)`; the returned
+//!   intercepts are shifted to sum to zero (the objective is invariant to a common shift).
+//! * `K = 2` classes: binary sigmoid model with one weight vector (`J = (1/n) Σ log(1+e^{−ỹ(w·x+b)})
+//!   + ‖w‖²/(2Cn)`); the larger class label is the positive class.
+//!
+//! Class labels are arbitrary `u32`s; the model works on the sorted distinct training labels.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use anyhow::{bail, ensure, Result};
+use nalgebra::{DMatrix, DVector};
+use serde::{Deserialize, Serialize};
+
+use crate::Features;
+
+/// L-BFGS history length (reference: 10).
+const LBFGS_MEMORY: usize = 10;
+/// Relative-decrease stopping criterion (the reference uses `64·eps`).
+const FTOL: f64 = 64.0 * f64::EPSILON;
+/// Wolfe constants (sufficient decrease, curvature).
+const WOLFE_C1: f64 = 1e-4;
+const WOLFE_C2: f64 = 0.9;
+/// Maximum function evaluations per line search.
+const MAX_LINE_SEARCH: usize = 50;
+
+/// Linear-probe hyper-parameters (spec §1 defaults: `C = 1`, 1000 iterations, `tol = 1e-4`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LinearProbeConfig {
+    /// Inverse L2 regularisation strength.
+    pub c: f64,
+    /// Maximum number of L-BFGS iterations.
+    pub max_iter: usize,
+    /// Stop when the max-abs gradient is at most `tol`.
+    pub tol: f64,
+}
+
+impl Default for LinearProbeConfig {
+    fn default() -> Self {
+        Self {
+            c: 1.0,
+            max_iter: 1000,
+            tol: 1e-4,
+        }
+    }
+}
+
+/// Result of [`linear_probe`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeResult {
+    /// Mean per-class recall over the classes present in the test labels.
+    pub balanced_accuracy: f64,
+    /// Plain top-1 accuracy on the test set.
+    pub accuracy: f64,
+    /// Final training objective `J`.
+    pub objective: f64,
+    /// L-BFGS iterations performed.
+    pub iterations: usize,
+    /// Predicted test labels.
+    pub predictions: Vec<u32>,
+}
+
+/// A fitted logistic-regression model, including the training standardisation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogisticModel {
+    /// Sorted distinct training labels; column `k` of scores corresponds to `classes[k]`.
+    pub classes: Vec<u32>,
+    /// Training mean per dimension.
+    pub mean: Vec<f64>,
+    /// Training population std per dimension (`1` where it was `0`).
+    pub scale: Vec<f64>,
+    /// Weights in standardised space, row-major: `K × d` (multinomial) or `1 × d` (binary).
+    pub weights: Vec<f64>,
+    /// Intercepts: `K` (multinomial, summing to zero) or 1 (binary).
+    pub bias: Vec<f64>,
+    /// Feature dimension.
+    pub d: usize,
+    /// Final objective value.
+    pub objective: f64,
+    /// L-BFGS iterations performed.
+    pub iterations: usize,
+    /// Whether a stopping criterion (gradient or relative decrease) was met before `max_iter`.
+    pub converged: bool,
+}
+
+impl LogisticModel {
+    /// Whether the binary (sigmoid) parameterisation is used.
+    pub fn is_binary(&self) -> bool {
+        self.classes.len() == 2
+    }
+
+    fn standardized(&self, x: &Features) -> Result<DMatrix<f64>> {
+        ensure!(
+            x.d == self.d,
+            "feature dimension {} does not match the model's {}",
+            x.d,
+            self.d
+        );
+        Ok(standardized_matrix(x, &self.mean, &self.scale))
+    }
+
+    /// Decision values (`n × rows` with rows = K, or 1 for the binary model).
+    fn decision(&self, x: &Features) -> Result<DMatrix<f64>> {
+        let xs = self.standardized(x)?;
+        let rows = self.bias.len();
+        let wt = DMatrix::from_column_slice(self.d, rows, &self.weights);
+        let mut z = xs * wt;
+        for (c, &b) in self.bias.iter().enumerate() {
+            z.column_mut(c).add_scalar_mut(b);
+        }
+        Ok(z)
+    }
+
+    /// Class probabilities, one `Vec` of length K per sample.
+    pub fn predict_proba(&self, x: &Features) -> Result<Vec<Vec<f64>>> {
+        let z = self.decision(x)?;
+        Ok((0..x.n)
+            .map(|i| {
+                if self.is_binary() {
+                    let p = sigmoid(z[(i, 0)]);
+                    vec![1.0 - p, p]
+                } else {
+                    let row: Vec<f64> = z.row(i).iter().copied().collect();
+                    let lse = log_sum_exp(&row);
+                    row.iter().map(|v| (v - lse).exp()).collect()
+                }
+            })
+            .collect())
+    }
+
+    /// Predicted labels (arg-max; ties go to the lowest class index).
+    pub fn predict(&self, x: &Features) -> Result<Vec<u32>> {
+        let z = self.decision(x)?;
+        Ok((0..x.n)
+            .map(|i| {
+                let k = if self.is_binary() {
+                    usize::from(z[(i, 0)] > 0.0)
+                } else {
+                    argmax(z.row(i).iter().copied())
+                };
+                self.classes[k]
+            })
+            .collect())
+    }
+}
+
+/// Fits the §1 logistic regression on `train` (standardised with its own statistics).
+pub fn fit_logistic(
+    train: &Features,
+    train_y: &[u32],
+    cfg: &LinearProbeConfig,
+) -> Result<LogisticModel> {
+    ensure!(train.n > 0, "linear probe: empty training set");
+    ensure!(train.d > 0, "linear probe: zero-dimensional features");
+    ensure!(
+        train_y.len() == train.n,
+        "linear probe: {} training labels for {} training samples",
+        train_y.len(),
+        train.n
+    );
+    ensure!(
+        cfg.c.is_finite() && cfg.c > 0.0,
+        "linear probe: C must be positive and finite (got {})",
+        cfg.c
+    );
+    ensure!(
+        cfg.tol >= 0.0,
+        "linear probe: tol must be non-negative (got {})",
+        cfg.tol
+    );
+    ensure!(
+        train.data.iter().all(|v| v.is_finite()),
+        "linear probe: training features contain NaN or infinity"
+    );
+    let mut classes: Vec<u32> = train_y.to_vec();
+    classes.sort_unstable();
+    classes.dedup();
+    if classes.len() < 2 {
+        bail!(
+            "linear probe: the training labels contain a single class ({}); need at least 2",
+            classes[0]
+        );
+    }
+    let index: BTreeMap<u32, usize> = classes.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+    let y: Vec<usize> = train_y.iter().map(|c| index[c]).collect();
+
+    let (mean, scale) = column_stats(train);
+    let x = standardized_matrix(train, &mean, &scale);
+    let (n, d, k) = (train.n, train.d, classes.len());
+    let inv_n = 1.0 / n as f64;
+    let reg = 1.0 / (cfg.c * n as f64);
+
+    let (weights, mut bias, outcome) = if k == 2 {
+        let sign: Vec<f64> = y.iter().map(|&c| if c == 1 { 1.0 } else { -1.0 }).collect();
+        let fg = |theta: &[f64], grad: &mut [f64]| -> f64 {
+            let w = DVector::from_column_slice(&theta[..d]);
+            let b = theta[d];
+            let z = &x * &w;
+            let mut loss = 0.0;
+            let r = DVector::from_iterator(
+                n,
+                (0..n).map(|i| {
+                    let m = -sign[i] * (z[i] + b);
+                    loss += softplus(m);
+                    -sign[i] * sigmoid(m) * inv_n
+                }),
+            );
+            let gw = x.tr_mul(&r);
+            for j in 0..d {
+                grad[j] = gw[j] + reg * theta[j];
+            }
+            grad[d] = r.sum();
+            loss * inv_n + 0.5 * reg * w.norm_squared()
+        };
+        let out = lbfgs(fg, vec![0.0; d + 1], cfg.max_iter, cfg.tol)?;
+        (out.x[..d].to_vec(), vec![out.x[d]], out)
+    } else {
+        let fg = |theta: &[f64], grad: &mut [f64]| -> f64 {
+            // Row-major K×d weights are exactly the column-major d×K matrix Wᵀ.
+            let wt = DMatrix::from_column_slice(d, k, &theta[..k * d]);
+            let b = &theta[k * d..];
+            let mut g = &x * &wt; // logits, then P − Y
+            let mut loss = 0.0;
+            let mut row = vec![0.0; k];
+            for i in 0..n {
+                for c in 0..k {
+                    row[c] = g[(i, c)] + b[c];
+                }
+                let lse = log_sum_exp(&row);
+                loss += lse - row[y[i]];
+                for c in 0..k {
+                    g[(i, c)] = (row[c] - lse).exp() * inv_n;
+                }
+                g[(i, y[i])] -= inv_n;
+            }
+            let gwt = x.tr_mul(&g); // d×K = (∂J/∂W)ᵀ without the penalty
+            let mut pen = 0.0;
+            for (idx, (gr, &w)) in grad[..k * d].iter_mut().zip(&theta[..k * d]).enumerate() {
+                pen += w * w;
+                *gr = gwt[idx] + reg * w;
+            }
+            for c in 0..k {
+                grad[k * d + c] = g.column(c).sum();
+            }
+            loss * inv_n + 0.5 * reg * pen
+        };
+        let out = lbfgs(fg, vec![0.0; k * d + k], cfg.max_iter, cfg.tol)?;
+        (out.x[..k * d].to_vec(), out.x[k * d..].to_vec(), out)
+    };
+    if k > 2 {
+        let shift = bias.iter().sum::<f64>() / k as f64;
+        bias.iter_mut().for_each(|b| *b -= shift);
+    }
+    Ok(LogisticModel {
+        classes,
+        mean,
+        scale,
+        weights,
+        bias,
+        d,
+        objective: outcome.f,
+        iterations: outcome.iterations,
+        converged: outcome.converged,
+    })
+}
+
+/// Runs the §1 linear probe: fit on `train`, predict `test`, report (balanced) accuracy.
+pub fn linear_probe(
+    train: &Features,
+    train_y: &[u32],
+    test: &Features,
+    test_y: &[u32],
+    cfg: &LinearProbeConfig,
+) -> Result<ProbeResult> {
+    ensure!(test.n > 0, "linear probe: empty test set");
+    ensure!(
+        test_y.len() == test.n,
+        "linear probe: {} test labels for {} test samples",
+        test_y.len(),
+        test.n
+    );
+    ensure!(
+        test.d == train.d,
+        "linear probe: test dimension {} differs from train dimension {}",
+        test.d,
+        train.d
+    );
+    let model = fit_logistic(train, train_y, cfg)?;
+    let predictions = model.predict(test)?;
+    let correct = predictions
+        .iter()
+        .zip(test_y)
+        .filter(|(p, t)| p == t)
+        .count();
+    Ok(ProbeResult {
+        balanced_accuracy: balanced_accuracy(test_y, &predictions),
+        accuracy: correct as f64 / test.n as f64,
+        objective: model.objective,
+        iterations: model.iterations,
+        predictions,
+    })
+}
+
+/// Balanced accuracy: mean over the classes present in `y_true` of the per-class recall.
+///
+/// Returns `NaN` for empty input. Panics if the two slices differ in length.
+pub fn balanced_accuracy(y_true: &[u32], y_pred: &[u32]) -> f64 {
+    assert_eq!(
+        y_true.len(),
+        y_pred.len(),
+        "balanced_accuracy: y_true and y_pred differ in length"
+    );
+    if y_true.is_empty() {
+        return f64::NAN;
+    }
+    let mut per_class: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
+    for (&t, &p) in y_true.iter().zip(y_pred) {
+        let e = per_class.entry(t).or_default();
+        e.1 += 1;
+        if t == p {
+            e.0 += 1;
+        }
+    }
+    per_class
+        .values()
+        .map(|&(hit, tot)| hit as f64 / tot as f64)
+        .sum::<f64>()
+        / per_class.len() as f64
+}
+
+/// Per-column mean and population std (0 → 1), in `f64`.
+fn column_stats(x: &Features) -> (Vec<f64>, Vec<f64>) {
+    let mut mean = vec![0.0; x.d];
+    for row in x.data.chunks(x.d) {
+        for (m, &v) in mean.iter_mut().zip(row) {
+            *m += f64::from(v);
+        }
+    }
+    mean.iter_mut().for_each(|m| *m /= x.n as f64);
+    let mut var = vec![0.0; x.d];
+    for row in x.data.chunks(x.d) {
+        for ((s, &v), m) in var.iter_mut().zip(row).zip(&mean) {
+            let c = f64::from(v) - m;
+            *s += c * c;
+        }
+    }
+    let scale = var
+        .into_iter()
+        .map(|s| {
+            let sd = (s / x.n as f64).sqrt();
+            if sd == 0.0 {
+                1.0
+            } else {
+                sd
+            }
+        })
+        .collect();
+    (mean, scale)
+}
+
+fn standardized_matrix(x: &Features, mean: &[f64], scale: &[f64]) -> DMatrix<f64> {
+    DMatrix::from_fn(x.n, x.d, |i, j| {
+        (f64::from(x.data[i * x.d + j]) - mean[j]) / scale[j]
+    })
+}
+
+fn log_sum_exp(v: &[f64]) -> f64 {
+    let m = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if !m.is_finite() {
+        return m;
+    }
+    m + v.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+}
+
+/// `log(1 + e^t)`, stable for large `|t|`.
+fn softplus(t: f64) -> f64 {
+    t.max(0.0) + (-t.abs()).exp().ln_1p()
+}
+
+fn sigmoid(t: f64) -> f64 {
+    if t >= 0.0 {
+        1.0 / (1.0 + (-t).exp())
+    } else {
+        let e = t.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// Index of the maximum; the lowest index wins ties.
+fn argmax(it: impl Iterator<Item = f64>) -> usize {
+    let mut best = (0, f64::NEG_INFINITY);
+    for (i, v) in it.enumerate() {
+        if v > best.1 {
+            best = (i, v);
+        }
+    }
+    best.0
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+fn max_abs(a: &[f64]) -> f64 {
+    a.iter().fold(0.0, |m, v| m.max(v.abs()))
+}
+
+struct LbfgsOutcome {
+    x: Vec<f64>,
+    f: f64,
+    iterations: usize,
+    converged: bool,
+}
+
+/// Minimises a smooth function with L-BFGS (two-loop recursion, memory 10) and a bracketing
+/// weak-Wolfe line search. `fg(x, grad)` returns `f(x)` and writes `∇f(x)` into `grad`.
+fn lbfgs<F>(mut fg: F, mut x: Vec<f64>, max_iter: usize, gtol: f64) -> Result<LbfgsOutcome>
+where
+    F: FnMut(&[f64], &mut [f64]) -> f64,
+{
+    let p = x.len();
+    let mut g = vec![0.0; p];
+    let mut f = fg(&x, &mut g);
+    ensure!(
+        f.is_finite(),
+        "L-BFGS: objective is not finite at the start"
+    );
+    let mut hist: VecDeque<(Vec<f64>, Vec<f64>, f64)> = VecDeque::with_capacity(LBFGS_MEMORY);
+    let mut iterations = 0;
+    let mut converged = max_abs(&g) <= gtol;
+    let mut xn = vec![0.0; p];
+    let mut gn = vec![0.0; p];
+    let mut alphas = [0.0; LBFGS_MEMORY];
+    while !converged && iterations < max_iter {
+        // Two-loop recursion: dir = −H g.
+        let mut q = g.clone();
+        for (idx, (s, y, rho)) in hist.iter().enumerate().rev() {
+            let a = rho * dot(s, &q);
+            alphas[idx] = a;
+            q.iter_mut().zip(y).for_each(|(qi, yi)| *qi -= a * yi);
+        }
+        if let Some((s, y, _)) = hist.back() {
+            let gamma = dot(s, y) / dot(y, y);
+            q.iter_mut().for_each(|v| *v *= gamma);
+        }
+        for (idx, (s, y, rho)) in hist.iter().enumerate() {
+            let beta = rho * dot(y, &q);
+            let a = alphas[idx];
+            q.iter_mut()
+                .zip(s)
+                .for_each(|(qi, si)| *qi += (a - beta) * si);
+        }
+        let mut dir: Vec<f64> = q.iter().map(|v| -v).collect();
+        let mut gd = dot(&g, &dir);
+        if gd >= 0.0 || !gd.is_finite() {
+            hist.clear();
+            dir = g.iter().map(|v| -v).collect();
+            gd = -dot(&g, &g);
+        }
+        let mut step = if hist.is_empty() {
+            (1.0 / dot(&g, &g).sqrt()).min(1.0)
+        } else {
+            1.0
+        };
+        let (mut lo, mut hi) = (0.0f64, f64::INFINITY);
+        let mut accepted = false;
+        let mut f_new = f64::NAN;
+        for _ in 0..MAX_LINE_SEARCH {
+            for ((xni, xi), di) in xn.iter_mut().zip(&x).zip(&dir) {
+                *xni = xi + step * di;
+            }
+            f_new = fg(&xn, &mut gn);
+            if !f_new.is_finite() || f_new > f + WOLFE_C1 * step * gd {
+                hi = step;
+            } else if dot(&gn, &dir) < WOLFE_C2 * gd {
+                lo = step;
+            } else {
+                accepted = true;
+                break;
+            }
+            step = if hi.is_finite() {
+                0.5 * (lo + hi)
+            } else {
+                2.0 * lo
+            };
+        }
+        let improved = f_new.is_finite() && f_new < f;
+        if !(accepted || improved) {
+            // No progress possible at machine precision.
+            break;
+        }
+        let s: Vec<f64> = xn.iter().zip(&x).map(|(a, b)| a - b).collect();
+        let y: Vec<f64> = gn.iter().zip(&g).map(|(a, b)| a - b).collect();
+        let sy = dot(&s, &y);
+        if sy > 1e-10 * dot(&y, &y).sqrt() * dot(&s, &s).sqrt() && sy > 0.0 {
+            if hist.len() == LBFGS_MEMORY {
+                hist.pop_front();
+            }
+            hist.push_back((s, y, 1.0 / sy));
+        }
+        let rel_decrease = (f - f_new) / f.abs().max(f_new.abs()).max(1.0);
+        std::mem::swap(&mut x, &mut xn);
+        std::mem::swap(&mut g, &mut gn);
+        f = f_new;
+        iterations += 1;
+        converged = max_abs(&g) <= gtol || rel_decrease <= FTOL;
+    }
+    Ok(LbfgsOutcome {
+        x,
+        f,
+        iterations,
+        converged,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TRAIN: [[f32; 3]; 9] = [
+        [0., 1., 2.],
+        [1., 0., 1.],
+        [2., 2., 0.],
+        [0., 2., 1.],
+        [3., 1., 1.],
+        [1., 3., 0.],
+        [2., 0., 2.],
+        [0., 0., 3.],
+        [3., 3., 1.],
+    ];
+    const TEST: [[f32; 3]; 4] = [[1., 1., 1.], [2., 3., 0.], [0., 1., 3.], [3., 2., 0.]];
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol * b.abs().max(1.0)
+    }
+
+    fn assert_all_close(got: &[f64], want: &[f64], tol: f64) {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!(close(*g, *w, tol), "got {got:?}, want {want:?}");
+        }
+    }
+
+    fn tight() -> LinearProbeConfig {
+        LinearProbeConfig {
+            tol: 1e-10,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn multinomial_kat() {
+        let train = Features::from_rows(&TRAIN).unwrap();
+        let test = Features::from_rows(&TEST).unwrap();
+        let y = [0, 0, 1, 2, 1, 2, 0, 0, 1];
+        let model = fit_logistic(&train, &y, &tight()).unwrap();
+        assert_all_close(
+            &model.mean,
+            &[1.3333333333, 1.3333333333, 1.2222222222],
+            1e-9,
+        );
+        assert_all_close(
+            &model.scale,
+            &[1.1547005384, 1.1547005384, 0.9162456946],
+            1e-9,
+        );
+        let w = [
+            -0.2898831312,
+            -0.8334348961,
+            0.6226785372,
+            0.9656053602,
+            0.2070563338,
+            -0.2811396876,
+            -0.675722229,
+            0.6263785623,
+            -0.3415388496,
+        ];
+        assert_all_close(&model.weights, &w, 1e-6);
+        assert_all_close(
+            &model.bias,
+            &[0.3892896663, -0.0291215046, -0.3601681617],
+            1e-6,
+        );
+        assert!(close(model.objective, 0.4507545604, 1e-8));
+        assert!(model.converged);
+        let proba = model.predict_proba(&test).unwrap();
+        let want = [
+            [0.5375542443, 0.2270191481, 0.2354266076],
+            [0.0306517545, 0.6242804638, 0.3450677817],
+            [0.9137803041, 0.0180914034, 0.0681282925],
+            [0.03595619, 0.882187105, 0.081856705],
+        ];
+        for (p, w) in proba.iter().zip(&want) {
+            assert_all_close(p, w, 1e-6);
+        }
+
+        // Default tolerance: same predictions, objective within 1e-6.
+        let res = linear_probe(&train, &y, &test, &[0, 2, 0, 1], &Default::default()).unwrap();
+        assert_eq!(res.predictions, vec![0, 1, 0, 1]);
+        assert!(close(res.balanced_accuracy, 0.6666666667, 1e-9));
+        assert!(close(res.accuracy, 0.75, 1e-12));
+        assert!(close(res.objective, 0.4507545604, 1e-6));
+        assert!(res.iterations > 0 && res.iterations <= 1000);
+    }
+
+    #[test]
+    fn binary_kat() {
+        let train = Features::from_rows(&TRAIN).unwrap();
+        let test = Features::from_rows(&TEST).unwrap();
+        let y = [0, 0, 1, 1, 1, 0, 0, 0, 1];
+        let model = fit_logistic(&train, &y, &tight()).unwrap();
+        assert!(model.is_binary());
+        assert_all_close(
+            &model.weights,
+            &[0.6366408747, 0.5469077373, -0.3263810637],
+            1e-6,
+        );
+        assert_all_close(&model.bias, &[-0.3031011649], 1e-6);
+        assert_eq!(model.predict(&test).unwrap(), vec![0, 1, 0, 1]);
+        // Relabelled classes map back to the original labels.
+        let y2: Vec<u32> = y.iter().map(|&c| if c == 1 { 9 } else { 4 }).collect();
+        let m2 = fit_logistic(&train, &y2, &tight()).unwrap();
+        assert_eq!(m2.predict(&test).unwrap(), vec![4, 9, 4, 9]);
+        assert_all_close(&m2.weights, &model.weights, 1e-9);
+    }
+
+    #[test]
+    fn balanced_accuracy_kat() {
+        let b = balanced_accuracy(&[0, 0, 0, 1, 1, 2], &[0, 0, 1, 1, 0, 2]);
+        assert!(close(b, 0.7222222222, 1e-9));
+        // Predicted classes absent from y_true add nothing.
+        assert!(close(balanced_accuracy(&[0, 0], &[0, 5]), 0.5, 1e-12));
+        assert!(balanced_accuracy(&[], &[]).is_nan());
+    }
+
+    #[test]
+    fn errors_instead_of_panics() {
+        let train = Features::from_rows(&TRAIN).unwrap();
+        let test = Features::from_rows(&TEST).unwrap();
+        let cfg = LinearProbeConfig::default();
+        let y = [0u32; 9];
+        assert!(linear_probe(&train, &y, &test, &[0; 4], &cfg).is_err());
+        assert!(linear_probe(&train, &y[..8], &test, &[0; 4], &cfg).is_err());
+        let y = [0, 0, 1, 2, 1, 2, 0, 0, 1];
+        assert!(linear_probe(&train, &y, &test, &[0; 3], &cfg).is_err());
+        let empty = Features::new(vec![], 0, 3).unwrap();
+        assert!(linear_probe(&empty, &[], &test, &[0; 4], &cfg).is_err());
+        assert!(linear_probe(&train, &y, &empty, &[], &cfg).is_err());
+        let bad = LinearProbeConfig { c: 0.0, ..cfg };
+        assert!(linear_probe(&train, &y, &test, &[0; 4], &bad).is_err());
+    }
+
+    #[test]
+    fn zero_variance_dimension_is_harmless() {
+        let rows: Vec<[f32; 4]> = TRAIN.iter().map(|r| [r[0], r[1], r[2], 7.0]).collect();
+        let train = Features::from_rows(&rows).unwrap();
+        let y = [0, 0, 1, 2, 1, 2, 0, 0, 1];
+        let model = fit_logistic(&train, &y, &tight()).unwrap();
+        assert_eq!(model.scale[3], 1.0);
+        assert!(close(model.objective, 0.4507545604, 1e-8));
+    }
+
+    #[test]
+    fn moderate_problem_is_fast() {
+        // Deterministic pseudo-random 1500×128 features, 10 classes with class-dependent shifts.
+        let (n, d, k) = (1500usize, 128usize, 10u32);
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        let labels: Vec<u32> = (0..n as u32).map(|i| i % k).collect();
+        let data: Vec<f32> = (0..n * d)
+            .map(|idx| {
+                let (i, j) = (idx / d, idx % d);
+                let shift = if j % k as usize == labels[i] as usize {
+                    0.3
+                } else {
+                    0.0
+                };
+                (next() + shift) as f32
+            })
+            .collect();
+        let x = Features::new(data, n, d).unwrap();
+        let start = std::time::Instant::now();
+        let res = linear_probe(&x, &labels, &x, &labels, &Default::default()).unwrap();
+        let secs = start.elapsed().as_secs_f64();
+        assert!(res.accuracy > 0.5, "train accuracy {}", res.accuracy);
+        assert!(secs < 5.0, "took {secs} s");
+        eprintln!(
+            "1500×128, 10 classes: {secs:.3} s, {} iterations, J = {}",
+            res.iterations, res.objective
+        );
+        // The default stop (max |∇J| ≤ 1e-4) is close to, and above, the optimum.
+        let tight_model = fit_logistic(&x, &labels, &tight()).unwrap();
+        eprintln!(
+            "tight: {} iterations, J = {}",
+            tight_model.iterations, tight_model.objective
+        );
+        assert!(tight_model.converged);
+        let gap = res.objective - tight_model.objective;
+        assert!((0.0..1e-3).contains(&gap), "objective gap {gap}");
+    }
+}

@@ -1,0 +1,251 @@
+//! Spectral metrics (spec §4, §5) and the per-dimension standardisation of spec §0.
+//!
+//! Singular values are obtained as square roots of the eigenvalues of the smaller Gram matrix
+//! (`ZᵀZ` when `d ≤ n`, else `ZZᵀ`) computed in `f64` with nalgebra's `SymmetricEigen`.
+//! Eigenvalues below `λ_max · max(n, d) · ε_f64` (round-off level of the Gram matrix) are set to
+//! 0, so exactly rank-deficient inputs get exactly zero singular values.
+
+use anyhow::{ensure, Result};
+use nalgebra::{DMatrix, SymmetricEigen};
+
+use crate::Features;
+
+/// Default RankMe ε (spec §4).
+pub const RANKME_EPS: f64 = 1e-7;
+
+/// Singular values of `Z` (uncentred), descending, `min(n, d)` of them.
+pub fn singular_values(z: &Features) -> Result<Vec<f64>> {
+    ensure!(
+        !z.is_empty(),
+        "singular values of an empty {}×{} matrix",
+        z.n,
+        z.d
+    );
+    let m = DMatrix::from_fn(z.n, z.d, |i, j| f64::from(z.data[i * z.d + j]));
+    Ok(singular_values_of(&m))
+}
+
+fn singular_values_of(m: &DMatrix<f64>) -> Vec<f64> {
+    let (n, d) = m.shape();
+    let gram = if d <= n {
+        m.tr_mul(m)
+    } else {
+        m * m.transpose()
+    };
+    let mut eig: Vec<f64> = SymmetricEigen::new(gram)
+        .eigenvalues
+        .iter()
+        .copied()
+        .collect();
+    let lmax = eig.iter().copied().fold(0.0f64, f64::max);
+    let floor = lmax * n.max(d) as f64 * f64::EPSILON;
+    for v in eig.iter_mut() {
+        *v = if *v <= floor { 0.0 } else { v.sqrt() };
+    }
+    eig.sort_by(|a, b| b.total_cmp(a));
+    eig
+}
+
+/// RankMe (spec §4): `exp(−Σ p_k log p_k)`, `p_k = σ_k / Σσ + ε` over all `min(n, d)` singular
+/// values of the uncentred matrix (`0·log 0 = 0` when `ε = 0`). Default `ε` = [`RANKME_EPS`].
+pub fn rankme(z: &Features, eps: f64) -> Result<f64> {
+    ensure!(eps >= 0.0, "RankMe: eps must be non-negative (got {eps})");
+    let sv = singular_values(z)?;
+    let total: f64 = sv.iter().sum();
+    ensure!(total > 0.0, "RankMe: the embedding matrix is zero");
+    Ok(entropy_exp(sv.iter().map(|s| s / total + eps)))
+}
+
+/// Effective rank (spec §5): entropy of the normalised singular values of the column-centred
+/// matrix, zero singular values dropped, no ε.
+pub fn effective_rank(z: &Features) -> Result<f64> {
+    ensure!(
+        !z.is_empty(),
+        "effective rank of an empty {}×{} matrix",
+        z.n,
+        z.d
+    );
+    let mean = column_means(z);
+    let m = DMatrix::from_fn(z.n, z.d, |i, j| f64::from(z.data[i * z.d + j]) - mean[j]);
+    let sv = singular_values_of(&m);
+    let total: f64 = sv.iter().sum();
+    ensure!(
+        total > 0.0,
+        "effective rank: the centred embedding matrix is zero"
+    );
+    Ok(entropy_exp(sv.iter().map(|s| s / total)))
+}
+
+/// Standardises each dimension over the samples (zero mean, population std 1); a
+/// zero-variance dimension becomes all zeros (spec §0).
+pub fn standardize(z: &Features) -> Features {
+    if z.is_empty() {
+        return z.clone();
+    }
+    let mean = column_means(z);
+    let mut var = vec![0.0f64; z.d];
+    for row in z.data.chunks(z.d) {
+        for ((s, &v), m) in var.iter_mut().zip(row).zip(&mean) {
+            let c = f64::from(v) - m;
+            *s += c * c;
+        }
+    }
+    let inv_sd: Vec<f64> = var
+        .iter()
+        .map(|s| {
+            let sd = (s / z.n as f64).sqrt();
+            if sd > 0.0 {
+                1.0 / sd
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let data = z
+        .data
+        .chunks(z.d)
+        .flat_map(|row| {
+            row.iter()
+                .zip(&mean)
+                .zip(&inv_sd)
+                .map(|((&v, m), s)| ((f64::from(v) - m) * s) as f32)
+        })
+        .collect();
+    Features {
+        data,
+        n: z.n,
+        d: z.d,
+    }
+}
+
+fn column_means(z: &Features) -> Vec<f64> {
+    let mut mean = vec![0.0f64; z.d];
+    for row in z.data.chunks(z.d) {
+        for (m, &v) in mean.iter_mut().zip(row) {
+            *m += f64::from(v);
+        }
+    }
+    mean.iter_mut().for_each(|m| *m /= z.n as f64);
+    mean
+}
+
+/// `exp(−Σ p log p)` with `0·log 0 = 0`.
+fn entropy_exp(p: impl Iterator<Item = f64>) -> f64 {
+    let h: f64 = p.filter(|&v| v > 0.0).map(|v| -v * v.ln()).sum();
+    h.exp()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn z() -> Features {
+        Features::from_rows(&[[1.0f32, 0., 0.], [0., 2., 0.], [0., 0., 3.], [1., 1., 1.]]).unwrap()
+    }
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol * b.abs().max(1e-300)
+    }
+
+    #[test]
+    fn rankme_kat() {
+        let sv = singular_values(&z()).unwrap();
+        for (s, w) in sv.iter().zip([3.2185243425, 2.2360679775, 1.2810546657]) {
+            assert!(close(*s, w, 1e-9), "{sv:?}");
+        }
+        assert!(close(rankme(&z(), 1e-7).unwrap(), 2.8140041245, 1e-9));
+        assert!(close(rankme(&z(), 0.0).unwrap(), 2.8140039836, 1e-9));
+        assert!(close(rankme(&z(), RANKME_EPS).unwrap(), 2.8140041245, 1e-9));
+    }
+
+    #[test]
+    fn rankme_invariants() {
+        let base = rankme(&z(), 0.0).unwrap();
+        // Scale invariance.
+        for c in [0.5f32, 3.0, 1000.0] {
+            let mut s = z();
+            s.data.iter_mut().for_each(|v| *v *= c);
+            assert!(close(rankme(&s, 0.0).unwrap(), base, 1e-9));
+            assert!(close(
+                rankme(&s, 1e-7).unwrap(),
+                rankme(&z(), 1e-7).unwrap(),
+                1e-9
+            ));
+        }
+        // Orthogonal Q acting on the samples (a permutation with sign flips) — exact in f32.
+        let zz = z();
+        let perm = [2usize, 0, 3, 1];
+        let rows: Vec<Vec<f32>> = perm
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| {
+                let sign = if k % 2 == 0 { -1.0 } else { 1.0 };
+                zz.row(i).iter().map(|v| sign * v).collect()
+            })
+            .collect();
+        let q = Features::from_rows(&rows).unwrap();
+        assert!(close(rankme(&q, 0.0).unwrap(), base, 1e-9));
+        // Rank-one with ε = 0 → 1 (also in the wide, n < d, orientation).
+        let u = [1.0f32, 2.0, 3.0, 4.0];
+        let v = [1.0f32, 2.0, 0.5];
+        let rows: Vec<Vec<f32>> = u
+            .iter()
+            .map(|a| v.iter().map(|b| a * b).collect())
+            .collect();
+        let r1 = Features::from_rows(&rows).unwrap();
+        assert!(close(rankme(&r1, 0.0).unwrap(), 1.0, 1e-12));
+        let rows_t: Vec<Vec<f32>> = v
+            .iter()
+            .map(|a| u.iter().map(|b| a * b).collect())
+            .collect();
+        assert!(close(
+            rankme(&Features::from_rows(&rows_t).unwrap(), 0.0).unwrap(),
+            1.0,
+            1e-12
+        ));
+        assert!(rankme(&Features::new(vec![0.0; 6], 2, 3).unwrap(), 0.0).is_err());
+        assert!(rankme(&Features::new(vec![], 0, 3).unwrap(), 0.0).is_err());
+    }
+
+    #[test]
+    fn effective_rank_kat() {
+        assert!(close(effective_rank(&z()).unwrap(), 2.6007928129, 1e-9));
+        let e = effective_rank(&z()).unwrap();
+        // Wide orientation (n < d): at most n − 1 after centring; two distinct rows → exactly 1.
+        let wide = Features::from_rows(&[[1.0f32, 2.0, 0.0, 4.0], [0.0, 1.0, 3.0, 1.0]]).unwrap();
+        assert!(close(effective_rank(&wide).unwrap(), 1.0, 1e-12));
+        // RankMe of the same wide matrix uses the n × n Gram; compare with the transpose.
+        let tall =
+            Features::from_rows(&[[1.0f32, 0.0], [2.0, 1.0], [0.0, 3.0], [4.0, 1.0]]).unwrap();
+        assert!(close(
+            rankme(&wide, 0.0).unwrap(),
+            rankme(&tall, 0.0).unwrap(),
+            1e-9
+        ));
+        // Centring: a constant offset does not change it.
+        let mut s = z();
+        s.data.iter_mut().for_each(|v| *v += 5.0);
+        assert!(close(effective_rank(&s).unwrap(), e, 1e-6));
+    }
+
+    #[test]
+    fn standardize_matches_spec() {
+        let f =
+            Features::from_rows(&[[1.0f32, 2.0, 7.0], [3.0, 2.0, 7.5], [5.0, 2.0, 8.0]]).unwrap();
+        let s = standardize(&f);
+        let want = [
+            -1.224744871,
+            0.0,
+            -1.224744871,
+            0.0,
+            0.0,
+            0.0,
+            1.224744871,
+            0.0,
+            1.224744871,
+        ];
+        for (g, w) in s.data.iter().zip(want) {
+            assert!((f64::from(*g) - w).abs() < 1e-6, "{:?}", s.data);
+        }
+    }
+}
