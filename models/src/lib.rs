@@ -1,1 +1,42 @@
-//! placeholder
+//! Candle encoders and heads for candle-ssl, with fast CPU convolution and batch norm.
+//!
+//! - [`conv`]: im2col + GEMM convolution on channel-major activations.
+//! - [`batch_norm`]: fused train-mode batch norm (+ReLU) custom op.
+//! - [`DigitsCnn`], [`Mlp`]: encoders implementing [`Encoder`].
+//! - [`Projector`]: Linear–BN–ReLU projection head.
+
+pub mod batch_norm;
+pub mod conv;
+pub mod digits_cnn;
+pub mod mlp;
+pub mod projector;
+mod util;
+
+pub use batch_norm::BatchNorm;
+pub use conv::Conv2d;
+pub use digits_cnn::DigitsCnn;
+pub use mlp::Mlp;
+pub use projector::Projector;
+
+use candle_core::{Result, Tensor};
+use candle_nn::{Init, Linear, VarBuilder};
+
+/// An encoder mapping a batch of inputs to `[N, output_dim]` features.
+pub trait Encoder: Send + Sync {
+    /// Forward pass; `train` selects batch statistics in batch norms.
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor>;
+    /// Feature dimension.
+    fn output_dim(&self) -> usize;
+}
+
+/// A linear layer with PyTorch's default initialisation: weight and bias Uniform ±1/√in_dim.
+pub fn linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+    let bound = 1.0 / (in_dim as f64).sqrt();
+    let init = Init::Uniform {
+        lo: -bound,
+        up: bound,
+    };
+    let w = vb.get_with_hints((out_dim, in_dim), "weight", init)?;
+    let b = vb.get_with_hints(out_dim, "bias", init)?;
+    Ok(Linear::new(w, Some(b)))
+}
