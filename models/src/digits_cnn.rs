@@ -29,7 +29,11 @@ impl DigitsCnn {
 
     /// As [`DigitsCnn::new`] with another running-statistics momentum for every batch norm
     /// (`Some(1.0)`: the last batch's statistics; `None`: cumulative average).
-    pub fn with_bn_momentum(in_channels: usize, bn_momentum: Option<f64>, vb: VarBuilder) -> Result<Self> {
+    pub fn with_bn_momentum(
+        in_channels: usize,
+        bn_momentum: Option<f64>,
+        vb: VarBuilder,
+    ) -> Result<Self> {
         let spec = [(32, 1), (64, 2), (128, 2)];
         let mut convs = Vec::new();
         let mut bns = Vec::new();
@@ -44,7 +48,12 @@ impl DigitsCnn {
                 false,
                 vb.pp(format!("conv{}", i + 1)),
             )?);
-            bns.push(BatchNorm::new(c_out, 1e-5, bn_momentum, vb.pp(format!("bn{}", i + 1)))?);
+            bns.push(BatchNorm::new(
+                c_out,
+                1e-5,
+                bn_momentum,
+                vb.pp(format!("bn{}", i + 1)),
+            )?);
             c_in = c_out;
         }
         let fc = linear(c_in, OUT_DIM, vb.pp("fc"))?;

@@ -1,0 +1,251 @@
+//! The `ssl` command line: `run`, `list`, `describe`, `eval`.
+//!
+//! [`main`] is the whole binary, so a crate that links extra objectives gets the full CLI from a
+//! three-line `main.rs`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+use crate::config::{apply_set, RunConfig};
+use crate::{evaluate, setup, trainer};
+
+/// Self-supervised pretraining of image encoders with Candle.
+#[derive(Parser, Debug)]
+#[command(name = "ssl", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Pretrain an encoder, then compare it with raw inputs and a random-init encoder
+    /// (with no arguments: VICReg on the embedded digits, the README's main job).
+    Run(RunArgs),
+    /// List the available objectives.
+    List,
+    /// Show an objective's configuration keys, defaults and limits.
+    Describe {
+        /// Objective name or alias.
+        name: String,
+    },
+    /// Evaluate a finished run (or its checkpoint file) on its held-out split.
+    Eval {
+        /// Run directory, or a `model.safetensors` inside one.
+        path: PathBuf,
+    },
+}
+
+#[derive(clap::Args, Debug, Default)]
+pub struct RunArgs {
+    /// Objective name (see `ssl list`).
+    #[arg(long)]
+    pub objective: Option<String>,
+    /// YAML recipe (see `configs/`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override any config key, e.g. `--set train.lr=0.01 --set objective.params.mu=10`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Data set: digits or gmm.
+    #[arg(long)]
+    pub data: Option<String>,
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Views per instance.
+    #[arg(long)]
+    pub views: Option<usize>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Run directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// cpu, cuda[:N] or metal.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// CPU threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Continue the run in `--out` from its last checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+}
+
+/// Entry point of every `ssl` binary: parses arguments, runs, prints errors like a Rust CLI.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match execute(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a parsed command.
+pub fn execute(cli: Cli) -> Result<()> {
+    match cli.command.unwrap_or(Command::Run(RunArgs::default())) {
+        Command::Run(args) => {
+            let resume = args.resume;
+            let cfg = resolve(&args)?;
+            set_threads(cfg.train.threads);
+            let outcome = trainer::run(&cfg, resume)?;
+            if outcome.evaluation.is_empty() {
+                println!("stopped early; run directory {}", outcome.dir.display());
+            } else {
+                println!("\n{}", evaluate::table(&outcome.evaluation, &cfg));
+                println!(
+                    "run directory {} ({:.1} s)",
+                    outcome.dir.display(),
+                    outcome.seconds
+                );
+            }
+            Ok(())
+        }
+        Command::List => {
+            for r in ssl_core::registry() {
+                println!("{:<12} {}\n{:<12} {}", r.name, r.summary, "", r.paper);
+            }
+            Ok(())
+        }
+        Command::Describe { name } => {
+            let r = ssl_core::find(&name)?;
+            println!("{} — {}\n{}\n", r.name, r.summary, r.paper);
+            if !r.aliases.is_empty() {
+                println!("aliases: {}\n", r.aliases.join(", "));
+            }
+            let defaults = (r.default_config)();
+            println!("keys (objective.params.KEY):");
+            for k in r.keys {
+                let value = serde_yaml::to_string(&defaults[k.name]).unwrap_or_default();
+                println!("  {:<14} {:<10} {}", k.name, value.trim(), k.doc);
+            }
+            let req = describe_requirements(r)?;
+            println!("\n{req}");
+            Ok(())
+        }
+        Command::Eval { path } => {
+            let dir = run_dir(&path)?;
+            let cfg_path = dir.join("config.yaml");
+            let cfg = RunConfig::from_yaml_value(RunConfig::from_file(&cfg_path)?)
+                .with_context(|| format!("{} is not a valid run config", cfg_path.display()))?;
+            set_threads(cfg.train.threads);
+            let device = setup::device(&cfg.train.device)?;
+            let data = setup::data(&cfg)?;
+            let model = trainer::build_model(&cfg, &data, &device)?;
+            let weights = if path.is_file() {
+                path.clone()
+            } else {
+                dir.join("checkpoint").join(crate::checkpoint::MODEL)
+            };
+            model
+                .store
+                .load(&crate::checkpoint::load_tensors(&weights)?)?;
+            let rows = evaluate::with_baselines(&cfg, &data, &model, &device)?;
+            println!("{}", evaluate::table(&rows, &cfg));
+            Ok(())
+        }
+    }
+}
+
+/// Limits of an objective at its default configuration.
+fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
+    let store = ssl_core::ParamStore::new(0);
+    let ctx = ssl_core::BuildContext {
+        vb: store.var_builder(&candle_core::Device::Cpu).pp("objective"),
+        num_instances: 2,
+        num_classes: Some(2),
+        projection_dim: 8,
+        feature_dim: 8,
+        views: 2,
+        batch_size: 2,
+    };
+    let req = (r.build)(&serde_yaml::Value::Null, &ctx)?.requirements();
+    let max = req.max_views.map_or("any".to_string(), |m| m.to_string());
+    Ok(format!(
+        "limits: views {}..{max}, batch size ≥ {}{}{}{}",
+        req.min_views,
+        req.min_batch,
+        if req.min_batch_reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", req.min_batch_reason)
+        },
+        if req.labels { ", needs labels" } else { "" },
+        if req.teacher.is_some() {
+            ", EMA teacher"
+        } else {
+            ""
+        },
+    ))
+}
+
+fn run_dir(path: &Path) -> Result<PathBuf> {
+    if !path.exists() {
+        bail!(
+            "{} does not exist; give a run directory (e.g. runs/latest) or its checkpoint file",
+            path.display()
+        );
+    }
+    if path.is_file() {
+        // RUN/checkpoint/model.safetensors → RUN
+        let parent = path
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("."));
+        return Ok(parent.to_path_buf());
+    }
+    Ok(path.to_path_buf())
+}
+
+fn set_threads(threads: usize) {
+    if threads > 0 {
+        // Candle's CPU kernels read RAYON_NUM_THREADS; our own ops use rayon's global pool.
+        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global();
+    }
+}
+
+/// Defaults ← recipe ← `--set` ← flags, then validation and objective lookup.
+pub fn resolve(args: &RunArgs) -> Result<RunConfig> {
+    let mut root = match &args.config {
+        Some(path) => RunConfig::from_file(path)?,
+        None => serde_yaml::Value::Mapping(Default::default()),
+    };
+    for s in &args.set {
+        apply_set(&mut root, s)?;
+    }
+    let flags: [(&str, Option<String>); 9] = [
+        ("objective.name", args.objective.clone()),
+        ("data.name", args.data.clone()),
+        ("train.epochs", args.epochs.map(|v| v.to_string())),
+        ("train.batch_size", args.batch_size.map(|v| v.to_string())),
+        ("train.views", args.views.map(|v| v.to_string())),
+        ("train.seed", args.seed.map(|v| v.to_string())),
+        (
+            "out",
+            args.out.as_ref().map(|p| format!("'{}'", p.display())),
+        ),
+        ("train.device", args.device.clone()),
+        ("train.threads", args.threads.map(|v| v.to_string())),
+    ];
+    for (key, value) in flags {
+        if let Some(v) = value {
+            apply_set(&mut root, &format!("{key}={v}"))?;
+        }
+    }
+    let cfg = RunConfig::from_yaml_value(root).context(match &args.config {
+        Some(p) => format!("invalid configuration in {}", p.display()),
+        None => "invalid configuration".to_string(),
+    })?;
+    ssl_core::find(&cfg.objective.name)?;
+    Ok(cfg)
+}

@@ -1,0 +1,278 @@
+//! The run configuration: typed, with the main job's values as defaults, unknown keys rejected.
+//!
+//! Layering: defaults ← recipe YAML (`--config`) ← `--set key=value` ← plain flags.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Everything a run needs; written resolved to `RUN_DIR/config.yaml`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    pub data: DataConfig,
+    pub model: ModelConfig,
+    pub objective: ObjectiveSection,
+    pub train: TrainConfig,
+    pub eval: EvalConfig,
+    /// Run directory.
+    pub out: PathBuf,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            data: DataConfig::default(),
+            model: ModelConfig::default(),
+            objective: ObjectiveSection::default(),
+            train: TrainConfig::default(),
+            eval: EvalConfig::default(),
+            out: PathBuf::from("runs/latest"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// `digits` (embedded scikit-learn digits) or `gmm` (IConE's 2-D Gaussian mixture).
+    pub name: String,
+    /// Side length the digits are upsampled to.
+    pub size: usize,
+    /// Held-out fraction (stratified).
+    pub test_fraction: f64,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            name: "digits".into(),
+            size: 16,
+            test_fraction: 0.2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// `digits_cnn` or `mlp`.
+    pub encoder: String,
+    /// MLP widths (hidden…, output) when `encoder: mlp`.
+    pub mlp: Vec<usize>,
+    /// Projector widths: Linear–BN–ReLU for all but the last, then Linear.
+    pub projector: Vec<usize>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            encoder: "digits_cnn".into(),
+            mlp: vec![64, 64, 2],
+            projector: vec![512, 512],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ObjectiveSection {
+    pub name: String,
+    /// Objective keys (see `ssl describe NAME`); absent keys take the paper's defaults.
+    pub params: serde_yaml::Value,
+}
+
+impl Default for ObjectiveSection {
+    fn default() -> Self {
+        Self {
+            name: "vicreg".into(),
+            params: serde_yaml::Value::Mapping(Default::default()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    Adamw,
+    Sgd,
+    Lars,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub views: usize,
+    pub optimizer: OptimizerKind,
+    /// Peak learning rate (after warm-up).
+    pub lr: f64,
+    /// Final learning rate of the cosine schedule.
+    pub min_lr: f64,
+    pub warmup_epochs: usize,
+    /// Decoupled (AdamW) or L2 (SGD/LARS) weight decay; biases and norm weights are excluded.
+    pub weight_decay: f64,
+    /// Adam betas.
+    pub betas: (f64, f64),
+    /// SGD/LARS momentum and Nesterov switch.
+    pub momentum: f64,
+    pub nesterov: bool,
+    /// LARS trust coefficient η.
+    pub lars_eta: f64,
+    pub drop_last: bool,
+    pub seed: u64,
+    /// CPU threads (0 = all cores).
+    pub threads: usize,
+    /// `cpu`, `cuda[:N]` or `metal`.
+    pub device: String,
+    /// Online linear probe learning rate (0 disables the probe).
+    pub probe_lr: f64,
+    /// Checkpoint every N epochs (the last epoch is always saved).
+    pub checkpoint_every: usize,
+    /// Stop after this many epochs of this invocation (0 = run to the end); for tests of resume.
+    pub stop_after_epochs: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 50,
+            batch_size: 128,
+            views: 2,
+            optimizer: OptimizerKind::Adamw,
+            lr: 1e-3,
+            min_lr: 0.0,
+            warmup_epochs: 2,
+            weight_decay: 1e-4,
+            betas: (0.9, 0.999),
+            momentum: 0.9,
+            nesterov: false,
+            lars_eta: 0.02,
+            drop_last: true,
+            seed: 0,
+            threads: 0,
+            device: "cpu".into(),
+            probe_lr: 1e-3,
+            checkpoint_every: 10,
+            stop_after_epochs: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// k of the weighted k-NN monitor and final table.
+    pub knn_k: usize,
+    /// Temperature of the k-NN vote weights.
+    pub knn_t: f64,
+    /// Inverse L2 strength of the linear probe.
+    pub probe_c: f64,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            knn_k: 20,
+            knn_t: 0.07,
+            probe_c: 1.0,
+        }
+    }
+}
+
+impl RunConfig {
+    /// Parses a YAML document (recipe or resolved config) over the defaults.
+    pub fn from_yaml_value(value: serde_yaml::Value) -> Result<Self> {
+        let config: RunConfig =
+            serde_yaml::from_value(value).map_err(|e| anyhow::anyhow!("{e}"))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads a recipe file.
+    pub fn from_file(path: &Path) -> Result<serde_yaml::Value> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        serde_yaml::from_str(&text).with_context(|| format!("{} is not valid YAML", path.display()))
+    }
+
+    /// Checks values that types do not.
+    pub fn validate(&self) -> Result<()> {
+        let t = &self.train;
+        if t.epochs == 0 {
+            bail!("train.epochs must be ≥ 1");
+        }
+        if t.batch_size == 0 {
+            bail!("train.batch_size must be ≥ 1");
+        }
+        if t.views == 0 {
+            bail!("train.views must be ≥ 1");
+        }
+        if !(t.lr.is_finite() && t.lr > 0.0) {
+            bail!("train.lr must be > 0, got {}", t.lr);
+        }
+        if !(0.0..1.0).contains(&self.data.test_fraction) || self.data.test_fraction == 0.0 {
+            bail!(
+                "data.test_fraction must be in (0, 1), got {}",
+                self.data.test_fraction
+            );
+        }
+        if self.model.projector.is_empty() {
+            bail!("model.projector needs at least one width (the output), e.g. [512, 512]");
+        }
+        Ok(())
+    }
+}
+
+/// Applies `key.path=value` (value parsed as YAML) onto a YAML mapping.
+pub fn apply_set(root: &mut serde_yaml::Value, assignment: &str) -> Result<()> {
+    let Some((key, raw)) = assignment.split_once('=') else {
+        bail!("--set expects key=value (e.g. train.lr=0.01), got `{assignment}`");
+    };
+    let value: serde_yaml::Value = serde_yaml::from_str(raw)
+        .with_context(|| format!("--set {key}: `{raw}` is not a YAML value"))?;
+    let mut node = root;
+    for part in key.split('.') {
+        if !node.is_mapping() {
+            *node = serde_yaml::Value::Mapping(Default::default());
+        }
+        let map = node.as_mapping_mut().expect("just made a mapping");
+        node = map
+            .entry(serde_yaml::Value::String(part.to_string()))
+            .or_insert(serde_yaml::Value::Null);
+    }
+    *node = value;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_main_job() {
+        let c = RunConfig::default();
+        assert_eq!(
+            (c.train.epochs, c.train.batch_size, c.train.lr),
+            (50, 128, 1e-3)
+        );
+        assert_eq!(c.objective.name, "vicreg");
+        assert_eq!(c.data.name, "digits");
+    }
+
+    #[test]
+    fn set_overrides_nested_keys_and_unknown_keys_are_errors() {
+        let mut v = serde_yaml::Value::Mapping(Default::default());
+        apply_set(&mut v, "train.lr=0.5").unwrap();
+        apply_set(&mut v, "objective.params.mu=10").unwrap();
+        let c = RunConfig::from_yaml_value(v.clone()).unwrap();
+        assert_eq!(c.train.lr, 0.5);
+        assert_eq!(c.objective.params["mu"].as_f64(), Some(10.0));
+        apply_set(&mut v, "train.learning_rate=1").unwrap();
+        let err = RunConfig::from_yaml_value(v).unwrap_err().to_string();
+        assert!(err.contains("unknown field `learning_rate`"), "{err}");
+        assert!(apply_set(&mut serde_yaml::Value::Null, "novalue").is_err());
+    }
+}

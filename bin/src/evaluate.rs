@@ -1,0 +1,166 @@
+//! Frozen-feature evaluation on the held-out split, and the baselines every run is compared with.
+//!
+//! Protocol (metrics.md §1, §3–5): features from the backbone in eval mode on clean images;
+//! linear probe on standardised features (L-BFGS, L2 with C, balanced accuracy); weighted k-NN
+//! (cosine, k, T); RankMe and effective rank of the standardised test features.
+
+use anyhow::Result;
+use candle_core::{Device, Tensor};
+use serde::Serialize;
+use ssl_eval::{Features, LinearProbeConfig};
+
+use crate::config::RunConfig;
+use crate::setup::{self, DataSplit};
+use crate::trainer::Model;
+
+/// One row of the result table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Evaluation {
+    pub probe_balanced_accuracy: f64,
+    pub knn_accuracy: f64,
+    pub rankme: f64,
+    pub effective_rank: f64,
+}
+
+/// Clean train and test inputs with labels.
+pub struct Inputs {
+    pub x: Tensor,
+    pub y: Vec<u32>,
+}
+
+/// The un-augmented train and test sets as tensors.
+pub fn clean_inputs(data: &DataSplit, device: &Device) -> Result<(Inputs, Inputs)> {
+    let make = |positions: &[usize]| -> Result<Inputs> {
+        Ok(Inputs {
+            x: setup::samples(&data.dataset, positions, device)?,
+            y: setup::labels(&data.dataset, positions),
+        })
+    };
+    Ok((make(&data.train)?, make(&data.test)?))
+}
+
+fn to_features(t: &Tensor) -> Result<Features> {
+    let t = t.flatten_from(1)?.to_dtype(candle_core::DType::F32)?;
+    let (n, d) = t.dims2()?;
+    Features::new(t.flatten_all()?.to_vec1::<f32>()?, n, d)
+}
+
+/// Evaluates frozen features.
+pub fn evaluate_features(
+    cfg: &RunConfig,
+    train: &Tensor,
+    train_y: &[u32],
+    test: &Tensor,
+    test_y: &[u32],
+) -> Result<Evaluation> {
+    let (train, test) = (to_features(train)?, to_features(test)?);
+    let probe = ssl_eval::linear_probe(
+        &train,
+        train_y,
+        &test,
+        test_y,
+        &LinearProbeConfig {
+            c: cfg.eval.probe_c,
+            ..LinearProbeConfig::default()
+        },
+    )?;
+    let knn = ssl_eval::knn_accuracy(
+        &train,
+        train_y,
+        &test,
+        test_y,
+        cfg.eval.knn_k,
+        cfg.eval.knn_t,
+    )?;
+    let standardized = ssl_eval::standardize(&test);
+    Ok(Evaluation {
+        probe_balanced_accuracy: probe.balanced_accuracy,
+        knn_accuracy: knn,
+        rankme: ssl_eval::rankme(&standardized, 1e-7)?,
+        effective_rank: ssl_eval::effective_rank(&standardized)?,
+    })
+}
+
+/// The epoch-end monitor: k-NN accuracy of eval-mode features and the online probe's accuracy.
+pub fn monitor(
+    cfg: &RunConfig,
+    model: &Model,
+    train: &Inputs,
+    test: &Inputs,
+) -> Result<(f64, Option<f64>)> {
+    let f_train = model.features(&train.x)?;
+    let f_test = model.features(&test.x)?;
+    let knn = ssl_eval::knn_accuracy(
+        &to_features(&f_train)?,
+        &train.y,
+        &to_features(&f_test)?,
+        &test.y,
+        cfg.eval.knn_k,
+        cfg.eval.knn_t,
+    )?;
+    let probe = model.probe_predictions(&f_test)?.map(|pred| {
+        pred.iter().zip(&test.y).filter(|(p, y)| p == y).count() as f64 / test.y.len() as f64
+    });
+    Ok((knn, probe))
+}
+
+/// Rows for raw inputs, the random-init encoder (batch-norm statistics calibrated on the clean
+/// train images) and the trained encoder.
+pub fn with_baselines(
+    cfg: &RunConfig,
+    data: &DataSplit,
+    model: &Model,
+    device: &Device,
+) -> Result<Vec<(String, Evaluation)>> {
+    let (train, test) = clean_inputs(data, device)?;
+    let mut rows = Vec::new();
+    rows.push((
+        "raw inputs".to_string(),
+        evaluate_features(cfg, &train.x, &train.y, &test.x, &test.y)?,
+    ));
+    let random = setup::calibrated_random_encoder(cfg, &data.dataset, &train.x, device)?;
+    rows.push((
+        "random init".to_string(),
+        evaluate_features(
+            cfg,
+            &eval_features(random.as_ref(), &train.x)?,
+            &train.y,
+            &eval_features(random.as_ref(), &test.x)?,
+            &test.y,
+        )?,
+    ));
+    rows.push((
+        format!("{} (ours)", cfg.objective.name),
+        evaluate_features(
+            cfg,
+            &model.features(&train.x)?,
+            &train.y,
+            &model.features(&test.x)?,
+            &test.y,
+        )?,
+    ));
+    Ok(rows)
+}
+
+/// Eval-mode features of any encoder.
+pub fn eval_features(encoder: &dyn ssl_models::Encoder, x: &Tensor) -> Result<Tensor> {
+    Ok(encoder.forward_t(x, false)?)
+}
+
+/// The result table as Markdown.
+pub fn table(rows: &[(String, Evaluation)], cfg: &RunConfig) -> String {
+    let mut s = format!(
+        "| encoder | linear probe (balanced acc.) | {}-NN acc. (T={}) | RankMe | effective rank |\n|---|---|---|---|---|\n",
+        cfg.eval.knn_k, cfg.eval.knn_t
+    );
+    for (name, e) in rows {
+        s.push_str(&format!(
+            "| {name} | {:.1} % | {:.1} % | {:.1} | {:.1} |\n",
+            100.0 * e.probe_balanced_accuracy,
+            100.0 * e.knn_accuracy,
+            e.rankme,
+            e.effective_rank
+        ));
+    }
+    s
+}

@@ -1,0 +1,17 @@
+//! The candle-ssl trainer and CLI as a library.
+//!
+//! `config` (typed run configuration) → `setup` (device, data, networks) → `trainer` (the loop,
+//! checkpoints, resume) → `evaluate` (the final table); `cli` wires them to `ssl`'s subcommands.
+//! The built-in objectives are linked here, so every binary using this crate lists them.
+
+pub mod checkpoint;
+pub mod cli;
+pub mod config;
+pub mod evaluate;
+pub mod optim;
+pub mod setup;
+pub mod trainer;
+
+// Link the built-in objective crates so their registrations are collected.
+use ssl_simclr as _;
+use ssl_vicreg as _;

@@ -1,0 +1,125 @@
+//! Builds what a configuration names: device, data set and split, encoder, projector.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor};
+use candle_nn::VarBuilder;
+use ssl_data::Dataset;
+use ssl_models::{DigitsCnn, Encoder, Mlp, Projector};
+
+use crate::config::RunConfig;
+
+/// The device named by `--device`.
+pub fn device(name: &str) -> Result<Device> {
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        n if n == "cuda" || n.starts_with("cuda:") => {
+            let ordinal = match n.split_once(':') {
+                Some((_, i)) => i
+                    .parse()
+                    .with_context(|| format!("--device {n}: `{i}` is not a GPU index"))?,
+                None => 0,
+            };
+            Device::new_cuda(ordinal).with_context(|| {
+                format!("--device {n}: CUDA is unavailable; build with `--features cuda` on a machine with a GPU")
+            })
+        }
+        "metal" => Device::new_metal(0).context(
+            "--device metal: Metal is unavailable; build with `--features metal` on macOS",
+        ),
+        other => bail!("unknown device `{other}`; use cpu, cuda[:N] or metal"),
+    }
+}
+
+/// The data set and its stratified train/test split (positions into the data set).
+pub struct DataSplit {
+    pub dataset: Arc<Dataset>,
+    pub train: Vec<usize>,
+    pub test: Vec<usize>,
+}
+
+/// Loads the configured data set and splits it by the run seed.
+pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
+    let dataset = match cfg.data.name.as_str() {
+        "digits" => ssl_data::digits(cfg.data.size)?,
+        "gmm" => ssl_data::gaussian_mixture(cfg.train.seed),
+        other => bail!("unknown data set `{other}`; built in: digits, gmm"),
+    };
+    let (train, test) =
+        ssl_data::stratified_split(&dataset.labels, cfg.data.test_fraction, cfg.train.seed)?;
+    Ok(DataSplit {
+        dataset: Arc::new(dataset),
+        train,
+        test,
+    })
+}
+
+/// The configured encoder under `vb` (its keys start there, e.g. `encoder.conv1.weight`).
+pub fn encoder(cfg: &RunConfig, dataset: &Dataset, vb: VarBuilder) -> Result<Box<dyn Encoder>> {
+    encoder_with_bn_momentum(cfg, dataset, Some(0.1), vb)
+}
+
+/// The random-init baseline: the run's initial encoder (same seed, so the same weights) whose
+/// batch-norm running statistics are set to those of the clean train images `x` (one
+/// train-mode pass with momentum 1 over the whole set).
+pub fn calibrated_random_encoder(
+    cfg: &RunConfig,
+    dataset: &Dataset,
+    x: &Tensor,
+    device: &Device,
+) -> Result<Box<dyn Encoder>> {
+    let store = ssl_core::ParamStore::new(cfg.train.seed);
+    let encoder = encoder_with_bn_momentum(
+        cfg,
+        dataset,
+        Some(1.0),
+        store.var_builder(device).pp("encoder"),
+    )?;
+    encoder.forward_t(x, true)?;
+    Ok(encoder)
+}
+
+fn encoder_with_bn_momentum(
+    cfg: &RunConfig,
+    dataset: &Dataset,
+    bn_momentum: Option<f64>,
+    vb: VarBuilder,
+) -> Result<Box<dyn Encoder>> {
+    Ok(match cfg.model.encoder.as_str() {
+        "digits_cnn" => {
+            if dataset.shape.len() != 3 {
+                bail!(
+                    "encoder digits_cnn needs images [C, H, W], data set `{}` has samples of shape {:?}; use `--set model.encoder=mlp`",
+                    dataset.name,
+                    dataset.shape
+                );
+            }
+            Box::new(DigitsCnn::with_bn_momentum(
+                dataset.shape[0],
+                bn_momentum,
+                vb,
+            )?)
+        }
+        "mlp" => Box::new(Mlp::new(dataset.sample_len(), &cfg.model.mlp, vb)?),
+        other => bail!("unknown encoder `{other}`; built in: digits_cnn, mlp"),
+    })
+}
+
+/// The projector on top of an encoder of width `in_dim`.
+pub fn projector(cfg: &RunConfig, in_dim: usize, vb: VarBuilder) -> Result<Projector> {
+    Ok(Projector::new(in_dim, &cfg.model.projector, vb)?)
+}
+
+/// Samples at `positions` as one tensor `[n, sample shape…]`.
+pub fn samples(dataset: &Dataset, positions: &[usize], device: &Device) -> Result<Tensor> {
+    let mut shape = vec![positions.len()];
+    shape.extend(&dataset.shape);
+    let data = ssl_data::clean_batch(dataset, positions);
+    Ok(Tensor::from_vec(data, shape, device)?)
+}
+
+/// Labels at `positions` as u32.
+pub fn labels(dataset: &Dataset, positions: &[usize]) -> Vec<u32> {
+    positions.iter().map(|&i| dataset.labels[i]).collect()
+}

@@ -1,0 +1,427 @@
+//! The training loop: config → init → run.
+//!
+//! One step: V augmented views of B instances → encoder (train mode) → projector → objective loss
+//! (+ the online probe's cross-entropy on detached features) → backward → optimiser → objective
+//! hook. Every step is logged to `metrics.jsonl`; every `checkpoint_every` epochs and at the end
+//! the run is checkpointed atomically; `--resume` continues to the same final weights.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor, D};
+use candle_nn::{Linear, Module};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use ssl_core::{Batch, BuildContext, Objective, ParamStore, Progress, SingleProcess, StepContext};
+use ssl_data::{ViewLoader, ViewTransform};
+use ssl_models::{Encoder, Projector};
+
+use crate::checkpoint::{self, TrainerState};
+use crate::config::RunConfig;
+use crate::evaluate::{self, Evaluation};
+use crate::optim::{learning_rate, Optimizer};
+use crate::setup::{self, DataSplit};
+
+/// A model being trained: student networks, optional teacher, objective, probe.
+pub struct Model {
+    pub store: ParamStore,
+    pub encoder: Box<dyn Encoder>,
+    pub projector: Option<Projector>,
+    pub teacher: Option<(Box<dyn Encoder>, Option<Projector>)>,
+    pub probe: Option<Linear>,
+    pub objective: Box<dyn Objective>,
+}
+
+/// Builds every module of `cfg` in a fresh store seeded by the run seed.
+pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result<Model> {
+    let registration = ssl_core::find(&cfg.objective.name)?;
+    let store = ParamStore::new(cfg.train.seed);
+    let vb = store.var_builder(device);
+    let dataset = &data.dataset;
+    let encoder = setup::encoder(cfg, dataset, vb.pp("encoder"))?;
+    let feature_dim = encoder.output_dim();
+    let projection_dim = *cfg.model.projector.last().expect("validated non-empty");
+    let ctx = BuildContext {
+        vb: vb.pp("objective"),
+        num_instances: data.train.len(),
+        num_classes: Some(dataset.num_classes),
+        projection_dim,
+        feature_dim,
+        views: cfg.train.views,
+        batch_size: cfg.train.batch_size,
+    };
+    let objective = (registration.build)(&cfg.objective.params, &ctx)?;
+    let req = objective.requirements();
+    req.check(
+        registration.name,
+        cfg.train.views,
+        cfg.train.batch_size,
+        true,
+    )?;
+    let projector = if req.projector {
+        Some(setup::projector(cfg, feature_dim, vb.pp("projector"))?)
+    } else {
+        None
+    };
+    let teacher = match req.teacher {
+        Some(_) => {
+            let tvb = vb.pp("teacher");
+            let enc = setup::encoder(cfg, dataset, tvb.pp("encoder"))?;
+            let proj = match req.projector {
+                true => Some(setup::projector(cfg, feature_dim, tvb.pp("projector"))?),
+                false => None,
+            };
+            for (name, var) in store.vars_with_prefix("teacher.") {
+                let student = &store.tensors()[&name["teacher.".len()..]];
+                var.set(student)?;
+            }
+            Some((enc, proj))
+        }
+        None => None,
+    };
+    let probe = match cfg.train.probe_lr > 0.0 {
+        true => Some(candle_nn::linear(
+            feature_dim,
+            dataset.num_classes,
+            vb.pp("probe"),
+        )?),
+        false => None,
+    };
+    Ok(Model {
+        store,
+        encoder,
+        projector,
+        teacher,
+        probe,
+        objective,
+    })
+}
+
+/// Names of the trainable student parameters (encoder + projector), sorted.
+fn student_params(store: &ParamStore) -> Vec<(String, candle_core::Var)> {
+    store
+        .vars()
+        .into_iter()
+        .filter(|(n, _)| {
+            (n.starts_with("encoder.") || n.starts_with("projector.")) && !ParamStore::is_buffer(n)
+        })
+        .collect()
+}
+
+/// Result of a finished run.
+pub struct RunOutcome {
+    pub dir: PathBuf,
+    pub evaluation: Vec<(String, Evaluation)>,
+    pub seconds: f64,
+}
+
+/// Trains `cfg` into `cfg.out` (resuming if asked) and evaluates against the baselines.
+pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
+    let start = Instant::now();
+    let device = setup::device(&cfg.train.device)?;
+    let data = setup::data(cfg)?;
+    let mut model = build_model(cfg, &data, &device)?;
+    let dir = cfg.out.clone();
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create run directory {}", dir.display()))?;
+    checkpoint::write_atomic(
+        &dir.join("config.yaml"),
+        serde_yaml::to_string(cfg)?.as_bytes(),
+    )?;
+    let finished = train(cfg, &data, &mut model, &device, &dir, resume)?;
+    if !finished {
+        return Ok(RunOutcome {
+            dir,
+            evaluation: Vec::new(),
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    }
+    let evaluation = evaluate::with_baselines(cfg, &data, &model, &device)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let results = json!({
+        "seconds": seconds,
+        "rows": evaluation.iter().map(|(n, e)| json!({"encoder": n, "metrics": e})).collect::<Vec<_>>(),
+    });
+    checkpoint::write_atomic(
+        &dir.join("results.json"),
+        serde_json::to_string_pretty(&results)?.as_bytes(),
+    )?;
+    Ok(RunOutcome {
+        dir,
+        evaluation,
+        seconds,
+    })
+}
+
+fn augmentation(cfg: &RunConfig) -> Arc<dyn ViewTransform> {
+    match cfg.data.name.as_str() {
+        "gmm" => Arc::new(ssl_data::GaussianJitter::default()),
+        _ => Arc::new(ssl_data::DigitsAugment::default()),
+    }
+}
+
+/// The training loop. Returns whether the run reached its last epoch.
+fn train(
+    cfg: &RunConfig,
+    data: &DataSplit,
+    model: &mut Model,
+    device: &Device,
+    dir: &Path,
+    resume: bool,
+) -> Result<bool> {
+    let t = &cfg.train;
+    let loader = ViewLoader::new(
+        data.dataset.clone(),
+        data.train.clone(),
+        t.batch_size,
+        t.views,
+        t.drop_last,
+        t.seed,
+        augmentation(cfg),
+    )?;
+    let steps_per_epoch = loader.steps_per_epoch();
+    if steps_per_epoch == 0 {
+        bail!(
+            "batch size {} is larger than the {} training instances with drop_last; lower --batch-size",
+            t.batch_size,
+            data.train.len()
+        );
+    }
+    let total_steps = steps_per_epoch * t.epochs;
+    let probe_scale = t.probe_lr / t.lr;
+    let params: Vec<_> = model
+        .store
+        .vars()
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
+        .map(|(n, v)| {
+            let scale = if n.starts_with("probe.") {
+                probe_scale
+            } else {
+                1.0
+            };
+            (n, v, scale)
+        })
+        .collect();
+    let mut optimizer = Optimizer::new(t, params, &["probe."]);
+    let ckpt_dir = dir.join("checkpoint");
+    let mut state = TrainerState {
+        epochs_done: 0,
+        step: 0,
+    };
+    if resume {
+        state = checkpoint::load_state(&ckpt_dir)?;
+        model.store.load(&checkpoint::load_tensors(
+            &ckpt_dir.join(checkpoint::MODEL),
+        )?)?;
+        optimizer.load_state(&checkpoint::load_tensors(
+            &ckpt_dir.join(checkpoint::OPTIMIZER),
+        )?)?;
+    } else if dir.join("metrics.jsonl").exists() {
+        std::fs::remove_file(dir.join("metrics.jsonl"))?;
+    }
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("metrics.jsonl"))
+        .context("cannot open metrics.jsonl")?;
+    let student = student_params(&model.store);
+    let teacher: Option<Vec<_>> = model.teacher.as_ref().map(|_| {
+        student
+            .iter()
+            .map(|(n, _)| {
+                let name = format!("teacher.{n}");
+                let var = model
+                    .store
+                    .vars()
+                    .into_iter()
+                    .find(|(k, _)| *k == name)
+                    .expect("teacher mirrors student")
+                    .1;
+                (n.clone(), var)
+            })
+            .collect()
+    });
+    let (eval_train, eval_test) = evaluate::clean_inputs(data, device)?;
+    let bar = ProgressBar::new(total_steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} steps {msg} ({eta})",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_position(state.step as u64);
+    let mut epochs_this_call = 0;
+    let teacher_train_mode = model
+        .objective
+        .requirements()
+        .teacher
+        .is_some_and(|s| s.train_mode);
+    for epoch in state.epochs_done..t.epochs {
+        bar.set_prefix(format!("{}/{}", epoch + 1, t.epochs));
+        for view_batch in loader.epoch(epoch) {
+            let started = Instant::now();
+            let progress = Progress {
+                step: state.step,
+                epoch,
+                steps_per_epoch,
+                total_steps,
+                seed: t.seed,
+            };
+            let lr = learning_rate(
+                state.step,
+                total_steps,
+                t.warmup_epochs * steps_per_epoch,
+                t.lr,
+                t.min_lr,
+            );
+            let (v, b) = (view_batch.views_count, view_batch.batch_size);
+            let mut shape = vec![v * b];
+            shape.extend(&data.dataset.shape);
+            let x = Tensor::from_vec(view_batch.views, shape, device)?;
+            let features = model.encoder.forward_t(&x, true)?;
+            let projections = match &model.projector {
+                Some(p) => p.forward_t(&features, true)?,
+                None => features.clone(),
+            };
+            let teacher_out = match &model.teacher {
+                Some((enc, proj)) => {
+                    let train_mode = teacher_train_mode;
+                    let g = x.narrow(0, 0, b * v.min(2))?;
+                    let f = enc.forward_t(&g, train_mode)?;
+                    let p = match proj {
+                        Some(p) => p.forward_t(&f, train_mode)?,
+                        None => f,
+                    };
+                    Some(p.detach().reshape((v.min(2), b, ()))?)
+                }
+                None => None,
+            };
+            let indices = Tensor::new(view_batch.instance_ids.as_slice(), device)?;
+            let labels = Tensor::new(view_batch.labels.as_slice(), device)?;
+            let features_v = features.reshape((v, b, ()))?;
+            let projections_v = projections.reshape((v, b, ()))?;
+            let batch = Batch {
+                projections: &projections_v,
+                features: &features_v,
+                global_views: v,
+                indices: &indices,
+                labels: Some(&labels),
+                teacher: teacher_out.as_ref(),
+                progress,
+                train: true,
+                collective: &SingleProcess,
+            };
+            let out = model.objective.loss(&batch)?;
+            let mut terms = Vec::new();
+            for (name, value) in &out.terms {
+                terms.push((
+                    name.clone(),
+                    value
+                        .to_dtype(candle_core::DType::F64)?
+                        .to_scalar::<f64>()?,
+                ));
+            }
+            let ssl_loss = out
+                .loss
+                .to_dtype(candle_core::DType::F64)?
+                .to_scalar::<f64>()?;
+            if let Some((name, _)) = terms.iter().find(|(_, v)| !v.is_finite()) {
+                bail!(
+                    "loss term `{name}` became non-finite at step {} (epoch {}); training stopped and the last good checkpoint in {} is kept. Lower --set train.lr or check the data",
+                    state.step, epoch + 1, ckpt_dir.display()
+                );
+            }
+            if !ssl_loss.is_finite() {
+                bail!(
+                    "the loss became non-finite ({ssl_loss}) at step {} (epoch {}); training stopped and the last good checkpoint in {} is kept. Lower --set train.lr or check the data",
+                    state.step, epoch + 1, ckpt_dir.display()
+                );
+            }
+            let mut total = out.loss;
+            let mut probe_ce = None;
+            if let Some(probe) = &model.probe {
+                let logits = probe.forward(&features.detach())?;
+                let targets = Tensor::new(view_batch.labels.repeat(v).as_slice(), device)?;
+                let ce = candle_nn::loss::cross_entropy(&logits, &targets)?;
+                probe_ce = Some(ce.to_scalar::<f32>()? as f64);
+                total = (total + ce)?;
+            }
+            let grads = total.backward()?;
+            optimizer.step(&grads, lr)?;
+            model.objective.after_step(&StepContext {
+                progress,
+                student: &student,
+                teacher: teacher.as_deref(),
+            })?;
+            let images_per_s = (v * b) as f64 / started.elapsed().as_secs_f64();
+            let mut record = json!({"step": state.step, "epoch": epoch, "loss": ssl_loss, "lr": lr, "images_per_s": images_per_s});
+            for (name, value) in &terms {
+                record[name.as_str()] = json!(value);
+            }
+            if let Some(ce) = probe_ce {
+                record["probe_ce"] = json!(ce);
+            }
+            writeln!(log, "{record}")?;
+            bar.set_message(format!("loss {ssl_loss:.4}"));
+            bar.inc(1);
+            state.step += 1;
+        }
+        state.epochs_done = epoch + 1;
+        epochs_this_call += 1;
+        let monitor = evaluate::monitor(cfg, model, &eval_train, &eval_test)?;
+        writeln!(
+            log,
+            "{}",
+            json!({"epoch_end": epoch, "step": state.step, "knn_accuracy": monitor.0, "online_probe_accuracy": monitor.1})
+        )?;
+        let last = state.epochs_done == t.epochs;
+        let stopping = t.stop_after_epochs > 0 && epochs_this_call >= t.stop_after_epochs;
+        if last || stopping || state.epochs_done % t.checkpoint_every.max(1) == 0 {
+            checkpoint::save(
+                &ckpt_dir,
+                &model.store.tensors(),
+                &optimizer.state()?,
+                &state,
+            )?;
+        }
+        if stopping && !last {
+            bar.abandon_with_message(
+                "stopped early (train.stop_after_epochs); continue with --resume",
+            );
+            return Ok(false);
+        }
+    }
+    bar.finish_with_message("done");
+    Ok(true)
+}
+
+impl Model {
+    /// Backbone features in eval mode, `[n, F]`, computed in chunks.
+    pub fn features(&self, x: &Tensor) -> Result<Tensor> {
+        let n = x.dim(0)?;
+        let chunk = 512;
+        let mut parts = Vec::new();
+        let mut start = 0;
+        while start < n {
+            let len = chunk.min(n - start);
+            parts.push(self.encoder.forward_t(&x.narrow(0, start, len)?, false)?);
+            start += len;
+        }
+        Ok(Tensor::cat(&parts, 0)?)
+    }
+
+    /// Online-probe predictions for eval-mode features.
+    pub fn probe_predictions(&self, features: &Tensor) -> Result<Option<Vec<u32>>> {
+        match &self.probe {
+            Some(p) => Ok(Some(
+                p.forward(features)?.argmax(D::Minus1)?.to_vec1::<u32>()?,
+            )),
+            None => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! End-to-end tests of the `ssl` CLI, through the fixture binary that adds an out-of-tree
+//! objective to it: listing, training, resume, evaluation and every bad-input error.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn ssl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ssl-plugin"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .expect("the fixture binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A short digits run: small projector, few epochs.
+fn quick(out: &Path, objective: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "run",
+        "--objective",
+        objective,
+        "--epochs",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+        "--set",
+        "model.projector=[64, 32]",
+        "--set",
+        "train.warmup_epochs=0",
+    ];
+    args.extend_from_slice(extra);
+    ssl(&args)
+}
+
+#[test]
+fn lists_builtin_and_out_of_tree_objectives() {
+    let o = ssl(&["list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    for name in ["vicreg", "simclr", "mean-align"] {
+        assert!(s.contains(name), "`ssl list` lacks {name}:\n{s}");
+    }
+}
+
+#[test]
+fn describe_shows_keys_defaults_and_limits() {
+    let o = ssl(&["describe", "vicreg"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.contains("lambda") && s.contains("25"), "{s}");
+    assert!(s.contains("batch size ≥ 2"), "{s}");
+}
+
+#[test]
+fn trains_the_out_of_tree_objective_and_evaluates_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = quick(&out, "mean-align", &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(
+        s.contains("raw inputs") && s.contains("random init") && s.contains("mean-align (ours)"),
+        "{s}"
+    );
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    assert!(
+        metrics.contains("\"align\"")
+            && metrics.contains("\"std_hinge\"")
+            && metrics.contains("images_per_s")
+    );
+    assert!(out.join("config.yaml").exists() && out.join("checkpoint/model.safetensors").exists());
+    let e = ssl(&["eval", out.to_str().unwrap()]);
+    assert!(e.status.success(), "{}", stderr(&e));
+    assert!(stdout(&e).contains("mean-align (ours)"));
+}
+
+#[test]
+fn resume_reproduces_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole");
+    let split = dir.path().join("split");
+    let a = quick(&whole, "vicreg", &["--epochs", "3"]);
+    assert!(a.status.success(), "{}", stderr(&a));
+    let b = quick(
+        &split,
+        "vicreg",
+        &["--epochs", "3", "--set", "train.stop_after_epochs=1"],
+    );
+    assert!(b.status.success(), "{}", stderr(&b));
+    assert!(stdout(&b).contains("stopped early"));
+    let c = quick(&split, "vicreg", &["--epochs", "3", "--resume"]);
+    assert!(c.status.success(), "{}", stderr(&c));
+    let read = |p: &Path| std::fs::read(p.join("checkpoint/model.safetensors")).unwrap();
+    assert_eq!(
+        read(&whole),
+        read(&split),
+        "resumed weights differ from the uninterrupted run"
+    );
+}
+
+#[test]
+fn unknown_objective_suggests_the_closest() {
+    let o = ssl(&["run", "--objective", "vicrg"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("did you mean `vicreg`"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn unknown_config_keys_are_errors() {
+    let o = ssl(&["run", "--set", "train.learning_rate=0.1"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("unknown field `learning_rate`"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ssl(&["run", "--set", "objective.params.lamda=3", "--epochs", "1"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("unknown field `lamda`"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn views_and_batch_the_objective_cannot_take_are_refused() {
+    let o = ssl(&["run", "--batch-size", "1"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("needs batch size ≥ 2") && e.contains("--batch-size 2"),
+        "{e}"
+    );
+    let o = ssl(&["run", "--objective", "simclr", "--views", "1"]);
+    assert!(
+        stderr(&o).contains("needs at least 2 views"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn missing_and_corrupt_files_are_clear_errors() {
+    let o = ssl(&["run", "--config", "/nonexistent/recipe.yaml"]);
+    assert!(
+        stderr(&o).contains("cannot read config file /nonexistent/recipe.yaml"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ssl(&["eval", "/nonexistent/run"]);
+    assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    assert!(quick(&out, "vicreg", &["--epochs", "1"]).status.success());
+    std::fs::write(
+        out.join("checkpoint/model.safetensors"),
+        b"not a safetensors file",
+    )
+    .unwrap();
+    let o = ssl(&["eval", out.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("corrupt or truncated"),
+        "{}",
+        stderr(&o)
+    );
+    let bad_yaml = dir.path().join("bad.yaml");
+    std::fs::write(&bad_yaml, "train: [unclosed").unwrap();
+    let o = ssl(&["run", "--config", bad_yaml.to_str().unwrap()]);
+    assert!(stderr(&o).contains("is not valid YAML"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_non_finite_loss_stops_training_and_keeps_the_last_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = quick(
+        &out,
+        "vicreg",
+        &[
+            "--epochs",
+            "3",
+            "--set",
+            "train.optimizer=sgd",
+            "--set",
+            "train.lr=1e30",
+            "--set",
+            "train.checkpoint_every=1",
+        ],
+    );
+    assert!(!o.status.success(), "a diverging run must fail");
+    let e = stderr(&o);
+    assert!(e.contains("non-finite") && e.contains("at step"), "{e}");
+    assert!(!out.join("results.json").exists());
+}
