@@ -86,16 +86,21 @@ fn resume_reproduces_an_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
     let whole = dir.path().join("whole");
     let split = dir.path().join("split");
-    let a = quick(&whole, "vicreg", &["--epochs", "3"]);
+    let a = quick(&whole, "vicreg", &["--set", "train.epochs=3"]);
     assert!(a.status.success(), "{}", stderr(&a));
     let b = quick(
         &split,
         "vicreg",
-        &["--epochs", "3", "--set", "train.stop_after_epochs=1"],
+        &[
+            "--set",
+            "train.epochs=3",
+            "--set",
+            "train.stop_after_epochs=1",
+        ],
     );
     assert!(b.status.success(), "{}", stderr(&b));
     assert!(stdout(&b).contains("stopped early"));
-    let c = quick(&split, "vicreg", &["--epochs", "3", "--resume"]);
+    let c = quick(&split, "vicreg", &["--set", "train.epochs=3", "--resume"]);
     assert!(c.status.success(), "{}", stderr(&c));
     let read = |p: &Path| std::fs::read(p.join("checkpoint/model.safetensors")).unwrap();
     assert_eq!(
@@ -163,7 +168,9 @@ fn missing_and_corrupt_files_are_clear_errors() {
     assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    assert!(quick(&out, "vicreg", &["--epochs", "1"]).status.success());
+    assert!(quick(&out, "vicreg", &["--set", "train.epochs=1"])
+        .status
+        .success());
     std::fs::write(
         out.join("checkpoint/model.safetensors"),
         b"not a safetensors file",
@@ -183,15 +190,15 @@ fn missing_and_corrupt_files_are_clear_errors() {
 }
 
 #[test]
-fn a_non_finite_loss_stops_training_and_keeps_the_last_checkpoint() {
+fn a_non_finite_loss_stops_training_naming_the_step() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let o = quick(
         &out,
         "vicreg",
         &[
-            "--epochs",
-            "3",
+            "--set",
+            "train.epochs=3",
             "--set",
             "train.optimizer=sgd",
             "--set",

@@ -3,7 +3,7 @@
 //! prove that an objective needs only `ssl-core` and candle to be listed and trained by `ssl`.
 
 use anyhow::Result;
-use candle_core::{Tensor, D};
+use candle_core::D;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
     register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
