@@ -24,7 +24,7 @@ pub struct Cli {
 pub enum Command {
     /// Pretrain an encoder, then compare it with raw inputs and a random-init encoder
     /// (with no arguments: VICReg on the embedded digits, the README's main job).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List the available objectives.
     List,
     /// Show an objective's configuration keys, defaults and limits.
@@ -90,7 +90,7 @@ pub fn main() -> ExitCode {
 
 /// Runs a parsed command.
 pub fn execute(cli: Cli) -> Result<()> {
-    match cli.command.unwrap_or(Command::Run(RunArgs::default())) {
+    match cli.command.unwrap_or(Command::Run(Box::default())) {
         Command::Run(args) => {
             let resume = args.resume;
             let cfg = resolve(&args)?;

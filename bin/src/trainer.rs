@@ -381,7 +381,7 @@ fn train(
         )?;
         let last = state.epochs_done == t.epochs;
         let stopping = t.stop_after_epochs > 0 && epochs_this_call >= t.stop_after_epochs;
-        if last || stopping || state.epochs_done % t.checkpoint_every.max(1) == 0 {
+        if last || stopping || state.epochs_done.is_multiple_of(t.checkpoint_every.max(1)) {
             checkpoint::save(
                 &ckpt_dir,
                 &model.store.tensors(),
