@@ -170,6 +170,8 @@ pub struct EvalConfig {
     pub knn_t: f64,
     /// Inverse L2 strength of the linear probe.
     pub probe_c: f64,
+    /// Run the k-NN / online-probe monitor every N epochs (and always after the last).
+    pub monitor_every: usize,
 }
 
 impl Default for EvalConfig {
@@ -178,6 +180,7 @@ impl Default for EvalConfig {
             knn_k: 20,
             knn_t: 0.07,
             probe_c: 1.0,
+            monitor_every: 5,
         }
     }
 }

@@ -373,13 +373,16 @@ fn train(
         }
         state.epochs_done = epoch + 1;
         epochs_this_call += 1;
-        let monitor = evaluate::monitor(cfg, model, &eval_train, &eval_test)?;
-        writeln!(
-            log,
-            "{}",
-            json!({"epoch_end": epoch, "step": state.step, "knn_accuracy": monitor.0, "online_probe_accuracy": monitor.1})
-        )?;
         let last = state.epochs_done == t.epochs;
+        if last
+            || state
+                .epochs_done
+                .is_multiple_of(cfg.eval.monitor_every.max(1))
+        {
+            let (knn, probe) = evaluate::monitor(cfg, model, &eval_train, &eval_test)?;
+            let record = json!({"epoch_end": epoch, "step": state.step, "knn_accuracy": knn, "online_probe_accuracy": probe});
+            writeln!(log, "{record}")?;
+        }
         let stopping = t.stop_after_epochs > 0 && epochs_this_call >= t.stop_after_epochs;
         if last || stopping || state.epochs_done.is_multiple_of(t.checkpoint_every.max(1)) {
             checkpoint::save(
