@@ -113,11 +113,21 @@ pub fn with_baselines(
     device: &Device,
 ) -> Result<Vec<(String, Evaluation)>> {
     let (train, test) = clean_inputs(data, device)?;
+    let bar = indicatif::ProgressBar::new(3).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_message("raw inputs");
     let mut rows = Vec::new();
     rows.push((
         "raw inputs".to_string(),
         evaluate_features(cfg, &train.x, &train.y, &test.x, &test.y)?,
     ));
+    bar.inc(1);
+    bar.set_message("random init");
     let random = setup::calibrated_random_encoder(cfg, &data.dataset, &train.x, device)?;
     rows.push((
         "random init".to_string(),
@@ -129,6 +139,8 @@ pub fn with_baselines(
             &test.y,
         )?,
     ));
+    bar.inc(1);
+    bar.set_message("trained encoder");
     rows.push((
         format!("{} (ours)", cfg.objective.name),
         evaluate_features(
@@ -139,6 +151,7 @@ pub fn with_baselines(
             &test.y,
         )?,
     ));
+    bar.finish_and_clear();
     Ok(rows)
 }
 
