@@ -14,6 +14,7 @@ pub mod collective;
 pub mod objective;
 pub mod params;
 pub mod registry;
+pub mod testing;
 
 pub use collective::{Collective, SingleProcess};
 pub use objective::{

@@ -1,0 +1,43 @@
+//! Test support shared by objective crates: gradient checks against finite differences.
+
+use candle_core::{Result, Tensor, Var};
+
+/// Compares the autograd gradient of the scalar `loss(x)` at `x` (f64) with central finite
+/// differences (step 1e-6) element by element; returns the largest error relative to
+/// `1 + |finite difference|`. Use it as `assert!(max_gradient_error(...)? < 1e-6)`.
+pub fn max_gradient_error(x: &Tensor, loss: impl Fn(&Tensor) -> Result<Tensor>) -> Result<f64> {
+    let var = Var::from_tensor(x)?;
+    let grads = loss(var.as_tensor())?.backward()?;
+    let Some(grad) = grads.get(var.as_tensor()) else {
+        candle_core::bail!("the loss does not depend on its input");
+    };
+    let analytic = grad.flatten_all()?.to_vec1::<f64>()?;
+    let base = x.flatten_all()?.to_vec1::<f64>()?;
+    let h = 1e-6;
+    let mut worst = 0f64;
+    for (k, g) in analytic.iter().enumerate() {
+        let eval = |delta: f64| -> Result<f64> {
+            let mut v = base.clone();
+            v[k] += delta;
+            loss(&Tensor::from_vec(v, x.shape(), x.device())?)?.to_scalar::<f64>()
+        };
+        let fd = (eval(h)? - eval(-h)?) / (2.0 * h);
+        worst = worst.max((fd - g).abs() / (1.0 + fd.abs()));
+    }
+    Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn agrees_with_a_correct_gradient_and_catches_a_wrong_one() -> Result<()> {
+        let x = Tensor::new(&[0.5f64, -1.0, 2.0], &Device::Cpu)?;
+        assert!(max_gradient_error(&x, |x| x.sqr()?.sum_all())? < 1e-8);
+        // A stop-gradient halves the autograd gradient of x² while finite differences see 2x.
+        assert!(max_gradient_error(&x, |x| (x.detach() * x)?.sum_all())? > 0.1);
+        Ok(())
+    }
+}
