@@ -74,9 +74,9 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
                 true => Some(setup::projector(cfg, feature_dim, tvb.pp("projector"))?),
                 false => None,
             };
+            let student = store.tensors();
             for (name, var) in store.vars_with_prefix("teacher.") {
-                let student = &store.tensors()[&name["teacher.".len()..]];
-                var.set(student)?;
+                var.set(&student[&name["teacher.".len()..]])?;
             }
             Some((enc, proj))
         }
@@ -229,20 +229,14 @@ fn train(
         .open(dir.join("metrics.jsonl"))
         .context("cannot open metrics.jsonl")?;
     let student = student_params(&model.store);
+    // Same names as `student` after the prefix, so both lists are in the same sorted order.
     let teacher: Option<Vec<_>> = model.teacher.as_ref().map(|_| {
-        student
-            .iter()
-            .map(|(n, _)| {
-                let name = format!("teacher.{n}");
-                let var = model
-                    .store
-                    .vars()
-                    .into_iter()
-                    .find(|(k, _)| *k == name)
-                    .expect("teacher mirrors student")
-                    .1;
-                (n.clone(), var)
-            })
+        model
+            .store
+            .vars_with_prefix("teacher.")
+            .into_iter()
+            .filter(|(n, _)| !ParamStore::is_buffer(n))
+            .map(|(n, v)| (n["teacher.".len()..].to_string(), v))
             .collect()
     });
     let (eval_train, eval_test) = evaluate::clean_inputs(data, device)?;
@@ -291,13 +285,13 @@ fn train(
             let teacher_out = match &model.teacher {
                 Some((enc, proj)) => {
                     let train_mode = teacher_train_mode;
-                    let g = x.narrow(0, 0, b * v.min(2))?;
-                    let f = enc.forward_t(&g, train_mode)?;
+                    // Every view is a global crop until multi-crop arrives.
+                    let f = enc.forward_t(&x, train_mode)?;
                     let p = match proj {
                         Some(p) => p.forward_t(&f, train_mode)?,
                         None => f,
                     };
-                    Some(p.detach().reshape((v.min(2), b, ()))?)
+                    Some(p.detach().reshape((v, b, ()))?)
                 }
                 None => None,
             };
