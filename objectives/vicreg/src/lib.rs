@@ -1,167 +1,138 @@
-//! VICReg: Variance-Invariance-Covariance Regularization.
+//! The VICReg family: VICReg and the duality paper's VICReg-exp and VICReg-ctr.
 //!
-//! Bardes, Ponce & LeCun, "VICReg: Variance-Invariance-Covariance Regularization for
-//! Self-Supervised Learning", ICLR 2022. Spec: `shared/spec/objectives.md` §2.3.
+//! * Bardes, Ponce & LeCun, "VICReg: Variance-Invariance-Covariance Regularization for
+//!   Self-Supervised Learning", ICLR 2022 — spec `shared/spec/objectives.md` §2.3, objective
+//!   `vicreg` ([`vicreg`](mod@vicreg)).
+//! * Garrido, Chen, Bardes, Najman & LeCun, "On the duality between contrastive and
+//!   non-contrastive self-supervised learning", ICLR 2023, eq. 12 and appendix pseudocode —
+//!   spec §2.4, objective `vicreg-exp` ([`exp`]), and spec §2.5, objective `vicreg-ctr`
+//!   ([`ctr`]).
 //!
-//! `L = λ·inv + μ·(1/V)Σ_v v(Z_v) + ν·(2/V)Σ_v c(Z_v)`, with `inv` the mean over view pairs of
-//! `mse`. At V = 2 this is the official code: variance averaged over the branches, covariance
-//! summed. Needs B ≥ 2 (unbiased variance).
+//! All three take `Z`: `[V, B, d]` (view-major, no normalisation) and share the invariance term:
+//! the mean over the `V(V−1)/2` view pairs of `mse` (spec §4), computed in `O(V)` by
+//! [`pairwise_invariance`]. The regularisers are per view; VICReg weights its covariance term
+//! `2/V` (the official two-branch sum), VICReg-exp/-ctr average both regularisers over the views
+//! (the pseudocode's `(a + b)/2` at `V = 2`, spec §6.2). Every per-view term is evaluated for all
+//! views at once with batched tensor ops. All need B ≥ 2; VICReg-exp and -ctr also need d ≥ 2.
 
-use anyhow::Result;
-use candle_core::Tensor;
-use serde::{Deserialize, Serialize};
-use ssl_core::{
-    register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
-    Requirements,
+pub mod ctr;
+pub mod exp;
+pub mod vicreg;
+
+pub use ctr::{
+    mean_sample_covariance_ctr, mean_sample_variance, sample_covariance_ctr, sample_variance,
+    vicreg_ctr_loss, vicreg_ctr_terms, VicregCtr, VicregCtrConfig,
+};
+pub use exp::{
+    covariance_exp, mean_covariance_exp, vicreg_exp_loss, vicreg_exp_terms, VicregExp,
+    VicregExpConfig,
+};
+pub use vicreg::{
+    covariance, invariance, mean_covariance, mean_variance, variance, vicreg_loss, vicreg_terms,
+    Vicreg, VicregConfig,
 };
 
-/// `mse(a, b)`: mean over all elements of `(a − b)²`. `a, b`: `[N, d]`.
-pub fn invariance(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
-    (a - b)?.sqr()?.mean_all()
-}
+use anyhow::Result;
+use candle_core::{Tensor, D};
+use ssl_core::LossOutput;
 
-/// `v(Z) = (1/d) Σ_j relu(1 − sqrt(var_u(Z_{:,j}) + 1e-4))`. `z`: `[N, d]`, N ≥ 2.
-pub fn variance(z: &Tensor) -> candle_core::Result<Tensor> {
-    let n = z.dim(0)? as f64;
-    let centred = z.broadcast_sub(&z.mean_keepdim(0)?)?;
-    let var = (centred.sqr()?.sum(0)? / (n - 1.0))?;
-    let std = (var + 1e-4)?.sqrt()?;
-    (1.0 - std)?.relu()?.mean_all()
-}
+/// Added to the masked (diagonal) logits of [`off_diagonal_logsumexp`].
+const MASKED: f64 = -1e9;
 
-/// `c(Z) = (1/d) Σ_{i≠j} C(Z)_{ij}²`, `C = (Z − mean)ᵀ(Z − mean)/(N − 1)`. `z`: `[N, d]`.
-pub fn covariance(z: &Tensor) -> candle_core::Result<Tensor> {
-    let (n, d) = z.dims2()?;
-    let centred = z.broadcast_sub(&z.mean_keepdim(0)?)?;
-    let cov = (centred.t()?.matmul(&centred)? / (n as f64 - 1.0))?;
-    let diagonal = (centred.sqr()?.sum(0)? / (n as f64 - 1.0))?;
-    let off_diagonal = (cov.sqr()?.sum_all()? - diagonal.sqr()?.sum_all()?)?;
-    off_diagonal / d as f64
-}
-
-/// The three VICReg terms of `z`: `[V, B, d]` (view-major), unweighted.
+/// The three unweighted terms of a VICReg-family loss of `z`: `[V, B, d]`.
 pub struct VicregTerms {
-    /// Mean over the `V(V−1)/2` view pairs of `mse`.
+    /// Mean over the `V(V−1)/2` view pairs of `mse` ([`pairwise_invariance`]).
     pub invariance: Tensor,
-    /// `(1/V) Σ_v v(Z_v)`.
+    /// The variance regulariser over the views (VICReg, -exp: per dimension; -ctr: per sample).
     pub variance: Tensor,
-    /// `(2/V) Σ_v c(Z_v)`.
+    /// The covariance regulariser over the views, scaled as the objective weights it.
     pub covariance: Tensor,
 }
 
-/// Computes [`VicregTerms`] for `z`: `[V, B, d]`, V ≥ 2.
-pub fn vicreg_terms(z: &Tensor) -> candle_core::Result<VicregTerms> {
-    let views: Vec<Tensor> = (0..z.dim(0)?)
-        .map(|v| z.get(v))
-        .collect::<candle_core::Result<_>>()?;
-    let v = views.len();
-    let mut inv = Vec::new();
-    for i in 0..v {
-        for j in i + 1..v {
-            inv.push(invariance(&views[i], &views[j])?);
-        }
+impl VicregTerms {
+    /// `λ·invariance + μ·variance + ν·covariance`.
+    pub fn weighted(&self, lambda: f64, mu: f64, nu: f64) -> candle_core::Result<Tensor> {
+        (&self.invariance * lambda)? + (&self.variance * mu)? + (&self.covariance * nu)?
     }
-    let var: Vec<Tensor> = views
-        .iter()
-        .map(variance)
-        .collect::<candle_core::Result<_>>()?;
-    let cov: Vec<Tensor> = views
-        .iter()
-        .map(covariance)
-        .collect::<candle_core::Result<_>>()?;
-    Ok(VicregTerms {
-        invariance: (Tensor::stack(&inv, 0)?.mean(0))?,
-        variance: (Tensor::stack(&var, 0)?.sum(0)? / v as f64)?,
-        covariance: (Tensor::stack(&cov, 0)?.sum(0)? * (2.0 / v as f64))?,
-    })
-}
 
-/// `λ·inv + μ·var + ν·cov` for `z`: `[V, B, d]`.
-pub fn vicreg_loss(z: &Tensor, cfg: &VicregConfig) -> candle_core::Result<Tensor> {
-    let t = vicreg_terms(z)?;
-    (t.invariance * cfg.lambda)? + (t.variance * cfg.mu)? + (t.covariance * cfg.nu)?
-}
-
-/// VICReg hyper-parameters (paper defaults λ = μ = 25, ν = 1).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct VicregConfig {
-    /// Invariance weight λ.
-    pub lambda: f64,
-    /// Variance weight μ.
-    pub mu: f64,
-    /// Covariance weight ν.
-    pub nu: f64,
-}
-
-impl Default for VicregConfig {
-    fn default() -> Self {
-        Self {
-            lambda: 25.0,
-            mu: 25.0,
-            nu: 1.0,
-        }
+    fn into_output(self, lambda: f64, mu: f64, nu: f64) -> candle_core::Result<LossOutput> {
+        Ok(LossOutput::new(self.weighted(lambda, mu, nu)?)
+            .with_term("invariance", self.invariance)
+            .with_term("variance", self.variance)
+            .with_term("covariance", self.covariance))
     }
 }
 
-impl ObjectiveConfig for VicregConfig {
-    fn validate(&self) -> Result<()> {
-        for (key, value) in [("lambda", self.lambda), ("mu", self.mu), ("nu", self.nu)] {
-            anyhow::ensure!(
-                value.is_finite() && value >= 0.0,
-                "`{key}` must be a finite weight ≥ 0, got {value}"
-            );
-        }
-        Ok(())
+/// Mean over the `V(V−1)/2` view pairs of `mse(Z_u, Z_v)` (spec §4), `z`: `[V, B, d]`, V ≥ 2.
+///
+/// Uses `Σ_{u<v} ‖Z_u − Z_v‖² = V Σ_v ‖Z_v − Z̄‖²` (`Z̄` the mean view), so the cost is linear in
+/// `V`; at `V = 2` it is `mse(Z_a, Z_b)`.
+pub fn pairwise_invariance(z: &Tensor) -> candle_core::Result<Tensor> {
+    let (v, b, d) = z.dims3()?;
+    if v < 2 {
+        candle_core::bail!("the invariance term needs at least 2 views, got {v}");
     }
-    fn build(&self, _ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>> {
-        Ok(Box::new(Vicreg(self.clone())))
-    }
+    let deviation = z.broadcast_sub(&z.mean_keepdim(0)?)?;
+    deviation.sqr()?.sum_all()? * (2.0 / ((v - 1) * b * d) as f64)
 }
 
-/// The VICReg objective.
-pub struct Vicreg(pub VicregConfig);
-
-impl Objective for Vicreg {
-    fn requirements(&self) -> Requirements {
-        Requirements {
-            min_batch: 2,
-            min_batch_reason: "the variance term uses the unbiased batch variance",
-            ..Requirements::default()
-        }
+/// Row-wise `lse_{j≠i}(m_ij / τ)` of square matrices `m`: `[…, R, R]` → `[…, R]`, R ≥ 2
+/// (spec §2.4/§2.5: the diagonal is left out).
+pub fn off_diagonal_logsumexp(m: &Tensor, tau: f64) -> candle_core::Result<Tensor> {
+    let r = m.dim(D::Minus1)?;
+    if r < 2 {
+        candle_core::bail!(
+            "a log-sum-exp over off-diagonal entries needs a matrix of size ≥ 2, got {r}"
+        );
     }
-
-    fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput> {
-        let z = batch.collective.all_gather(batch.projections, 1)?;
-        let t = vicreg_terms(&z)?;
-        let c = &self.0;
-        let loss = ((&t.invariance * c.lambda)? + (&t.variance * c.mu)? + (&t.covariance * c.nu)?)?;
-        Ok(LossOutput::new(loss)
-            .with_term("invariance", t.invariance)
-            .with_term("variance", t.variance)
-            .with_term("covariance", t.covariance))
-    }
+    let mask = (Tensor::eye(r, m.dtype(), m.device())? * MASKED)?;
+    let logits = (m / tau)?.broadcast_add(&mask)?;
+    let max = logits.max_keepdim(D::Minus1)?.detach();
+    logits
+        .broadcast_sub(&max)?
+        .exp()?
+        .sum_keepdim(D::Minus1)?
+        .log()?
+        .add(&max)?
+        .squeeze(D::Minus1)
 }
 
-register_objective! {
-    name: "vicreg",
-    aliases: &[],
-    summary: "Variance-invariance-covariance regularisation (dimension-contrastive)",
-    paper: "Bardes, Ponce, LeCun. VICReg: Variance-Invariance-Covariance Regularization for Self-Supervised Learning. ICLR 2022",
-    keys: &[
-        ConfigKey { name: "lambda", doc: "invariance weight λ" },
-        ConfigKey { name: "mu", doc: "variance weight μ (averaged over views)" },
-        ConfigKey { name: "nu", doc: "covariance weight ν (summed over the two views)" },
-    ],
-    config: VicregConfig,
+/// Gathers the projections over workers and checks the shape the family needs.
+fn gathered(batch: &ssl_core::Batch<'_>, objective: &str, min_dim: usize) -> Result<Tensor> {
+    let z = batch.collective.all_gather(batch.projections, 1)?;
+    let d = z.dim(2)?;
+    anyhow::ensure!(
+        d >= min_dim,
+        "objective `{objective}` needs a projection width d ≥ {min_dim} (its covariance \
+         log-sum-exp runs over off-diagonal entries), got d = {d}"
+    );
+    Ok(z)
+}
+
+fn check_weights(weights: &[(&str, f64)]) -> Result<()> {
+    for &(key, value) in weights {
+        anyhow::ensure!(
+            value.is_finite() && value >= 0.0,
+            "`{key}` must be a finite weight ≥ 0, got {value}"
+        );
+    }
+    Ok(())
+}
+
+fn check_tau(tau: f64) -> Result<()> {
+    anyhow::ensure!(
+        tau.is_finite() && tau > 0.0,
+        "`tau` must be a finite temperature > 0, got {tau}"
+    );
+    Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::{DType, Device};
+pub(crate) mod test_util {
+    use candle_core::{DType, Device, Tensor};
 
-    fn za_zb() -> candle_core::Result<(Tensor, Tensor)> {
+    /// `Z_a`, `Z_b` of spec §2.3 (reused by §2.4, §2.5).
+    pub fn za_zb() -> candle_core::Result<(Tensor, Tensor)> {
         let dev = Device::Cpu;
         let a = Tensor::new(
             &[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]],
@@ -174,79 +145,39 @@ mod tests {
         Ok((a, b))
     }
 
-    fn scalar(t: &Tensor) -> f64 {
+    pub fn scalar(t: &Tensor) -> f64 {
         t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
     }
 
-    fn close(a: f64, b: f64, rel: f64) {
+    pub fn close(a: f64, b: f64, rel: f64) {
         assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
     }
 
-    #[test]
-    fn known_answers_spec_2_3() -> candle_core::Result<()> {
-        let (a, b) = za_zb()?;
-        close(scalar(&invariance(&a, &b)?), 0.5, 1e-9);
-        close(scalar(&variance(&a)?), 0.1222947894, 1e-8);
-        close(scalar(&variance(&b)?), 0.0753209515, 1e-8);
-        close(scalar(&covariance(&a)?), 4.0 / 27.0, 1e-9);
-        close(scalar(&covariance(&b)?), 7.0 / 18.0, 1e-9);
-        let z = Tensor::stack(&[&a, &b], 0)?;
-        close(
-            scalar(&vicreg_loss(&z, &VicregConfig::default())?),
-            15.5072337985,
-            1e-9,
-        );
-        Ok(())
+    /// Rows of an `[N, d]` f64 tensor.
+    pub fn rows(z: &Tensor) -> Vec<Vec<f64>> {
+        z.to_vec2::<f64>().unwrap()
     }
 
-    #[test]
-    fn known_answer_in_f32() -> candle_core::Result<()> {
-        let (a, b) = za_zb()?;
-        let z = Tensor::stack(&[&a, &b], 0)?.to_dtype(DType::F32)?;
-        close(
-            scalar(&vicreg_loss(&z, &VicregConfig::default())?),
-            15.5072337985,
-            1e-4,
-        );
-        Ok(())
+    /// `(1/R) Σ_i log Σ_{j≠i} exp(m_ij / τ)` with plain loops.
+    pub fn naive_offdiag_lse_mean(m: &[Vec<f64>], tau: f64) -> f64 {
+        let r = m.len();
+        (0..r)
+            .map(|i| {
+                (0..r)
+                    .filter(|&j| j != i)
+                    .map(|j| (m[i][j] / tau).exp())
+                    .sum::<f64>()
+                    .ln()
+            })
+            .sum::<f64>()
+            / r as f64
     }
 
-    #[test]
-    fn multi_view_reduces_to_pairwise_means() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (4, 6, 5), &Device::Cpu)?;
-        let t = vicreg_terms(&z)?;
-        let mut inv = 0.0;
-        for i in 0..4 {
-            for j in i + 1..4 {
-                inv += scalar(&invariance(&z.get(i)?, &z.get(j)?)?) / 6.0;
-            }
-        }
-        close(scalar(&t.invariance), inv, 1e-12);
-        let var: f64 = (0..4)
-            .map(|v| scalar(&variance(&z.get(v).unwrap()).unwrap()))
-            .sum();
-        close(scalar(&t.variance), var / 4.0, 1e-12);
-        let cov: f64 = (0..4)
-            .map(|v| scalar(&covariance(&z.get(v).unwrap()).unwrap()))
-            .sum();
-        close(scalar(&t.covariance), cov * 2.0 / 4.0, 1e-12);
-        Ok(())
-    }
-
-    #[test]
-    fn gradient_matches_finite_differences() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 0.5, (2, 5, 3), &Device::Cpu)?;
-        let cfg = VicregConfig::default();
-        let err = ssl_core::testing::max_gradient_error(&z, |z| vicreg_loss(z, &cfg))?;
-        assert!(err < 1e-5, "relative gradient error {err}");
-        Ok(())
-    }
-
-    #[test]
-    fn registered_with_documented_defaults() {
-        let reg = ssl_core::find("vicreg").unwrap();
-        let defaults = (reg.default_config)();
-        let map = defaults.as_mapping().unwrap();
+    /// The registration of `name` documents every default key, and `key` defaults to `value`.
+    pub fn assert_documented_defaults(name: &str, defaults: &[(&str, f64)]) {
+        let reg = ssl_core::find(name).unwrap();
+        let config = (reg.default_config)();
+        let map = config.as_mapping().unwrap();
         assert_eq!(map.len(), reg.keys.len());
         for key in reg.keys {
             assert!(
@@ -255,25 +186,46 @@ mod tests {
                 key.name
             );
         }
-        assert_eq!(defaults["lambda"].as_f64(), Some(25.0));
+        for &(key, value) in defaults {
+            assert_eq!(config[key].as_f64(), Some(value), "default of {key}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::*;
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn pairwise_invariance_is_the_mean_over_pairs() -> candle_core::Result<()> {
+        let (a, b) = za_zb()?;
+        let z2 = Tensor::stack(&[&a, &b], 0)?;
+        close(scalar(&pairwise_invariance(&z2)?), 0.5, 1e-12);
+        let z = Tensor::randn(0f64, 1., (5, 4, 3), &Device::Cpu)?;
+        let mut pairs = Vec::new();
+        for u in 0..5 {
+            for v in u + 1..5 {
+                pairs.push(scalar(&invariance(&z.get(u)?, &z.get(v)?)?));
+            }
+        }
+        let naive = pairs.iter().sum::<f64>() / pairs.len() as f64;
+        close(scalar(&pairwise_invariance(&z)?), naive, 1e-12);
+        assert!(pairwise_invariance(&z.narrow(0, 0, 1)?).is_err());
+        Ok(())
     }
 
     #[test]
-    fn unknown_key_and_bad_value_are_clear_errors() {
-        let bad: serde_yaml::Value = serde_yaml::from_str("lamda: 3").unwrap();
-        let err = format!(
-            "{:#}",
-            ssl_core::registry::parse_config::<VicregConfig>("vicreg", &bad).unwrap_err()
-        );
-        assert!(
-            err.contains("unknown field `lamda`") && err.contains("lambda"),
-            "{err}"
-        );
-        let neg: serde_yaml::Value = serde_yaml::from_str("mu: -1").unwrap();
-        let err = format!(
-            "{:#}",
-            ssl_core::registry::parse_config::<VicregConfig>("vicreg", &neg).unwrap_err()
-        );
-        assert!(err.contains("`mu`"), "{err}");
+    fn off_diagonal_logsumexp_skips_the_diagonal() -> candle_core::Result<()> {
+        let m = Tensor::randn(0f64, 3., (2, 4, 4), &Device::Cpu)?;
+        let lse = off_diagonal_logsumexp(&m, 0.1)?.to_vec2::<f64>()?;
+        for (v, row_lse) in lse.iter().enumerate() {
+            let naive = naive_offdiag_lse_mean(&rows(&m.get(v)?), 0.1);
+            close(row_lse.iter().sum::<f64>() / 4.0, naive, 1e-12);
+        }
+        let one = Tensor::ones((1, 1), candle_core::DType::F64, &Device::Cpu)?;
+        assert!(off_diagonal_logsumexp(&one, 0.1).is_err());
+        Ok(())
     }
 }
