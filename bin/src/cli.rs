@@ -1,4 +1,4 @@
-//! The `ssl` command line: `run`, `list`, `describe`, `eval`.
+//! The `ssl` command line: `run`, `compare`, `list`, `describe`, `eval`.
 //!
 //! [`main`] is the whole binary, so a crate that links extra objectives gets the full CLI from a
 //! three-line `main.rs`.
@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
+use crate::compare::{self, Grid};
 use crate::config::{apply_set, RunConfig};
 use crate::{evaluate, setup, trainer};
 
@@ -25,6 +26,9 @@ pub enum Command {
     /// Pretrain an encoder, then compare it with raw inputs and a random-init encoder
     /// (with no arguments: VICReg on the embedded digits, the README's main job).
     Run(Box<RunArgs>),
+    /// Train a grid of objectives × views × batch sizes × seeds and tabulate mean ± std
+    /// (reuses finished runs; writes NAME.md, NAME.csv and NAME.png, NAME = the grid file's stem).
+    Compare(Box<CompareArgs>),
     /// List the available objectives.
     List,
     /// Show an objective's configuration keys, defaults and limits.
@@ -76,6 +80,73 @@ pub struct RunArgs {
     pub resume: bool,
 }
 
+#[derive(clap::Args, Debug, Default)]
+pub struct CompareArgs {
+    /// Grid file (see `configs/compare-*.yaml`); flags below override its entries.
+    pub grid: Option<PathBuf>,
+    /// Objectives, comma-separated (e.g. `vicreg,simclr,frossl`).
+    #[arg(long, value_delimiter = ',')]
+    pub objectives: Vec<String>,
+    /// Views per instance, comma-separated (e.g. `2,4,8`).
+    #[arg(long, value_delimiter = ',')]
+    pub views: Vec<usize>,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub batch_sizes: Vec<usize>,
+    /// Seeds, comma-separated (default 0,1,2).
+    #[arg(long, value_delimiter = ',')]
+    pub seeds: Vec<u64>,
+    /// Recipe every run starts from (default: the main job's settings).
+    #[arg(long)]
+    pub base: Option<PathBuf>,
+    /// Override a config key in every run, e.g. `--set train.epochs=20`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Output directory (default runs/compare).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// CPU threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+impl CompareArgs {
+    /// The grid file (if any) with the flags applied over it.
+    pub fn grid(&self) -> Result<Grid> {
+        let mut grid = match &self.grid {
+            Some(path) => Grid::from_file(path)?,
+            None => {
+                if self.objectives.is_empty() {
+                    bail!(
+                        "give a grid file (e.g. configs/compare-all.yaml) or --objectives a,b,..."
+                    );
+                }
+                serde_yaml::from_str("objectives: []")?
+            }
+        };
+        if !self.objectives.is_empty() {
+            grid.objectives = self.objectives.iter().map(|o| o.as_str().into()).collect();
+        }
+        if !self.views.is_empty() {
+            grid.views = self.views.clone();
+        }
+        if !self.batch_sizes.is_empty() {
+            grid.batch_sizes = self.batch_sizes.clone();
+        }
+        if !self.seeds.is_empty() {
+            grid.seeds = self.seeds.clone();
+        }
+        if self.base.is_some() {
+            grid.base = self.base.clone();
+        }
+        grid.set.extend(self.set.iter().cloned());
+        if let Some(out) = &self.out {
+            grid.out = out.clone();
+        }
+        Ok(grid)
+    }
+}
+
 /// Entry point of every `ssl` binary: parses arguments, runs, prints errors like a Rust CLI.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -106,6 +177,15 @@ pub fn execute(cli: Cli) -> Result<()> {
                     outcome.seconds
                 );
             }
+            Ok(())
+        }
+        Command::Compare(args) => {
+            set_threads(args.threads.unwrap_or(0));
+            let grid = args.grid()?;
+            let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            let table = compare::run(&grid, &command_line)?;
+            println!("{table}");
+            println!("tables and chart in {}", grid.out.display());
             Ok(())
         }
         Command::List => {

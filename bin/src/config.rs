@@ -172,6 +172,10 @@ pub struct EvalConfig {
     pub probe_c: f64,
     /// Run the k-NN / online-probe monitor every N epochs (and always after the last).
     pub monitor_every: usize,
+    /// Log each view's covariance eigenvalues to `spectrum.csv` every N steps (0: never).
+    pub spectrum_every: usize,
+    /// How many of the largest eigenvalues to log (the FroSSL paper tracks 20).
+    pub spectrum_top: usize,
 }
 
 impl Default for EvalConfig {
@@ -181,6 +185,8 @@ impl Default for EvalConfig {
             knn_t: 0.07,
             probe_c: 1.0,
             monitor_every: 5,
+            spectrum_every: 5,
+            spectrum_top: 20,
         }
     }
 }

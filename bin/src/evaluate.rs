@@ -113,13 +113,7 @@ pub fn with_baselines(
     device: &Device,
 ) -> Result<Vec<(String, Evaluation)>> {
     let (train, test) = clean_inputs(data, device)?;
-    let bar = indicatif::ProgressBar::new(3).with_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
+    let bar = crate::progress::bar(3, "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}");
     bar.set_message("raw inputs");
     let mut rows = Vec::new();
     rows.push((

@@ -6,12 +6,24 @@
 
 pub mod checkpoint;
 pub mod cli;
+pub mod compare;
 pub mod config;
+pub mod diagnostics;
 pub mod evaluate;
 pub mod optim;
+pub mod plot;
+pub mod progress;
 pub mod setup;
 pub mod trainer;
 
 // Link the built-in objective crates so their registrations are collected.
+use ssl_barlow as _;
+use ssl_corinfomax as _;
+use ssl_duality as _;
+use ssl_frossl as _;
+use ssl_ivne as _;
+use ssl_mmcr as _;
 use ssl_simclr as _;
+use ssl_tcr as _;
 use ssl_vicreg as _;
+use ssl_wmse as _;

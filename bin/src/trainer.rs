@@ -1,6 +1,6 @@
 //! The training loop: config → init → run.
 //!
-//! One step: V augmented views of B instances → encoder (train mode) → projector → objective loss
+//! One step: V augmented views of B instances → encoder (train mode, one view at a time) → projector → objective loss
 //! (+ the online probe's cross-entropy on detached features) → backward → optimiser → objective
 //! hook. Every step is logged to `metrics.jsonl`; every `checkpoint_every` epochs and at the end
 //! the run is checkpointed atomically; `--resume` continues to the same final weights.
@@ -13,7 +13,6 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor, D};
 use candle_nn::{Linear, Module};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use ssl_core::{Batch, BuildContext, Objective, ParamStore, Progress, SingleProcess, StepContext};
 use ssl_data::{ViewLoader, ViewTransform};
@@ -21,8 +20,10 @@ use ssl_models::{Encoder, Projector};
 
 use crate::checkpoint::{self, TrainerState};
 use crate::config::RunConfig;
+use crate::diagnostics::{self, SpectrumLog};
 use crate::evaluate::{self, Evaluation};
 use crate::optim::{learning_rate, Optimizer};
+use crate::progress;
 use crate::setup::{self, DataSplit};
 
 /// A model being trained: student networks, optional teacher, objective, probe.
@@ -228,6 +229,10 @@ fn train(
         .append(true)
         .open(dir.join("metrics.jsonl"))
         .context("cannot open metrics.jsonl")?;
+    let mut spectrum = match cfg.eval.spectrum_every {
+        0 => None,
+        _ => Some(SpectrumLog::open(dir, resume, cfg.eval.spectrum_top)?),
+    };
     let student = student_params(&model.store);
     // Same names as `student` after the prefix, so both lists are in the same sorted order.
     let teacher: Option<Vec<_>> = model.teacher.as_ref().map(|_| {
@@ -240,21 +245,12 @@ fn train(
             .collect()
     });
     let (eval_train, eval_test) = evaluate::clean_inputs(data, device)?;
-    let bar = ProgressBar::new(total_steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} steps {msg} ({eta})",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+    let bar = progress::bar(
+        total_steps as u64,
+        "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} steps {msg} ({eta})",
     );
     bar.set_position(state.step as u64);
     let mut epochs_this_call = 0;
-    let teacher_train_mode = model
-        .objective
-        .requirements()
-        .teacher
-        .is_some_and(|s| s.train_mode);
     for epoch in state.epochs_done..t.epochs {
         bar.set_prefix(format!("{}/{}", epoch + 1, t.epochs));
         for view_batch in loader.epoch(epoch) {
@@ -276,92 +272,44 @@ fn train(
             let (v, b) = (view_batch.views_count, view_batch.batch_size);
             let mut shape = vec![v * b];
             shape.extend(&data.dataset.shape);
-            let x = Tensor::from_vec(view_batch.views, shape, device)?;
-            let features = model.encoder.forward_t(&x, true)?;
-            let projections = match &model.projector {
-                Some(p) => p.forward_t(&features, true)?,
-                None => features.clone(),
-            };
-            let teacher_out = match &model.teacher {
-                Some((enc, proj)) => {
-                    let train_mode = teacher_train_mode;
-                    // Every view is a global crop until multi-crop arrives.
-                    let f = enc.forward_t(&x, train_mode)?;
-                    let p = match proj {
-                        Some(p) => p.forward_t(&f, train_mode)?,
-                        None => f,
-                    };
-                    Some(p.detach().reshape((v, b, ()))?)
-                }
-                None => None,
-            };
-            let indices = Tensor::new(view_batch.instance_ids.as_slice(), device)?;
-            let labels = Tensor::new(view_batch.labels.as_slice(), device)?;
-            let features_v = features.reshape((v, b, ()))?;
-            let projections_v = projections.reshape((v, b, ()))?;
-            let batch = Batch {
-                projections: &projections_v,
-                features: &features_v,
-                global_views: v,
-                indices: &indices,
-                labels: Some(&labels),
-                teacher: teacher_out.as_ref(),
+            let input = StepInput {
+                images: Tensor::from_vec(view_batch.views, shape, device)?,
+                views: v,
+                instance_ids: &view_batch.instance_ids,
+                labels: &view_batch.labels,
                 progress,
-                train: true,
-                collective: &SingleProcess,
+                lr,
             };
-            let out = model.objective.loss(&batch)?;
-            let mut terms = Vec::new();
-            for (name, value) in &out.terms {
-                terms.push((
-                    name.clone(),
-                    value
-                        .to_dtype(candle_core::DType::F64)?
-                        .to_scalar::<f64>()?,
-                ));
+            let log_spectrum = spectrum
+                .as_ref()
+                .is_some_and(|_| state.step.is_multiple_of(cfg.eval.spectrum_every));
+            let out = training_step(model, &mut optimizer, &input).with_context(|| {
+                format!(
+                    "at step {} (epoch {}); training stopped and the last good checkpoint in {} is kept. Lower --set train.lr or check the data",
+                    state.step,
+                    epoch + 1,
+                    ckpt_dir.display()
+                )
+            })?;
+            if let (Some(log), true) = (spectrum.as_mut(), log_spectrum) {
+                log.record(state.step, &out.projections)?;
             }
-            let ssl_loss = out
-                .loss
-                .to_dtype(candle_core::DType::F64)?
-                .to_scalar::<f64>()?;
-            if let Some((name, _)) = terms.iter().find(|(_, v)| !v.is_finite()) {
-                bail!(
-                    "loss term `{name}` became non-finite at step {} (epoch {}); training stopped and the last good checkpoint in {} is kept. Lower --set train.lr or check the data",
-                    state.step, epoch + 1, ckpt_dir.display()
-                );
-            }
-            if !ssl_loss.is_finite() {
-                bail!(
-                    "the loss became non-finite ({ssl_loss}) at step {} (epoch {}); training stopped and the last good checkpoint in {} is kept. Lower --set train.lr or check the data",
-                    state.step, epoch + 1, ckpt_dir.display()
-                );
-            }
-            let mut total = out.loss;
-            let mut probe_ce = None;
-            if let Some(probe) = &model.probe {
-                let logits = probe.forward(&features.detach())?;
-                let targets = Tensor::new(view_batch.labels.repeat(v).as_slice(), device)?;
-                let ce = candle_nn::loss::cross_entropy(&logits, &targets)?;
-                probe_ce = Some(ce.to_scalar::<f32>()? as f64);
-                total = (total + ce)?;
-            }
-            let grads = total.backward()?;
-            optimizer.step(&grads, lr)?;
             model.objective.after_step(&StepContext {
                 progress,
                 student: &student,
                 teacher: teacher.as_deref(),
             })?;
-            let images_per_s = (v * b) as f64 / started.elapsed().as_secs_f64();
-            let mut record = json!({"step": state.step, "epoch": epoch, "loss": ssl_loss, "lr": lr, "images_per_s": images_per_s});
-            for (name, value) in &terms {
+            let images_per_s =
+                (v * input.instance_ids.len()) as f64 / started.elapsed().as_secs_f64();
+            let mut record = json!({"step": state.step, "epoch": epoch, "loss": out.loss, "lr": lr, "images_per_s": images_per_s});
+            for (name, value) in &out.terms {
                 record[name.as_str()] = json!(value);
             }
-            if let Some(ce) = probe_ce {
+            if let Some(ce) = out.probe_ce {
                 record["probe_ce"] = json!(ce);
             }
             writeln!(log, "{record}")?;
-            bar.set_message(format!("loss {ssl_loss:.4}"));
+            bar.set_message(format!("loss {:.4}", out.loss));
             bar.inc(1);
             state.step += 1;
         }
@@ -376,6 +324,9 @@ fn train(
             let (knn, probe) = evaluate::monitor(cfg, model, &eval_train, &eval_test)?;
             let record = json!({"epoch_end": epoch, "step": state.step, "knn_accuracy": knn, "online_probe_accuracy": probe});
             writeln!(log, "{record}")?;
+        }
+        if let Some(log) = spectrum.as_mut() {
+            log.flush()?;
         }
         let stopping = t.stop_after_epochs > 0 && epochs_this_call >= t.stop_after_epochs;
         if last || stopping || state.epochs_done.is_multiple_of(t.checkpoint_every.max(1)) {
@@ -393,8 +344,133 @@ fn train(
             return Ok(false);
         }
     }
-    bar.finish_with_message("done");
+    bar.finish_and_clear();
+    diagnostics::plot_spectrum(dir)?;
     Ok(true)
+}
+
+/// The inputs of one optimisation step.
+pub struct StepInput<'a> {
+    /// `[V·B, ...]` images, view-major (row `v·B + i` is view `v` of instance `i`).
+    pub images: Tensor,
+    pub views: usize,
+    /// Stable instance ids `[B]` and class labels `[B]`.
+    pub instance_ids: &'a [u32],
+    pub labels: &'a [u32],
+    pub progress: Progress,
+    pub lr: f64,
+}
+
+/// What one step computed.
+pub struct StepOutput {
+    /// The objective's loss and its named terms.
+    pub loss: f64,
+    pub terms: Vec<(String, f64)>,
+    /// The online probe's cross-entropy, if there is a probe.
+    pub probe_ce: Option<f64>,
+    /// The projections the loss saw, `[V, B, D]` (detached).
+    pub projections: Tensor,
+}
+
+/// Encoder and projector outputs, `[V·B, F]` and `[V·B, D]`, with every view forwarded as its
+/// own batch — as the official VICReg, BYOL and solo-learn code do: batch-norm statistics are per
+/// view, and the cost is linear in V (one pass over 4·B images costs more than four over B).
+fn forward_views(
+    encoder: &dyn Encoder,
+    projector: Option<&Projector>,
+    views: &[Tensor],
+    train: bool,
+) -> Result<(Tensor, Tensor)> {
+    let mut features = Vec::with_capacity(views.len());
+    let mut projections = Vec::with_capacity(views.len());
+    for view in views {
+        let f = encoder.forward_t(view, train)?;
+        projections.push(match projector {
+            Some(p) => p.forward_t(&f, train)?,
+            None => f.clone(),
+        });
+        features.push(f);
+    }
+    Ok((Tensor::cat(&features, 0)?, Tensor::cat(&projections, 0)?))
+}
+
+/// One step: encoder (train mode, view by view) → projector → objective loss (+ the online probe's
+/// cross-entropy on detached features) → backward → optimiser. A non-finite loss or term is an
+/// error raised before the weights change.
+pub fn training_step(
+    model: &mut Model,
+    optimizer: &mut Optimizer,
+    input: &StepInput<'_>,
+) -> Result<StepOutput> {
+    let device = input.images.device();
+    let (v, b) = (input.views, input.instance_ids.len());
+    let views = input.images.chunk(v, 0)?;
+    let (features, projections) = forward_views(
+        model.encoder.as_ref(),
+        model.projector.as_ref(),
+        &views,
+        true,
+    )?;
+    let teacher_out = match &model.teacher {
+        Some((enc, proj)) => {
+            let train_mode = model
+                .objective
+                .requirements()
+                .teacher
+                .is_some_and(|s| s.train_mode);
+            // Every view is a global crop until multi-crop arrives.
+            let (_, p) = forward_views(enc.as_ref(), proj.as_ref(), &views, train_mode)?;
+            Some(p.detach().reshape((v, b, ()))?)
+        }
+        None => None,
+    };
+    let indices = Tensor::new(input.instance_ids, device)?;
+    let labels = Tensor::new(input.labels, device)?;
+    let features_v = features.reshape((v, b, ()))?;
+    let projections_v = projections.reshape((v, b, ()))?;
+    let batch = Batch {
+        projections: &projections_v,
+        features: &features_v,
+        global_views: v,
+        indices: &indices,
+        labels: Some(&labels),
+        teacher: teacher_out.as_ref(),
+        progress: input.progress,
+        train: true,
+        collective: &SingleProcess,
+    };
+    let out = model.objective.loss(&batch)?;
+    let scalar = |t: &Tensor| -> Result<f64> {
+        Ok(t.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?)
+    };
+    let mut terms = Vec::new();
+    for (name, value) in &out.terms {
+        terms.push((name.clone(), scalar(value)?));
+    }
+    let loss = scalar(&out.loss)?;
+    if let Some((name, value)) = terms.iter().find(|(_, v)| !v.is_finite()) {
+        bail!("loss term `{name}` became non-finite ({value})");
+    }
+    if !loss.is_finite() {
+        bail!("the loss became non-finite ({loss})");
+    }
+    let mut total = out.loss;
+    let mut probe_ce = None;
+    if let Some(probe) = &model.probe {
+        let logits = probe.forward(&features.detach())?;
+        let targets = Tensor::new(input.labels.repeat(v).as_slice(), device)?;
+        let ce = candle_nn::loss::cross_entropy(&logits, &targets)?;
+        probe_ce = Some(scalar(&ce)?);
+        total = (total + ce)?;
+    }
+    let grads = total.backward()?;
+    optimizer.step(&grads, input.lr)?;
+    Ok(StepOutput {
+        loss,
+        terms,
+        probe_ce,
+        projections: projections_v.detach(),
+    })
 }
 
 impl Model {

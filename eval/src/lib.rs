@@ -23,4 +23,7 @@ pub use knn::{
 pub use linear_probe::{
     balanced_accuracy, fit_logistic, linear_probe, LinearProbeConfig, LogisticModel, ProbeResult,
 };
-pub use spectrum::{effective_rank, rankme, singular_values, standardize, RANKME_EPS};
+pub use spectrum::{
+    covariance_spectrum, effective_rank, rankme, singular_values, standardize, CovarianceSpectrum,
+    RANKME_EPS,
+};

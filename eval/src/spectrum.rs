@@ -1,4 +1,5 @@
-//! Spectral metrics (spec §4, §5) and the per-dimension standardisation of spec §0.
+//! Spectral metrics (spec §4, §5), the covariance eigenvalue trajectories of FroSSL (§12) and the
+//! per-dimension standardisation of spec §0.
 //!
 //! Singular values are obtained as square roots of the eigenvalues of the smaller Gram matrix
 //! (`ZᵀZ` when `d ≤ n`, else `ZZᵀ`) computed in `f64` with nalgebra's `SymmetricEigen`.
@@ -116,6 +117,59 @@ pub fn standardize(z: &Features) -> Features {
         n: z.n,
         d: z.d,
     }
+}
+
+/// Covariance spectrum of one view's embeddings (metrics.md §12).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CovarianceSpectrum {
+    /// The largest eigenvalues of `C = (Z − mean)ᵀ(Z − mean)/(N − 1)`, descending.
+    pub eigenvalues: Vec<f64>,
+    /// The same divided by `tr C` (the sum of all eigenvalues, not only the kept ones).
+    pub normalized: Vec<f64>,
+}
+
+impl CovarianceSpectrum {
+    /// `λ_1 / λ_k` over the kept eigenvalues (infinite when the last one is 0).
+    pub fn condition_number(&self) -> f64 {
+        match (self.eigenvalues.first(), self.eigenvalues.last()) {
+            (Some(first), Some(last)) => first / last,
+            _ => f64::NAN,
+        }
+    }
+}
+
+/// The top `k` eigenvalues of the covariance of `z` (`[N, d]`, N ≥ 2) and their trace-normalised
+/// values. Works on the smaller of the `d×d` covariance and the `N×N` Gram of the centred rows
+/// (same non-zero spectrum), so a 128 × 512 batch costs a 128 × 128 eigendecomposition.
+pub fn covariance_spectrum(z: &Features, k: usize) -> Result<CovarianceSpectrum> {
+    ensure!(
+        z.n >= 2,
+        "the covariance spectrum needs at least 2 rows, got {}",
+        z.n
+    );
+    let means = column_means(z);
+    let centred = DMatrix::from_fn(z.n, z.d, |i, j| f64::from(z.data[i * z.d + j]) - means[j]);
+    let gram = if z.d <= z.n {
+        centred.tr_mul(&centred)
+    } else {
+        &centred * centred.transpose()
+    } / (z.n as f64 - 1.0);
+    let mut eigenvalues: Vec<f64> = SymmetricEigen::new(gram)
+        .eigenvalues
+        .iter()
+        .map(|v| v.max(0.0))
+        .collect();
+    eigenvalues.sort_by(|a, b| b.total_cmp(a));
+    let trace: f64 = eigenvalues.iter().sum();
+    eigenvalues.truncate(k);
+    let normalized = eigenvalues
+        .iter()
+        .map(|v| if trace > 0.0 { v / trace } else { 0.0 })
+        .collect();
+    Ok(CovarianceSpectrum {
+        eigenvalues,
+        normalized,
+    })
 }
 
 fn column_means(z: &Features) -> Vec<f64> {
@@ -247,5 +301,52 @@ mod tests {
         for (g, w) in s.data.iter().zip(want) {
             assert!((f64::from(*g) - w).abs() < 1e-6, "{:?}", s.data);
         }
+    }
+    #[test]
+    fn covariance_spectrum_known_answer_spec_12() -> Result<()> {
+        let z = Features::new(
+            vec![1., 0., 0.5, 0., 1., 0., 1., 1., 1., 0., 0., 1., 2., 1., 0.],
+            5,
+            3,
+        )?;
+        let s = covariance_spectrum(&z, 20)?;
+        let expect = [0.7967051379, 0.3057764626, 0.1475183995];
+        let expect_normalized = [0.6373641103, 0.2446211701, 0.1180147196];
+        for k in 0..3 {
+            assert!((s.eigenvalues[k] - expect[k]).abs() < 1e-6, "{s:?}");
+            assert!(
+                (s.normalized[k] - expect_normalized[k]).abs() < 1e-6,
+                "{s:?}"
+            );
+        }
+        assert!((s.condition_number() - expect[0] / expect[2]).abs() < 1e-5);
+        // More columns than rows: the N×N Gram gives the same non-zero spectrum.
+        let wide = Features::new(
+            (0..3 * 8).map(|i| ((i * 7 % 11) as f32).sin()).collect(),
+            3,
+            8,
+        )?;
+        let tall = covariance_spectrum(&wide, 2)?;
+        let mut cov = [[0f64; 8]; 8];
+        let means = column_means(&wide);
+        for (a, row) in cov.iter_mut().enumerate() {
+            for (b, c) in row.iter_mut().enumerate() {
+                *c = (0..3)
+                    .map(|i| {
+                        (f64::from(wide.data[i * 8 + a]) - means[a])
+                            * (f64::from(wide.data[i * 8 + b]) - means[b])
+                    })
+                    .sum::<f64>()
+                    / 2.0;
+            }
+        }
+        let trace: f64 = (0..8).map(|a| cov[a][a]).sum();
+        let sum: f64 = tall.eigenvalues.iter().sum();
+        assert!(
+            (sum - trace).abs() < 1e-9,
+            "rank 2: the two eigenvalues carry the trace"
+        );
+        assert_eq!(tall.eigenvalues.len(), 2);
+        Ok(())
     }
 }

@@ -154,6 +154,119 @@ fn views_and_batch_the_objective_cannot_take_are_refused() {
         "{}",
         stderr(&o)
     );
+    // Undefined at these V / B: each refusal names the limit and the fix before training.
+    for (objective, flag, value, expect) in [
+        ("corinfomax", "--views", "4", "at most 2 views"),
+        ("frossl", "--batch-size", "1", "needs batch size ≥ 2"),
+        ("barlow-twins", "--batch-size", "1", "needs batch size ≥ 2"),
+        ("ivne", "--batch-size", "1", "needs batch size ≥ 2"),
+        ("dcl", "--batch-size", "1", "needs batch size ≥ 2"),
+        ("wmse", "--views", "2", "w_size"),
+    ] {
+        let o = ssl(&["run", "--objective", objective, flag, value]);
+        assert!(
+            !o.status.success(),
+            "{objective} {flag} {value} was accepted"
+        );
+        let e = stderr(&o);
+        assert!(e.contains(expect), "{objective} {flag} {value}: {e}");
+    }
+}
+
+#[test]
+fn frossl_at_eight_views_logs_the_eigenvalue_trajectories() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("frossl");
+    let o = quick(
+        &out,
+        "frossl",
+        &[
+            "--views",
+            "8",
+            "--epochs",
+            "1",
+            "--set",
+            "eval.spectrum_every=3",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let csv = std::fs::read_to_string(out.join("spectrum.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("step,view,rank,eigenvalue,normalized"));
+    let rows: Vec<Vec<f64>> = lines
+        .map(|l| l.split(',').map(|f| f.parse().unwrap()).collect())
+        .collect();
+    // 1437 training digits / 128 = 12 steps (last one partial): steps 0, 3, 6, 9; 8 views; top 20.
+    assert_eq!(rows.len(), 4 * 8 * 20, "{csv}");
+    for view in 0..8 {
+        let first: Vec<&Vec<f64>> = rows
+            .iter()
+            .filter(|r| r[0] == 0.0 && r[1] == view as f64)
+            .collect();
+        let normalized: Vec<f64> = first.iter().map(|r| r[4]).collect();
+        assert!(
+            normalized.windows(2).all(|w| w[0] >= w[1]),
+            "{normalized:?}"
+        );
+        assert!(normalized.iter().sum::<f64>() <= 1.0 + 1e-6);
+    }
+    let png = std::fs::read(out.join("spectrum.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn compare_runs_a_grid_reuses_finished_runs_and_reports_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cmp");
+    let args = [
+        "compare",
+        "--objectives",
+        "vicreg,corinfomax",
+        "--views",
+        "2,3",
+        "--seeds",
+        "0,1",
+        "--out",
+        out.to_str().unwrap(),
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "model.projector=[32,16]",
+        "--set",
+        "eval.spectrum_every=0",
+    ];
+    let o = ssl(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let md = std::fs::read_to_string(out.join("compare.md")).unwrap();
+    for row in [
+        "| vicreg | 2 | 128 | 2 |",
+        "| vicreg | 3 | 128 | 2 |",
+        "| corinfomax | 2 | 128 | 2 |",
+        "| raw inputs |",
+        "| random init |",
+    ] {
+        assert!(md.contains(row), "missing `{row}` in\n{md}");
+    }
+    assert!(
+        md.contains("corinfomax V=3 B=128") && md.contains("at most 2 views"),
+        "{md}"
+    );
+    let csv = std::fs::read_to_string(out.join("compare.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 2 + 4, "{csv}");
+    assert_eq!(
+        &std::fs::read(out.join("compare.png")).unwrap()[..4],
+        b"\x89PNG"
+    );
+    // A second call trains nothing: every finished cell is reused.
+    let results = out.join("runs/vicreg/v2-b128-s0/results.json");
+    let before = std::fs::metadata(&results).unwrap().modified().unwrap();
+    let o = ssl(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::metadata(&results).unwrap().modified().unwrap(),
+        before
+    );
+    assert_eq!(std::fs::read_to_string(out.join("compare.md")).unwrap(), md);
 }
 
 #[test]

@@ -1,0 +1,185 @@
+//! What each objective costs inside a real training step on the digits CNN (the main job's
+//! encoder and projector, B = 128 instances).
+//!
+//! For every registered self-supervised objective: the median time of a full step (forward +
+//! loss + backward + AdamW, V = 2) and of the loss alone (forward + backward on a `[V, B, D]`
+//! projection tensor), and the loss's share of the step. Then the FroSSL step at V = 8 against
+//! V = 2 (4× the images). Run with
+//! `cargo bench -p ssl --bench objective_step -- [--reps N] [--objectives a,b] [--ratio frossl,...]`;
+//! `RAYON_NUM_THREADS` sets the threads.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use candle_core::{Device, Tensor, Var};
+use ssl::config::RunConfig;
+use ssl::optim::Optimizer;
+use ssl::setup;
+use ssl::trainer::{self, Model, StepInput};
+use ssl_core::{Batch, ParamStore, Progress, SingleProcess};
+
+const BATCH: usize = 128;
+
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// A run configuration for `objective` at `views`. W-MSE and CorInfoMax get the 64-d projection
+/// their papers use (W-MSE must whiten 128-sample sub-batches; CorInfoMax's d×d log-determinants
+/// cost O(d³) on the host, 32 % of the step at d = 512).
+fn config(objective: &str, views: usize) -> Result<RunConfig> {
+    let mut root = serde_yaml::Value::Mapping(Default::default());
+    ssl::config::apply_set(&mut root, &format!("objective.name={objective}"))?;
+    ssl::config::apply_set(&mut root, &format!("train.views={views}"))?;
+    ssl::config::apply_set(&mut root, &format!("train.batch_size={BATCH}"))?;
+    if objective == "wmse" || objective == "corinfomax" {
+        ssl::config::apply_set(&mut root, "model.projector=[512,64]")?;
+    }
+    RunConfig::from_yaml_value(root)
+}
+
+struct Bench {
+    data: setup::DataSplit,
+    device: Device,
+    reps: usize,
+}
+
+impl Bench {
+    fn model(&self, cfg: &RunConfig) -> Result<(Model, Optimizer)> {
+        let model = trainer::build_model(cfg, &self.data, &self.device)?;
+        let params = model
+            .store
+            .vars()
+            .into_iter()
+            .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
+            .map(|(n, v)| (n, v, 1.0))
+            .collect();
+        let optimizer = Optimizer::new(&cfg.train, params, &["probe."]);
+        Ok((model, optimizer))
+    }
+
+    /// Median seconds of a full training step.
+    fn step(&self, cfg: &RunConfig) -> Result<f64> {
+        let (mut model, mut optimizer) = self.model(cfg)?;
+        let views = cfg.train.views;
+        let positions: Vec<usize> = self.data.train[..BATCH].to_vec();
+        let clean = setup::samples(&self.data.dataset, &positions, &self.device)?;
+        let mut per_view = Vec::new();
+        for v in 0..views {
+            per_view.push((&clean + (Tensor::randn_like(&clean, 0.0, 0.1)? * (v as f64 + 1.0))?)?);
+        }
+        let ids: Vec<u32> = (0..BATCH as u32).collect();
+        let labels = setup::labels(&self.data.dataset, &positions);
+        let mut times = Vec::new();
+        for rep in 0..self.reps + 2 {
+            let input = StepInput {
+                images: Tensor::cat(&per_view, 0)?,
+                views,
+                instance_ids: &ids,
+                labels: &labels,
+                progress: progress(rep),
+                lr: 1e-4,
+            };
+            let t = Instant::now();
+            trainer::training_step(&mut model, &mut optimizer, &input)?;
+            if rep >= 2 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(median(times))
+    }
+
+    /// Median seconds of the objective's loss + backward on `[V, B, D]` projections.
+    fn loss(&self, cfg: &RunConfig) -> Result<f64> {
+        let (mut model, _) = self.model(cfg)?;
+        let views = cfg.train.views;
+        let d = *cfg.model.projector.last().expect("non-empty projector");
+        let z = Var::from_tensor(&Tensor::randn(0f32, 1.0, (views, BATCH, d), &self.device)?)?;
+        let features = Tensor::zeros((views, BATCH, 1), candle_core::DType::F32, &self.device)?;
+        let ids = Tensor::arange(0u32, BATCH as u32, &self.device)?;
+        let labels = Tensor::zeros(BATCH, candle_core::DType::U32, &self.device)?;
+        let mut times = Vec::new();
+        for rep in 0..self.reps + 2 {
+            let batch = Batch {
+                projections: z.as_tensor(),
+                features: &features,
+                global_views: views,
+                indices: &ids,
+                labels: Some(&labels),
+                teacher: None,
+                progress: progress(rep),
+                train: true,
+                collective: &SingleProcess,
+            };
+            let t = Instant::now();
+            let out = model.objective.loss(&batch)?;
+            out.loss.backward()?;
+            if rep >= 2 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(median(times))
+    }
+}
+
+fn progress(step: usize) -> Progress {
+    Progress {
+        step,
+        epoch: 0,
+        steps_per_epoch: 1000,
+        total_steps: 1000,
+        seed: 0,
+    }
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let reps: usize = flag("--reps").map_or(Ok(10), |r| r.parse())?;
+    let only: Option<Vec<String>> =
+        flag("--objectives").map(|s| s.split(',').map(str::to_string).collect());
+    let data = setup::data(&RunConfig::default())?;
+    let bench = Bench {
+        data,
+        device: Device::Cpu,
+        reps,
+    };
+    println!(
+        "digits CNN, projector 512-512, B = {BATCH}, median of {reps} after 2 warm-up, {} threads\n",
+        rayon::current_num_threads()
+    );
+    println!(
+        "| objective | step V=2 (ms) | loss+backward (ms) | share of step |\n|---|---|---|---|"
+    );
+    for registration in ssl_core::registry() {
+        let name = registration.name;
+        if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == name)) {
+            continue;
+        }
+        let cfg = config(name, 2)?;
+        let (step, loss) = (bench.step(&cfg)?, bench.loss(&cfg)?);
+        println!(
+            "| {name} | {:.1} | {:.2} | {:.1} % |",
+            step * 1e3,
+            loss * 1e3,
+            100.0 * loss / step
+        );
+    }
+    let ratios = flag("--ratio").unwrap_or_else(|| "frossl".to_string());
+    for name in ratios.split(',').filter(|n| !n.is_empty()) {
+        let two = bench.step(&config(name, 2)?)?;
+        let eight = bench.step(&config(name, 8)?)?;
+        println!(
+            "\n{name} full step: V=2 {:.1} ms, V=8 {:.1} ms, ratio V=8/V=2 = {:.2} (4× the images)",
+            two * 1e3,
+            eight * 1e3,
+            eight / two
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,642 @@
+//! `ssl compare`: a grid of runs — objectives × views × batch sizes × seeds — trained one after
+//! another with the same protocol, summarised as mean ± std over seeds.
+//!
+//! Every cell is an ordinary run directory under `OUT/runs/LABEL/vV-bB-sS`. A cell whose
+//! `results.json` exists and whose `config.yaml` equals the cell's resolved configuration is reused;
+//! an interrupted cell with a checkpoint of the same configuration is resumed. Cells an objective
+//! refuses (e.g. a two-view method at V = 8) and runs that fail are reported in the table, not
+//! fatal. Outputs: `OUT/NAME.md`, `OUT/NAME.csv`, `OUT/NAME.png`, NAME being the grid file's stem
+//! (`compare` without one) — so grids sharing an output directory share their finished runs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use serde_json::Value as Json;
+
+use crate::checkpoint;
+use crate::config::{apply_set, RunConfig};
+use crate::plot::{self, Bar, BarPanel};
+use crate::progress;
+use crate::trainer;
+
+/// A comparison grid, as read from YAML (`configs/compare-*.yaml`) and overridden by flags.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grid {
+    /// Recipe every run starts from (default: the built-in main-job defaults).
+    #[serde(default)]
+    pub base: Option<PathBuf>,
+    /// `KEY=VALUE` overrides applied to every run (as `ssl run --set`).
+    #[serde(default)]
+    pub set: Vec<String>,
+    /// Objectives: names, or `{name, label, params, set, views, batch_sizes}` entries.
+    pub objectives: Vec<serde_yaml::Value>,
+    /// Views per instance (default `[2]`); an entry's own `views` replaces it.
+    #[serde(default = "default_views")]
+    pub views: Vec<usize>,
+    /// Batch sizes (default: the base recipe's).
+    #[serde(default)]
+    pub batch_sizes: Vec<usize>,
+    /// Seeds (default `[0, 1, 2]`).
+    #[serde(default = "default_seeds")]
+    pub seeds: Vec<u64>,
+    /// Output directory (default `runs/compare`).
+    #[serde(default = "default_out")]
+    pub out: PathBuf,
+    /// Stem of the table and chart files: the grid file's stem, or `compare`.
+    #[serde(skip)]
+    pub name: String,
+}
+
+fn default_views() -> Vec<usize> {
+    vec![2]
+}
+fn default_seeds() -> Vec<u64> {
+    vec![0, 1, 2]
+}
+fn default_out() -> PathBuf {
+    PathBuf::from("runs/compare")
+}
+
+/// One objective of the grid, with its own overrides.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectiveEntry {
+    /// Registered name or alias.
+    pub name: String,
+    /// Row label (default: the name).
+    #[serde(default)]
+    pub label: Option<String>,
+    /// `objective.params` (default: the objective's own defaults).
+    #[serde(default)]
+    pub params: Option<serde_yaml::Value>,
+    /// Extra `KEY=VALUE` overrides for this objective's runs.
+    #[serde(default)]
+    pub set: Vec<String>,
+    /// Views for this objective (replaces the grid's).
+    #[serde(default)]
+    pub views: Option<Vec<usize>>,
+    /// Batch sizes for this objective (replaces the grid's).
+    #[serde(default)]
+    pub batch_sizes: Option<Vec<usize>>,
+}
+
+impl ObjectiveEntry {
+    fn parse(value: &serde_yaml::Value) -> Result<Self> {
+        match value {
+            serde_yaml::Value::String(name) => Ok(Self {
+                name: name.clone(),
+                label: None,
+                params: None,
+                set: Vec::new(),
+                views: None,
+                batch_sizes: None,
+            }),
+            other => serde_yaml::from_value(other.clone()).map_err(|e| {
+                anyhow::anyhow!(
+                    "objectives entry `{}`: {e} (an entry is a name or a map with keys name, label, params, set, views, batch_sizes)",
+                    serde_yaml::to_string(other).unwrap_or_default().trim()
+                )
+            }),
+        }
+    }
+
+    fn label(&self) -> &str {
+        self.label.as_deref().unwrap_or(&self.name)
+    }
+}
+
+impl Grid {
+    /// Reads a grid file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read grid file {}", path.display()))?;
+        let mut grid: Self = serde_yaml::from_str(&text)
+            .with_context(|| format!("invalid grid file {}", path.display()))?;
+        grid.name = path
+            .file_stem()
+            .map_or("compare".into(), |s| s.to_string_lossy().into_owned());
+        Ok(grid)
+    }
+
+    fn stem(&self) -> &str {
+        match self.name.is_empty() {
+            true => "compare",
+            false => &self.name,
+        }
+    }
+
+    /// The grid's cells, in table order (objective, views, batch size, then seed), each with
+    /// its fully resolved configuration. Unknown objectives and invalid overrides are errors
+    /// here, before anything trains.
+    pub fn cells(&self) -> Result<Vec<Cell>> {
+        if self.objectives.is_empty() {
+            bail!("the grid has no objectives; list some under `objectives:` or pass --objectives");
+        }
+        if self.seeds.is_empty() || self.views.is_empty() {
+            bail!("the grid needs at least one seed and one view count");
+        }
+        let base = match &self.base {
+            Some(path) => RunConfig::from_file(path)?,
+            None => serde_yaml::Value::Mapping(Default::default()),
+        };
+        let base_batch = RunConfig::from_yaml_value(base.clone())
+            .context("invalid base recipe")?
+            .train
+            .batch_size;
+        let mut cells = Vec::new();
+        for value in &self.objectives {
+            let entry = ObjectiveEntry::parse(value)?;
+            let registration = ssl_core::find(&entry.name)?;
+            let views = entry.views.as_ref().unwrap_or(&self.views);
+            let default_batches = match self.batch_sizes.is_empty() {
+                true => vec![base_batch],
+                false => self.batch_sizes.clone(),
+            };
+            let batches = entry.batch_sizes.as_ref().unwrap_or(&default_batches);
+            for &v in views {
+                for &b in batches {
+                    for &seed in &self.seeds {
+                        let mut root = base.clone();
+                        for s in self.set.iter().chain(&entry.set) {
+                            apply_set(&mut root, s)?;
+                        }
+                        let dir = self
+                            .out
+                            .join("runs")
+                            .join(entry.label())
+                            .join(format!("v{v}-b{b}-s{seed}"));
+                        let mut objective = serde_yaml::Mapping::new();
+                        objective.insert("name".into(), registration.name.into());
+                        objective.insert(
+                            "params".into(),
+                            entry
+                                .params
+                                .clone()
+                                .unwrap_or(serde_yaml::Value::Mapping(Default::default())),
+                        );
+                        let map = root
+                            .as_mapping_mut()
+                            .context("the base recipe must be a YAML mapping")?;
+                        map.insert("objective".into(), objective.into());
+                        for assignment in [
+                            format!("train.views={v}"),
+                            format!("train.batch_size={b}"),
+                            format!("train.seed={seed}"),
+                            format!("out='{}'", dir.display()),
+                        ] {
+                            apply_set(&mut root, &assignment)?;
+                        }
+                        let config = RunConfig::from_yaml_value(root).with_context(|| {
+                            format!("invalid configuration for {} V={v} B={b}", entry.label())
+                        })?;
+                        cells.push(Cell {
+                            label: entry.label().to_string(),
+                            views: v,
+                            batch_size: b,
+                            seed,
+                            config,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(cells)
+    }
+}
+
+/// One run of the grid.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    pub label: String,
+    pub views: usize,
+    pub batch_size: usize,
+    pub seed: u64,
+    pub config: RunConfig,
+}
+
+/// What became of a cell.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// Finished (now or earlier): metrics per encoder row, and wall time in seconds.
+    Done {
+        rows: BTreeMap<String, BTreeMap<String, f64>>,
+        seconds: f64,
+    },
+    /// The objective refuses this V or B, or the run failed; the message says why.
+    Failed(String),
+}
+
+fn config_text(cfg: &RunConfig) -> Result<String> {
+    Ok(serde_yaml::to_string(cfg)?)
+}
+
+/// Reads a finished cell's results, if its directory holds them for exactly this configuration.
+fn finished(cell: &Cell) -> Result<Option<Outcome>> {
+    let dir = &cell.config.out;
+    let (results, config) = (dir.join("results.json"), dir.join("config.yaml"));
+    if !results.exists() || !config.exists() {
+        return Ok(None);
+    }
+    if std::fs::read_to_string(&config)? != config_text(&cell.config)? {
+        return Ok(None);
+    }
+    let json: Json = serde_json::from_str(&std::fs::read_to_string(&results)?)
+        .with_context(|| format!("{} is not valid JSON", results.display()))?;
+    let mut rows = BTreeMap::new();
+    for row in json["rows"].as_array().into_iter().flatten() {
+        let name = row["encoder"].as_str().unwrap_or_default();
+        let role = if name.ends_with("(ours)") {
+            "ours"
+        } else {
+            name
+        };
+        let metrics = row["metrics"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| v.as_f64().map(|v| (k.clone(), v)))
+            .collect();
+        rows.insert(role.to_string(), metrics);
+    }
+    let seconds = json["seconds"].as_f64().unwrap_or(f64::NAN);
+    Ok(Some(Outcome::Done { rows, seconds }))
+}
+
+fn run_cell(cell: &Cell) -> Result<Outcome> {
+    if let Some(done) = finished(cell)? {
+        return Ok(done);
+    }
+    let dir = &cell.config.out;
+    let resume = dir.join("checkpoint").join(checkpoint::STATE).exists()
+        && std::fs::read_to_string(dir.join("config.yaml")).ok()
+            == Some(config_text(&cell.config)?);
+    match trainer::run(&cell.config, resume) {
+        Ok(_) => Ok(finished(cell)?
+            .unwrap_or_else(|| Outcome::Failed("the run ended without results.json".to_string()))),
+        Err(e) => Ok(Outcome::Failed(format!("{e:#}"))),
+    }
+}
+
+/// Runs (or reuses) every cell with a progress bar over the grid, then writes the tables and
+/// the chart. Returns the Markdown table.
+pub fn run(grid: &Grid, command_line: &str) -> Result<String> {
+    let cells = grid.cells()?;
+    std::fs::create_dir_all(&grid.out)
+        .with_context(|| format!("cannot create {}", grid.out.display()))?;
+    let bar = progress::bar(
+        cells.len() as u64,
+        "{spinner} grid [{bar:30}] {pos}/{len} runs {msg} (elapsed {elapsed})",
+    );
+    let mut outcomes = Vec::with_capacity(cells.len());
+    for cell in &cells {
+        bar.set_message(format!(
+            "{} V={} B={} seed {}",
+            cell.label, cell.views, cell.batch_size, cell.seed
+        ));
+        let outcome = run_cell(cell)?;
+        if let Outcome::Failed(why) = &outcome {
+            progress::println(format!(
+                "warning: {} V={} B={} seed {}: {why}",
+                cell.label, cell.views, cell.batch_size, cell.seed
+            ));
+        }
+        outcomes.push(outcome);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let summary = Summary::new(&cells, &outcomes);
+    let markdown = summary.markdown(command_line);
+    let file = |ext: &str| grid.out.join(format!("{}.{ext}", grid.stem()));
+    checkpoint::write_atomic(&file("md"), markdown.as_bytes())?;
+    checkpoint::write_atomic(&file("csv"), summary.csv().as_bytes())?;
+    summary.chart(&file("png"))?;
+    Ok(markdown)
+}
+
+/// The metrics of the table, as (results.json key, column title, scale).
+const METRICS: [(&str, &str, f64); 4] = [
+    (
+        "probe_balanced_accuracy",
+        "linear probe (bal. acc. %)",
+        100.0,
+    ),
+    ("knn_accuracy", "20-NN acc. %", 100.0),
+    ("rankme", "RankMe", 1.0),
+    ("effective_rank", "effective rank", 1.0),
+];
+
+/// Mean and sample standard deviation (0 for a single value).
+fn mean_std(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = match values.len() {
+        0 | 1 => 0.0,
+        _ => values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0),
+    };
+    (mean, var.sqrt())
+}
+
+/// One table row: a label and, per metric (+ wall time), the per-seed values.
+struct Row {
+    label: String,
+    views: Option<usize>,
+    batch_size: Option<usize>,
+    values: Vec<Vec<f64>>,
+    failures: Vec<String>,
+}
+
+impl Row {
+    fn cell(&self, k: usize, scale: f64, digits: usize) -> String {
+        if self.values[k].is_empty() {
+            return "—".to_string();
+        }
+        let scaled: Vec<f64> = self.values[k].iter().map(|v| v * scale).collect();
+        let (m, s) = mean_std(&scaled);
+        format!("{m:.digits$} ± {s:.digits$}")
+    }
+}
+
+struct Summary {
+    rows: Vec<Row>,
+    baselines: Vec<Row>,
+}
+
+impl Summary {
+    fn new(cells: &[Cell], outcomes: &[Outcome]) -> Self {
+        let mut rows: Vec<Row> = Vec::new();
+        let mut baselines: BTreeMap<String, BTreeMap<u64, Vec<f64>>> = BTreeMap::new();
+        for (cell, outcome) in cells.iter().zip(outcomes) {
+            let position = rows.iter().position(|r| {
+                r.label == cell.label
+                    && r.views == Some(cell.views)
+                    && r.batch_size == Some(cell.batch_size)
+            });
+            let row = match position {
+                Some(k) => &mut rows[k],
+                None => {
+                    rows.push(Row {
+                        label: cell.label.clone(),
+                        views: Some(cell.views),
+                        batch_size: Some(cell.batch_size),
+                        values: vec![Vec::new(); METRICS.len() + 1],
+                        failures: Vec::new(),
+                    });
+                    rows.last_mut().expect("just pushed")
+                }
+            };
+            match outcome {
+                Outcome::Done {
+                    rows: metrics,
+                    seconds,
+                } => {
+                    for (k, (key, _, _)) in METRICS.iter().enumerate() {
+                        if let Some(v) = metrics.get("ours").and_then(|m| m.get(*key)) {
+                            row.values[k].push(*v);
+                        }
+                    }
+                    row.values[METRICS.len()].push(*seconds);
+                    for role in ["raw inputs", "random init"] {
+                        if let Some(m) = metrics.get(role) {
+                            let values = METRICS
+                                .iter()
+                                .map(|(key, _, _)| m.get(*key).copied().unwrap_or(f64::NAN))
+                                .collect();
+                            baselines
+                                .entry(role.to_string())
+                                .or_default()
+                                .insert(cell.seed, values);
+                        }
+                    }
+                }
+                Outcome::Failed(why) => row.failures.push(why.clone()),
+            }
+        }
+        let mut baselines: Vec<(String, BTreeMap<u64, Vec<f64>>)> = baselines.into_iter().collect();
+        baselines.sort_by_key(|(label, _)| label != "raw inputs");
+        let baselines = baselines
+            .into_iter()
+            .map(|(label, by_seed)| {
+                let mut values = vec![Vec::new(); METRICS.len() + 1];
+                for per_metric in by_seed.values() {
+                    for (k, v) in per_metric.iter().enumerate() {
+                        values[k].push(*v);
+                    }
+                }
+                Row {
+                    label,
+                    views: None,
+                    batch_size: None,
+                    values,
+                    failures: Vec::new(),
+                }
+            })
+            .collect();
+        Self { rows, baselines }
+    }
+
+    fn markdown(&self, command_line: &str) -> String {
+        let mut s = format!(
+            "Made by `{command_line}`; mean ± std over seeds.\n\n| objective | V | B | seeds |"
+        );
+        for (_, title, _) in METRICS {
+            s.push_str(&format!(" {title} |"));
+        }
+        s.push_str(" wall time (s) |\n|---|---|---|---|");
+        s.push_str(&"---|".repeat(METRICS.len() + 1));
+        s.push('\n');
+        for row in self.baselines.iter().chain(&self.rows) {
+            let opt = |v: Option<usize>| v.map_or("—".to_string(), |v| v.to_string());
+            s.push_str(&format!(
+                "| {} | {} | {} | {} |",
+                row.label,
+                opt(row.views),
+                opt(row.batch_size),
+                row.values[0].len()
+            ));
+            for (k, (_, _, scale)) in METRICS.iter().enumerate() {
+                s.push_str(&format!(" {} |", row.cell(k, *scale, 1)));
+            }
+            let time = match row.views {
+                Some(_) => row.cell(METRICS.len(), 1.0, 0),
+                None => "—".to_string(),
+            };
+            s.push_str(&format!(" {time} |\n"));
+        }
+        let failed: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| !r.failures.is_empty())
+            .collect();
+        if !failed.is_empty() {
+            s.push_str("\nNot run or failed:\n");
+            for row in failed {
+                s.push_str(&format!(
+                    "- {} V={} B={}: {}\n",
+                    row.label,
+                    row.views.unwrap_or(0),
+                    row.batch_size.unwrap_or(0),
+                    row.failures[0]
+                ));
+            }
+        }
+        s
+    }
+
+    fn csv(&self) -> String {
+        let mut s = "objective,views,batch_size,seeds".to_string();
+        for (key, _, _) in METRICS {
+            s.push_str(&format!(",{key}_mean,{key}_std"));
+        }
+        s.push_str(",seconds_mean,seconds_std,failures\n");
+        for row in self.baselines.iter().chain(&self.rows) {
+            let opt = |v: Option<usize>| v.map_or(String::new(), |v| v.to_string());
+            s.push_str(&format!(
+                "{},{},{},{}",
+                row.label,
+                opt(row.views),
+                opt(row.batch_size),
+                row.values[0].len()
+            ));
+            for values in &row.values {
+                if values.is_empty() {
+                    s.push_str(",,");
+                } else {
+                    let (m, sd) = mean_std(values);
+                    s.push_str(&format!(",{m},{sd}"));
+                }
+            }
+            s.push_str(&format!(",{}\n", row.failures.len()));
+        }
+        s
+    }
+
+    fn chart(&self, path: &Path) -> Result<()> {
+        let panel = |k: usize| {
+            let (_, title, scale) = METRICS[k];
+            BarPanel {
+                title: title.to_string(),
+                x_label: title.to_string(),
+                bars: self
+                    .rows
+                    .iter()
+                    .filter(|r| !r.values[k].is_empty())
+                    .map(|r| {
+                        let scaled: Vec<f64> = r.values[k].iter().map(|v| v * scale).collect();
+                        let (mean, std) = mean_std(&scaled);
+                        Bar {
+                            label: format!(
+                                "{} V={} B={}",
+                                r.label,
+                                r.views.unwrap_or(0),
+                                r.batch_size.unwrap_or(0)
+                            ),
+                            mean,
+                            std,
+                        }
+                    })
+                    .collect(),
+                references: self
+                    .baselines
+                    .iter()
+                    .filter(|r| !r.values[k].is_empty())
+                    .map(|r| (r.label.clone(), mean_std(&r.values[k]).0 * scale))
+                    .collect(),
+            }
+        };
+        plot::bar_panels(path, &[panel(0), panel(1)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grid(yaml: &str) -> Result<Grid> {
+        Ok(serde_yaml::from_str(yaml)?)
+    }
+
+    #[test]
+    fn cells_expand_in_table_order_with_entry_overrides() -> Result<()> {
+        let g = grid(
+            "objectives: [vicreg, {name: simclr, label: simclr-t02, params: {temperature: 0.2}, views: [2, 4]}]\nseeds: [0, 1]\nbatch_sizes: [64]\nout: /tmp/x\nset: ['train.epochs=3']",
+        )?;
+        let cells = g.cells()?;
+        let keys: Vec<(String, usize, u64)> = cells
+            .iter()
+            .map(|c| (c.label.clone(), c.views, c.seed))
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("vicreg".into(), 2, 0),
+                ("vicreg".into(), 2, 1),
+                ("simclr-t02".into(), 2, 0),
+                ("simclr-t02".into(), 2, 1),
+                ("simclr-t02".into(), 4, 0),
+                ("simclr-t02".into(), 4, 1),
+            ]
+        );
+        let c = &cells[4];
+        assert_eq!(c.config.objective.name, "simclr");
+        assert_eq!(c.config.objective.params["temperature"].as_f64(), Some(0.2));
+        assert_eq!((c.config.train.batch_size, c.config.train.epochs), (64, 3));
+        assert_eq!(
+            c.config.out,
+            PathBuf::from("/tmp/x/runs/simclr-t02/v4-b64-s0")
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn grid_errors_name_the_problem() {
+        let err = |yaml: &str| format!("{:#}", grid(yaml).and_then(|g| g.cells()).unwrap_err());
+        assert!(err("objectives: [vicregg]").contains("did you mean"));
+        assert!(err("objectives: []").contains("no objectives"));
+        assert!(err("objectives: [{name: vicreg, lable: x}]").contains("unknown field `lable`"));
+        assert!(err("objective: [vicreg]").contains("unknown field `objective`"));
+    }
+
+    #[test]
+    fn summary_gives_mean_and_sample_std_and_lists_failures() {
+        let cell = |seed| Cell {
+            label: "vicreg".into(),
+            views: 2,
+            batch_size: 8,
+            seed,
+            config: RunConfig::default(),
+        };
+        let done = |acc: f64| {
+            let mut ours = BTreeMap::new();
+            ours.insert("probe_balanced_accuracy".to_string(), acc);
+            let mut rows = BTreeMap::new();
+            rows.insert("ours".to_string(), ours.clone());
+            rows.insert("raw inputs".to_string(), ours);
+            Outcome::Done {
+                rows,
+                seconds: 10.0,
+            }
+        };
+        let cells = [cell(0), cell(1), cell(2)];
+        let outcomes = [
+            done(0.9),
+            done(0.8),
+            Outcome::Failed("NaN at step 3".into()),
+        ];
+        let s = Summary::new(&cells, &outcomes);
+        let md = s.markdown("ssl compare");
+        assert!(md.contains("| vicreg | 2 | 8 | 2 | 85.0 ± 7.1 |"), "{md}");
+        assert!(md.contains("vicreg V=2 B=8: NaN at step 3"), "{md}");
+        assert!(
+            md.contains("| raw inputs | — | — | 2 | 85.0 ± 7.1 |"),
+            "{md}"
+        );
+        let csv = s.csv();
+        assert!(
+            csv.lines().nth(2).unwrap().starts_with("vicreg,2,8,2,0.85"),
+            "{csv}"
+        );
+    }
+}

@@ -1,0 +1,24 @@
+//! One terminal area for every progress bar, so a grid of runs (`ssl compare`) keeps its own bar
+//! above the bars of the run and evaluation in progress.
+
+use std::sync::OnceLock;
+
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+
+fn area() -> &'static MultiProgress {
+    static AREA: OnceLock<MultiProgress> = OnceLock::new();
+    AREA.get_or_init(MultiProgress::new)
+}
+
+/// A bar of `len` steps drawn with `template` (indicatif syntax) in the shared area.
+pub fn bar(len: u64, template: &str) -> ProgressBar {
+    let style = ProgressStyle::with_template(template)
+        .expect("progress templates are literals checked by the tests")
+        .progress_chars("=> ");
+    area().add(ProgressBar::new(len).with_style(style))
+}
+
+/// Prints a line above the bars without tearing them.
+pub fn println(line: impl AsRef<str>) {
+    let _ = area().println(line);
+}
