@@ -17,6 +17,7 @@
 
 pub mod ctr;
 pub mod exp;
+pub mod lse;
 pub mod vicreg;
 
 pub use ctr::{
@@ -27,17 +28,15 @@ pub use exp::{
     covariance_exp, mean_covariance_exp, vicreg_exp_loss, vicreg_exp_terms, VicregExp,
     VicregExpConfig,
 };
+pub use lse::{off_diagonal_logsumexp, off_diagonal_logsumexp_composed};
 pub use vicreg::{
     covariance, invariance, mean_covariance, mean_variance, variance, vicreg_loss, vicreg_terms,
     Vicreg, VicregConfig,
 };
 
 use anyhow::Result;
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 use ssl_core::LossOutput;
-
-/// Added to the masked (diagonal) logits of [`off_diagonal_logsumexp`].
-const MASKED: f64 = -1e9;
 
 /// The three unweighted terms of a VICReg-family loss of `z`: `[V, B, d]`.
 pub struct VicregTerms {
@@ -74,27 +73,6 @@ pub fn pairwise_invariance(z: &Tensor) -> candle_core::Result<Tensor> {
     }
     let deviation = z.broadcast_sub(&z.mean_keepdim(0)?)?;
     deviation.sqr()?.sum_all()? * (2.0 / ((v - 1) * b * d) as f64)
-}
-
-/// Row-wise `lse_{j≠i}(m_ij / τ)` of square matrices `m`: `[…, R, R]` → `[…, R]`, R ≥ 2
-/// (spec §2.4/§2.5: the diagonal is left out).
-pub fn off_diagonal_logsumexp(m: &Tensor, tau: f64) -> candle_core::Result<Tensor> {
-    let r = m.dim(D::Minus1)?;
-    if r < 2 {
-        candle_core::bail!(
-            "a log-sum-exp over off-diagonal entries needs a matrix of size ≥ 2, got {r}"
-        );
-    }
-    let mask = (Tensor::eye(r, m.dtype(), m.device())? * MASKED)?;
-    let logits = (m / tau)?.broadcast_add(&mask)?;
-    let max = logits.max_keepdim(D::Minus1)?.detach();
-    logits
-        .broadcast_sub(&max)?
-        .exp()?
-        .sum_keepdim(D::Minus1)?
-        .log()?
-        .add(&max)?
-        .squeeze(D::Minus1)
 }
 
 /// Gathers the projections over workers and checks the shape the family needs.
