@@ -1,7 +1,10 @@
-//! Differentiable spectral operations the objectives need and Candle lacks (spec §3
-//! "Spectral operations needed"): log-determinant, functions of a symmetric matrix's eigenvalues,
-//! the nuclear norm, and Cholesky whitening.
+//! Differentiable tensor operations the objectives share and Candle lacks: spec §0's L2
+//! normalisation, and spec §3's spectral operations — log-determinant, functions of a symmetric
+//! matrix's eigenvalues, the nuclear norm, and Cholesky whitening.
 
 pub mod cholesky;
 pub mod logdet;
+pub mod norm;
 pub mod spectral;
+
+pub use norm::{l2_norm_keepdim, l2_normalize, normalize_columns, normalize_rows};

@@ -28,7 +28,7 @@
 //! sample gives no batch covariance to speak of; the criterion is meaningful for `B ≥ 2`.
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Tensor};
 use candle_nn::Init;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
@@ -37,15 +37,7 @@ use ssl_core::{
 };
 use ssl_linalg::logdet::logdet_spd_batched;
 
-/// `normalize(x) = x / max(‖x‖₂, 1e-12)` along the last axis (spec §0).
-pub fn normalize_rows(x: &Tensor) -> candle_core::Result<Tensor> {
-    let norm = x
-        .sqr()?
-        .sum_keepdim(D::Minus1)?
-        .sqrt()?
-        .clamp(1e-12, f64::INFINITY)?;
-    x.broadcast_div(&norm)
-}
+pub use ssl_linalg::normalize_rows;
 
 /// The CorInfoMax terms of one step, and the updated statistics.
 pub struct CorInfoMaxTerms {

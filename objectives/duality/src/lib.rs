@@ -45,6 +45,7 @@ use ssl_core::{
     register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
     Requirements,
 };
+use ssl_linalg::{l2_norm_keepdim, l2_normalize};
 
 /// `1 − I` of size `n`: keeps the off-diagonal entries of a Gram matrix.
 fn off_diagonal_mask(n: usize, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
@@ -102,26 +103,14 @@ pub fn dimension_contrastive(z: &Tensor) -> candle_core::Result<Tensor> {
     off_diagonal_energy(z, false)
 }
 
-/// `sqrt(max(Σ x², 1e-24))` along `axis`, kept: `max(‖x‖₂, 1e-12)` without an infinite gradient
-/// at zero.
-fn safe_norm_keepdim(x: &Tensor, axis: usize) -> candle_core::Result<Tensor> {
-    x.sqr()?
-        .sum_keepdim(axis)?
-        .clamp(1e-24, f64::INFINITY)?
-        .sqrt()
-}
-
-/// Rows of `z`: `[..., N, M]` scaled to unit L2 norm (unit-norm embeddings).
-pub fn normalize_rows(z: &Tensor) -> candle_core::Result<Tensor> {
-    z.broadcast_div(&safe_norm_keepdim(z, z.rank() - 1)?)
-}
+pub use ssl_linalg::normalize_rows;
 
 /// Columns of `z`: `[..., N, M]` centred over the batch (the `N` axis) and scaled to unit L2 norm
 /// (unit-norm dimensions).
 pub fn standardize_columns(z: &Tensor) -> candle_core::Result<Tensor> {
     let axis = z.rank() - 2;
     let centred = z.broadcast_sub(&z.mean_keepdim(axis)?)?;
-    centred.broadcast_div(&safe_norm_keepdim(&centred, axis)?)
+    l2_normalize(&centred, axis)
 }
 
 /// Mean over the `V(V−1)/2` unordered view pairs of `‖Z_a − Z_b‖_F²`, for `z`: `[V, ...]`,
@@ -341,7 +330,7 @@ register_objective! {
 /// others kept (`z` if `‖z‖ < √μ`, else `z·√μ/‖z‖`; the branch is not differentiated).
 pub fn ball_project(z: &Tensor, mu: f64) -> candle_core::Result<Tensor> {
     let radius = mu.sqrt();
-    let norm = safe_norm_keepdim(z, z.rank() - 1)?;
+    let norm = l2_norm_keepdim(z, z.rank() - 1)?;
     let inside = norm.lt(radius)?.to_dtype(z.dtype())?;
     let outside_scale = (norm.recip()? * radius)?;
     let scale = (&inside + (inside.affine(-1.0, 1.0)? * outside_scale)?)?;

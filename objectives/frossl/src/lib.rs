@@ -26,17 +26,7 @@ use ssl_core::{
     Requirements,
 };
 
-/// Every column (dimension, taken over the batch) scaled to unit L2 norm,
-/// `z[:, j] / max(‖z[:, j]‖₂, 1e-12)`, no centring. `z`: `[N, D]`, or `[V, N, D]` (each view
-/// separately: the norm is over the second-to-last axis).
-pub fn column_normalize(z: &Tensor) -> candle_core::Result<Tensor> {
-    let norm = z
-        .sqr()?
-        .sum_keepdim(D::Minus2)?
-        .sqrt()?
-        .clamp(1e-12, f64::INFINITY)?;
-    z.broadcast_div(&norm)
-}
+pub use ssl_linalg::normalize_columns;
 
 /// Every column standardised, `(z − mean) / std_u` (unbiased std, no epsilon, as the legacy
 /// code). `z`: `[N, D]` or `[V, N, D]`, N ≥ 2.
@@ -86,7 +76,7 @@ pub struct FrosslTerms {
 
 /// Computes [`FrosslTerms`] for `z`: `[V, B, D]` (view-major), V ≥ 2, B ≥ 2.
 pub fn frossl_terms(z: &Tensor) -> candle_core::Result<FrosslTerms> {
-    let z_hat = column_normalize(z)?;
+    let z_hat = normalize_columns(z)?;
     Ok(FrosslTerms {
         regularizers: frobenius_regularizers(&z_hat)?,
         invariances: invariance(&z_hat, 1.0)?,
@@ -108,7 +98,7 @@ pub fn legacy_terms(z: &Tensor) -> candle_core::Result<LegacyTerms> {
     if v != 2 {
         candle_core::bail!("the legacy FroSSL form takes exactly 2 views, got {v}");
     }
-    let z_hat = (column_normalize(&standardize_columns(z)?)? * (d as f64).sqrt())?;
+    let z_hat = (normalize_columns(&standardize_columns(z)?)? * (d as f64).sqrt())?;
     Ok(LegacyTerms {
         regularizers: frobenius_regularizers(&z_hat)?,
         mse: (z_hat.get(0)? - z_hat.get(1)?)?.sqr()?.mean_all()?,
@@ -334,7 +324,7 @@ mod tests {
         };
         let expected = scalar(&t.regularizers.sum_all()?) + 2.5 * scalar(&t.invariances.sum_all()?);
         close(scalar(&frossl_loss(&z, &cfg)?), expected, 1e-12);
-        let z_hat = column_normalize(&z)?;
+        let z_hat = normalize_columns(&z)?;
         all_close(
             &vector(&invariance(&z_hat, 2.5)?),
             &vector(&(t.invariances * 2.5)?),
@@ -351,19 +341,19 @@ mod tests {
         // N ≤ D: orthogonal rows of equal norm after column normalisation, so ẐẐᵀ ∝ I.
         let wide = Tensor::new(&[[1f64, 2., 1., 3.], [1., -2., 1., -3.]], &dev)?;
         for z in [&tall, &wide] {
-            let reg = scalar(&frobenius_regularizer(&column_normalize(z)?)?);
+            let reg = scalar(&frobenius_regularizer(&normalize_columns(z)?)?);
             close(reg, -(2f64).ln(), 1e-12);
         }
         // Random views lie strictly inside [−log min(N, D), 0].
         for (n, d) in [(6, 3), (3, 6), (5, 5)] {
             let z = Tensor::randn(0f64, 1., (n, d), &dev)?;
-            let reg = scalar(&frobenius_regularizer(&column_normalize(&z)?)?);
+            let reg = scalar(&frobenius_regularizer(&normalize_columns(&z)?)?);
             let bound = -(n.min(d) as f64).ln();
             assert!(reg > bound + 1e-6 && reg < 0.0, "{reg} vs {bound}");
         }
         // Rank one (all columns parallel) reaches the upper bound 0.
         let rank_one = Tensor::new(&[[1f64, 2.], [2., 4.], [3., 6.]], &dev)?;
-        let reg = scalar(&frobenius_regularizer(&column_normalize(&rank_one)?)?);
+        let reg = scalar(&frobenius_regularizer(&normalize_columns(&rank_one)?)?);
         assert!(reg.abs() < 1e-12, "{reg}");
         Ok(())
     }
@@ -371,7 +361,7 @@ mod tests {
     #[test]
     fn both_gram_branches_give_the_same_value() -> candle_core::Result<()> {
         for (n, d) in [(7, 3), (3, 7), (4, 4)] {
-            let z_hat = column_normalize(&Tensor::randn(0f64, 1., (n, d), &Device::Cpu)?)?;
+            let z_hat = normalize_columns(&Tensor::randn(0f64, 1., (n, d), &Device::Cpu)?)?;
             let primal = log_normalized_frobenius(&z_hat.t()?.matmul(&z_hat)?);
             let dual = log_normalized_frobenius(&z_hat.matmul(&z_hat.t()?)?);
             close(primal, dual, 1e-10);
@@ -404,7 +394,7 @@ mod tests {
     #[test]
     fn two_view_invariance_is_the_pairwise_distance() -> candle_core::Result<()> {
         let z = Tensor::randn(0f64, 1., (2, 6, 4), &Device::Cpu)?;
-        let z_hat = column_normalize(&z)?;
+        let z_hat = normalize_columns(&z)?;
         let lambda = 1.7;
         let total = scalar(&invariance(&z_hat, lambda)?.sum_all()?);
         let distance = scalar(&(z_hat.get(0)? - z_hat.get(1)?)?.sqr()?.sum_all()?);

@@ -13,7 +13,7 @@
 //! trip. Needs N ≥ 2 (with one instance `ρ` has rank one and the entropy is identically 0).
 
 use anyhow::Result;
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
     register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
@@ -21,15 +21,7 @@ use ssl_core::{
 };
 use ssl_linalg::spectral::von_neumann_entropy_of_rows_batched;
 
-/// Rows of `x` scaled to unit L2 norm (`x / max(‖x‖, 1e-12)`, spec §0), along the last axis.
-pub fn normalize_rows(x: &Tensor) -> candle_core::Result<Tensor> {
-    let norm = x
-        .sqr()?
-        .sum_keepdim(D::Minus1)?
-        .sqrt()?
-        .clamp(1e-12, f64::INFINITY)?;
-    x.broadcast_div(&norm)
-}
+pub use ssl_linalg::normalize_rows;
 
 /// `VNE(Z_v)` of every view of `z`: `[V, N, d]` → `[V]` (row-normalised inside).
 pub fn von_neumann_entropies(z: &Tensor) -> candle_core::Result<Tensor> {

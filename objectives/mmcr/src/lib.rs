@@ -16,7 +16,7 @@
 //! batch-norm layers of the MMCR projector are undefined on a single sample.
 
 use anyhow::Result;
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
     register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
@@ -24,15 +24,7 @@ use ssl_core::{
 };
 use ssl_linalg::spectral::{nuclear_norm, nuclear_norm_batched};
 
-/// Rows of `x` scaled to unit L2 norm (`x / max(‖x‖, 1e-12)`, spec §0), along the last axis.
-pub fn normalize_rows(x: &Tensor) -> candle_core::Result<Tensor> {
-    let norm = x
-        .sqr()?
-        .sum_keepdim(D::Minus1)?
-        .sqrt()?
-        .clamp(1e-12, f64::INFINITY)?;
-    x.broadcast_div(&norm)
-}
+pub use ssl_linalg::normalize_rows;
 
 /// Centroids `C`: `[N, d]` of the row-normalised views of `z`: `[V, N, d]`.
 pub fn centroids(z: &Tensor) -> candle_core::Result<Tensor> {

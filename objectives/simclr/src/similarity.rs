@@ -47,15 +47,7 @@ pub enum Preprocess {
     Standardize,
 }
 
-/// Rows (last axis) of `x` scaled to unit L2 norm (`x / max(‖x‖, 1e-12)`).
-pub fn normalize_rows(x: &Tensor) -> candle_core::Result<Tensor> {
-    let norm = x
-        .sqr()?
-        .sum_keepdim(D::Minus1)?
-        .sqrt()?
-        .clamp(1e-12, f64::INFINITY)?;
-    x.broadcast_div(&norm)
-}
+pub use ssl_linalg::normalize_rows;
 
 /// Row-wise `log Σ exp(x)`, stable. `x`: `[R, C]` → `[R]`.
 pub fn logsumexp_rows(x: &Tensor) -> candle_core::Result<Tensor> {

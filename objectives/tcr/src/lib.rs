@@ -39,15 +39,7 @@ use ssl_core::{
 };
 use ssl_linalg::logdet::logdet_spd_batched;
 
-/// `normalize(x) = x / max(‖x‖₂, 1e-12)` along the last axis (spec §0).
-pub fn normalize_rows(x: &Tensor) -> candle_core::Result<Tensor> {
-    let norm = x
-        .sqr()?
-        .sum_keepdim(D::Minus1)?
-        .sqrt()?
-        .clamp(1e-12, f64::INFINITY)?;
-    x.broadcast_div(&norm)
-}
+pub use ssl_linalg::normalize_rows;
 
 /// Which matrix the log-determinant of the coding rate is taken of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

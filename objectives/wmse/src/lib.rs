@@ -17,7 +17,7 @@
 //! so `w_size ≥ d + 1` (checked at build time against the projection width).
 
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -30,15 +30,7 @@ use ssl_linalg::cholesky::cholesky_whiten_batched;
 /// Stream of [`ssl_core::Progress::rng`] used for the sub-batch permutations.
 const PERMUTATION_STREAM: u64 = 0x3753;
 
-/// Rows of `x` scaled to unit L2 norm (`x / max(‖x‖, 1e-12)`, spec §0).
-pub fn normalize_rows(x: &Tensor) -> candle_core::Result<Tensor> {
-    let norm = x
-        .sqr()?
-        .sum_keepdim(D::Minus1)?
-        .sqrt()?
-        .clamp(1e-12, f64::INFINITY)?;
-    x.broadcast_div(&norm)
-}
+pub use ssl_linalg::normalize_rows;
 
 /// `w_iter` random permutations of `0..batch`, one per repetition.
 pub fn draw_permutations(rng: &mut impl Rng, batch: usize, w_iter: usize) -> Vec<Vec<u32>> {
