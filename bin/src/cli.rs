@@ -189,8 +189,13 @@ pub fn execute(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::List => {
-            for r in ssl_core::registry() {
-                println!("{:<12} {}\n{:<12} {}", r.name, r.summary, "", r.paper);
+            let registry = ssl_core::registry();
+            let width = registry.iter().map(|r| r.name.len()).max().unwrap_or(0);
+            for r in registry {
+                println!(
+                    "{:<width$}  {}\n{:<width$}  {}",
+                    r.name, r.summary, "", r.paper
+                );
             }
             Ok(())
         }
