@@ -107,7 +107,10 @@ pub fn plot_spectrum(dir: &Path) -> Result<()> {
     let panels: Vec<Panel> = lines
         .into_iter()
         .map(|(view, ranks)| Panel {
-            title: format!("view {view}: eigenvalues of the covariance / trace"),
+            title: format!(
+                "view {view}: λ_k / tr C, k = 1 (red) … {} (violet)",
+                ranks.len()
+            ),
             series: ranks
                 .into_iter()
                 .map(|(rank, points)| Series {

@@ -37,8 +37,22 @@ pub struct Panel {
     pub series: Vec<Series>,
 }
 
+/// `y` with three significant digits and no trailing zeros (`0.3`, `0.012`, `250`).
+fn significant(y: f64) -> String {
+    if y == 0.0 || !y.is_finite() {
+        return format!("{y}");
+    }
+    let decimals = (2 - y.abs().log10().floor() as i32).max(0) as usize;
+    let text = format!("{y:.decimals$}");
+    match text.contains('.') {
+        true => text.trim_end_matches('0').trim_end_matches('.').to_string(),
+        false => text,
+    }
+}
+
 /// Axis labels and scale shared by every panel of a line figure.
 pub struct LineAxes<'a> {
+    /// The x axis counts something (steps): its labels print as integers.
     pub x_label: &'a str,
     pub y_label: &'a str,
     pub log_y: bool,
@@ -88,6 +102,9 @@ pub fn line_panels(path: &Path, panels: &[Panel], axes: &LineAxes<'_>) -> Result
                 .configure_mesh()
                 .x_desc(axes.x_label)
                 .y_desc(axes.y_label)
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .y_labels(8)
+                .y_label_formatter(&|y| significant(*y))
                 .label_style((FONT_FAMILY, 13))
                 .draw()
                 .map_err(plot_error(path))?;
@@ -106,6 +123,7 @@ pub fn line_panels(path: &Path, panels: &[Panel], axes: &LineAxes<'_>) -> Result
                 .configure_mesh()
                 .x_desc(axes.x_label)
                 .y_desc(axes.y_label)
+                .x_label_formatter(&|x| format!("{x:.0}"))
                 .label_style((FONT_FAMILY, 13))
                 .draw()
                 .map_err(plot_error(path))?;
@@ -247,4 +265,18 @@ pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
     }
     root.present().map_err(plot_error(path))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::significant;
+
+    #[test]
+    fn axis_labels_keep_three_significant_digits() {
+        let labels: Vec<String> = [0.30000000000000004, 0.012, 0.0999, 250.0, 1.0, 0.0]
+            .into_iter()
+            .map(significant)
+            .collect();
+        assert_eq!(labels, ["0.3", "0.012", "0.0999", "250", "1", "0"]);
+    }
 }
