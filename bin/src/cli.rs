@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 use crate::compare::{self, Grid};
-use crate::config::{apply_set, RunConfig};
+use crate::config::{apply_set, RunConfig, TrainConfig};
 use crate::{evaluate, setup, trainer};
 
 /// Self-supervised pretraining of image encoders with Candle.
@@ -240,16 +240,19 @@ pub fn execute(cli: Cli) -> Result<()> {
 }
 
 /// Limits of an objective at its default configuration.
+/// The objective's limits, read from an instance built with its defaults at the main job's
+/// batch size (small widths: some objectives bound the width by the batch, e.g. W-MSE).
 fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
     let store = ssl_core::ParamStore::new(0);
+    let batch_size = TrainConfig::default().batch_size;
     let ctx = ssl_core::BuildContext {
         vb: store.var_builder(&candle_core::Device::Cpu).pp("objective"),
-        num_instances: 2,
+        num_instances: batch_size,
         num_classes: Some(2),
         projection_dim: 8,
         feature_dim: 8,
         views: 2,
-        batch_size: 2,
+        batch_size,
     };
     let req = (r.build)(&serde_yaml::Value::Null, &ctx)?.requirements();
     let max = req.max_views.map_or("any".to_string(), |m| m.to_string());

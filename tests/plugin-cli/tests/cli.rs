@@ -56,6 +56,19 @@ fn describe_shows_keys_defaults_and_limits() {
     let s = stdout(&o);
     assert!(s.contains("lambda") && s.contains("25"), "{s}");
     assert!(s.contains("batch size ≥ 2"), "{s}");
+    // Every listed objective describes itself with its limits.
+    let list = stdout(&ssl(&["list"]));
+    let names: Vec<&str> = list
+        .lines()
+        .filter(|l| !l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(names.len() >= 20, "{list}");
+    for name in names {
+        let o = ssl(&["describe", name]);
+        assert!(o.status.success(), "describe {name}: {}", stderr(&o));
+        assert!(stdout(&o).contains("limits: views"), "{name}");
+    }
 }
 
 #[test]
