@@ -168,6 +168,9 @@ pub struct BarPanel {
     pub references: Vec<(String, f64)>,
 }
 
+/// Colours of a bar chart's reference lines, in order, with the names the axis gives them.
+const REFERENCE_COLOURS: [(RGBColor, &str); 3] = [(RED, "red"), (BLUE, "blue"), (GREEN, "green")];
+
 /// Draws `panels` side by side into a PNG at `path`.
 pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
     register_font();
@@ -197,6 +200,17 @@ pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
         let pad = ((hi - lo) * 0.08).max(1e-3);
         let labels: Vec<String> = panel.bars.iter().map(|b| b.label.clone()).collect();
         let label_width = labels.iter().map(|l| l.len()).max().unwrap_or(4) as u32 * 8 + 12;
+        // The reference lines are named under the axis: a legend box would cover the bars.
+        let x_desc = std::iter::once(panel.x_label.clone())
+            .chain(
+                panel
+                    .references
+                    .iter()
+                    .zip(REFERENCE_COLOURS.iter().cycle())
+                    .map(|((name, _), (_, colour))| format!("{colour}: {name}")),
+            )
+            .collect::<Vec<_>>()
+            .join("   ");
         let mut chart = ChartBuilder::on(area)
             .caption(&panel.title, (FONT_FAMILY, 20))
             .margin(12)
@@ -210,7 +224,7 @@ pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
         chart
             .configure_mesh()
             .disable_y_mesh()
-            .x_desc(panel.x_label.as_str())
+            .x_desc(x_desc.as_str())
             .y_labels(panel.bars.len().max(1))
             .y_label_formatter(&|y| {
                 let k = y.round();
@@ -242,24 +256,16 @@ pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
                 )
             }))
             .map_err(plot_error(path))?;
-        for (k, (name, x)) in panel.references.iter().enumerate() {
-            let style = [RED, BLUE, GREEN][k % 3].stroke_width(2);
+        for ((_, x), (colour, _)) in panel
+            .references
+            .iter()
+            .zip(REFERENCE_COLOURS.iter().cycle())
+        {
             chart
                 .draw_series(std::iter::once(PathElement::new(
                     vec![(*x, -0.5), (*x, panel.bars.len() as f64 - 0.5)],
-                    style,
+                    colour.stroke_width(2),
                 )))
-                .map_err(plot_error(path))?
-                .label(name.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
-        }
-        if !panel.references.is_empty() {
-            chart
-                .configure_series_labels()
-                .label_font((FONT_FAMILY, 13))
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()
                 .map_err(plot_error(path))?;
         }
     }
