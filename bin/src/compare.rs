@@ -2,7 +2,8 @@
 //! another with the same protocol, summarised as mean ± std over seeds.
 //!
 //! Every cell is an ordinary run directory under `OUT/runs/LABEL/vV-bB-sS`. A cell whose
-//! `results.json` exists and whose `config.yaml` equals the cell's resolved configuration is reused;
+//! `results.json` exists and whose `config.yaml` equals the cell's resolved configuration (every
+//! objective parameter included, so a changed default retrains) is reused;
 //! an interrupted cell with a checkpoint of the same configuration is resumed. Cells an objective
 //! refuses (e.g. a two-view method at V = 8) and runs that fail are reported in the table, not
 //! fatal. Outputs: `OUT/NAME.md`, `OUT/NAME.csv`, `OUT/NAME.png`, NAME being the grid file's stem
@@ -233,14 +234,27 @@ fn config_text(cfg: &RunConfig) -> Result<String> {
     Ok(serde_yaml::to_string(cfg)?)
 }
 
+/// Whether `dir/config.yaml` resolves to exactly `cfg`. Stored objective parameters are
+/// resolved against this build's defaults like the cell's, so a run recorded before its
+/// parameters were written out in full still matches while those defaults hold.
+fn same_config(dir: &Path, cfg: &RunConfig) -> Result<bool> {
+    let path = dir.join("config.yaml");
+    if !path.exists() {
+        return Ok(false);
+    }
+    // An unreadable or invalid record is not this run's: the cell retrains over it.
+    let stored = match RunConfig::from_file(&path).and_then(RunConfig::from_yaml_value) {
+        Ok(stored) => stored,
+        Err(_) => return Ok(false),
+    };
+    Ok(config_text(&stored)? == config_text(cfg)?)
+}
+
 /// Reads a finished cell's results, if its directory holds them for exactly this configuration.
 fn finished(cell: &Cell) -> Result<Option<Outcome>> {
     let dir = &cell.config.out;
-    let (results, config) = (dir.join("results.json"), dir.join("config.yaml"));
-    if !results.exists() || !config.exists() {
-        return Ok(None);
-    }
-    if std::fs::read_to_string(&config)? != config_text(&cell.config)? {
+    let results = dir.join("results.json");
+    if !results.exists() || !same_config(dir, &cell.config)? {
         return Ok(None);
     }
     let json: Json = serde_json::from_str(&std::fs::read_to_string(&results)?)
@@ -270,9 +284,8 @@ fn run_cell(cell: &Cell) -> Result<Outcome> {
         return Ok(done);
     }
     let dir = &cell.config.out;
-    let resume = dir.join("checkpoint").join(checkpoint::STATE).exists()
-        && std::fs::read_to_string(dir.join("config.yaml")).ok()
-            == Some(config_text(&cell.config)?);
+    let resume =
+        dir.join("checkpoint").join(checkpoint::STATE).exists() && same_config(dir, &cell.config)?;
     match trainer::run(&cell.config, resume) {
         Ok(_) => Ok(finished(cell)?
             .unwrap_or_else(|| Outcome::Failed("the run ended without results.json".to_string()))),
@@ -556,6 +569,27 @@ mod tests {
 
     fn grid(yaml: &str) -> Result<Grid> {
         Ok(serde_yaml::from_str(yaml)?)
+    }
+
+    #[test]
+    fn stored_runs_match_only_their_resolved_configuration() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let cfg = RunConfig::from_yaml_value(serde_yaml::Value::Mapping(Default::default()))?;
+        assert!(!same_config(dir.path(), &cfg)?);
+        let write = |text: &str| std::fs::write(dir.path().join("config.yaml"), text);
+        // Written in full: matches; one parameter off: retrains.
+        write(&config_text(&cfg)?)?;
+        assert!(same_config(dir.path(), &cfg)?);
+        write(&config_text(&cfg)?.replace("lambda: 25.0", "lambda: 24.0"))?;
+        assert!(!same_config(dir.path(), &cfg)?);
+        // Recorded without its parameters: resolved against these defaults.
+        let mut legacy: serde_yaml::Value = serde_yaml::from_str(&config_text(&cfg)?)?;
+        legacy["objective"]["params"] = serde_yaml::Value::Mapping(Default::default());
+        write(&serde_yaml::to_string(&legacy)?)?;
+        assert!(same_config(dir.path(), &cfg)?);
+        write("not: [valid")?;
+        assert!(!same_config(dir.path(), &cfg)?);
+        Ok(())
     }
 
     #[test]

@@ -83,6 +83,35 @@ pub struct ObjectiveSection {
     pub params: serde_yaml::Value,
 }
 
+impl ObjectiveSection {
+    /// Fills the keys absent from `params` with the objective's defaults, so the resolved
+    /// `config.yaml` records every hyperparameter the run used (and `ssl compare` notices when a
+    /// default changes). Keys the objective does not know are kept for its build to reject by
+    /// name.
+    pub fn resolve(&mut self) -> Result<()> {
+        let registration = ssl_core::find(&self.name)?;
+        let mut resolved = match (registration.default_config)() {
+            serde_yaml::Value::Mapping(defaults) => defaults,
+            _ => serde_yaml::Mapping::new(),
+        };
+        match &self.params {
+            serde_yaml::Value::Null => {}
+            serde_yaml::Value::Mapping(given) => {
+                for (key, value) in given {
+                    resolved.insert(key.clone(), value.clone());
+                }
+            }
+            other => bail!(
+                "objective.params must be a mapping of keys (see `ssl describe {}`), got `{}`",
+                self.name,
+                serde_yaml::to_string(other).unwrap_or_default().trim()
+            ),
+        }
+        self.params = serde_yaml::Value::Mapping(resolved);
+        Ok(())
+    }
+}
+
 impl Default for ObjectiveSection {
     fn default() -> Self {
         Self {
@@ -193,9 +222,12 @@ impl Default for EvalConfig {
 
 impl RunConfig {
     /// Parses a YAML document (recipe or resolved config) over the defaults.
+    /// The objective's parameters are resolved against its defaults (see
+    /// [`ObjectiveSection::resolve`]).
     pub fn from_yaml_value(value: serde_yaml::Value) -> Result<Self> {
-        let config: RunConfig =
+        let mut config: RunConfig =
             serde_yaml::from_value(value).map_err(|e| anyhow::anyhow!("{e}"))?;
+        config.objective.resolve()?;
         config.validate()?;
         Ok(config)
     }
@@ -259,6 +291,31 @@ pub fn apply_set(root: &mut serde_yaml::Value, assignment: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn objective_params_are_resolved_against_the_defaults() -> Result<()> {
+        let mut root = serde_yaml::Value::Mapping(Default::default());
+        apply_set(&mut root, "objective.params.lambda=1.5")?;
+        apply_set(&mut root, "objective.params.gamma=2")?;
+        let c = RunConfig::from_yaml_value(root)?;
+        let p = &c.objective.params;
+        // Given keys win, absent ones take the paper's values, unknown ones stay for the build
+        // to reject by name.
+        assert_eq!(
+            (p["lambda"].as_f64(), p["mu"].as_f64()),
+            (Some(1.5), Some(25.0))
+        );
+        assert_eq!(p["gamma"].as_i64(), Some(2));
+        let mut root = serde_yaml::Value::Mapping(Default::default());
+        apply_set(&mut root, "objective.params=3")?;
+        let e = RunConfig::from_yaml_value(root).unwrap_err().to_string();
+        assert!(e.contains("objective.params must be a mapping"), "{e}");
+        let mut root = serde_yaml::Value::Mapping(Default::default());
+        apply_set(&mut root, "objective.name=vicrge")?;
+        let e = RunConfig::from_yaml_value(root).unwrap_err().to_string();
+        assert!(e.contains("did you mean `vicreg`"), "{e}");
+        Ok(())
+    }
 
     #[test]
     fn defaults_are_the_main_job() {
