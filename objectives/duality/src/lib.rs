@@ -31,7 +31,12 @@
 //! `[0, 4]`. The `/D` is a deliberate choice: `/B` on unit-norm columns would scale the invariance
 //! by `D/B` and make the default weights depend on the widths. It equals `‖·‖_F²/B` on the
 //! dimension-standardised embeddings of the duality paper's eq. 14 (columns of norm `√(B/D)`,
-//! unit-norm embeddings on average). Defaults `w_inv = w_crit = 1`. Both need B ≥ 2.
+//! unit-norm embeddings on average).
+//!
+//! Defaults `w_inv = 1`, `w_crit = 10`, tuned here (the paper trains neither criterion): at
+//! `w_crit = 1` neither beat raw pixels on the digits main job (probe / 20-NN, seed 0:
+//! sample-contrastive 97.5 / 91.7 %, dimension-contrastive 97.5 / 89.7 %, raw pixels
+//! 97.8 / 98.6 %); at 10 they reach 98.6 / 97.8 % and 98.6 / 97.5 %. Both need B ≥ 2.
 //!
 //! **SCL multi-view** (not in the original): the official two-view loss averaged over the
 //! `V(V−1)/2` unordered view pairs. The two-view loss is symmetric in its views, so ordered pairs
@@ -183,7 +188,7 @@ impl Default for SampleContrastiveConfig {
     fn default() -> Self {
         Self {
             invariance_weight: 1.0,
-            criterion_weight: 1.0,
+            criterion_weight: 10.0,
         }
     }
 }
@@ -256,7 +261,7 @@ impl Default for DimensionContrastiveConfig {
     fn default() -> Self {
         Self {
             invariance_weight: 1.0,
-            criterion_weight: 1.0,
+            criterion_weight: 10.0,
         }
     }
 }

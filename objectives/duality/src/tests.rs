@@ -569,9 +569,9 @@ fn objectives_report_the_pure_losses_and_their_terms() -> Result<()> {
 fn registered_with_documented_defaults() {
     for (name, key, value) in [
         ("sample-contrastive", "invariance_weight", 1.0),
-        ("sample-contrastive", "criterion_weight", 1.0),
+        ("sample-contrastive", "criterion_weight", 10.0),
         ("dimension-contrastive", "invariance_weight", 1.0),
-        ("dimension-contrastive", "criterion_weight", 1.0),
+        ("dimension-contrastive", "criterion_weight", 10.0),
         ("spectral-contrastive", "mu", 1.0),
     ] {
         let reg = ssl_core::find(name).unwrap();
