@@ -20,11 +20,16 @@ use crate::{
 };
 
 /// `(1/V) Σ_v c_exp(Z_v)` for `z`: `[V, B, d]`, B ≥ 2, d ≥ 2 (spec §2.4).
+///
+/// Computed dimension-major (`[V, d, B]`, contiguous, so the product and its gradients need no
+/// strided copies of the `d×d` matrices), with the `1/(N − 1)` folded into the temperature so
+/// no pass over the `d×d` matrix is spent on scaling.
 pub fn mean_covariance_exp(z: &Tensor, tau: f64) -> candle_core::Result<Tensor> {
     let (_, n, _) = z.dims3()?;
-    let centred = z.broadcast_sub(&z.mean_keepdim(1)?)?;
-    let cov = (centred.transpose(1, 2)?.matmul(&centred)? / (n as f64 - 1.0))?;
-    off_diagonal_logsumexp(&cov, tau)?.mean_all()
+    let dims_major = z.transpose(1, 2)?.contiguous()?;
+    let centred = dims_major.broadcast_sub(&dims_major.mean_keepdim(2)?)?;
+    let unscaled_cov = centred.matmul(&centred.t()?)?;
+    off_diagonal_logsumexp(&unscaled_cov, tau * (n as f64 - 1.0))?.mean_all()
 }
 
 /// `c_exp(Z) = (1/d) Σ_i lse_{j≠i}(C(Z)_{ij} / τ)` for one view `z`: `[N, d]` (spec §2.4).

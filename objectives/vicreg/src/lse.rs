@@ -62,34 +62,57 @@ fn slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [T]> {
     }
 }
 
-fn forward_rows<T: WithDType>(m: &[T], r: usize, tau: f64) -> Vec<T> {
+/// The float types the fused op runs in; `exp` in the input's own precision (f32 `exp` is about
+/// twice as fast as f64's), sums accumulated in f64.
+trait Real: WithDType {
+    fn exp(self) -> Self;
+}
+
+impl Real for f32 {
+    fn exp(self) -> Self {
+        f32::exp(self)
+    }
+}
+
+impl Real for f64 {
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+}
+
+fn forward_rows<T: Real>(m: &[T], r: usize, tau: f64) -> Vec<T> {
+    let inv_tau = T::from_f64(1.0 / tau);
     let mut out = vec![T::zero(); m.len() / r];
     out.par_iter_mut().enumerate().for_each(|(row, out)| {
         let i = row % r;
         let values = &m[row * r..(row + 1) * r];
-        let logit = |j: usize| values[j].to_f64() / tau;
-        let max = (0..r)
-            .filter(|&j| j != i)
-            .map(logit)
+        let off_diagonal = || {
+            values
+                .iter()
+                .enumerate()
+                .filter(move |&(j, _)| j != i)
+                .map(|(_, &v)| v * inv_tau)
+        };
+        let max = off_diagonal()
+            .map(|l| l.to_f64())
             .fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = (0..r)
-            .filter(|&j| j != i)
-            .map(|j| (logit(j) - max).exp())
-            .sum();
+        let shift = T::from_f64(max);
+        let sum: f64 = off_diagonal().map(|l| (l - shift).exp().to_f64()).sum();
         *out = T::from_f64(sum.ln() + max);
     });
     out
 }
 
-fn backward_rows<T: WithDType>(m: &[T], lse: &[T], g: &[T], r: usize, tau: f64) -> Vec<T> {
+fn backward_rows<T: Real>(m: &[T], lse: &[T], g: &[T], r: usize, tau: f64) -> Vec<T> {
+    let inv_tau = T::from_f64(1.0 / tau);
     let mut grad = vec![T::zero(); m.len()];
     grad.par_chunks_mut(r).enumerate().for_each(|(row, grad)| {
         let i = row % r;
-        let (lse, scale) = (lse[row].to_f64(), g[row].to_f64() / tau);
+        let (lse, scale) = (lse[row], T::from_f64(g[row].to_f64() / tau));
         let values = &m[row * r..(row + 1) * r];
-        for (j, (grad, value)) in grad.iter_mut().zip(values).enumerate() {
+        for (j, (grad, &value)) in grad.iter_mut().zip(values).enumerate() {
             if j != i {
-                *grad = T::from_f64(scale * (value.to_f64() / tau - lse).exp());
+                *grad = scale * (value * inv_tau - lse).exp();
             }
         }
     });
