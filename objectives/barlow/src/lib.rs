@@ -170,27 +170,7 @@ register_objective! {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
-
-    fn za_zb() -> candle_core::Result<(Tensor, Tensor)> {
-        let dev = Device::Cpu;
-        let a = Tensor::new(
-            &[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]],
-            &dev,
-        )?;
-        let b = Tensor::new(
-            &[[1f64, 1., 2.], [0., 0., 1.], [2., 2., 1.], [0., 3., 0.]],
-            &dev,
-        )?;
-        Ok((a, b))
-    }
-
-    fn scalar(t: &Tensor) -> f64 {
-        t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
-    }
-
-    fn close(a: f64, b: f64, rel: f64) {
-        assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
-    }
+    use ssl_core::testing::{close, scalar, spec_za_zb as za_zb};
 
     /// `(Σ_i (1 − C_ii)², Σ_{i≠j} C_ij²)` of an explicit `C`, with plain loops.
     fn naive_terms(c: &Tensor) -> (f64, f64) {

@@ -1,6 +1,32 @@
-//! Test support shared by objective crates: gradient checks against finite differences.
+//! Test support shared by objective crates: the spec's common known-answer inputs, scalar
+//! comparison, and gradient checks against finite differences.
 
-use candle_core::{Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
+
+/// `Z_a`, `Z_b` of spec §2.3 (`[4, 3]`, f64): the inputs most of the spec's known answers use.
+pub fn spec_za_zb() -> Result<(Tensor, Tensor)> {
+    let a = Tensor::new(
+        &[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]],
+        &Device::Cpu,
+    )?;
+    let b = Tensor::new(
+        &[[1f64, 1., 2.], [0., 0., 1.], [2., 2., 1.], [0., 3., 0.]],
+        &Device::Cpu,
+    )?;
+    Ok((a, b))
+}
+
+/// The value of a one-element tensor of any float dtype, as f64.
+pub fn scalar(t: &Tensor) -> f64 {
+    t.to_dtype(DType::F64)
+        .and_then(|t| t.to_scalar::<f64>())
+        .expect("a one-element float tensor")
+}
+
+/// Asserts `|a − b| ≤ rel · max(|b|, 1e-12)` (`b` the expected value).
+pub fn close(a: f64, b: f64, rel: f64) {
+    assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
+}
 
 /// Compares the autograd gradient of the scalar `loss(x)` at `x` (f64) with central finite
 /// differences (step 1e-6) element by element; returns the largest error relative to
@@ -30,7 +56,6 @@ pub fn max_gradient_error(x: &Tensor, loss: impl Fn(&Tensor) -> Result<Tensor>) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
 
     #[test]
     fn agrees_with_a_correct_gradient_and_catches_a_wrong_one() -> Result<()> {
@@ -39,5 +64,12 @@ mod tests {
         // A stop-gradient halves the autograd gradient of x² while finite differences see 2x.
         assert!(max_gradient_error(&x, |x| (x.detach() * x)?.sum_all())? > 0.1);
         Ok(())
+    }
+
+    #[test]
+    fn close_tolerates_rel_and_no_more() {
+        close(1.0 + 1e-9, 1.0, 1e-8);
+        assert!(std::panic::catch_unwind(|| close(1.0 + 1e-7, 1.0, 1e-8)).is_err());
+        assert_eq!(scalar(&Tensor::new(2.5f32, &Device::Cpu).unwrap()), 2.5);
     }
 }

@@ -253,18 +253,11 @@ mod tests {
     use super::*;
     use candle_core::{Device, Var};
     use candle_nn::{VarBuilder, VarMap};
+    use ssl_core::testing::{close, scalar, spec_za_zb};
     use ssl_core::{Progress, SingleProcess};
 
     fn za_zb() -> candle_core::Result<Tensor> {
-        let dev = Device::Cpu;
-        let a = Tensor::new(
-            &[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]],
-            &dev,
-        )?;
-        let b = Tensor::new(
-            &[[1f64, 1., 2.], [0., 0., 1.], [2., 2., 1.], [0., 3., 0.]],
-            &dev,
-        )?;
+        let (a, b) = spec_za_zb()?;
         Tensor::stack(&[a, b], 0)
     }
 
@@ -274,14 +267,6 @@ mod tests {
             Tensor::zeros((2, d), dtype, &Device::Cpu)?,
             Tensor::stack(&[&eye, &eye], 0)?,
         ))
-    }
-
-    fn scalar(t: &Tensor) -> f64 {
-        t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
-    }
-
-    fn close(a: f64, b: f64, rel: f64) {
-        assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
     }
 
     const KAT_COV: f64 = 5.3157861974;

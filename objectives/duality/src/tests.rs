@@ -1,15 +1,8 @@
 use super::*;
+use ssl_core::testing::{close, scalar};
 use ssl_core::{Progress, SingleProcess};
 
 type Mat = Vec<Vec<f64>>;
-
-fn scalar(t: &Tensor) -> f64 {
-    t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
-}
-
-fn close(a: f64, b: f64, rel: f64) {
-    assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
-}
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()

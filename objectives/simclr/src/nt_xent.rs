@@ -69,6 +69,7 @@ pub(crate) fn paper_logits(
 pub(crate) mod tests {
     use super::*;
     use candle_core::{DType, Device};
+    pub use ssl_core::testing::{close, scalar};
 
     pub fn x1_x2() -> candle_core::Result<(Tensor, Tensor)> {
         let dev = Device::Cpu;
@@ -80,14 +81,6 @@ pub(crate) mod tests {
     pub fn views() -> candle_core::Result<Tensor> {
         let (x1, x2) = x1_x2()?;
         Tensor::stack(&[&x1, &x2], 0)
-    }
-
-    pub fn scalar(t: &Tensor) -> f64 {
-        t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
-    }
-
-    pub fn close(a: f64, b: f64, rel: f64) {
-        assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
     }
 
     pub const ALL_F: [Similarity; 3] = [Similarity::Identity, Similarity::Abs, Similarity::Sq];

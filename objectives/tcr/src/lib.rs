@@ -206,21 +206,11 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
     use candle_nn::{VarBuilder, VarMap};
+    use ssl_core::testing::{close, scalar, spec_za_zb};
     use ssl_core::{Progress, SingleProcess};
 
     fn z_a() -> candle_core::Result<Tensor> {
-        Tensor::new(
-            &[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]],
-            &Device::Cpu,
-        )
-    }
-
-    fn scalar(t: &Tensor) -> f64 {
-        t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
-    }
-
-    fn close(a: f64, b: f64, rel: f64) {
-        assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
+        Ok(spec_za_zb()?.0)
     }
 
     const KAT_TCR: f64 = -2.4479065349;

@@ -107,29 +107,8 @@ fn check_tau(tau: f64) -> Result<()> {
 
 #[cfg(test)]
 pub(crate) mod test_util {
-    use candle_core::{DType, Device, Tensor};
-
-    /// `Z_a`, `Z_b` of spec §2.3 (reused by §2.4, §2.5).
-    pub fn za_zb() -> candle_core::Result<(Tensor, Tensor)> {
-        let dev = Device::Cpu;
-        let a = Tensor::new(
-            &[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]],
-            &dev,
-        )?;
-        let b = Tensor::new(
-            &[[1f64, 1., 2.], [0., 0., 1.], [2., 2., 1.], [0., 3., 0.]],
-            &dev,
-        )?;
-        Ok((a, b))
-    }
-
-    pub fn scalar(t: &Tensor) -> f64 {
-        t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
-    }
-
-    pub fn close(a: f64, b: f64, rel: f64) {
-        assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
-    }
+    use candle_core::Tensor;
+    pub use ssl_core::testing::{close, scalar, spec_za_zb as za_zb};
 
     /// Rows of an `[N, d]` f64 tensor.
     pub fn rows(z: &Tensor) -> Vec<Vec<f64>> {

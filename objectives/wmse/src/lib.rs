@@ -208,6 +208,7 @@ register_objective! {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
+    use ssl_core::testing::{close, scalar};
     use ssl_core::{Progress, SingleProcess};
 
     fn spec_views() -> candle_core::Result<Tensor> {
@@ -219,14 +220,6 @@ mod tests {
 
     fn identity(b: usize) -> Vec<Vec<u32>> {
         vec![(0..b as u32).collect()]
-    }
-
-    fn scalar(t: &Tensor) -> f64 {
-        t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
-    }
-
-    fn close(a: f64, b: f64, rel: f64) {
-        assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
     }
 
     /// `2 − 2·mean_i cos` of two `[N, d]` matrices, element by element.
