@@ -2,12 +2,12 @@
 //! per-dimension standardisation of spec §0.
 //!
 //! Singular values are obtained as square roots of the eigenvalues of the smaller Gram matrix
-//! (`ZᵀZ` when `d ≤ n`, else `ZZᵀ`) computed in `f64` with nalgebra's `SymmetricEigen`.
+//! (`ZᵀZ` when `d ≤ n`, else `ZZᵀ`) computed in `f64` with nalgebra's symmetric eigenvalue solver.
 //! Eigenvalues below `λ_max · max(n, d) · ε_f64` (round-off level of the Gram matrix) are set to
 //! 0, so exactly rank-deficient inputs get exactly zero singular values.
 
 use anyhow::{ensure, Result};
-use nalgebra::{DMatrix, SymmetricEigen};
+use nalgebra::DMatrix;
 
 use crate::Features;
 
@@ -26,18 +26,21 @@ pub fn singular_values(z: &Features) -> Result<Vec<f64>> {
     Ok(singular_values_of(&m))
 }
 
-fn singular_values_of(m: &DMatrix<f64>) -> Vec<f64> {
+/// Eigenvalues of the smaller Gram of `m` (`mᵀm` when `d ≤ n`, else `mmᵀ`): the squared
+/// singular values, padded with zeros to `min(n, d)`. Eigenvalues only, no eigenvectors.
+fn gram_eigenvalues(m: &DMatrix<f64>) -> Vec<f64> {
     let (n, d) = m.shape();
     let gram = if d <= n {
         m.tr_mul(m)
     } else {
         m * m.transpose()
     };
-    let mut eig: Vec<f64> = SymmetricEigen::new(gram)
-        .eigenvalues
-        .iter()
-        .copied()
-        .collect();
+    gram.symmetric_eigenvalues().iter().copied().collect()
+}
+
+fn singular_values_of(m: &DMatrix<f64>) -> Vec<f64> {
+    let (n, d) = m.shape();
+    let mut eig = gram_eigenvalues(m);
     let lmax = eig.iter().copied().fold(0.0f64, f64::max);
     let floor = lmax * n.max(d) as f64 * f64::EPSILON;
     for v in eig.iter_mut() {
@@ -149,15 +152,9 @@ pub fn covariance_spectrum(z: &Features, k: usize) -> Result<CovarianceSpectrum>
     );
     let means = column_means(z);
     let centred = DMatrix::from_fn(z.n, z.d, |i, j| f64::from(z.data[i * z.d + j]) - means[j]);
-    let gram = if z.d <= z.n {
-        centred.tr_mul(&centred)
-    } else {
-        &centred * centred.transpose()
-    } / (z.n as f64 - 1.0);
-    let mut eigenvalues: Vec<f64> = SymmetricEigen::new(gram)
-        .eigenvalues
-        .iter()
-        .map(|v| v.max(0.0))
+    let mut eigenvalues: Vec<f64> = gram_eigenvalues(&centred)
+        .into_iter()
+        .map(|v| (v / (z.n as f64 - 1.0)).max(0.0))
         .collect();
     eigenvalues.sort_by(|a, b| b.total_cmp(a));
     let trace: f64 = eigenvalues.iter().sum();
