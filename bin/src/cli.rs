@@ -245,10 +245,12 @@ pub fn execute(cli: Cli) -> Result<()> {
 fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
     let store = ssl_core::ParamStore::new(0);
     let batch_size = TrainConfig::default().batch_size;
+    let labels: Vec<u32> = (0..batch_size as u32).map(|i| i % 2).collect();
     let ctx = ssl_core::BuildContext {
         vb: store.var_builder(&candle_core::Device::Cpu).pp("objective"),
         num_instances: batch_size,
         num_classes: Some(2),
+        instance_labels: Some(&labels),
         projection_dim: 8,
         feature_dim: 8,
         views: 2,

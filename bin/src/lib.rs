@@ -21,6 +21,7 @@ use ssl_barlow as _;
 use ssl_corinfomax as _;
 use ssl_duality as _;
 use ssl_frossl as _;
+use ssl_icone as _;
 use ssl_ivne as _;
 use ssl_mmcr as _;
 use ssl_simclr as _;

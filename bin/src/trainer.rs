@@ -45,10 +45,12 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
     let encoder = setup::encoder(cfg, dataset, vb.pp("encoder"))?;
     let feature_dim = encoder.output_dim();
     let projection_dim = *cfg.model.projector.last().expect("validated non-empty");
+    let train_labels = setup::labels(dataset, &data.train);
     let ctx = BuildContext {
         vb: vb.pp("objective"),
         num_instances: data.train.len(),
         num_classes: Some(dataset.num_classes),
+        instance_labels: Some(&train_labels),
         projection_dim,
         feature_dim,
         views: cfg.train.views,

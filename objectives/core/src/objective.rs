@@ -215,6 +215,9 @@ pub struct BuildContext<'a> {
     pub num_instances: usize,
     /// Number of classes when the data has labels.
     pub num_classes: Option<usize>,
+    /// Class label of every training instance, indexed like an instance table (`[N]`), when the
+    /// data has labels (supervised instance tables such as IConE-Instance need all of them).
+    pub instance_labels: Option<&'a [u32]>,
     /// Width of [`Batch::projections`].
     pub projection_dim: usize,
     /// Width of [`Batch::features`].

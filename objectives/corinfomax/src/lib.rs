@@ -346,6 +346,7 @@ mod tests {
             vb: vb.pp("objective"),
             num_instances: 10,
             num_classes: None,
+            instance_labels: None,
             projection_dim: d,
             feature_dim: d,
             views: 2,

@@ -477,6 +477,7 @@ mod tests {
             vb: candle_nn::VarBuilder::zeros(DType::F64, &Device::Cpu),
             num_instances: 10,
             num_classes: None,
+            instance_labels: None,
             projection_dim: 3,
             feature_dim: 3,
             views: 2,

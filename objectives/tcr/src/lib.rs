@@ -354,6 +354,7 @@ mod tests {
             vb: VarBuilder::from_varmap(&map, DType::F64, &Device::Cpu).pp("objective"),
             num_instances: 10,
             num_classes: None,
+            instance_labels: None,
             projection_dim: 3,
             feature_dim: 3,
             views: 2,

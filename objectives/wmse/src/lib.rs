@@ -370,6 +370,7 @@ mod tests {
             vb: candle_nn::VarBuilder::zeros(DType::F32, &Device::Cpu),
             num_instances: 100,
             num_classes: None,
+            instance_labels: None,
             projection_dim,
             feature_dim: 16,
             views: 2,
