@@ -25,6 +25,7 @@ use ssl_icone as _;
 use ssl_ivne as _;
 use ssl_mmcr as _;
 use ssl_simclr as _;
+use ssl_supervised as _;
 use ssl_tcr as _;
 use ssl_vicreg as _;
 use ssl_wmse as _;
