@@ -1,11 +1,11 @@
 //! What each objective costs inside a real training step on the digits CNN (the main job's
-//! encoder and projector, B = 128 instances).
+//! encoder and projector, B = 128 instances unless `--batch` says otherwise).
 //!
 //! For every registered self-supervised objective: the median time of a full step (forward +
 //! loss + backward + AdamW, V = 2) and of the loss alone (forward + backward on a `[V, B, D]`
 //! projection tensor), and the loss's share of the step. Then the FroSSL step at V = 8 against
 //! V = 2 (4× the images). Run with
-//! `cargo bench -p ssl --bench objective_step -- [--reps N] [--objectives a,b] [--ratio frossl,...]`;
+//! `cargo bench -p ssl --bench objective_step -- [--reps N] [--batch B] [--objectives a,b] [--ratio frossl,...]`;
 //! `RAYON_NUM_THREADS` sets the threads.
 
 use std::time::Instant;
@@ -18,8 +18,6 @@ use ssl::setup;
 use ssl::trainer::{self, Model, StepInput};
 use ssl_core::{Batch, ParamStore, Progress, SingleProcess};
 
-const BATCH: usize = 128;
-
 fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
@@ -28,11 +26,11 @@ fn median(mut times: Vec<f64>) -> f64 {
 /// A run configuration for `objective` at `views`. W-MSE and CorInfoMax get the 64-d projection
 /// their papers use (W-MSE must whiten 128-sample sub-batches; CorInfoMax's d×d log-determinants
 /// cost O(d³) on the host, 32 % of the step at d = 512).
-fn config(objective: &str, views: usize) -> Result<RunConfig> {
+fn config(objective: &str, views: usize, batch: usize) -> Result<RunConfig> {
     let mut root = serde_yaml::Value::Mapping(Default::default());
     ssl::config::apply_set(&mut root, &format!("objective.name={objective}"))?;
     ssl::config::apply_set(&mut root, &format!("train.views={views}"))?;
-    ssl::config::apply_set(&mut root, &format!("train.batch_size={BATCH}"))?;
+    ssl::config::apply_set(&mut root, &format!("train.batch_size={batch}"))?;
     if objective == "wmse" || objective == "corinfomax" {
         ssl::config::apply_set(&mut root, "model.projector=[512,64]")?;
     }
@@ -43,6 +41,7 @@ struct Bench {
     data: setup::DataSplit,
     device: Device,
     reps: usize,
+    batch: usize,
 }
 
 impl Bench {
@@ -63,13 +62,13 @@ impl Bench {
     fn step(&self, cfg: &RunConfig) -> Result<f64> {
         let (mut model, mut optimizer) = self.model(cfg)?;
         let views = cfg.train.views;
-        let positions: Vec<usize> = self.data.train[..BATCH].to_vec();
+        let positions: Vec<usize> = self.data.train[..self.batch].to_vec();
         let clean = setup::samples(&self.data.dataset, &positions, &self.device)?;
         let mut per_view = Vec::new();
         for v in 0..views {
             per_view.push((&clean + (Tensor::randn_like(&clean, 0.0, 0.1)? * (v as f64 + 1.0))?)?);
         }
-        let ids: Vec<u32> = (0..BATCH as u32).collect();
+        let ids: Vec<u32> = (0..self.batch as u32).collect();
         let labels = setup::labels(&self.data.dataset, &positions);
         let mut times = Vec::new();
         for rep in 0..self.reps + 2 {
@@ -90,15 +89,19 @@ impl Bench {
         Ok(median(times))
     }
 
-    /// Median seconds of the objective's loss + backward on `[V, B, D]` projections.
+    /// Median seconds of the objective's loss + backward on `[V, B, D]` projections (`D` the
+    /// backbone width for objectives without a projector).
     fn loss(&self, cfg: &RunConfig) -> Result<f64> {
         let (mut model, _) = self.model(cfg)?;
-        let views = cfg.train.views;
-        let d = *cfg.model.projector.last().expect("non-empty projector");
-        let z = Var::from_tensor(&Tensor::randn(0f32, 1.0, (views, BATCH, d), &self.device)?)?;
-        let features = Tensor::zeros((views, BATCH, 1), candle_core::DType::F32, &self.device)?;
-        let ids = Tensor::arange(0u32, BATCH as u32, &self.device)?;
-        let labels = Tensor::zeros(BATCH, candle_core::DType::U32, &self.device)?;
+        let (views, b) = (cfg.train.views, self.batch);
+        let d = match model.projector {
+            Some(_) => *cfg.model.projector.last().expect("non-empty projector"),
+            None => model.encoder.output_dim(),
+        };
+        let z = Var::from_tensor(&Tensor::randn(0f32, 1.0, (views, b, d), &self.device)?)?;
+        let features = Tensor::zeros((views, b, 1), candle_core::DType::F32, &self.device)?;
+        let ids = Tensor::arange(0u32, b as u32, &self.device)?;
+        let labels = Tensor::zeros(b, candle_core::DType::U32, &self.device)?;
         let mut times = Vec::new();
         for rep in 0..self.reps + 2 {
             let batch = Batch {
@@ -143,14 +146,16 @@ fn main() -> Result<()> {
     let reps: usize = flag("--reps").map_or(Ok(10), |r| r.parse())?;
     let only: Option<Vec<String>> =
         flag("--objectives").map(|s| s.split(',').map(str::to_string).collect());
+    let batch: usize = flag("--batch").map_or(Ok(128), |b| b.parse())?;
     let data = setup::data(&RunConfig::default())?;
     let bench = Bench {
         data,
         device: Device::Cpu,
         reps,
+        batch,
     };
     println!(
-        "digits CNN, projector 512-512, B = {BATCH}, median of {reps} after 2 warm-up, {} threads\n",
+        "digits CNN, projector 512-512, B = {batch}, median of {reps} after 2 warm-up, {} threads\n",
         rayon::current_num_threads()
     );
     println!(
@@ -161,7 +166,11 @@ fn main() -> Result<()> {
         if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == name)) {
             continue;
         }
-        let cfg = config(name, 2)?;
+        let cfg = config(name, 2, batch)?;
+        if let Err(refused) = trainer::build_model(&cfg, &bench.data, &bench.device) {
+            println!("| {name} | refused: {} | | |", refused.root_cause());
+            continue;
+        }
         let (step, loss) = (bench.step(&cfg)?, bench.loss(&cfg)?);
         println!(
             "| {name} | {:.1} | {:.2} | {:.1} % |",
@@ -172,8 +181,8 @@ fn main() -> Result<()> {
     }
     let ratios = flag("--ratio").unwrap_or_else(|| "frossl".to_string());
     for name in ratios.split(',').filter(|n| !n.is_empty()) {
-        let two = bench.step(&config(name, 2)?)?;
-        let eight = bench.step(&config(name, 8)?)?;
+        let two = bench.step(&config(name, 2, batch)?)?;
+        let eight = bench.step(&config(name, 8, batch)?)?;
         println!(
             "\n{name} full step: V=2 {:.1} ms, V=8 {:.1} ms, ratio V=8/V=2 = {:.2} (4× the images)",
             two * 1e3,

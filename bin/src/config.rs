@@ -42,6 +42,25 @@ pub struct DataConfig {
     pub size: usize,
     /// Held-out fraction (stratified).
     pub test_fraction: f64,
+    /// Seed of the train/test split and of the subsets below; absent: the run seed. Fix it to
+    /// compare model seeds on one split (IConE protocol, data.md §5.2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split_seed: Option<u64>,
+    /// Train on a stratified subset of this many instances of the training partition
+    /// (0: all of it).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub train_size: usize,
+    /// Class imbalance factor k: half of the classes keep `ceil(n/k)` of their training
+    /// instances (data.md §5.3); 1 = balanced. The test partition is untouched.
+    #[serde(skip_serializing_if = "is_one")]
+    pub imbalance: usize,
+}
+
+fn is_zero(v: &usize) -> bool {
+    *v == 0
+}
+fn is_one(v: &usize) -> bool {
+    *v == 1
 }
 
 impl Default for DataConfig {
@@ -50,6 +69,9 @@ impl Default for DataConfig {
             name: "digits".into(),
             size: 16,
             test_fraction: 0.2,
+            split_seed: None,
+            train_size: 0,
+            imbalance: 1,
         }
     }
 }

@@ -2,7 +2,10 @@
 //!
 //! Protocol (metrics.md §1, §3–5): features from the backbone in eval mode on clean images;
 //! linear probe on standardised features (L-BFGS, L2 with C, balanced accuracy); weighted k-NN
-//! (cosine, k, T); RankMe and effective rank of the standardised test features.
+//! (cosine, k, T); RankMe and effective rank of the standardised test features; class-conditional
+//! alignment, uniformity and the silhouette of the classes on the L2-normalised test features
+//! (§7, §13); with an imbalanced training set, the probe's balanced accuracy over the minority
+//! classes.
 
 use anyhow::Result;
 use candle_core::{Device, Tensor};
@@ -20,6 +23,14 @@ pub struct Evaluation {
     pub knn_accuracy: f64,
     pub rankme: f64,
     pub effective_rank: f64,
+    /// Mean squared distance between same-class test embeddings (unit rows).
+    pub class_alignment: f64,
+    /// `log mean exp(−2‖z̃_i − z̃_j‖²)` over test pairs.
+    pub uniformity: f64,
+    pub silhouette: f64,
+    /// Probe recall averaged over the minority classes of `data.imbalance`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub minority_balanced_accuracy: Option<f64>,
 }
 
 /// Clean train and test inputs with labels.
@@ -45,13 +56,15 @@ fn to_features(t: &Tensor) -> Result<Features> {
     Features::new(t.flatten_all()?.to_vec1::<f32>()?, n, d)
 }
 
-/// Evaluates frozen features.
+/// Evaluates frozen features; `minority` lists the classes whose mean probe recall is reported
+/// separately (empty: none).
 pub fn evaluate_features(
     cfg: &RunConfig,
     train: &Tensor,
     train_y: &[u32],
     test: &Tensor,
     test_y: &[u32],
+    minority: &[u32],
 ) -> Result<Evaluation> {
     let (train, test) = (to_features(train)?, to_features(test)?);
     let probe = ssl_eval::linear_probe(
@@ -73,11 +86,29 @@ pub fn evaluate_features(
         cfg.eval.knn_t,
     )?;
     let standardized = ssl_eval::standardize(&test);
+    let minority_balanced_accuracy = (!minority.is_empty()).then(|| {
+        let recall = |class: u32| {
+            let (hit, all) = probe
+                .predictions
+                .iter()
+                .zip(test_y)
+                .filter(|(_, y)| **y == class)
+                .fold((0usize, 0usize), |(h, a), (p, y)| {
+                    (h + (p == y) as usize, a + 1)
+                });
+            hit as f64 / all.max(1) as f64
+        };
+        minority.iter().map(|&c| recall(c)).sum::<f64>() / minority.len() as f64
+    });
     Ok(Evaluation {
         probe_balanced_accuracy: probe.balanced_accuracy,
         knn_accuracy: knn,
         rankme: ssl_eval::rankme(&standardized, 1e-7)?,
         effective_rank: ssl_eval::effective_rank(&standardized)?,
+        class_alignment: ssl_eval::class_conditional_alignment(&test, test_y)?,
+        uniformity: ssl_eval::uniformity(&test)?,
+        silhouette: ssl_eval::silhouette(&test, test_y)?,
+        minority_balanced_accuracy,
     })
 }
 
@@ -113,12 +144,13 @@ pub fn with_baselines(
     device: &Device,
 ) -> Result<Vec<(String, Evaluation)>> {
     let (train, test) = clean_inputs(data, device)?;
+    let minority = data.minority_classes.as_slice();
     let bar = crate::progress::bar(3, "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}");
     bar.set_message("raw inputs");
     let mut rows = Vec::new();
     rows.push((
         "raw inputs".to_string(),
-        evaluate_features(cfg, &train.x, &train.y, &test.x, &test.y)?,
+        evaluate_features(cfg, &train.x, &train.y, &test.x, &test.y, minority)?,
     ));
     bar.inc(1);
     bar.set_message("random init");
@@ -131,6 +163,7 @@ pub fn with_baselines(
             &train.y,
             &eval_features(random.as_ref(), &test.x)?,
             &test.y,
+            minority,
         )?,
     ));
     bar.inc(1);
@@ -143,10 +176,31 @@ pub fn with_baselines(
             &train.y,
             &model.features(&test.x)?,
             &test.y,
+            minority,
         )?,
     ));
     bar.finish_and_clear();
     Ok(rows)
+}
+
+/// The trained encoder's test embeddings scaled to unit length, as `x,y,...,label` rows (the
+/// IConE synthetic study plots its 2-D embeddings on the unit circle).
+pub fn write_embedding(
+    path: &std::path::Path,
+    data: &DataSplit,
+    model: &Model,
+    device: &Device,
+) -> Result<()> {
+    let (_, test) = clean_inputs(data, device)?;
+    let z = ssl_linalg::normalize_rows(&model.features(&test.x)?)?.to_vec2::<f32>()?;
+    let mut csv = String::new();
+    for (row, label) in z.iter().zip(&test.y) {
+        for v in row {
+            csv.push_str(&format!("{v},"));
+        }
+        csv.push_str(&format!("{label}\n"));
+    }
+    crate::checkpoint::write_atomic(path, csv.as_bytes())
 }
 
 /// Eval-mode features of any encoder.

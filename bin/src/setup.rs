@@ -33,25 +33,39 @@ pub fn device(name: &str) -> Result<Device> {
 }
 
 /// The data set and its stratified train/test split (positions into the data set).
+#[derive(serde::Serialize)]
 pub struct DataSplit {
+    #[serde(skip)]
     pub dataset: Arc<Dataset>,
     pub train: Vec<usize>,
     pub test: Vec<usize>,
+    /// Classes subsampled by `data.imbalance` (empty when balanced).
+    pub minority_classes: Vec<u32>,
 }
 
-/// Loads the configured data set and splits it by the run seed.
+/// Loads the configured data set, splits it (by `data.split_seed`, else the run seed) and
+/// narrows the training partition to the configured subset.
 pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
     let dataset = match cfg.data.name.as_str() {
         "digits" => ssl_data::digits(cfg.data.size)?,
-        "gmm" => ssl_data::gaussian_mixture(cfg.train.seed),
+        "gmm" => ssl_data::gaussian_mixture(cfg.data.split_seed.unwrap_or(cfg.train.seed)),
         other => bail!("unknown data set `{other}`; built in: digits, gmm"),
     };
-    let (train, test) =
-        ssl_data::stratified_split(&dataset.labels, cfg.data.test_fraction, cfg.train.seed)?;
+    let seed = cfg.data.split_seed.unwrap_or(cfg.train.seed);
+    let (mut train, test) =
+        ssl_data::stratified_split(&dataset.labels, cfg.data.test_fraction, seed)?;
+    if cfg.data.train_size > 0 {
+        train = ssl_data::stratified_subset(&dataset.labels, &train, cfg.data.train_size, seed)
+            .context("data.train_size")?;
+    }
+    let (train, minority_classes) =
+        ssl_data::imbalanced_subset(&dataset.labels, &train, cfg.data.imbalance, seed)
+            .context("data.imbalance")?;
     Ok(DataSplit {
         dataset: Arc::new(dataset),
         train,
         test,
+        minority_classes,
     })
 }
 

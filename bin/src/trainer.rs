@@ -134,6 +134,10 @@ pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
         &dir.join("config.yaml"),
         serde_yaml::to_string(cfg)?.as_bytes(),
     )?;
+    checkpoint::write_atomic(
+        &dir.join("split.json"),
+        serde_json::to_string(&data)?.as_bytes(),
+    )?;
     let finished = train(cfg, &data, &mut model, &device, &dir, resume)?;
     if !finished {
         return Ok(RunOutcome {
@@ -143,6 +147,9 @@ pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
         });
     }
     let evaluation = evaluate::with_baselines(cfg, &data, &model, &device)?;
+    if model.encoder.output_dim() == 2 {
+        evaluate::write_embedding(&dir.join("embedding.csv"), &data, &model, &device)?;
+    }
     let seconds = start.elapsed().as_secs_f64();
     let results = json!({
         "seconds": seconds,

@@ -21,4 +21,4 @@ pub use dataset::Dataset;
 pub use digits::{bilinear_resize, digits, DEFAULT_DIGITS_SIZE};
 pub use gmm::gaussian_mixture;
 pub use loader::{clean_batch, mix_seed, ViewBatch, ViewLoader};
-pub use split::stratified_split;
+pub use split::{imbalanced_subset, stratified_split, stratified_subset};

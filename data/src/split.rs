@@ -36,31 +36,8 @@ pub fn stratified_split(
         classes.entry(l).or_default().push(i);
     }
 
-    // Proportional allocation of the test count (sklearn's `_approximate_mode`).
-    let exact: Vec<f64> = classes
-        .values()
-        .map(|m| n_test as f64 * m.len() as f64 / n as f64)
-        .collect();
-    let mut alloc: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
-    let mut left = n_test - alloc.iter().sum::<usize>();
-    let mut order: Vec<usize> = (0..alloc.len()).collect();
-    order.sort_by(|&a, &b| {
-        let ra = exact[a] - exact[a].floor();
-        let rb = exact[b] - exact[b].floor();
-        rb.partial_cmp(&ra)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(a.cmp(&b))
-    });
-    for &c in order.iter().cycle() {
-        if left == 0 {
-            break;
-        }
-        let size = classes.values().nth(c).map_or(0, Vec::len);
-        if alloc[c] < size {
-            alloc[c] += 1;
-            left -= 1;
-        }
-    }
+    let sizes: Vec<usize> = classes.values().map(Vec::len).collect();
+    let alloc = proportional_allocation(&sizes, n_test);
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut train = Vec::with_capacity(n - n_test);
@@ -76,9 +53,158 @@ pub fn stratified_split(
     Ok((train, test))
 }
 
+/// Shares `total` units among classes of the given `sizes` proportionally (scikit-learn's
+/// `_approximate_mode`): the floor of each exact share, then one more to the classes with the
+/// largest fractional remainders (ties to the lower class), never more than a class has.
+fn proportional_allocation(sizes: &[usize], total: usize) -> Vec<usize> {
+    let n: usize = sizes.iter().sum();
+    let exact: Vec<f64> = sizes
+        .iter()
+        .map(|&m| total as f64 * m as f64 / n as f64)
+        .collect();
+    let mut alloc: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
+    let mut left = total - alloc.iter().sum::<usize>();
+    let mut order: Vec<usize> = (0..alloc.len()).collect();
+    order.sort_by(|&a, &b| {
+        let ra = exact[a] - exact[a].floor();
+        let rb = exact[b] - exact[b].floor();
+        rb.partial_cmp(&ra)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
+    for &c in order.iter().cycle() {
+        if left == 0 {
+            break;
+        }
+        if alloc[c] < sizes[c] {
+            alloc[c] += 1;
+            left -= 1;
+        }
+    }
+    alloc
+}
+
+/// Members of `positions` grouped by their class in `labels`, classes ascending.
+fn by_class(labels: &[u32], positions: &[usize]) -> BTreeMap<u32, Vec<usize>> {
+    let mut classes: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for &p in positions {
+        classes.entry(labels[p]).or_default().push(p);
+    }
+    classes
+}
+
+/// A stratified subset of `n` of the `positions` (IConE's `N ∈ {500, 1k, 2k, 5k}` subsets, spec
+/// data.md §5.2): class quotas by [`proportional_allocation`], members drawn without replacement
+/// by a seeded shuffle. Sorted ascending.
+pub fn stratified_subset(
+    labels: &[u32],
+    positions: &[usize],
+    n: usize,
+    seed: u64,
+) -> Result<Vec<usize>> {
+    if n == 0 || n > positions.len() {
+        bail!(
+            "a subset of {n} training instances was asked for, but the training partition has {}; \
+             use a size between 1 and {}",
+            positions.len(),
+            positions.len()
+        );
+    }
+    let classes = by_class(labels, positions);
+    let sizes: Vec<usize> = classes.values().map(Vec::len).collect();
+    let alloc = proportional_allocation(&sizes, n);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5b5e7);
+    let mut subset = Vec::with_capacity(n);
+    for (members, &q) in classes.values().zip(&alloc) {
+        let mut members = members.clone();
+        members.shuffle(&mut rng);
+        subset.extend_from_slice(&members[..q]);
+    }
+    subset.sort_unstable();
+    Ok(subset)
+}
+
+/// IConE's class-imbalance construction (spec data.md §5.3): `floor(K/2)` minority classes,
+/// chosen by a seeded permutation of the class ids, each keep `ceil(n_k / factor)` of their
+/// members (seeded, without replacement); the other classes keep all. Returns the kept positions
+/// (sorted) and the minority classes (sorted).
+pub fn imbalanced_subset(
+    labels: &[u32],
+    positions: &[usize],
+    factor: usize,
+    seed: u64,
+) -> Result<(Vec<usize>, Vec<u32>)> {
+    if factor == 0 {
+        bail!("the imbalance factor must be at least 1 (1 keeps every class whole)");
+    }
+    let classes = by_class(labels, positions);
+    let mut ids: Vec<u32> = classes.keys().copied().collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x1a4ba1);
+    ids.shuffle(&mut rng);
+    let mut minority: Vec<u32> = match factor {
+        1 => Vec::new(),
+        _ => ids[..ids.len() / 2].to_vec(),
+    };
+    minority.sort_unstable();
+    let mut kept = Vec::with_capacity(positions.len());
+    for (class, members) in &classes {
+        if minority.contains(class) {
+            let mut members = members.clone();
+            members.shuffle(&mut rng);
+            kept.extend_from_slice(&members[..members.len().div_ceil(factor)]);
+        } else {
+            kept.extend_from_slice(members);
+        }
+    }
+    kept.sort_unstable();
+    Ok((kept, minority))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subsets_keep_class_proportions_and_stay_inside_the_partition() {
+        let l = labels();
+        let (train, _) = stratified_split(&l, 0.2, 0).unwrap();
+        let subset = stratified_subset(&l, &train, 8, 1).unwrap();
+        assert_eq!(subset.len(), 8);
+        assert!(subset.iter().all(|p| train.contains(p)));
+        let count = |c: u32| subset.iter().filter(|&&p| l[p] == c).count();
+        let whole = |c: u32| train.iter().filter(|&&p| l[p] == c).count();
+        for c in 0..4 {
+            let exact = 8.0 * whole(c) as f64 / train.len() as f64;
+            assert!(
+                (count(c) as f64 - exact).abs() < 1.0,
+                "class {c}: {} vs {exact}",
+                count(c)
+            );
+        }
+        assert_eq!(stratified_subset(&l, &train, 8, 1).unwrap(), subset);
+        let err = stratified_subset(&l, &train, 100, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("training partition has"), "{err}");
+    }
+
+    #[test]
+    fn imbalance_divides_half_of_the_classes() {
+        // 4 classes of 10: two minority classes keep ceil(10/3) = 4 each.
+        let l: Vec<u32> = (0..40).map(|i| i % 4).collect();
+        let all: Vec<usize> = (0..40).collect();
+        let (kept, minority) = imbalanced_subset(&l, &all, 3, 0).unwrap();
+        assert_eq!(minority.len(), 2);
+        for c in 0..4u32 {
+            let n = kept.iter().filter(|&&p| l[p] == c).count();
+            assert_eq!(n, if minority.contains(&c) { 4 } else { 10 }, "class {c}");
+        }
+        assert_eq!(
+            imbalanced_subset(&l, &all, 1, 0).unwrap(),
+            (all.clone(), vec![])
+        );
+        assert!(imbalanced_subset(&l, &all, 0, 0).is_err());
+    }
 
     fn labels() -> Vec<u32> {
         // class sizes 10, 7, 3, 1

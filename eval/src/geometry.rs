@@ -1,4 +1,5 @@
-//! Alignment and uniformity (Wang & Isola; spec §7) and class-conditional alignment.
+//! Alignment and uniformity (Wang & Isola; spec §7), class-conditional alignment, and the
+//! silhouette of the true classes (spec §13).
 //!
 //! Rows are L2-normalised first (`x / max(‖x‖, 1e-12)`). For the IConE pipeline, standardise
 //! with [`crate::standardize`] before calling these (spec §0). Computed in `f64`.
@@ -115,6 +116,61 @@ pub fn class_conditional_alignment(z: &Features, labels: &[u32]) -> Result<f64> 
     Ok(sum / count as f64)
 }
 
+/// Silhouette of the true classes (spec §13): mean over samples of `(b_i − a_i)/max(a_i, b_i)`,
+/// `a_i` the mean Euclidean distance to the other members of its class, `b_i` the smallest mean
+/// distance to another class; a sample alone in its class scores 0 (scikit-learn's rule).
+pub fn silhouette(z: &Features, labels: &[u32]) -> Result<f64> {
+    ensure!(
+        labels.len() == z.n,
+        "silhouette: {} labels for {} samples",
+        labels.len(),
+        z.n
+    );
+    let mut classes: Vec<u32> = labels.to_vec();
+    classes.sort_unstable();
+    classes.dedup();
+    ensure!(
+        classes.len() >= 2,
+        "silhouette: needs at least two classes, got {}",
+        classes.len()
+    );
+    let zn = z.normalized_rows_f64();
+    let rows: Vec<&[f64]> = zn.chunks(z.d.max(1)).collect();
+    let class_of: Vec<usize> = labels
+        .iter()
+        .map(|y| classes.binary_search(y).expect("collected above"))
+        .collect();
+    let mut sizes = vec![0usize; classes.len()];
+    for &c in &class_of {
+        sizes[c] += 1;
+    }
+    let total: f64 = (0..z.n)
+        .into_par_iter()
+        .map(|i| {
+            let mut sums = vec![0f64; classes.len()];
+            for j in 0..z.n {
+                if j != i {
+                    sums[class_of[j]] += sq_dist(rows[i], rows[j]).sqrt();
+                }
+            }
+            let own = class_of[i];
+            if sizes[own] < 2 {
+                return 0.0;
+            }
+            let a = sums[own] / (sizes[own] - 1) as f64;
+            let b = (0..classes.len())
+                .filter(|&c| c != own)
+                .map(|c| sums[c] / sizes[c] as f64)
+                .fold(f64::INFINITY, f64::min);
+            match a.max(b) {
+                m if m > 0.0 => (b - a) / m,
+                _ => 0.0,
+            }
+        })
+        .sum();
+    Ok(total / z.n as f64)
+}
+
 fn sq_dist(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum()
 }
@@ -155,6 +211,17 @@ mod tests {
         assert!(close(v, 0.6, 1e-6), "{v}");
         assert!(class_conditional_alignment(&x, &[0, 1, 2, 3]).is_err());
         assert!(class_conditional_alignment(&x, &[0, 1]).is_err());
+    }
+
+    #[test]
+    fn silhouette_kat() {
+        let x =
+            Features::from_rows(&[[1.0f32, 0.0], [0.6, 0.8], [0.0, -1.0], [-0.6, -0.8]]).unwrap();
+        let v = silhouette(&x, &[0, 0, 1, 1]).unwrap();
+        assert!(close(v, 0.5666778394, 1e-6), "{v}");
+        // Swapping the labels of one pair makes the clustering worse than chance.
+        assert!(silhouette(&x, &[0, 1, 0, 1]).unwrap() < 0.0);
+        assert!(silhouette(&x, &[0, 0, 0, 0]).is_err());
     }
 
     #[test]

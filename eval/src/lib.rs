@@ -14,7 +14,7 @@ pub mod spectrum;
 
 pub use features::Features;
 pub use geometry::{
-    alignment, alignment_alpha, class_conditional_alignment, uniformity, uniformity_t,
+    alignment, alignment_alpha, class_conditional_alignment, silhouette, uniformity, uniformity_t,
     ALIGNMENT_ALPHA, UNIFORMITY_T,
 };
 pub use knn::{
