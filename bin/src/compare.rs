@@ -18,7 +18,7 @@ use serde_json::Value as Json;
 
 use crate::checkpoint;
 use crate::config::{apply_set, RunConfig};
-use crate::plot::{self, Bar, BarPanel};
+use crate::plot::{self, Bar, BarPanel, LineAxes, Panel, ScatterPanel, Series};
 use crate::progress;
 use crate::trainer;
 
@@ -46,6 +46,14 @@ pub struct Grid {
     /// Output directory (default `runs/compare`).
     #[serde(default = "default_out")]
     pub out: PathBuf,
+    /// Table columns, as `results.json` metric keys (default: probe, k-NN, RankMe, effective
+    /// rank); see [`METRICS`].
+    #[serde(default = "default_metrics")]
+    pub metrics: Vec<String>,
+    /// Published values to print beside a row: label → metric key → value (in the units of
+    /// `results.json`, e.g. accuracies as fractions).
+    #[serde(default)]
+    pub reference: BTreeMap<String, BTreeMap<String, f64>>,
     /// Stem of the table and chart files: the grid file's stem, or `compare`.
     #[serde(skip)]
     pub name: String,
@@ -56,6 +64,16 @@ fn default_views() -> Vec<usize> {
 }
 fn default_seeds() -> Vec<u64> {
     vec![0, 1, 2]
+}
+fn default_metrics() -> Vec<String> {
+    [
+        "probe_balanced_accuracy",
+        "knn_accuracy",
+        "rankme",
+        "effective_rank",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 fn default_out() -> PathBuf {
     PathBuf::from("runs/compare")
@@ -139,6 +157,7 @@ impl Grid {
         if self.seeds.is_empty() || self.views.is_empty() {
             bail!("the grid needs at least one seed and one view count");
         }
+        metrics(&self.metrics)?;
         let base = match &self.base {
             Some(path) => RunConfig::from_file(path)?,
             None => serde_yaml::Value::Mapping(Default::default()),
@@ -320,26 +339,77 @@ pub fn run(grid: &Grid, command_line: &str) -> Result<String> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let summary = Summary::new(&cells, &outcomes);
+    let summary = Summary::new(grid, &cells, &outcomes)?;
     let markdown = summary.markdown(command_line);
     let file = |ext: &str| grid.out.join(format!("{}.{ext}", grid.stem()));
     checkpoint::write_atomic(&file("md"), markdown.as_bytes())?;
     checkpoint::write_atomic(&file("csv"), summary.csv().as_bytes())?;
     summary.chart(&file("png"))?;
+    embeddings_figure(
+        &cells,
+        &grid.out.join(format!("{}-embeddings.png", grid.stem())),
+    )?;
     Ok(markdown)
 }
 
-/// The metrics of the table, as (results.json key, column title, scale).
-const METRICS: [(&str, &str, f64); 4] = [
+/// Every metric a table can show, as (results.json key, column title, scale, decimals).
+const METRICS: [(&str, &str, f64, usize); 8] = [
     (
         "probe_balanced_accuracy",
         "linear probe (bal. acc. %)",
         100.0,
+        1,
     ),
-    ("knn_accuracy", "20-NN acc. %", 100.0),
-    ("rankme", "RankMe", 1.0),
-    ("effective_rank", "effective rank", 1.0),
+    ("knn_accuracy", "k-NN acc. %", 100.0, 1),
+    ("rankme", "RankMe", 1.0, 1),
+    ("effective_rank", "effective rank", 1.0, 1),
+    ("class_alignment", "class alignment ↓", 1.0, 3),
+    ("uniformity", "uniformity ↓", 1.0, 3),
+    ("silhouette", "silhouette", 1.0, 3),
+    (
+        "minority_balanced_accuracy",
+        "minority classes (probe bal. acc. %)",
+        100.0,
+        1,
+    ),
 ];
+
+/// A column of the table.
+#[derive(Debug, Clone, Copy)]
+struct Metric {
+    key: &'static str,
+    title: &'static str,
+    scale: f64,
+    decimals: usize,
+}
+
+/// The catalogue entries named by `keys`, in that order; an unknown key is an error that lists
+/// the known ones.
+fn metrics(keys: &[String]) -> Result<Vec<Metric>> {
+    if keys.is_empty() {
+        bail!("the grid's `metrics` list is empty; name at least one column");
+    }
+    keys.iter()
+        .map(|key| {
+            METRICS
+                .iter()
+                .find(|m| m.0 == key)
+                .map(|&(key, title, scale, decimals)| Metric {
+                    key,
+                    title,
+                    scale,
+                    decimals,
+                })
+                .with_context(|| {
+                    let known: Vec<&str> = METRICS.iter().map(|m| m.0).collect();
+                    format!(
+                        "unknown metric `{key}` in the grid (known: {})",
+                        known.join(", ")
+                    )
+                })
+        })
+        .collect()
+}
 
 /// Mean and sample standard deviation (0 for a single value).
 fn mean_std(values: &[f64]) -> (f64, f64) {
@@ -373,12 +443,16 @@ impl Row {
 }
 
 struct Summary {
+    metrics: Vec<Metric>,
     rows: Vec<Row>,
     baselines: Vec<Row>,
+    references: BTreeMap<String, BTreeMap<String, f64>>,
 }
 
 impl Summary {
-    fn new(cells: &[Cell], outcomes: &[Outcome]) -> Self {
+    fn new(grid: &Grid, cells: &[Cell], outcomes: &[Outcome]) -> Result<Self> {
+        let metrics = metrics(&grid.metrics)?;
+        let columns = metrics.len() + 1;
         let mut rows: Vec<Row> = Vec::new();
         let mut baselines: BTreeMap<String, BTreeMap<u64, Vec<f64>>> = BTreeMap::new();
         for (cell, outcome) in cells.iter().zip(outcomes) {
@@ -394,7 +468,7 @@ impl Summary {
                         label: cell.label.clone(),
                         views: Some(cell.views),
                         batch_size: Some(cell.batch_size),
-                        values: vec![Vec::new(); METRICS.len() + 1],
+                        values: vec![Vec::new(); columns],
                         failures: Vec::new(),
                     });
                     rows.last_mut().expect("just pushed")
@@ -402,20 +476,20 @@ impl Summary {
             };
             match outcome {
                 Outcome::Done {
-                    rows: metrics,
+                    rows: by_encoder,
                     seconds,
                 } => {
-                    for (k, (key, _, _)) in METRICS.iter().enumerate() {
-                        if let Some(v) = metrics.get("ours").and_then(|m| m.get(*key)) {
+                    for (k, m) in metrics.iter().enumerate() {
+                        if let Some(v) = by_encoder.get("ours").and_then(|e| e.get(m.key)) {
                             row.values[k].push(*v);
                         }
                     }
-                    row.values[METRICS.len()].push(*seconds);
+                    row.values[metrics.len()].push(*seconds);
                     for role in ["raw inputs", "random init"] {
-                        if let Some(m) = metrics.get(role) {
-                            let values = METRICS
+                        if let Some(e) = by_encoder.get(role) {
+                            let values = metrics
                                 .iter()
-                                .map(|(key, _, _)| m.get(*key).copied().unwrap_or(f64::NAN))
+                                .map(|m| e.get(m.key).copied().unwrap_or(f64::NAN))
                                 .collect();
                             baselines
                                 .entry(role.to_string())
@@ -432,10 +506,12 @@ impl Summary {
         let baselines = baselines
             .into_iter()
             .map(|(label, by_seed)| {
-                let mut values = vec![Vec::new(); METRICS.len() + 1];
+                let mut values = vec![Vec::new(); columns];
                 for per_metric in by_seed.values() {
                     for (k, v) in per_metric.iter().enumerate() {
-                        values[k].push(*v);
+                        if v.is_finite() {
+                            values[k].push(*v);
+                        }
                     }
                 }
                 Row {
@@ -447,19 +523,25 @@ impl Summary {
                 }
             })
             .collect();
-        Self { rows, baselines }
+        Ok(Self {
+            metrics,
+            rows,
+            baselines,
+            references: grid.reference.clone(),
+        })
     }
 
     fn markdown(&self, command_line: &str) -> String {
         let mut s = format!(
             "Made by `{command_line}`; mean ± std over seeds.\n\n| objective | V | B | seeds |"
         );
-        for (_, title, _) in METRICS {
-            s.push_str(&format!(" {title} |"));
+        for m in &self.metrics {
+            s.push_str(&format!(" {} |", m.title));
         }
         s.push_str(" wall time (s) |\n|---|---|---|---|");
-        s.push_str(&"---|".repeat(METRICS.len() + 1));
+        s.push_str(&"---|".repeat(self.metrics.len() + 1));
         s.push('\n');
+        let mut referenced = std::collections::BTreeSet::new();
         for row in self.baselines.iter().chain(&self.rows) {
             let opt = |v: Option<usize>| v.map_or("—".to_string(), |v| v.to_string());
             s.push_str(&format!(
@@ -469,14 +551,26 @@ impl Summary {
                 opt(row.batch_size),
                 row.values[0].len()
             ));
-            for (k, (_, _, scale)) in METRICS.iter().enumerate() {
-                s.push_str(&format!(" {} |", row.cell(k, *scale, 1)));
+            for (k, m) in self.metrics.iter().enumerate() {
+                s.push_str(&format!(" {} |", row.cell(k, m.scale, m.decimals)));
             }
             let time = match row.views {
-                Some(_) => row.cell(METRICS.len(), 1.0, 0),
+                Some(_) => row.cell(self.metrics.len(), 1.0, 0),
                 None => "—".to_string(),
             };
             s.push_str(&format!(" {time} |\n"));
+            if let Some(published) = self.references.get(&row.label) {
+                if referenced.insert(row.label.clone()) {
+                    s.push_str(&format!("| ↳ {} (published) | | | |", row.label));
+                    for m in &self.metrics {
+                        let v = published.get(m.key).map_or("—".to_string(), |v| {
+                            format!("{:.*}", m.decimals, v * m.scale)
+                        });
+                        s.push_str(&format!(" {v} |"));
+                    }
+                    s.push_str(" — |\n");
+                }
+            }
         }
         let failed: Vec<&Row> = self
             .rows
@@ -500,8 +594,8 @@ impl Summary {
 
     fn csv(&self) -> String {
         let mut s = "objective,views,batch_size,seeds".to_string();
-        for (key, _, _) in METRICS {
-            s.push_str(&format!(",{key}_mean,{key}_std"));
+        for m in &self.metrics {
+            s.push_str(&format!(",{0}_mean,{0}_std", m.key));
         }
         s.push_str(",seconds_mean,seconds_std,failures\n");
         for row in self.baselines.iter().chain(&self.rows) {
@@ -526,18 +620,35 @@ impl Summary {
         s
     }
 
+    /// Bars of the first two metrics; when the grid varies the batch size, lines of them
+    /// against log₂ B instead (one line per objective and view count).
     fn chart(&self, path: &Path) -> Result<()> {
+        let shown = self.metrics.len().min(2);
+        let batch_sizes: std::collections::BTreeSet<_> =
+            self.rows.iter().filter_map(|r| r.batch_size).collect();
+        if batch_sizes.len() > 1 {
+            let panels: Vec<Panel> = (0..shown).map(|k| self.batch_panel(k)).collect();
+            return plot::line_panels(
+                path,
+                &panels,
+                &LineAxes {
+                    x_label: "log₂ batch size",
+                    y_label: "mean over seeds",
+                    log_y: false,
+                },
+            );
+        }
         let panel = |k: usize| {
-            let (_, title, scale) = METRICS[k];
+            let m = self.metrics[k];
             BarPanel {
-                title: title.to_string(),
-                x_label: title.to_string(),
+                title: m.title.to_string(),
+                x_label: m.title.to_string(),
                 bars: self
                     .rows
                     .iter()
                     .filter(|r| !r.values[k].is_empty())
                     .map(|r| {
-                        let scaled: Vec<f64> = r.values[k].iter().map(|v| v * scale).collect();
+                        let scaled: Vec<f64> = r.values[k].iter().map(|v| v * m.scale).collect();
                         let (mean, std) = mean_std(&scaled);
                         Bar {
                             label: format!(
@@ -555,12 +666,75 @@ impl Summary {
                     .baselines
                     .iter()
                     .filter(|r| !r.values[k].is_empty())
-                    .map(|r| (r.label.clone(), mean_std(&r.values[k]).0 * scale))
+                    .map(|r| (r.label.clone(), mean_std(&r.values[k]).0 * m.scale))
                     .collect(),
             }
         };
-        plot::bar_panels(path, &[panel(0), panel(1)])
+        let panels: Vec<BarPanel> = (0..shown).map(panel).collect();
+        plot::bar_panels(path, &panels)
     }
+
+    /// Metric `k` against log₂ B: one series per (label, V).
+    fn batch_panel(&self, k: usize) -> Panel {
+        let m = self.metrics[k];
+        let mut series: Vec<Series> = Vec::new();
+        for row in self.rows.iter().filter(|r| !r.values[k].is_empty()) {
+            let name = format!("{} V={}", row.label, row.views.unwrap_or(0));
+            let b = row.batch_size.unwrap_or(1) as f64;
+            let scaled: Vec<f64> = row.values[k].iter().map(|v| v * m.scale).collect();
+            let point = (b.log2(), mean_std(&scaled).0);
+            match series.iter_mut().find(|s| s.label == name) {
+                Some(s) => s.points.push(point),
+                None => series.push(Series {
+                    label: name,
+                    points: vec![point],
+                }),
+            }
+        }
+        Panel {
+            title: m.title.to_string(),
+            series,
+        }
+    }
+}
+
+/// The unit-circle test embeddings (`embedding.csv`, written by runs whose encoder outputs 2
+/// dimensions) of the first seed of each label, one panel per label. Returns whether any run
+/// had one.
+fn embeddings_figure(cells: &[Cell], path: &Path) -> Result<bool> {
+    let mut panels: Vec<ScatterPanel> = Vec::new();
+    for cell in cells {
+        if panels
+            .iter()
+            .any(|p| p.title.starts_with(&format!("{} ", cell.label)))
+        {
+            continue;
+        }
+        let file = cell.config.out.join("embedding.csv");
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let mut points = Vec::new();
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split(',').collect();
+            let [x, y, label] = fields[..] else {
+                bail!(
+                    "{}: expected `x,y,label` rows, got `{line}`",
+                    file.display()
+                );
+            };
+            points.push((x.parse()?, y.parse()?, label.parse()?));
+        }
+        panels.push(ScatterPanel {
+            title: format!("{} (seed {})", cell.label, cell.seed),
+            points,
+        });
+    }
+    if panels.is_empty() {
+        return Ok(false);
+    }
+    plot::scatter_panels(path, &panels)?;
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -625,6 +799,19 @@ mod tests {
     }
 
     #[test]
+    fn unknown_metrics_are_refused_before_anything_trains() {
+        let e = grid("objectives: [vicreg]\nmetrics: [knn_acc]")
+            .unwrap()
+            .cells()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown metric `knn_acc`") && e.contains("knn_accuracy"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn grid_errors_name_the_problem() {
         let err = |yaml: &str| format!("{:#}", grid(yaml).and_then(|g| g.cells()).unwrap_err());
         assert!(err("objectives: [vicregg]").contains("did you mean"));
@@ -659,8 +846,12 @@ mod tests {
             done(0.8),
             Outcome::Failed("NaN at step 3".into()),
         ];
-        let s = Summary::new(&cells, &outcomes);
+        let grid =
+            grid("objectives: [vicreg]\nreference: {vicreg: {probe_balanced_accuracy: 0.875}}")
+                .unwrap();
+        let s = Summary::new(&grid, &cells, &outcomes).unwrap();
         let md = s.markdown("ssl compare");
+        assert!(md.contains("| ↳ vicreg (published) | | | | 87.5 |"), "{md}");
         assert!(md.contains("| vicreg | 2 | 8 | 2 | 85.0 ± 7.1 |"), "{md}");
         assert!(md.contains("vicreg V=2 B=8: NaN at step 3"), "{md}");
         assert!(

@@ -286,3 +286,48 @@ mod tests {
         assert_eq!(labels, ["0.3", "0.012", "0.0999", "250", "1", "0"]);
     }
 }
+
+/// One panel of a scatter plot: points `(x, y, class)`, coloured by class.
+pub struct ScatterPanel {
+    pub title: String,
+    pub points: Vec<(f64, f64, u32)>,
+}
+
+/// Draws `panels` (unit-circle embeddings: both axes span [−1.15, 1.15], the circle drawn
+/// faintly) side by side, up to 4 per row, into a PNG at `path`.
+pub fn scatter_panels(path: &Path, panels: &[ScatterPanel]) -> Result<()> {
+    register_font();
+    let cols = panels.len().clamp(1, 4);
+    let rows = panels.len().div_ceil(cols).max(1);
+    let root = BitMapBackend::new(path, (420 * cols as u32, 440 * rows as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error(path))?;
+    for (area, panel) in root.split_evenly((rows, cols)).iter().zip(panels) {
+        let mut chart = ChartBuilder::on(area)
+            .caption(&panel.title, (FONT_FAMILY, 20))
+            .margin(12)
+            .x_label_area_size(30)
+            .y_label_area_size(40)
+            .build_cartesian_2d(-1.15..1.15, -1.15..1.15)
+            .map_err(plot_error(path))?;
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .label_style((FONT_FAMILY, 12))
+            .draw()
+            .map_err(plot_error(path))?;
+        let circle = (0..=200).map(|k| {
+            let a = std::f64::consts::TAU * k as f64 / 200.0;
+            (a.cos(), a.sin())
+        });
+        chart
+            .draw_series(LineSeries::new(circle, BLACK.mix(0.2)))
+            .map_err(plot_error(path))?;
+        chart
+            .draw_series(panel.points.iter().map(|&(x, y, class)| {
+                Circle::new((x, y), 3, Palette99::pick(class as usize).mix(0.6).filled())
+            }))
+            .map_err(plot_error(path))?;
+    }
+    root.present().map_err(plot_error(path))?;
+    Ok(())
+}

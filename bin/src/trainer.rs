@@ -224,9 +224,18 @@ fn train(
     };
     if resume {
         state = checkpoint::load_state(&ckpt_dir)?;
-        model.store.load(&checkpoint::load_tensors(
-            &ckpt_dir.join(checkpoint::MODEL),
-        )?)?;
+        model
+            .store
+            .load(&checkpoint::load_tensors(&ckpt_dir.join(checkpoint::MODEL))?)
+            .with_context(|| {
+                format!(
+                    "cannot resume from {}: it was written for another model, objective or training-set size \
+                     (an instance table has one row per training instance); resume with the run's own \
+                     configuration ({}) or start a fresh --out",
+                    ckpt_dir.display(),
+                    dir.join("config.yaml").display()
+                )
+            })?;
         optimizer.load_state(&checkpoint::load_tensors(
             &ckpt_dir.join(checkpoint::OPTIMIZER),
         )?)?;

@@ -187,6 +187,44 @@ fn views_and_batch_the_objective_cannot_take_are_refused() {
 }
 
 #[test]
+fn icone_trains_at_batch_one_and_refuses_what_it_cannot_take() {
+    let o = ssl(&["run", "--objective", "icone", "--views", "1"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("view_view") && e.contains("--views 2"), "{e}");
+
+    // B = 1 (the paper's claim): the table supplies the repulsion; a 40-image subset.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("icone");
+    let subset = [
+        "--batch-size",
+        "1",
+        "--set",
+        "data.train_size=40",
+        "--set",
+        "data.split_seed=0",
+    ];
+    let o = quick(&out, "icone", &subset);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("| icone (ours) |"), "{}", stdout(&o));
+    let split: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("split.json")).unwrap()).unwrap();
+    assert_eq!(split["train"].as_array().unwrap().len(), 40);
+
+    // The table has one row per training instance: resuming on another subset is refused.
+    let mut other = subset.to_vec();
+    other[3] = "data.train_size=60";
+    other.push("--resume");
+    let o = quick(&out, "icone", &other);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("cannot resume") && e.contains("objective.table") && e.contains("[40, 128]"),
+        "{e}"
+    );
+}
+
+#[test]
 fn frossl_at_eight_views_logs_the_eigenvalue_trajectories() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("frossl");
