@@ -273,20 +273,6 @@ pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::significant;
-
-    #[test]
-    fn axis_labels_keep_three_significant_digits() {
-        let labels: Vec<String> = [0.30000000000000004, 0.012, 0.0999, 250.0, 1.0, 0.0]
-            .into_iter()
-            .map(significant)
-            .collect();
-        assert_eq!(labels, ["0.3", "0.012", "0.0999", "250", "1", "0"]);
-    }
-}
-
 /// One panel of a scatter plot: points `(x, y, class)`, coloured by class.
 pub struct ScatterPanel {
     pub title: String,
@@ -330,4 +316,18 @@ pub fn scatter_panels(path: &Path, panels: &[ScatterPanel]) -> Result<()> {
     }
     root.present().map_err(plot_error(path))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::significant;
+
+    #[test]
+    fn axis_labels_keep_three_significant_digits() {
+        let labels: Vec<String> = [0.30000000000000004, 0.012, 0.0999, 250.0, 1.0, 0.0]
+            .into_iter()
+            .map(significant)
+            .collect();
+        assert_eq!(labels, ["0.3", "0.012", "0.0999", "250", "1", "0"]);
+    }
 }
