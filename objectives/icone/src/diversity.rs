@@ -76,20 +76,19 @@ pub fn diversity_and_gradient(
                     .to_dtype(hinge.dtype())?;
                 hinge = (hinge * other_class)?;
             }
-            if i == j {
-                hinge = zero_diagonal(&hinge)?;
-            }
             let weight = if i == j { 1.0 } else { 2.0 };
-            total += weight
-                * hinge
-                    .sqr()?
-                    .sum_all()?
-                    .to_dtype(DType::F64)?
-                    .to_scalar::<f64>()?;
-            accumulate(&mut gradient[i], hinge.matmul(&blocks[j])?)?;
+            total += weight * to_f64(&hinge.sqr()?.sum_all()?)?;
+            let mut block_gradient = hinge.matmul(&blocks[j])?;
             if i != j {
                 accumulate(&mut gradient[j], hinge.t()?.matmul(&blocks[i])?)?;
+            } else if block_labels.is_none() {
+                // Take the diagonal `a = b` back out: `G_aa = ‖ẽ_a‖² ≥ 0` and its gradient term
+                // `G_aa ẽ_a` (with labels, the class mask has already removed it).
+                let diagonal = blocks[i].sqr()?.sum_keepdim(1)?;
+                total -= to_f64(&diagonal.sqr()?.sum_all()?)?;
+                block_gradient = (block_gradient - blocks[i].broadcast_mul(&diagonal)?)?;
             }
+            accumulate(&mut gradient[i], block_gradient)?;
         }
     }
     let gradient: Vec<Tensor> = gradient.into_iter().flatten().collect();
@@ -113,10 +112,8 @@ fn ordered_pairs(n: usize, labels: Option<&Tensor>) -> Result<f64> {
     Ok(n as f64 * n as f64 - counts.values().map(|c| c * c).sum::<f64>())
 }
 
-fn zero_diagonal(x: &Tensor) -> Result<Tensor> {
-    let n = x.dim(0)?;
-    let eye = Tensor::eye(n, x.dtype(), x.device())?;
-    x - (x * eye)?
+fn to_f64(t: &Tensor) -> Result<f64> {
+    t.to_dtype(DType::F64)?.to_scalar::<f64>()
 }
 
 fn accumulate(slot: &mut Option<Tensor>, part: Tensor) -> Result<()> {
