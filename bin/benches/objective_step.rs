@@ -1,9 +1,10 @@
 //! What each objective costs inside a real training step on the digits CNN (the main job's
 //! encoder and projector, B = 128 instances unless `--batch` says otherwise).
 //!
-//! For every registered self-supervised objective: the median time of a full step (forward +
-//! loss + backward + AdamW, V = 2) and of the loss alone (forward + backward on a `[V, B, D]`
-//! projection tensor), and the loss's share of the step. Then the FroSSL step at V = 8 against
+//! For every registered objective: the median time of a full step (forward + loss + backward +
+//! AdamW, V = 2), of the loss alone (forward + backward on a `[V, B, D]` projection tensor) and
+//! of the encoder (+ projector) forward and backward alone, with their shares of the step (the
+//! rest is the optimiser and the step's plumbing). Then the FroSSL step at V = 8 against
 //! V = 2 (4× the images). Run with
 //! `cargo bench -p ssl --bench objective_step -- [--reps N] [--batch B] [--objectives a,b] [--ratio frossl,...]`;
 //! `RAYON_NUM_THREADS` sets the threads.
@@ -58,16 +59,45 @@ impl Bench {
         Ok((model, optimizer))
     }
 
+    /// `views` noisy copies of the first `B` training images, one tensor per view.
+    fn views(&self, views: usize) -> Result<Vec<Tensor>> {
+        let positions: Vec<usize> = self.data.train[..self.batch].to_vec();
+        let clean = setup::samples(&self.data.dataset, &positions, &self.device)?;
+        (0..views)
+            .map(|v| Ok((&clean + (Tensor::randn_like(&clean, 0.0, 0.1)? * (v as f64 + 1.0))?)?))
+            .collect()
+    }
+
+    /// Median seconds of the encoder (+ projector, if the objective uses one) forward and
+    /// backward, view by view as in training, without loss or optimiser.
+    fn encoder(&self, cfg: &RunConfig) -> Result<f64> {
+        let (model, _) = self.model(cfg)?;
+        let per_view = self.views(cfg.train.views)?;
+        let mut times = Vec::new();
+        for rep in 0..self.reps + 2 {
+            let t = Instant::now();
+            let mut total = Tensor::zeros((), candle_core::DType::F32, &self.device)?;
+            for view in &per_view {
+                let mut out = model.encoder.forward_t(view, true)?;
+                if let Some(p) = &model.projector {
+                    out = p.forward_t(&out, true)?;
+                }
+                total = (total + out.sum_all()?)?;
+            }
+            total.backward()?;
+            if rep >= 2 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(median(times))
+    }
+
     /// Median seconds of a full training step.
     fn step(&self, cfg: &RunConfig) -> Result<f64> {
         let (mut model, mut optimizer) = self.model(cfg)?;
         let views = cfg.train.views;
         let positions: Vec<usize> = self.data.train[..self.batch].to_vec();
-        let clean = setup::samples(&self.data.dataset, &positions, &self.device)?;
-        let mut per_view = Vec::new();
-        for v in 0..views {
-            per_view.push((&clean + (Tensor::randn_like(&clean, 0.0, 0.1)? * (v as f64 + 1.0))?)?);
-        }
+        let per_view = self.views(views)?;
         let ids: Vec<u32> = (0..self.batch as u32).collect();
         let labels = setup::labels(&self.data.dataset, &positions);
         let mut times = Vec::new();
@@ -159,7 +189,7 @@ fn main() -> Result<()> {
         rayon::current_num_threads()
     );
     println!(
-        "| objective | step V=2 (ms) | loss+backward (ms) | share of step |\n|---|---|---|---|"
+        "| objective | step V=2 (ms) | loss+backward (ms) | share of step | encoder fwd+bwd (ms) | share of step |\n|---|---|---|---|---|---|"
     );
     for registration in ssl_core::registry() {
         let name = registration.name;
@@ -168,15 +198,18 @@ fn main() -> Result<()> {
         }
         let cfg = config(name, 2, batch)?;
         if let Err(refused) = trainer::build_model(&cfg, &bench.data, &bench.device) {
-            println!("| {name} | refused: {} | | |", refused.root_cause());
+            println!("| {name} | refused: {} | | | | |", refused.root_cause());
             continue;
         }
         let (step, loss) = (bench.step(&cfg)?, bench.loss(&cfg)?);
+        let encoder = bench.encoder(&cfg)?;
         println!(
-            "| {name} | {:.1} | {:.2} | {:.1} % |",
+            "| {name} | {:.1} | {:.2} | {:.1} % | {:.1} | {:.1} % |",
             step * 1e3,
             loss * 1e3,
-            100.0 * loss / step
+            100.0 * loss / step,
+            encoder * 1e3,
+            100.0 * encoder / step
         );
     }
     let ratios = flag("--ratio").unwrap_or_else(|| "frossl".to_string());
