@@ -206,10 +206,23 @@ pub fn execute(cli: Cli) -> Result<()> {
                 println!("aliases: {}\n", r.aliases.join(", "));
             }
             let defaults = (r.default_config)();
-            println!("keys (objective.params.KEY):");
-            for k in r.keys {
-                let value = serde_yaml::to_string(&defaults[k.name]).unwrap_or_default();
-                println!("  {:<14} {:<10} {}", k.name, value.trim(), k.doc);
+            if r.keys.is_empty() {
+                println!("keys: none (nothing to set under objective.params)");
+            } else {
+                println!("keys (objective.params.KEY):");
+                let values: Vec<String> = r
+                    .keys
+                    .iter()
+                    .map(|k| {
+                        let text = serde_yaml::to_string(&defaults[k.name]).unwrap_or_default();
+                        text.trim().to_string()
+                    })
+                    .collect();
+                let key_width = r.keys.iter().map(|k| k.name.len()).max().unwrap_or(0);
+                let value_width = values.iter().map(|v| v.chars().count()).max().unwrap_or(0);
+                for (k, value) in r.keys.iter().zip(&values) {
+                    println!("  {:<key_width$}  {value:<value_width$}  {}", k.name, k.doc);
+                }
             }
             let req = describe_requirements(r)?;
             println!("\n{req}");
