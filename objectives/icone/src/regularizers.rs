@@ -5,7 +5,7 @@
 //! * IConE-SIG: the sliced Epps–Pulley test of LeJEPA's SIGReg on the per-dimension standardised
 //!   raw table, `M` fresh unit directions per step.
 
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{Device, Result, Tensor, D};
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 
@@ -96,16 +96,12 @@ pub fn sliced_epps_pulley(e: &Tensor, directions: &Tensor) -> Result<Tensor> {
     epps_pulley(&projections)?.mean_all()
 }
 
-/// The f64 value of a scalar tensor (for tests and logs).
-pub fn to_f64(t: &Tensor) -> Result<f64> {
-    t.to_dtype(DType::F64)?.to_scalar::<f64>()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::DType;
     use rand::SeedableRng;
-    use ssl_core::testing::{close, max_gradient_error};
+    use ssl_core::testing::{close, max_gradient_error, scalar};
 
     fn spec_table() -> Result<Tensor> {
         let e = Tensor::new(&[[1f64, 0., 1.], [0., 1., 0.], [1., 1., 0.]], &Device::Cpu)?;
@@ -116,8 +112,8 @@ mod tests {
     fn icone_vc_known_answers() -> Result<()> {
         // Spec §2.1: variance term 1.6690622995, covariance term 0.1412718455.
         let e = spec_table()?;
-        close(to_f64(&variance_hinge(&e, 1.0, 1e-4)?)?, 1.6690622995, 1e-9);
-        close(to_f64(&covariance_penalty(&e)?)?, 0.1412718455, 1e-9);
+        close(scalar(&variance_hinge(&e, 1.0, 1e-4)?), 1.6690622995, 1e-9);
+        close(scalar(&covariance_penalty(&e)?), 0.1412718455, 1e-9);
         Ok(())
     }
 
@@ -128,7 +124,7 @@ mod tests {
             &[[-1.5f64], [-0.5], [0.0], [0.5], [1.5], [0.3]],
             &Device::Cpu,
         )?;
-        close(to_f64(&epps_pulley(&x)?.get(0)?)?, 0.0442304216, 1e-8);
+        close(scalar(&epps_pulley(&x)?.get(0)?), 0.0442304216, 1e-8);
         Ok(())
     }
 
@@ -137,9 +133,9 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
         let gauss: Vec<f64> = (0..4000).map(|_| StandardNormal.sample(&mut rng)).collect();
         let gauss =
-            to_f64(&epps_pulley(&Tensor::from_vec(gauss, (4000, 1), &Device::Cpu)?)?.get(0)?)?;
+            scalar(&epps_pulley(&Tensor::from_vec(gauss, (4000, 1), &Device::Cpu)?)?.get(0)?);
         let point =
-            to_f64(&epps_pulley(&Tensor::zeros((4000, 1), DType::F64, &Device::Cpu)?)?.get(0)?)?;
+            scalar(&epps_pulley(&Tensor::zeros((4000, 1), DType::F64, &Device::Cpu)?)?.get(0)?);
         // Under normality N·E|φ̂ − φ|² stays O(1) whatever N; a point mass grows like N.
         assert!(
             gauss < 2.0 && point > 100.0,
