@@ -271,22 +271,33 @@ impl Icone {
 
     /// The normalised anchors of the batch, `[B, d]`.
     fn batch_anchors(&self, table: &Tensor, batch: &Batch<'_>) -> Result<Tensor> {
-        let rows = table.dim(0)?;
-        let (index, what) = match self.anchors {
-            Anchors::Instances => (batch.indices, "instance id"),
-            _ => (batch.require_labels(self.name())?, "class label"),
+        // What indexes the anchors, and how many anchors there are.
+        let (index, what, anchors, unit) = match &self.pooling {
+            None if self.anchors == Anchors::Instances => (
+                batch.indices,
+                "instance id",
+                table.dim(0)?,
+                "training instances",
+            ),
+            None => (
+                batch.require_labels(self.name())?,
+                "class label",
+                table.dim(0)?,
+                "classes",
+            ),
+            Some(pooling) => (
+                batch.require_labels(self.name())?,
+                "class label",
+                pooling.dim(0)?,
+                "classes",
+            ),
         };
         let max = index.max(0)?.to_scalar::<u32>()? as usize;
-        let limit = match self.anchors {
-            Anchors::PooledInstances => self.pooling.as_ref().map_or(0, |p| p.dim(0).unwrap_or(0)),
-            _ => rows,
-        };
-        if max >= limit {
+        if max >= anchors {
             bail!(
-                "{what} {max} is outside the {limit}-row table of `{}`; the table was built for a data set of {limit} {}. \
-                 Train and resume on the same data set (and subset)",
+                "{what} {max} is outside the {anchors}-row table of `{}`; the table was built for a data set of \
+                 {anchors} {unit}. Train and resume on the same data set (and subset)",
                 self.name(),
-                if what == "instance id" { "training instances" } else { "classes" }
             );
         }
         Ok(match &self.pooling {
