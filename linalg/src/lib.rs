@@ -7,4 +7,4 @@ pub mod logdet;
 pub mod norm;
 pub mod spectral;
 
-pub use norm::{l2_norm_keepdim, l2_normalize, normalize_columns, normalize_rows};
+pub use norm::{l2_norm_keepdim, l2_normalize, logsumexp_rows, normalize_columns, normalize_rows};

@@ -1,5 +1,6 @@
 //! L2 normalisation along an axis (spec §0: `normalize(x) = x / max(‖x‖₂, 1e-12)`, as
-//! `torch.nn.functional.normalize`), the one definition every objective uses.
+//! `torch.nn.functional.normalize`), the one definition every objective uses; and the stable
+//! row-wise log-sum-exp of the contrastive objectives.
 
 use candle_core::{Result, Tensor, D};
 
@@ -15,6 +16,18 @@ pub fn l2_norm_keepdim<A: candle_core::shape::Dim>(x: &Tensor, axis: A) -> Resul
 /// `x / max(‖x‖₂, 1e-12)` with the norm taken along `axis`.
 pub fn l2_normalize<A: candle_core::shape::Dim>(x: &Tensor, axis: A) -> Result<Tensor> {
     x.broadcast_div(&l2_norm_keepdim(x, axis)?)
+}
+
+/// Row-wise `log Σ exp(x)` with the (detached) row maximum subtracted, so large logits do not
+/// overflow. `x`: `[R, C]` → `[R]`.
+pub fn logsumexp_rows(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    x.broadcast_sub(&max)?
+        .exp()?
+        .sum_keepdim(D::Minus1)?
+        .log()?
+        .add(&max)?
+        .squeeze(D::Minus1)
 }
 
 /// Rows (the last axis) of `x`: `[…, N, d]` scaled to unit L2 norm.

@@ -3,6 +3,8 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 
+use crate::{Batch, Progress, SingleProcess};
+
 /// `Z_a`, `Z_b` of spec §2.3 (`[4, 3]`, f64): the inputs most of the spec's known answers use.
 pub fn spec_za_zb() -> Result<(Tensor, Tensor)> {
     let a = Tensor::new(
@@ -14,6 +16,56 @@ pub fn spec_za_zb() -> Result<(Tensor, Tensor)> {
         &Device::Cpu,
     )?;
     Ok((a, b))
+}
+
+/// The first step of a one-step run with seed 0.
+pub fn first_step() -> Progress {
+    Progress {
+        step: 0,
+        epoch: 0,
+        steps_per_epoch: 1,
+        total_steps: 1,
+        seed: 0,
+    }
+}
+
+/// A training-mode batch of projections `z`: `[V, B, D]` (also used as the features, every view
+/// global) with instance ids `indices` and optional `labels`, at [`first_step`]. Override fields
+/// with struct update syntax: `Batch { train: false, ..batch(&z, &ids, None) }`.
+pub fn batch<'a>(z: &'a Tensor, indices: &'a Tensor, labels: Option<&'a Tensor>) -> Batch<'a> {
+    Batch {
+        projections: z,
+        features: z,
+        global_views: z.dims().first().copied().unwrap_or(0),
+        indices,
+        labels,
+        teacher: None,
+        progress: first_step(),
+        train: true,
+        collective: &SingleProcess,
+    }
+}
+
+/// The default configuration of the objective registered as `name` (or an alias), after
+/// asserting that its documented keys are exactly the default config's keys.
+pub fn documented_defaults(name: &str) -> serde_yaml::Value {
+    let reg = crate::find(name).expect("a registered objective");
+    let defaults = (reg.default_config)();
+    let mut keys: Vec<&str> = defaults
+        .as_mapping()
+        .expect("objective configs are mappings")
+        .keys()
+        .filter_map(|k| k.as_str())
+        .collect();
+    let mut documented: Vec<&str> = reg.keys.iter().map(|k| k.name).collect();
+    keys.sort_unstable();
+    documented.sort_unstable();
+    assert_eq!(
+        documented, keys,
+        "{}: documented keys vs default config keys",
+        reg.name
+    );
+    defaults
 }
 
 /// The value of a one-element tensor of any float dtype, as f64.

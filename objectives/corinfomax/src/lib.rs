@@ -254,7 +254,6 @@ mod tests {
     use candle_core::{Device, Var};
     use candle_nn::{VarBuilder, VarMap};
     use ssl_core::testing::{close, scalar, spec_za_zb};
-    use ssl_core::{Progress, SingleProcess};
 
     fn za_zb() -> candle_core::Result<Tensor> {
         let (a, b) = spec_za_zb()?;
@@ -357,24 +356,11 @@ mod tests {
     }
 
     fn run(objective: &mut dyn Objective, z: &Tensor, train: bool) -> Result<LossOutput> {
-        let (v, b, _) = z.dims3()?;
+        let b = z.dim(1)?;
         let indices = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
         let batch = Batch {
-            projections: z,
-            features: z,
-            global_views: v,
-            indices: &indices,
-            labels: None,
-            teacher: None,
-            progress: Progress {
-                step: 0,
-                epoch: 0,
-                steps_per_epoch: 1,
-                total_steps: 1,
-                seed: 0,
-            },
             train,
-            collective: &SingleProcess,
+            ..ssl_core::testing::batch(z, &indices, None)
         };
         objective.loss(&batch)
     }
@@ -605,16 +591,7 @@ mod tests {
     #[test]
     fn registered_with_documented_defaults() {
         let reg = ssl_core::find("corinfomax").unwrap();
-        let defaults = (reg.default_config)();
-        let map = defaults.as_mapping().unwrap();
-        assert_eq!(map.len(), reg.keys.len());
-        for key in reg.keys {
-            assert!(
-                map.contains_key(key.name),
-                "undocumented default {}",
-                key.name
-            );
-        }
+        let defaults = ssl_core::testing::documented_defaults(reg.name);
         assert_eq!(defaults["alpha"].as_f64(), Some(250.0));
         assert_eq!(defaults["lambda_mu"].as_f64(), Some(0.01));
         assert_eq!(defaults["lambda_r"].as_f64(), Some(0.01));

@@ -1,6 +1,5 @@
 use super::*;
 use ssl_core::testing::{close, scalar};
-use ssl_core::{Progress, SingleProcess};
 
 type Mat = Vec<Vec<f64>>;
 
@@ -525,21 +524,8 @@ fn objectives_report_the_pure_losses_and_their_terms() -> Result<()> {
     let features = randn(&[3, 6, 2], 1.0);
     let indices = Tensor::arange(0u32, 6, &Device::Cpu)?;
     let batch = Batch {
-        projections: &z,
         features: &features,
-        global_views: 3,
-        indices: &indices,
-        labels: None,
-        teacher: None,
-        progress: Progress {
-            step: 0,
-            epoch: 0,
-            steps_per_epoch: 1,
-            total_steps: 1,
-            seed: 0,
-        },
-        train: true,
-        collective: &SingleProcess,
+        ..ssl_core::testing::batch(&z, &indices, None)
     };
     let expected = [
         scalar(&sample_contrastive_loss(&z, &Default::default())?),
@@ -568,12 +554,7 @@ fn registered_with_documented_defaults() {
         ("spectral-contrastive", "mu", 1.0),
     ] {
         let reg = ssl_core::find(name).unwrap();
-        let defaults = (reg.default_config)();
-        let map = defaults.as_mapping().unwrap();
-        assert_eq!(map.len(), reg.keys.len(), "{name}");
-        for k in reg.keys {
-            assert!(map.contains_key(k.name), "undocumented default {}", k.name);
-        }
+        let defaults = ssl_core::testing::documented_defaults(reg.name);
         assert_eq!(defaults[key].as_f64(), Some(value), "{name}.{key}");
     }
     assert_eq!(ssl_core::find("spectral-contrastive").unwrap().name, "scl");

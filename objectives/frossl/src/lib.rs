@@ -203,7 +203,6 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
     use ssl_core::testing::{close, scalar, spec_za_zb};
-    use ssl_core::{Progress, SingleProcess};
 
     fn views() -> candle_core::Result<(Tensor, Tensor, Tensor)> {
         let (a, b) = spec_za_zb()?;
@@ -508,23 +507,7 @@ mod tests {
         let (a, b, c) = views()?;
         let z = Tensor::stack(&[&a, &b, &c], 0)?;
         let indices = Tensor::arange(0u32, 4, &Device::Cpu)?;
-        let batch = Batch {
-            projections: &z,
-            features: &z,
-            global_views: 3,
-            indices: &indices,
-            labels: None,
-            teacher: None,
-            progress: Progress {
-                step: 0,
-                epoch: 0,
-                steps_per_epoch: 1,
-                total_steps: 1,
-                seed: 0,
-            },
-            train: true,
-            collective: &SingleProcess,
-        };
+        let batch = ssl_core::testing::batch(&z, &indices, None);
         let out = build("lambda: 2.0").loss(&batch)?;
         let term = |name: &str| scalar(&out.terms.iter().find(|(n, _)| n == name).unwrap().1);
         close(
@@ -549,16 +532,7 @@ mod tests {
     fn registered_with_documented_defaults() {
         let reg = ssl_core::find("frossl").unwrap();
         assert!(reg.paper.contains("ECCV 2024") && reg.paper.contains("Skean"));
-        let defaults = (reg.default_config)();
-        let map = defaults.as_mapping().unwrap();
-        assert_eq!(map.len(), reg.keys.len());
-        for key in reg.keys {
-            assert!(
-                map.contains_key(key.name),
-                "undocumented default {}",
-                key.name
-            );
-        }
+        let defaults = ssl_core::testing::documented_defaults(reg.name);
         assert_eq!(defaults["lambda"].as_f64(), Some(1.0));
         assert_eq!(defaults["legacy"].as_bool(), Some(false));
     }

@@ -3,7 +3,7 @@
 use super::*;
 use candle_core::{Device, Var};
 use ssl_core::testing::{close, max_gradient_error, scalar};
-use ssl_core::{ParamStore, Progress, SingleProcess};
+use ssl_core::ParamStore;
 
 /// The spec's batch: ids `[0, 2]`, views `[V=2, B=2, 3]`, table `E: [3, 3]`.
 fn spec_inputs() -> candle_core::Result<(Tensor, Tensor, Tensor)> {
@@ -153,23 +153,7 @@ fn batch_loss(
     let dev = &Device::Cpu;
     let indices = Tensor::new(ids, dev)?;
     let labels = labels.map(|l| Tensor::new(l, dev)).transpose()?;
-    objective.loss(&Batch {
-        projections: f,
-        features: f,
-        global_views: f.dim(0)?,
-        indices: &indices,
-        labels: labels.as_ref(),
-        teacher: None,
-        progress: Progress {
-            step: 0,
-            epoch: 0,
-            steps_per_epoch: 1,
-            total_steps: 1,
-            seed: 0,
-        },
-        train: true,
-        collective: &SingleProcess,
-    })
+    objective.loss(&ssl_core::testing::batch(f, &indices, labels.as_ref()))
 }
 
 #[test]
@@ -309,6 +293,26 @@ fn supervised_forms_need_labels() -> Result<()> {
         1
     );
     Ok(())
+}
+
+#[test]
+fn every_form_is_registered_with_documented_paper_defaults() {
+    for (name, regularizer) in [
+        ("icone", "div"),
+        ("icone-vc", "vc"),
+        ("icone-sig", "sig"),
+        ("icone-class", "div"),
+        ("icone-instance", "div"),
+    ] {
+        let defaults = ssl_core::testing::documented_defaults(name);
+        assert_eq!(
+            defaults["regularizer"].as_str(),
+            Some(regularizer),
+            "{name}"
+        );
+        assert_eq!(defaults["init_std"].as_f64(), Some(0.02), "{name}");
+        assert_eq!(defaults["view_view"].as_bool(), Some(true), "{name}");
+    }
 }
 
 #[test]

@@ -343,7 +343,6 @@ mod tests {
     use crate::{dcl, nt_xent_with};
     use candle_core::{DType, Device, Tensor};
     use candle_nn::{VarBuilder, VarMap};
-    use ssl_core::{Progress, SingleProcess};
 
     const SIMCLR_NAMES: [(&str, Similarity, Preprocess); 5] = [
         ("simclr", Similarity::Identity, Preprocess::None),
@@ -386,43 +385,17 @@ mod tests {
     }
 
     fn loss_of(objective: &mut dyn Objective, z: &Tensor) -> Result<f64> {
-        let (v, b, _) = z.dims3()?;
+        let b = z.dim(1)?;
         let indices = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
-        let batch = Batch {
-            projections: z,
-            features: z,
-            global_views: v,
-            indices: &indices,
-            labels: None,
-            teacher: None,
-            progress: Progress {
-                step: 0,
-                epoch: 0,
-                steps_per_epoch: 1,
-                total_steps: 1,
-                seed: 0,
-            },
-            train: true,
-            collective: &SingleProcess,
-        };
+        let batch = ssl_core::testing::batch(z, &indices, None);
         Ok(objective.loss(&batch)?.loss.to_scalar::<f64>()?)
     }
 
     #[test]
     fn registrations_have_documented_defaults() {
         for name in all_names() {
-            let reg = ssl_core::find(name).unwrap();
-            assert_eq!(reg.name, name);
-            let defaults = (reg.default_config)();
-            let map = defaults.as_mapping().unwrap();
-            assert_eq!(map.len(), reg.keys.len(), "{name}");
-            for key in reg.keys {
-                assert!(
-                    map.contains_key(key.name),
-                    "{name}: undocumented {}",
-                    key.name
-                );
-            }
+            assert_eq!(ssl_core::find(name).unwrap().name, name);
+            ssl_core::testing::documented_defaults(name);
         }
         let simclr = |name: &str| (ssl_core::find(name).unwrap().default_config)();
         for (name, f, p) in SIMCLR_NAMES {

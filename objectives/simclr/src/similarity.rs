@@ -2,7 +2,7 @@
 //! (spec §2.6: row normalisation, scenario A centring, scenario B dimension standardisation),
 //! the logits `f(⟨z_a, z_b⟩)/τ` and the same-instance masks of the stacked `V·B` embeddings.
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 /// Added to logits that must not count (masked out of a log-sum-exp).
@@ -47,18 +47,7 @@ pub enum Preprocess {
     Standardize,
 }
 
-pub use ssl_linalg::normalize_rows;
-
-/// Row-wise `log Σ exp(x)`, stable. `x`: `[R, C]` → `[R]`.
-pub fn logsumexp_rows(x: &Tensor) -> candle_core::Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    x.broadcast_sub(&max)?
-        .exp()?
-        .sum_keepdim(D::Minus1)?
-        .log()?
-        .add(&max)?
-        .squeeze(D::Minus1)
-}
+pub use ssl_linalg::{logsumexp_rows, normalize_rows};
 
 /// Applies `mode` to `z`: `[V, B, d]` view by view (batch statistics over the `B` axis).
 pub fn preprocess(z: &Tensor, mode: Preprocess) -> candle_core::Result<Tensor> {

@@ -79,7 +79,7 @@ pub(crate) mod test_support {
     use anyhow::Result;
     use candle_core::{DType, Device, Tensor};
     use candle_nn::{VarBuilder, VarMap};
-    use ssl_core::{Batch, BuildContext, LossOutput, Objective, Progress, SingleProcess};
+    use ssl_core::{BuildContext, LossOutput, Objective};
 
     /// Builds `name` from YAML `overrides` with f64 parameters in `map`.
     pub fn build(
@@ -111,26 +111,9 @@ pub(crate) mod test_support {
         indices: &[u32],
         labels: Option<&[u32]>,
     ) -> Result<LossOutput> {
-        let v = z.dim(0)?;
         let indices = Tensor::new(indices, &Device::Cpu)?;
         let labels = labels.map(|l| Tensor::new(l, &Device::Cpu)).transpose()?;
-        let batch = Batch {
-            projections: z,
-            features: z,
-            global_views: v,
-            indices: &indices,
-            labels: labels.as_ref(),
-            teacher: None,
-            progress: Progress {
-                step: 0,
-                epoch: 0,
-                steps_per_epoch: 1,
-                total_steps: 1,
-                seed: 0,
-            },
-            train: true,
-            collective: &SingleProcess,
-        };
+        let batch = ssl_core::testing::batch(z, &indices, labels.as_ref());
         objective.loss(&batch)
     }
 
@@ -147,20 +130,10 @@ pub(crate) mod test_support {
         }
     }
 
-    /// The documented keys of `name` are exactly its default config's keys.
+    /// `name` is a canonical name and its documented keys are exactly its default config's keys.
     pub fn assert_documented(name: &str) {
-        let reg = ssl_core::find(name).unwrap();
-        assert_eq!(reg.name, name);
-        let defaults = (reg.default_config)();
-        let map = defaults.as_mapping().unwrap();
-        assert_eq!(map.len(), reg.keys.len(), "{name}");
-        for key in reg.keys {
-            assert!(
-                map.contains_key(key.name),
-                "{name}: undocumented {}",
-                key.name
-            );
-        }
+        assert_eq!(ssl_core::find(name).unwrap().name, name);
+        ssl_core::testing::documented_defaults(name);
     }
 
     /// The message of a failed parse of `yaml` as `name`'s configuration.

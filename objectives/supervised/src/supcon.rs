@@ -25,20 +25,10 @@ use ssl_core::{
 };
 
 use crate::{normalize_rows, per_crop};
+use ssl_linalg::logsumexp_rows;
 
 /// Added to logits excluded from a log-sum-exp.
 const MASKED: f64 = -1e9;
-
-/// Row-wise `log Σ exp(x)` with the (detached) row maximum subtracted. `x`: `[R, C]` → `[R]`.
-fn logsumexp_rows(x: &Tensor) -> candle_core::Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    x.broadcast_sub(&max)?
-        .exp()?
-        .sum_keepdim(D::Minus1)?
-        .log()?
-        .add(&max)?
-        .squeeze(D::Minus1)
-}
 
 /// What both forms share for `z`: `[V, B, d]` and `labels`: `[B]` u32.
 struct Pairs {

@@ -207,7 +207,6 @@ mod tests {
     use candle_core::{DType, Device};
     use candle_nn::{VarBuilder, VarMap};
     use ssl_core::testing::{close, scalar, spec_za_zb};
-    use ssl_core::{Progress, SingleProcess};
 
     fn z_a() -> candle_core::Result<Tensor> {
         Ok(spec_za_zb()?.0)
@@ -369,23 +368,7 @@ mod tests {
         let mut objective = build("invariance_weight: 10")?;
         let z = Tensor::randn(0f64, 1., (3, 4, 3), &Device::Cpu)?;
         let indices = Tensor::arange(0u32, 4, &Device::Cpu)?;
-        let batch = Batch {
-            projections: &z,
-            features: &z,
-            global_views: 3,
-            indices: &indices,
-            labels: None,
-            teacher: None,
-            progress: Progress {
-                step: 0,
-                epoch: 0,
-                steps_per_epoch: 1,
-                total_steps: 1,
-                seed: 0,
-            },
-            train: true,
-            collective: &SingleProcess,
-        };
+        let batch = ssl_core::testing::batch(&z, &indices, None);
         let out = objective.loss(&batch)?;
         let cfg = TcrConfig {
             invariance_weight: 10.0,
@@ -415,16 +398,7 @@ mod tests {
     fn registered_with_documented_defaults() {
         let reg = ssl_core::find("tcr").unwrap();
         assert!(ssl_core::find("emp-ssl").unwrap().name == "tcr");
-        let defaults = (reg.default_config)();
-        let map = defaults.as_mapping().unwrap();
-        assert_eq!(map.len(), reg.keys.len());
-        for key in reg.keys {
-            assert!(
-                map.contains_key(key.name),
-                "undocumented default {}",
-                key.name
-            );
-        }
+        let defaults = ssl_core::testing::documented_defaults(reg.name);
         assert_eq!(defaults["eps"].as_f64(), Some(0.2));
         assert_eq!(defaults["tcr_weight"].as_f64(), Some(1.0));
         assert_eq!(defaults["invariance_weight"].as_f64(), Some(200.0));

@@ -133,16 +133,7 @@ pub(crate) mod test_util {
     /// The registration of `name` documents every default key, and `key` defaults to `value`.
     pub fn assert_documented_defaults(name: &str, defaults: &[(&str, f64)]) {
         let reg = ssl_core::find(name).unwrap();
-        let config = (reg.default_config)();
-        let map = config.as_mapping().unwrap();
-        assert_eq!(map.len(), reg.keys.len());
-        for key in reg.keys {
-            assert!(
-                map.contains_key(key.name),
-                "undocumented default {}",
-                key.name
-            );
-        }
+        let config = ssl_core::testing::documented_defaults(reg.name);
         for &(key, value) in defaults {
             assert_eq!(config[key].as_f64(), Some(value), "default of {key}");
         }
