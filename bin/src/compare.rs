@@ -162,17 +162,24 @@ impl Grid {
             Some(path) => RunConfig::from_file(path)?,
             None => serde_yaml::Value::Mapping(Default::default()),
         };
-        let base_batch = RunConfig::from_yaml_value(base.clone())
-            .context("invalid base recipe")?
-            .train
-            .batch_size;
+        RunConfig::from_yaml_value(base.clone()).context("invalid base recipe")?;
         let mut cells = Vec::new();
         for value in &self.objectives {
             let entry = ObjectiveEntry::parse(value)?;
             let registration = ssl_core::find(&entry.name)?;
             let views = entry.views.as_ref().unwrap_or(&self.views);
+            // Without a batch-size list, the entry's batch size is the one its recipe and `set`
+            // overrides give (`set: [train.batch_size=64]` is kept, not replaced by a default).
             let default_batches = match self.batch_sizes.is_empty() {
-                true => vec![base_batch],
+                true => {
+                    let mut root = base.clone();
+                    for s in self.set.iter().chain(&entry.set) {
+                        apply_set(&mut root, s)?;
+                    }
+                    let cfg = RunConfig::from_yaml_value(root)
+                        .with_context(|| format!("invalid overrides for {}", entry.label()))?;
+                    vec![cfg.train.batch_size]
+                }
                 false => self.batch_sizes.clone(),
             };
             let batches = entry.batch_sizes.as_ref().unwrap_or(&default_batches);
@@ -454,7 +461,11 @@ impl Summary {
         let metrics = metrics(&grid.metrics)?;
         let columns = metrics.len() + 1;
         let mut rows: Vec<Row> = Vec::new();
-        let mut baselines: BTreeMap<String, BTreeMap<u64, Vec<f64>>> = BTreeMap::new();
+        // Baselines depend only on the data (split, subset, imbalance): one group per distinct
+        // data section, keyed by (role, group), seeds within.
+        let data_labels = data_labels(cells);
+        let mut baselines: BTreeMap<(bool, usize, String), BTreeMap<u64, Vec<f64>>> =
+            BTreeMap::new();
         for (cell, outcome) in cells.iter().zip(outcomes) {
             let position = rows.iter().position(|r| {
                 r.label == cell.label
@@ -491,8 +502,9 @@ impl Summary {
                                 .iter()
                                 .map(|m| e.get(m.key).copied().unwrap_or(f64::NAN))
                                 .collect();
+                            let (group, suffix) = &data_labels[&data_key(cell)];
                             baselines
-                                .entry(role.to_string())
+                                .entry((role != "raw inputs", *group, format!("{role}{suffix}")))
                                 .or_default()
                                 .insert(cell.seed, values);
                         }
@@ -501,11 +513,9 @@ impl Summary {
                 Outcome::Failed(why) => row.failures.push(why.clone()),
             }
         }
-        let mut baselines: Vec<(String, BTreeMap<u64, Vec<f64>>)> = baselines.into_iter().collect();
-        baselines.sort_by_key(|(label, _)| label != "raw inputs");
         let baselines = baselines
             .into_iter()
-            .map(|(label, by_seed)| {
+            .map(|((_, _, label), by_seed)| {
                 let mut values = vec![Vec::new(); columns];
                 for per_metric in by_seed.values() {
                     for (k, v) in per_metric.iter().enumerate() {
@@ -698,6 +708,62 @@ impl Summary {
     }
 }
 
+/// The data section of a cell's configuration, as text.
+fn data_key(cell: &Cell) -> String {
+    serde_yaml::to_string(&cell.config.data).unwrap_or_default()
+}
+
+/// For each distinct data section among `cells`: its order of first appearance and a label
+/// suffix naming the data keys that differ between sections (` (imbalance=2)`), empty when all
+/// cells share one data section. A key a section omits is at its default.
+fn data_labels(cells: &[Cell]) -> BTreeMap<String, (usize, String)> {
+    let mut sections: Vec<(String, serde_yaml::Mapping)> = Vec::new();
+    for cell in cells {
+        let key = data_key(cell);
+        if !sections.iter().any(|(k, _)| *k == key) {
+            let map = match serde_yaml::to_value(&cell.config.data) {
+                Ok(serde_yaml::Value::Mapping(m)) => m,
+                _ => serde_yaml::Mapping::new(),
+            };
+            sections.push((key, map));
+        }
+    }
+    let mut differing: Vec<serde_yaml::Value> = Vec::new();
+    for (_, map) in &sections {
+        for k in map.keys() {
+            let varies = sections.iter().any(|(_, other)| other.get(k) != map.get(k));
+            if varies && !differing.contains(k) {
+                differing.push(k.clone());
+            }
+        }
+    }
+    let show = |v: Option<&serde_yaml::Value>| match v {
+        None => "default".to_string(),
+        Some(v) => serde_yaml::to_string(v)
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+    };
+    sections
+        .iter()
+        .enumerate()
+        .map(|(group, (key, map))| {
+            let suffix = match differing.is_empty() {
+                true => String::new(),
+                false => format!(
+                    " ({})",
+                    differing
+                        .iter()
+                        .map(|k| format!("{}={}", show(Some(k)), show(map.get(k))))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            (key.clone(), (group, suffix))
+        })
+        .collect()
+}
+
 /// The unit-circle test embeddings (`embedding.csv`, written by runs whose encoder outputs 2
 /// dimensions) of the first seed of each label, one panel per label. Returns whether any run
 /// had one.
@@ -799,6 +865,16 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_size_set_by_override_is_kept_without_a_batch_list() -> Result<()> {
+        let g = grid(
+            "objectives: [vicreg, {name: simclr, set: ['train.batch_size=16']}]\nseeds: [0]\nset: ['train.batch_size=64']",
+        )?;
+        let batches: Vec<usize> = g.cells()?.iter().map(|c| c.batch_size).collect();
+        assert_eq!(batches, [64, 16]);
+        Ok(())
+    }
+
+    #[test]
     fn unknown_metrics_are_refused_before_anything_trains() {
         let e = grid("objectives: [vicreg]\nmetrics: [knn_acc]")
             .unwrap()
@@ -818,6 +894,44 @@ mod tests {
         assert!(err("objectives: []").contains("no objectives"));
         assert!(err("objectives: [{name: vicreg, lable: x}]").contains("unknown field `lable`"));
         assert!(err("objective: [vicreg]").contains("unknown field `objective`"));
+    }
+
+    #[test]
+    fn baselines_are_reported_per_data_set() {
+        let cell = |label: &str, imbalance: usize| {
+            let mut config = RunConfig::default();
+            config.data.imbalance = imbalance;
+            Cell {
+                label: label.into(),
+                views: 2,
+                batch_size: 64,
+                seed: 0,
+                config,
+            }
+        };
+        let done = |acc: f64| {
+            let mut m = BTreeMap::new();
+            m.insert("probe_balanced_accuracy".to_string(), acc);
+            let rows = ["ours", "raw inputs", "random init"]
+                .map(|r| (r.to_string(), m.clone()))
+                .into_iter()
+                .collect();
+            Outcome::Done { rows, seconds: 1.0 }
+        };
+        let cells = [cell("k=1", 1), cell("k=5", 5)];
+        let g = grid("objectives: [vicreg]").unwrap();
+        let md = Summary::new(&g, &cells, &[done(0.9), done(0.6)])
+            .unwrap()
+            .markdown("ssl compare");
+        assert!(
+            md.contains("| raw inputs (imbalance=default) | — | — | 1 | 90.0 ± 0.0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| raw inputs (imbalance=5) | — | — | 1 | 60.0 ± 0.0 |"),
+            "{md}"
+        );
+        assert!(md.contains("| random init (imbalance=5) |"), "{md}");
     }
 
     #[test]
