@@ -64,6 +64,7 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
         cfg.train.batch_size,
         true,
     )?;
+    check_projector_batch(cfg, registration.name, req.projector, data.train.len())?;
     let projector = if req.projector {
         Some(setup::projector(cfg, feature_dim, vb.pp("projector"))?)
     } else {
@@ -101,6 +102,35 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
         probe,
         objective,
     })
+}
+
+/// The projector's hidden layers use batch norm, which is undefined on one sample (spec §0):
+/// refuse, before training, a run whose views would reach it one instance at a time.
+fn check_projector_batch(
+    cfg: &RunConfig,
+    objective: &str,
+    uses_projector: bool,
+    instances: usize,
+) -> Result<()> {
+    if !uses_projector || cfg.model.projector.len() < 2 {
+        return Ok(());
+    }
+    let b = cfg.train.batch_size;
+    if b < 2 {
+        bail!(
+            "objective `{objective}` trains through the projector, whose batch norm needs at least 2 instances \
+             per view, got --batch-size {b}; use --batch-size 2 or more, or a projector without hidden \
+             layers (--set model.projector=[{}])",
+            cfg.model.projector.last().expect("validated non-empty")
+        );
+    }
+    if !cfg.train.drop_last && instances % b == 1 {
+        bail!(
+            "the last batch of every epoch would hold 1 instance ({instances} training instances, batch size {b}), \
+             and the projector's batch norm needs at least 2; set train.drop_last=true or another batch size"
+        );
+    }
+    Ok(())
 }
 
 /// Names of the trainable student parameters (encoder + projector), sorted.

@@ -175,6 +175,12 @@ fn views_and_batch_the_objective_cannot_take_are_refused() {
         ("ivne", "--batch-size", "1", "needs batch size ≥ 2"),
         ("dcl", "--batch-size", "1", "needs batch size ≥ 2"),
         ("wmse", "--views", "2", "w_size"),
+        (
+            "supcon",
+            "--batch-size",
+            "1",
+            "projector, whose batch norm needs at least 2",
+        ),
     ] {
         let o = ssl(&["run", "--objective", objective, flag, value]);
         assert!(
@@ -184,6 +190,20 @@ fn views_and_batch_the_objective_cannot_take_are_refused() {
         let e = stderr(&o);
         assert!(e.contains(expect), "{objective} {flag} {value}: {e}");
     }
+    // A last partial batch of one instance would reach the projector's batch norm alone.
+    let o = ssl(&[
+        "run",
+        "--set",
+        "data.train_size=129",
+        "--set",
+        "train.drop_last=false",
+    ]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("the last batch of every epoch would hold 1 instance"),
+        "{e}"
+    );
 }
 
 #[test]
