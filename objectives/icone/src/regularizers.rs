@@ -47,21 +47,40 @@ fn quadrature() -> ([f64; 17], [f64; 17]) {
 }
 
 /// The Epps–Pulley statistic of each column of `x`: `[N, M]` → `[M]`,
-/// `T_m = N Σ_k w_k e^{−t_k²/2} [(mean_n cos(t_k x_nm) − e^{−t_k²/2})² + (mean_n sin(t_k x_nm))²]`.
+/// `T_m = N Σ_k W_k [(C̄_mk − φ_k)² + S̄_mk²]` with `W_k = w_k e^{−t_k²/2}`, `φ_k = e^{−t_k²/2}`,
+/// `C̄_mk = mean_n cos(t_k x_nm)`, `S̄_mk = mean_n sin(t_k x_nm)`.
+///
+/// The gradient is formed in the same pass from the same cosines and sines,
+/// `∂T_m/∂x_nm = 2 Σ_k W_k t_k [S̄_mk cos(t_k x_nm) − (C̄_mk − φ_k) sin(t_k x_nm)]`, and attached
+/// through a linear surrogate per column (first order): autograd through `cos`/`sin` would
+/// evaluate them again in the backward pass over all `N·M·17` points.
 pub fn epps_pulley(x: &Tensor) -> Result<Tensor> {
     let (n, _) = x.dims2()?;
     let (knots, weights) = quadrature();
     let dtype = x.dtype();
     let device = x.device();
-    let t = Tensor::new(&knots, device)?.to_dtype(dtype)?;
-    let target = Tensor::new(&knots.map(|t| (-t * t / 2.0).exp()), device)?.to_dtype(dtype)?;
-    let w = Tensor::new(&weights, device)?.to_dtype(dtype)?;
+    let tensor = |v: [f64; 17]| Tensor::new(&v, device)?.to_dtype(dtype);
+    let t = tensor(knots)?;
+    let target = tensor(knots.map(|t| (-t * t / 2.0).exp()))?;
+    let w = tensor(weights)?;
     // [N, M, 17]
-    let tx = x.unsqueeze(2)?.broadcast_mul(&t.reshape((1, 1, 17))?)?;
-    let real = tx.cos()?.mean(0)?.broadcast_sub(&target)?;
-    let imag = tx.sin()?.mean(0)?;
-    let integrand = (real.sqr()? + imag.sqr()?)?;
-    integrand.broadcast_mul(&w)?.sum(D::Minus1)? * n as f64
+    let tx = x
+        .detach()
+        .unsqueeze(2)?
+        .broadcast_mul(&t.reshape((1, 1, 17))?)?;
+    let (cos, sin) = (tx.cos()?, tx.sin()?);
+    let real = cos.mean(0)?.broadcast_sub(&target)?;
+    let imag = sin.mean(0)?;
+    let value = ((real.sqr()? + imag.sqr()?)?
+        .broadcast_mul(&w)?
+        .sum(D::Minus1)?
+        * n as f64)?;
+    let wt = ((&w * &t)? * 2.0)?;
+    let gradient = (cos.broadcast_mul(&imag.broadcast_mul(&wt)?.unsqueeze(0)?)?
+        - sin.broadcast_mul(&real.broadcast_mul(&wt)?.unsqueeze(0)?)?)?
+    .sum(D::Minus1)?;
+    let linear = (x * gradient)?.sum(0)?;
+    (&linear - linear.detach())? + value
 }
 
 /// `M` directions `a_m ~ N(0, I_d)` scaled to unit length, as the columns of `[d, M]`.
