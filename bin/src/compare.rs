@@ -359,29 +359,7 @@ pub fn run(grid: &Grid, command_line: &str) -> Result<String> {
     Ok(markdown)
 }
 
-/// Every metric a table can show, as (results.json key, column title, scale, decimals).
-const METRICS: [(&str, &str, f64, usize); 8] = [
-    (
-        "probe_balanced_accuracy",
-        "linear probe (bal. acc. %)",
-        100.0,
-        1,
-    ),
-    ("knn_accuracy", "k-NN acc. %", 100.0, 1),
-    ("rankme", "RankMe", 1.0, 1),
-    ("effective_rank", "effective rank", 1.0, 1),
-    ("class_alignment", "class alignment ↓", 1.0, 3),
-    ("uniformity", "uniformity ↓", 1.0, 3),
-    ("silhouette", "silhouette", 1.0, 3),
-    (
-        "minority_balanced_accuracy",
-        "minority classes (probe bal. acc. %)",
-        100.0,
-        1,
-    ),
-];
-
-/// A column of the table.
+/// A column of the table: its `results.json` key, title, display scale and decimals.
 #[derive(Debug, Clone, Copy)]
 struct Metric {
     key: &'static str,
@@ -389,6 +367,58 @@ struct Metric {
     scale: f64,
     decimals: usize,
 }
+
+/// Every metric a table can show.
+const METRICS: [Metric; 8] = [
+    Metric {
+        key: "probe_balanced_accuracy",
+        title: "linear probe (bal. acc. %)",
+        scale: 100.0,
+        decimals: 1,
+    },
+    Metric {
+        key: "knn_accuracy",
+        title: "k-NN acc. %",
+        scale: 100.0,
+        decimals: 1,
+    },
+    Metric {
+        key: "rankme",
+        title: "RankMe",
+        scale: 1.0,
+        decimals: 1,
+    },
+    Metric {
+        key: "effective_rank",
+        title: "effective rank",
+        scale: 1.0,
+        decimals: 1,
+    },
+    Metric {
+        key: "class_alignment",
+        title: "class alignment ↓",
+        scale: 1.0,
+        decimals: 3,
+    },
+    Metric {
+        key: "uniformity",
+        title: "uniformity ↓",
+        scale: 1.0,
+        decimals: 3,
+    },
+    Metric {
+        key: "silhouette",
+        title: "silhouette",
+        scale: 1.0,
+        decimals: 3,
+    },
+    Metric {
+        key: "minority_balanced_accuracy",
+        title: "minority classes (probe bal. acc. %)",
+        scale: 100.0,
+        decimals: 1,
+    },
+];
 
 /// The catalogue entries named by `keys`, in that order; an unknown key is an error that lists
 /// the known ones.
@@ -400,15 +430,10 @@ fn metrics(keys: &[String]) -> Result<Vec<Metric>> {
         .map(|key| {
             METRICS
                 .iter()
-                .find(|m| m.0 == key)
-                .map(|&(key, title, scale, decimals)| Metric {
-                    key,
-                    title,
-                    scale,
-                    decimals,
-                })
+                .find(|m| m.key == key)
+                .copied()
                 .with_context(|| {
-                    let known: Vec<&str> = METRICS.iter().map(|m| m.0).collect();
+                    let known: Vec<&str> = METRICS.iter().map(|m| m.key).collect();
                     format!(
                         "unknown metric `{key}` in the grid (known: {})",
                         known.join(", ")

@@ -86,20 +86,6 @@ pub fn evaluate_features(
         cfg.eval.knn_t,
     )?;
     let standardized = ssl_eval::standardize(&test);
-    let minority_balanced_accuracy = (!minority.is_empty()).then(|| {
-        let recall = |class: u32| {
-            let (hit, all) = probe
-                .predictions
-                .iter()
-                .zip(test_y)
-                .filter(|(_, y)| **y == class)
-                .fold((0usize, 0usize), |(h, a), (p, y)| {
-                    (h + (p == y) as usize, a + 1)
-                });
-            hit as f64 / all.max(1) as f64
-        };
-        minority.iter().map(|&c| recall(c)).sum::<f64>() / minority.len() as f64
-    });
     Ok(Evaluation {
         probe_balanced_accuracy: probe.balanced_accuracy,
         knn_accuracy: knn,
@@ -108,8 +94,23 @@ pub fn evaluate_features(
         class_alignment: ssl_eval::class_conditional_alignment(&test, test_y)?,
         uniformity: ssl_eval::uniformity(&test)?,
         silhouette: ssl_eval::silhouette(&test, test_y)?,
-        minority_balanced_accuracy,
+        minority_balanced_accuracy: minority_balanced_accuracy(
+            test_y,
+            &probe.predictions,
+            minority,
+        ),
     })
+}
+
+/// Balanced accuracy restricted to the test samples of the `minority` classes (the mean recall
+/// over those classes); `None` without minority classes.
+fn minority_balanced_accuracy(y_true: &[u32], y_pred: &[u32], minority: &[u32]) -> Option<f64> {
+    let (y, p): (Vec<u32>, Vec<u32>) = y_true
+        .iter()
+        .zip(y_pred)
+        .filter(|(y, _)| minority.contains(y))
+        .unzip();
+    (!minority.is_empty()).then(|| ssl_eval::balanced_accuracy(&y, &p))
 }
 
 /// The epoch-end monitor: k-NN accuracy of eval-mode features and the online probe's accuracy.
@@ -224,4 +225,18 @@ pub fn table(rows: &[(String, Evaluation)], cfg: &RunConfig) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minority_accuracy_is_the_mean_recall_over_minority_classes() {
+        // Class 1: 1 of 2 right; class 2: 2 of 2; class 0 (majority) is ignored.
+        let y = [0, 0, 1, 1, 2, 2];
+        let p = [1, 1, 1, 0, 2, 2];
+        assert_eq!(minority_balanced_accuracy(&y, &p, &[1, 2]), Some(0.75));
+        assert_eq!(minority_balanced_accuracy(&y, &p, &[]), None);
+    }
 }

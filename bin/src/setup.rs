@@ -43,15 +43,15 @@ pub struct DataSplit {
     pub minority_classes: Vec<u32>,
 }
 
-/// Loads the configured data set, splits it (by `data.split_seed`, else the run seed) and
-/// narrows the training partition to the configured subset.
+/// Loads the configured data set, splits it (by `data.split_seed`, else the run seed; the seed
+/// also draws the synthetic mixture) and narrows the training partition to the configured subset.
 pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
+    let seed = cfg.data.split_seed.unwrap_or(cfg.train.seed);
     let dataset = match cfg.data.name.as_str() {
         "digits" => ssl_data::digits(cfg.data.size)?,
-        "gmm" => ssl_data::gaussian_mixture(cfg.data.split_seed.unwrap_or(cfg.train.seed)),
+        "gmm" => ssl_data::gaussian_mixture(seed),
         other => bail!("unknown data set `{other}`; built in: digits, gmm"),
     };
-    let seed = cfg.data.split_seed.unwrap_or(cfg.train.seed);
     let (mut train, test) =
         ssl_data::stratified_split(&dataset.labels, cfg.data.test_fraction, seed)?;
     if cfg.data.train_size > 0 {

@@ -24,7 +24,7 @@ pub mod diversity;
 pub mod regularizers;
 
 use anyhow::{bail, ensure, Result};
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use candle_nn::Init;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
@@ -170,7 +170,7 @@ impl IconeConfig {
             ensure!(
                 matches!(self.regularizer, Regularizer::Div | Regularizer::None),
                 "the supervised IConE forms take `regularizer: div` or `none`, got `{}`",
-                serde_yaml_name(self.regularizer)
+                serde_yaml::to_string(&self.regularizer)?.trim()
             );
         }
         Ok(())
@@ -236,15 +236,6 @@ impl IconeConfig {
             labels,
             pooling,
         }))
-    }
-}
-
-fn serde_yaml_name(r: Regularizer) -> &'static str {
-    match r {
-        Regularizer::Div => "div",
-        Regularizer::Vc => "vc",
-        Regularizer::Sig => "sig",
-        Regularizer::None => "none",
     }
 }
 
@@ -351,9 +342,10 @@ impl Objective for Icone {
             }
             Regularizer::None => {}
         }
-        let mut loss = terms[0].1.to_dtype(DType::F32)?;
+        let dtype = terms[0].1.dtype();
+        let mut loss = terms[0].1.clone();
         for (_, t) in &terms[1..] {
-            loss = (loss + t.to_dtype(DType::F32)?)?;
+            loss = (loss + t.to_dtype(dtype)?)?;
         }
         Ok(LossOutput { loss, terms })
     }

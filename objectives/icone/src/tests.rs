@@ -1,7 +1,7 @@
 //! Spec §2.1, one test per known answer and invariant, then the objective through the registry.
 
 use super::*;
-use candle_core::{Device, Var};
+use candle_core::{DType, Device, Var};
 use ssl_core::testing::{close, max_gradient_error, scalar};
 use ssl_core::ParamStore;
 

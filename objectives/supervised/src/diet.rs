@@ -121,20 +121,14 @@ register_objective! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{assert_documented, build, config_error, run, run_err};
+    use crate::test_support::{assert_documented, build, config_error, kat_logits, run, run_err};
     use candle_core::{DType, Device};
     use candle_nn::VarMap;
     use ssl_core::testing::{close, max_gradient_error, scalar};
 
-    fn kat() -> candle_core::Result<(Tensor, Tensor)> {
-        let logits = Tensor::new(&[[2f64, 0., 0., 1.], [0., 0., 3., 0.]], &Device::Cpu)?;
-        let targets = Tensor::new(&[0u32, 2], &Device::Cpu)?;
-        Ok((logits, targets))
-    }
-
     #[test]
     fn known_answer_spec_2_23() -> candle_core::Result<()> {
-        let (logits, targets) = kat()?;
+        let (logits, targets) = kat_logits()?;
         close(
             scalar(&diet_loss(&logits, &targets, 0.8)?),
             1.7165090116,
@@ -145,7 +139,7 @@ mod tests {
 
     #[test]
     fn known_answer_in_f32() -> candle_core::Result<()> {
-        let (logits, targets) = kat()?;
+        let (logits, targets) = kat_logits()?;
         let loss = diet_loss(&logits.to_dtype(DType::F32)?, &targets, 0.8)?;
         assert_eq!(loss.dtype(), DType::F32);
         close(scalar(&loss), 1.7165090116, 1e-4);
@@ -165,8 +159,7 @@ mod tests {
 
     #[test]
     fn registered_with_documented_defaults() {
-        assert_documented("diet");
-        let defaults = (ssl_core::find("diet").unwrap().default_config)();
+        let defaults = assert_documented("diet");
         assert_eq!(defaults["label_smoothing"].as_f64(), Some(0.8));
     }
 

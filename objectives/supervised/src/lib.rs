@@ -130,10 +130,18 @@ pub(crate) mod test_support {
         }
     }
 
-    /// `name` is a canonical name and its documented keys are exactly its default config's keys.
-    pub fn assert_documented(name: &str) {
+    /// `name` is a canonical name and its documented keys are exactly its default config's
+    /// keys; returns the defaults.
+    pub fn assert_documented(name: &str) -> serde_yaml::Value {
         assert_eq!(ssl_core::find(name).unwrap().name, name);
-        ssl_core::testing::documented_defaults(name);
+        ssl_core::testing::documented_defaults(name)
+    }
+
+    /// Spec §2.23's logits `[[2,0,0,1],[0,0,3,0]]` with targets `[0, 2]` (f64).
+    pub fn kat_logits() -> candle_core::Result<(Tensor, Tensor)> {
+        let logits = Tensor::new(&[[2f64, 0., 0., 1.], [0., 0., 3., 0.]], &Device::Cpu)?;
+        let targets = Tensor::new(&[0u32, 2], &Device::Cpu)?;
+        Ok((logits, targets))
     }
 
     /// The message of a failed parse of `yaml` as `name`'s configuration.
@@ -148,15 +156,10 @@ pub(crate) mod test_support {
 
 #[cfg(test)]
 mod tests {
+    use super::test_support::kat_logits;
     use super::*;
     use candle_core::Device;
     use ssl_core::testing::{close, max_gradient_error, scalar};
-
-    fn kat_logits() -> candle_core::Result<(Tensor, Tensor)> {
-        let logits = Tensor::new(&[[2f64, 0., 0., 1.], [0., 0., 3., 0.]], &Device::Cpu)?;
-        let targets = Tensor::new(&[0u32, 2], &Device::Cpu)?;
-        Ok((logits, targets))
-    }
 
     /// By hand: row 0 `lse = ln(e² + 2 + e) = 2.4938117091`, `−log p₀ = 0.4938117091`;
     /// row 1 `lse = ln(3 + e³) = 3.1392063142`, `−log p₂ = 0.1392063142`; mean `0.3165090116`.

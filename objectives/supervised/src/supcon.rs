@@ -319,8 +319,7 @@ mod tests {
 
     #[test]
     fn registered_with_documented_defaults() {
-        assert_documented("supcon");
-        let defaults = (ssl_core::find("supcon").unwrap().default_config)();
+        let defaults = assert_documented("supcon");
         assert_eq!(defaults["temperature"].as_f64(), Some(0.07));
         assert_eq!(defaults["base_temperature"].as_f64(), Some(0.07));
         assert_eq!(defaults["form"].as_str(), Some("out"));
