@@ -4,7 +4,9 @@
 //! For every registered objective: the median time of a full step (forward + loss + backward +
 //! AdamW, V = 2), of the loss alone (forward + backward on a `[V, B, D]` projection tensor) and
 //! of the encoder (+ projector) forward and backward alone, with their shares of the step (the
-//! rest is the optimiser and the step's plumbing). Then the FroSSL step at V = 8 against
+//! rest is the optimiser and the step's plumbing). The three are timed in turn, round after
+//! round, and each share is the median of the per-round ratios, so a slow spell of a shared
+//! machine moves numerator and denominator together. Then the FroSSL step at V = 8 against
 //! V = 2 (4× the images). Run with
 //! `cargo bench -p ssl --bench objective_step -- [--reps N] [--batch B] [--objectives a,b] [--ratio frossl,...]`;
 //! `RAYON_NUM_THREADS` sets the threads.
@@ -68,13 +70,12 @@ impl Bench {
             .collect()
     }
 
-    /// Median seconds of the encoder (+ projector, if the objective uses one) forward and
-    /// backward, view by view as in training, without loss or optimiser.
-    fn encoder(&self, cfg: &RunConfig) -> Result<f64> {
+    /// Seconds of the encoder (+ projector, if the objective uses one) forward and backward,
+    /// view by view as in training, without loss or optimiser.
+    fn encoder(&self, cfg: &RunConfig) -> Result<impl FnMut(usize) -> Result<f64> + '_> {
         let (model, _) = self.model(cfg)?;
         let per_view = self.views(cfg.train.views)?;
-        let mut times = Vec::new();
-        for rep in 0..self.reps + 2 {
+        Ok(move |_rep| {
             let t = Instant::now();
             let mut total = Tensor::zeros((), candle_core::DType::F32, &self.device)?;
             for view in &per_view {
@@ -85,23 +86,19 @@ impl Bench {
                 total = (total + out.sum_all()?)?;
             }
             total.backward()?;
-            if rep >= 2 {
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
-        Ok(median(times))
+            Ok(t.elapsed().as_secs_f64())
+        })
     }
 
-    /// Median seconds of a full training step.
-    fn step(&self, cfg: &RunConfig) -> Result<f64> {
+    /// Seconds of a full training step.
+    fn step(&self, cfg: &RunConfig) -> Result<impl FnMut(usize) -> Result<f64> + '_> {
         let (mut model, mut optimizer) = self.model(cfg)?;
         let views = cfg.train.views;
         let positions: Vec<usize> = self.data.train[..self.batch].to_vec();
         let per_view = self.views(views)?;
         let ids: Vec<u32> = (0..self.batch as u32).collect();
         let labels = setup::labels(&self.data.dataset, &positions);
-        let mut times = Vec::new();
-        for rep in 0..self.reps + 2 {
+        Ok(move |rep| {
             let input = StepInput {
                 images: Tensor::cat(&per_view, 0)?,
                 views,
@@ -112,16 +109,13 @@ impl Bench {
             };
             let t = Instant::now();
             trainer::training_step(&mut model, &mut optimizer, &input)?;
-            if rep >= 2 {
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
-        Ok(median(times))
+            Ok(t.elapsed().as_secs_f64())
+        })
     }
 
-    /// Median seconds of the objective's loss + backward on `[V, B, D]` projections (`D` the
+    /// Seconds of the objective's loss + backward on `[V, B, D]` projections (`D` the
     /// backbone width for objectives without a projector).
-    fn loss(&self, cfg: &RunConfig) -> Result<f64> {
+    fn loss(&self, cfg: &RunConfig) -> Result<impl FnMut(usize) -> Result<f64> + '_> {
         let (mut model, _) = self.model(cfg)?;
         let (views, b) = (cfg.train.views, self.batch);
         let d = match model.projector {
@@ -132,8 +126,7 @@ impl Bench {
         let features = Tensor::zeros((views, b, 1), candle_core::DType::F32, &self.device)?;
         let ids = Tensor::arange(0u32, b as u32, &self.device)?;
         let labels = Tensor::zeros(b, candle_core::DType::U32, &self.device)?;
-        let mut times = Vec::new();
-        for rep in 0..self.reps + 2 {
+        Ok(move |rep| {
             let batch = Batch {
                 projections: z.as_tensor(),
                 features: &features,
@@ -148,12 +141,33 @@ impl Bench {
             let t = Instant::now();
             let out = model.objective.loss(&batch)?;
             out.loss.backward()?;
+            Ok(t.elapsed().as_secs_f64())
+        })
+    }
+
+    /// The timers run in turn, `reps` rounds after two warm-up rounds, so that a slow spell of
+    /// the machine hits all of them alike: the seconds of each round, per timer.
+    fn interleaved(
+        &self,
+        timers: &mut [&mut dyn FnMut(usize) -> Result<f64>],
+    ) -> Result<Vec<Vec<f64>>> {
+        let mut rounds = Vec::new();
+        for rep in 0..self.reps + 2 {
+            let round = timers
+                .iter_mut()
+                .map(|t| t(rep))
+                .collect::<Result<Vec<_>>>()?;
             if rep >= 2 {
-                times.push(t.elapsed().as_secs_f64());
+                rounds.push(round);
             }
         }
-        Ok(median(times))
+        Ok(rounds)
     }
+}
+
+/// Median over rounds of `f(round)`.
+fn median_of(rounds: &[Vec<f64>], f: impl Fn(&[f64]) -> f64) -> f64 {
+    median(rounds.iter().map(|r| f(r)).collect())
 }
 
 fn progress(step: usize) -> Progress {
@@ -167,6 +181,7 @@ fn progress(step: usize) -> Progress {
 }
 
 fn main() -> Result<()> {
+    ssl::allocator::keep_freed_memory();
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str| {
         args.iter()
@@ -185,7 +200,7 @@ fn main() -> Result<()> {
         batch,
     };
     println!(
-        "digits CNN, projector 512-512, B = {batch}, median of {reps} after 2 warm-up, {} threads\n",
+        "digits CNN, projector 512-512, B = {batch}, medians of {reps} interleaved rounds after 2 warm-up, {} threads\n",
         rayon::current_num_threads()
     );
     println!(
@@ -201,26 +216,28 @@ fn main() -> Result<()> {
             println!("| {name} | refused: {} | | | | |", refused.root_cause());
             continue;
         }
-        let (step, loss) = (bench.step(&cfg)?, bench.loss(&cfg)?);
-        let encoder = bench.encoder(&cfg)?;
+        let (mut step, mut loss) = (bench.step(&cfg)?, bench.loss(&cfg)?);
+        let mut encoder = bench.encoder(&cfg)?;
+        let rounds = bench.interleaved(&mut [&mut step, &mut loss, &mut encoder])?;
         println!(
             "| {name} | {:.1} | {:.2} | {:.1} % | {:.1} | {:.1} % |",
-            step * 1e3,
-            loss * 1e3,
-            100.0 * loss / step,
-            encoder * 1e3,
-            100.0 * encoder / step
+            median_of(&rounds, |r| r[0]) * 1e3,
+            median_of(&rounds, |r| r[1]) * 1e3,
+            median_of(&rounds, |r| 100.0 * r[1] / r[0]),
+            median_of(&rounds, |r| r[2]) * 1e3,
+            median_of(&rounds, |r| 100.0 * r[2] / r[0]),
         );
     }
     let ratios = flag("--ratio").unwrap_or_else(|| "frossl".to_string());
     for name in ratios.split(',').filter(|n| !n.is_empty()) {
-        let two = bench.step(&config(name, 2, batch)?)?;
-        let eight = bench.step(&config(name, 8, batch)?)?;
+        let mut two = bench.step(&config(name, 2, batch)?)?;
+        let mut eight = bench.step(&config(name, 8, batch)?)?;
+        let rounds = bench.interleaved(&mut [&mut two, &mut eight])?;
         println!(
             "\n{name} full step: V=2 {:.1} ms, V=8 {:.1} ms, ratio V=8/V=2 = {:.2} (4× the images)",
-            two * 1e3,
-            eight * 1e3,
-            eight / two
+            median_of(&rounds, |r| r[0]) * 1e3,
+            median_of(&rounds, |r| r[1]) * 1e3,
+            median_of(&rounds, |r| r[1] / r[0]),
         );
     }
     Ok(())

@@ -149,6 +149,7 @@ impl CompareArgs {
 
 /// Entry point of every `ssl` binary: parses arguments, runs, prints errors like a Rust CLI.
 pub fn main() -> ExitCode {
+    crate::allocator::keep_freed_memory();
     let cli = Cli::parse();
     match execute(cli) {
         Ok(()) => ExitCode::SUCCESS,

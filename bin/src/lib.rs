@@ -4,6 +4,7 @@
 //! checkpoints, resume) → `evaluate` (the final table); `cli` wires them to `ssl`'s subcommands.
 //! The built-in objectives are linked here, so every binary using this crate lists them.
 
+pub mod allocator;
 pub mod checkpoint;
 pub mod cli;
 pub mod compare;
