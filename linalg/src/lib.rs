@@ -3,8 +3,10 @@
 //! matrix's eigenvalues, the nuclear norm, and Cholesky whitening.
 
 pub mod cholesky;
+pub mod gram;
 pub mod logdet;
 pub mod norm;
 pub mod spectral;
 
+pub use gram::{gram, gram_of_columns};
 pub use norm::{l2_norm_keepdim, l2_normalize, logsumexp_rows, normalize_columns, normalize_rows};

@@ -19,7 +19,8 @@ use ssl_core::{
 };
 
 use crate::{
-    check_tau, check_weights, gathered, off_diagonal_logsumexp, pairwise_invariance, VicregTerms,
+    check_tau, check_weights, gathered, gram_off_diagonal_logsumexp, pairwise_invariance,
+    VicregTerms,
 };
 
 /// Every sample (row, last axis) centred by its own mean over the coordinates.
@@ -46,9 +47,7 @@ pub fn sample_variance(z: &Tensor) -> candle_core::Result<Tensor> {
 /// `(1/V) Σ_v c_ctr(Z_v)` for `z`: `[V, B, d]`, B ≥ 2.
 pub fn mean_sample_covariance_ctr(z: &Tensor, tau: f64) -> candle_core::Result<Tensor> {
     let (_, n, _) = z.dims3()?;
-    let centred = centre_samples(z)?;
-    let gram = (centred.matmul(&centred.transpose(1, 2)?)? / (n as f64 - 1.0))?;
-    off_diagonal_logsumexp(&gram, tau)?.mean_all()
+    gram_off_diagonal_logsumexp(&centre_samples(z)?, tau * (n as f64 - 1.0))?.mean_all()
 }
 
 /// `c = (1/N) Σ_i lse_{j≠i}(G_{ij} / τ)`, `G = Z_c Z_cᵀ/(N − 1)`, for one view `z`: `[N, d]`

@@ -14,9 +14,10 @@ use ssl_core::{
     Requirements,
 };
 
+use crate::vicreg::variance_of_centred;
 use crate::{
-    check_tau, check_weights, gathered, mean_variance, off_diagonal_logsumexp, pairwise_invariance,
-    VicregTerms,
+    centred_dimensions, check_tau, check_weights, gathered, gram_off_diagonal_logsumexp,
+    pairwise_invariance, VicregTerms,
 };
 
 /// `(1/V) Σ_v c_exp(Z_v)` for `z`: `[V, B, d]`, B ≥ 2, d ≥ 2 (spec §2.4).
@@ -25,11 +26,13 @@ use crate::{
 /// strided copies of the `d×d` matrices), with the `1/(N − 1)` folded into the temperature so
 /// no pass over the `d×d` matrix is spent on scaling.
 pub fn mean_covariance_exp(z: &Tensor, tau: f64) -> candle_core::Result<Tensor> {
-    let (_, n, _) = z.dims3()?;
-    let dims_major = z.transpose(1, 2)?.contiguous()?;
-    let centred = dims_major.broadcast_sub(&dims_major.mean_keepdim(2)?)?;
-    let unscaled_cov = centred.matmul(&centred.t()?)?;
-    off_diagonal_logsumexp(&unscaled_cov, tau * (n as f64 - 1.0))?.mean_all()
+    covariance_exp_of_centred(&centred_dimensions(z)?, tau)
+}
+
+/// [`mean_covariance_exp`] from [`centred_dimensions`] `c`: `[V, d, B]`.
+fn covariance_exp_of_centred(c: &Tensor, tau: f64) -> candle_core::Result<Tensor> {
+    let n = c.dim(2)? as f64;
+    gram_off_diagonal_logsumexp(c, tau * (n - 1.0))?.mean_all()
 }
 
 /// `c_exp(Z) = (1/d) Σ_i lse_{j≠i}(C(Z)_{ij} / τ)` for one view `z`: `[N, d]` (spec §2.4).
@@ -40,10 +43,11 @@ pub fn covariance_exp(z: &Tensor, tau: f64) -> candle_core::Result<Tensor> {
 /// The unweighted VICReg-exp terms of `z`: `[V, B, d]`, V ≥ 2: pair-mean invariance,
 /// `(1/V) Σ_v v(Z_v)` and `(1/V) Σ_v c_exp(Z_v)`.
 pub fn vicreg_exp_terms(z: &Tensor, tau: f64) -> candle_core::Result<VicregTerms> {
+    let centred = centred_dimensions(z)?;
     Ok(VicregTerms {
         invariance: pairwise_invariance(z)?,
-        variance: mean_variance(z)?,
-        covariance: mean_covariance_exp(z, tau)?,
+        variance: variance_of_centred(&centred)?,
+        covariance: covariance_exp_of_centred(&centred, tau)?,
     })
 }
 

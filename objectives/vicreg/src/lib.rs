@@ -28,7 +28,7 @@ pub use exp::{
     covariance_exp, mean_covariance_exp, vicreg_exp_loss, vicreg_exp_terms, VicregExp,
     VicregExpConfig,
 };
-pub use lse::{off_diagonal_logsumexp, off_diagonal_logsumexp_composed};
+pub use lse::{gram_off_diagonal_logsumexp, off_diagonal_logsumexp};
 pub use vicreg::{
     covariance, invariance, mean_covariance, mean_variance, variance, vicreg_loss, vicreg_terms,
     Vicreg, VicregConfig,
@@ -71,8 +71,29 @@ pub fn pairwise_invariance(z: &Tensor) -> candle_core::Result<Tensor> {
     if v < 2 {
         candle_core::bail!("the invariance term needs at least 2 views, got {v}");
     }
-    let deviation = z.broadcast_sub(&z.mean_keepdim(0)?)?;
-    deviation.sqr()?.sum_all()? * (2.0 / ((v - 1) * b * d) as f64)
+    // View by view: a broadcast over the view axis would make the backward reduce over it,
+    // strided and single-threaded.
+    let views = (0..v)
+        .map(|view| z.get(view))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let mut view_sum = views[0].clone();
+    for view in &views[1..] {
+        view_sum = (view_sum + view)?;
+    }
+    let mean = (view_sum / v as f64)?;
+    let mut squares = (&views[0] - &mean)?.sqr()?.sum_all()?;
+    for view in &views[1..] {
+        squares = (squares + (view - &mean)?.sqr()?.sum_all()?)?;
+    }
+    squares * (2.0 / ((v - 1) * b * d) as f64)
+}
+
+/// Each view of `z`: `[V, B, d]` centred over the batch, dimension-major: `[V, d, B]`,
+/// contiguous, so every per-dimension statistic reduces over the last axis (Candle's reductions
+/// over a middle axis are strided and single-threaded: they were most of VICReg's loss time).
+pub(crate) fn centred_dimensions(z: &Tensor) -> candle_core::Result<Tensor> {
+    let dimensions = z.transpose(1, 2)?.contiguous()?;
+    dimensions.broadcast_sub(&dimensions.mean_keepdim(2)?)
 }
 
 /// Gathers the projections over workers and checks the shape the family needs.

@@ -10,7 +10,9 @@ use ssl_core::{
     Requirements,
 };
 
-use crate::{check_weights, pairwise_invariance, VicregTerms};
+use ssl_linalg::{gram, gram_of_columns};
+
+use crate::{centred_dimensions, check_weights, pairwise_invariance, VicregTerms};
 
 /// `mse(a, b)`: mean over all elements of `(a − b)²`. `a, b`: `[N, d]`.
 pub fn invariance(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
@@ -38,26 +40,33 @@ pub fn covariance(z: &Tensor) -> candle_core::Result<Tensor> {
 
 /// `(1/V) Σ_v v(Z_v)` ([`variance`] of every view at once). `z`: `[V, B, d]`, B ≥ 2.
 pub fn mean_variance(z: &Tensor) -> candle_core::Result<Tensor> {
-    let (_, n, _) = z.dims3()?;
-    let centred = z.broadcast_sub(&z.mean_keepdim(1)?)?;
-    let var = (centred.sqr()?.sum(1)? / (n as f64 - 1.0))?;
+    variance_of_centred(&centred_dimensions(z)?)
+}
+
+/// [`mean_variance`] from [`centred_dimensions`] `c`: `[V, d, B]`.
+pub(crate) fn variance_of_centred(c: &Tensor) -> candle_core::Result<Tensor> {
+    let n = c.dim(2)? as f64;
+    let var = (c.sqr()?.sum(2)? / (n - 1.0))?;
     (1.0 - (var + 1e-4)?.sqrt()?)?.relu()?.mean_all()
 }
 
 /// `(1/V) Σ_v c(Z_v)` ([`covariance`] of every view at once). `z`: `[V, B, d]`, B ≥ 2.
+pub fn mean_covariance(z: &Tensor) -> candle_core::Result<Tensor> {
+    covariance_of_centred(&centred_dimensions(z)?)
+}
+
+/// [`mean_covariance`] from [`centred_dimensions`] `c`: `[V, d, B]`.
 ///
 /// `‖C‖_F² = ‖Z_cᵀZ_c‖_F²/(B−1)² = ‖Z_cZ_cᵀ‖_F²/(B−1)²`, so the squared sum is taken from the
 /// smaller of the `d×d` covariance and the `B×B` Gram of the centred rows.
-pub fn mean_covariance(z: &Tensor) -> candle_core::Result<Tensor> {
-    let (v, n, d) = z.dims3()?;
-    let centred = z.broadcast_sub(&z.mean_keepdim(1)?)?;
-    let transposed = centred.transpose(1, 2)?.contiguous()?;
+pub(crate) fn covariance_of_centred(c: &Tensor) -> candle_core::Result<Tensor> {
+    let (v, d, n) = c.dims3()?;
     let gram = match n < d {
-        true => centred.matmul(&transposed)?,
-        false => transposed.matmul(&centred)?,
+        true => gram_of_columns(c)?,
+        false => gram(c)?,
     };
     let scale = (n as f64 - 1.0).powi(2);
-    let diagonal = centred.sqr()?.sum(1)?;
+    let diagonal = c.sqr()?.sum(2)?;
     let off_diagonal = ((gram.sqr()?.sum_all()? - diagonal.sqr()?.sum_all()?)? / scale)?;
     off_diagonal / (v * d) as f64
 }
@@ -65,10 +74,11 @@ pub fn mean_covariance(z: &Tensor) -> candle_core::Result<Tensor> {
 /// The unweighted VICReg terms of `z`: `[V, B, d]`, V ≥ 2: pair-mean invariance,
 /// `(1/V) Σ_v v(Z_v)` and `(2/V) Σ_v c(Z_v)`.
 pub fn vicreg_terms(z: &Tensor) -> candle_core::Result<VicregTerms> {
+    let centred = centred_dimensions(z)?;
     Ok(VicregTerms {
         invariance: pairwise_invariance(z)?,
-        variance: mean_variance(z)?,
-        covariance: (mean_covariance(z)? * 2.0)?,
+        variance: variance_of_centred(&centred)?,
+        covariance: (covariance_of_centred(&centred)? * 2.0)?,
     })
 }
 
