@@ -1,28 +1,47 @@
 //! Evaluation of frozen features (`ssl-eval`).
 //!
-//! Implements the metrics of `spec/metrics.md`: the offline linear probe (§1), the weighted k-NN
-//! classifier (§3), RankMe (§4), the effective rank (§5) and alignment / uniformity (§7), plus
-//! the per-dimension standardisation of §0. All computations are done in `f64` (except the k-NN
-//! similarity matrix product, which is `f32`), inputs are row-major `f32` feature matrices
+//! Implements the metrics of `spec/metrics.md`:
+//!
+//! * the offline linear probe (§1), with optional selection of `C` on a validation split;
+//! * the weighted k-NN classifier (§3), single setting or a whole `k × T` sweep;
+//! * RankMe (§4) and the effective rank (§5);
+//! * LiDAR, the linear-discriminant rank (§6);
+//! * alignment / uniformity (§7) and the silhouette of the true classes (§13);
+//! * linear CKA (§8);
+//! * covariance eigenvalue trajectories (§12);
+//! * a 2-D PCA projection for embedding plots;
+//!
+//! plus the per-dimension standardisation of §0. All computations are done in `f64` (except the
+//! k-NN similarity matrix product, which is `f32`), inputs are row-major `f32` feature matrices
 //! ([`Features`]).
 
+pub mod cka;
 pub mod features;
 pub mod geometry;
 pub mod knn;
+pub mod lidar;
 pub mod linear_probe;
+pub mod pca;
 pub mod spectrum;
+#[cfg(test)]
+mod test_util;
 
+pub use cka::linear_cka;
 pub use features::Features;
 pub use geometry::{
     alignment, alignment_alpha, class_conditional_alignment, silhouette, uniformity, uniformity_t,
     ALIGNMENT_ALPHA, UNIFORMITY_T,
 };
 pub use knn::{
-    knn_accuracy, knn_predict, knn_scores, knn_topk_accuracy, DEFAULT_KNN_K, DEFAULT_KNN_T,
+    knn_accuracy, knn_predict, knn_scores, knn_sweep, knn_topk_accuracy, KnnCell, KnnSweep,
+    DEFAULT_KNN_K, DEFAULT_KNN_T, SWEEP_KS, SWEEP_TEMPERATURES,
 };
+pub use lidar::{lidar, LidarConfig};
 pub use linear_probe::{
-    balanced_accuracy, fit_logistic, linear_probe, LinearProbeConfig, LogisticModel, ProbeResult,
+    balanced_accuracy, fit_logistic, linear_probe, select_c, CSelection, LinearProbeConfig,
+    LogisticModel, ProbeResult, DEFAULT_C_GRID,
 };
+pub use pca::pca_2d;
 pub use spectrum::{
     covariance_spectrum, effective_rank, rankme, singular_values, standardize, CovarianceSpectrum,
     RANKME_EPS,

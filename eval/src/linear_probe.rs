@@ -7,11 +7,16 @@
 //!   + ‖w‖²/(2Cn)`); the larger class label is the positive class.
 //!
 //! Class labels are arbitrary `u32`s; the model works on the sorted distinct training labels.
+//!
+//! [`select_c`] chooses `C` from a grid ([`DEFAULT_C_GRID`]) by balanced accuracy on a
+//! stratified validation split of the training features (the spec's protocol fixes `C = 1`;
+//! this is the tuned variant).
 
 use std::collections::{BTreeMap, VecDeque};
 
 use anyhow::{bail, ensure, Result};
 use nalgebra::{DMatrix, DVector};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::Features;
@@ -304,6 +309,147 @@ pub fn linear_probe(
     })
 }
 
+/// Default grid of inverse regularisation strengths for [`select_c`].
+pub const DEFAULT_C_GRID: [f64; 6] = [1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0];
+
+/// Result of [`select_c`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CSelection {
+    /// The chosen `C`: the highest validation balanced accuracy; ties go to the smaller `C`
+    /// (stronger regularisation).
+    pub c: f64,
+    /// `(C, validation balanced accuracy)` for every grid value, in grid order.
+    pub scores: Vec<(f64, f64)>,
+    /// Number of samples the models were fitted on.
+    pub n_subtrain: usize,
+    /// Number of validation samples.
+    pub n_validation: usize,
+}
+
+/// Chooses the L2 strength `C` of the §1 probe on a validation split of the training set.
+///
+/// `train`: `n × d` features with labels `train_y` (`n`). The samples are split stratified by
+/// class, deterministically from `seed`: a class with `n_c ≥ 2` samples sends
+/// `round(validation_fraction · n_c)`, clamped to `[1, n_c − 1]`, randomly chosen samples to
+/// validation, so every class keeps at least one training sample; **a class with a single sample
+/// stays entirely in the sub-train part** (it is fitted but not scored). For every `C` in `grid`
+/// (e.g. [`DEFAULT_C_GRID`]) [`fit_logistic`] is run on the sub-train part (standardised with its
+/// own statistics; `max_iter` and `tol` from [`LinearProbeConfig::default`]), and the balanced
+/// accuracy is measured on the validation part. Fits run in parallel over the grid.
+///
+/// The caller then refits on the full training set with the chosen `C`:
+/// `linear_probe(train, train_y, test, test_y, &LinearProbeConfig { c: sel.c, ..Default::default() })`.
+pub fn select_c(
+    train: &Features,
+    train_y: &[u32],
+    grid: &[f64],
+    validation_fraction: f64,
+    seed: u64,
+) -> Result<CSelection> {
+    ensure!(train.n > 0, "C selection: empty training set");
+    ensure!(train.d > 0, "C selection: zero-dimensional features");
+    ensure!(
+        train_y.len() == train.n,
+        "C selection: {} training labels for {} training samples",
+        train_y.len(),
+        train.n
+    );
+    ensure!(!grid.is_empty(), "C selection: empty grid");
+    ensure!(
+        grid.iter().all(|c| c.is_finite() && *c > 0.0),
+        "C selection: every C must be positive and finite (got {grid:?})"
+    );
+    ensure!(
+        validation_fraction > 0.0 && validation_fraction < 1.0,
+        "C selection: validation_fraction must lie in (0, 1) (got {validation_fraction})"
+    );
+    let (sub_idx, val_idx) = stratified_split(train_y, validation_fraction, seed)?;
+    let sub = select_rows(train, &sub_idx);
+    let sub_y: Vec<u32> = sub_idx.iter().map(|&i| train_y[i]).collect();
+    let val = select_rows(train, &val_idx);
+    let val_y: Vec<u32> = val_idx.iter().map(|&i| train_y[i]).collect();
+    let accuracies: Vec<f64> = grid
+        .par_iter()
+        .map(|&c| {
+            let cfg = LinearProbeConfig {
+                c,
+                ..Default::default()
+            };
+            let model = fit_logistic(&sub, &sub_y, &cfg)?;
+            Ok(balanced_accuracy(&val_y, &model.predict(&val)?))
+        })
+        .collect::<Result<_>>()?;
+    let scores: Vec<(f64, f64)> = grid.iter().copied().zip(accuracies).collect();
+    let mut best = scores[0];
+    for &(c, acc) in &scores[1..] {
+        if acc > best.1 || (acc == best.1 && c < best.0) {
+            best = (c, acc);
+        }
+    }
+    Ok(CSelection {
+        c: best.0,
+        scores,
+        n_subtrain: sub_idx.len(),
+        n_validation: val_idx.len(),
+    })
+}
+
+/// Stratified split of sample indices into (sub-train, validation), both ascending; see
+/// [`select_c`] for the per-class counts. Classes are visited in ascending label order and each
+/// is shuffled (Fisher–Yates) with one SplitMix64 stream seeded by `seed`.
+fn stratified_split(labels: &[u32], fraction: f64, seed: u64) -> Result<(Vec<usize>, Vec<usize>)> {
+    let mut by_class: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (i, &y) in labels.iter().enumerate() {
+        by_class.entry(y).or_default().push(i);
+    }
+    ensure!(
+        by_class.len() >= 2,
+        "C selection: the training labels contain a single class; need at least 2"
+    );
+    let mut state = seed;
+    let mut next = move || {
+        // SplitMix64.
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut in_validation = vec![false; labels.len()];
+    for idx in by_class.values_mut() {
+        let n_c = idx.len();
+        if n_c < 2 {
+            continue;
+        }
+        for i in (1..n_c).rev() {
+            let j = ((u128::from(next()) * (i as u128 + 1)) >> 64) as usize;
+            idx.swap(i, j);
+        }
+        let n_val = ((fraction * n_c as f64).round() as usize).clamp(1, n_c - 1);
+        for &i in &idx[..n_val] {
+            in_validation[i] = true;
+        }
+    }
+    let (val, sub): (Vec<usize>, Vec<usize>) = (0..labels.len()).partition(|&i| in_validation[i]);
+    ensure!(
+        !val.is_empty(),
+        "C selection: no class has at least 2 samples, so nothing can be held out for validation"
+    );
+    Ok((sub, val))
+}
+
+fn select_rows(x: &Features, idx: &[usize]) -> Features {
+    let mut data = Vec::with_capacity(idx.len() * x.d);
+    for &i in idx {
+        data.extend_from_slice(x.row(i));
+    }
+    Features {
+        data,
+        n: idx.len(),
+        d: x.d,
+    }
+}
+
 /// Balanced accuracy: mean over the classes present in `y_true` of the per-class recall.
 ///
 /// Returns `NaN` for empty input. Panics if the two slices differ in length.
@@ -519,6 +665,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::Rng;
 
     const TRAIN: [[f32; 3]; 9] = [
         [0., 1., 2.],
@@ -651,6 +798,145 @@ mod tests {
         assert!(linear_probe(&train, &y, &empty, &[], &cfg).is_err());
         let bad = LinearProbeConfig { c: 0.0, ..cfg };
         assert!(linear_probe(&train, &y, &test, &[0; 4], &bad).is_err());
+    }
+
+    /// Three classes whose means differ by ~1 per dimension, hidden under a 3-dimensional
+    /// nuisance factor of standard deviation 5 shared by all 20 dimensions. Heavy regularisation
+    /// shrinks the probe towards the (nuisance-dominated) class-mean directions; a weakly
+    /// regularised probe projects the nuisance out.
+    fn nuisance_problem(n_per_class: usize, seed: u64) -> (Features, Vec<u32>) {
+        let (d, k, m) = (20, 3, 3);
+        let mut rng = Rng::new(seed);
+        let means = rng.features(k, d);
+        let loadings = rng.features(m, d);
+        let mut data = Vec::with_capacity(n_per_class * k * d);
+        let mut labels = Vec::with_capacity(n_per_class * k);
+        for i in 0..n_per_class * k {
+            let y = i % k;
+            let u: Vec<f64> = (0..m).map(|_| 5.0 * rng.normal()).collect();
+            for j in 0..d {
+                let nuisance: f64 = (0..m).map(|a| u[a] * f64::from(loadings.row(a)[j])).sum();
+                let v = f64::from(means.row(y)[j]) + nuisance + 0.3 * rng.normal();
+                data.push(v as f32);
+            }
+            labels.push(y as u32);
+        }
+        (Features::new(data, n_per_class * k, d).unwrap(), labels)
+    }
+
+    #[test]
+    fn select_c_avoids_harmful_regularisation() {
+        let (all, all_y) = nuisance_problem(90, 17);
+        let (x, y) = (
+            select_rows(&all, &(0..180).collect::<Vec<_>>()),
+            &all_y[..180],
+        );
+        let (test, test_y) = (
+            select_rows(&all, &(180..270).collect::<Vec<_>>()),
+            &all_y[180..],
+        );
+        let sel = select_c(&x, y, &DEFAULT_C_GRID, 0.25, 1).unwrap();
+        eprintln!("C selection: {sel:?}");
+        assert_eq!(sel.scores.len(), DEFAULT_C_GRID.len());
+        assert_eq!((sel.n_subtrain, sel.n_validation), (135, 45));
+        for (&(c, acc), &g) in sel.scores.iter().zip(&DEFAULT_C_GRID) {
+            assert_eq!(c, g);
+            assert!((0.0..=1.0).contains(&acc));
+        }
+        assert!(sel.c > DEFAULT_C_GRID[0], "chose the smallest C: {sel:?}");
+        let best = sel.scores.iter().find(|s| s.0 == sel.c).unwrap().1;
+        assert!(best >= sel.scores[0].1 + 0.1, "{sel:?}");
+        // The chosen C is the first (smallest) one reaching the maximum.
+        let max = sel.scores.iter().map(|s| s.1).fold(0.0, f64::max);
+        assert_eq!(best, max);
+        assert!(sel.scores.iter().all(|s| s.1 < max || s.0 >= sel.c));
+        // Determinism for a fixed seed.
+        assert_eq!(select_c(&x, y, &DEFAULT_C_GRID, 0.25, 1).unwrap(), sel);
+        // Refit on the full training set with the chosen C.
+        let cfg = LinearProbeConfig {
+            c: sel.c,
+            ..Default::default()
+        };
+        let res = linear_probe(&x, y, &test, test_y, &cfg).unwrap();
+        assert!(res.balanced_accuracy > 0.9, "{res:?}");
+    }
+
+    #[test]
+    fn select_c_ties_go_to_the_smaller_c() {
+        // Trivially separable: every C scores 1 on validation, so the smallest C wins whatever
+        // the grid order.
+        let x = Features::from_rows(&[
+            [0.0f32, 0.1],
+            [0.1, 0.0],
+            [0.0, 0.0],
+            [0.1, 0.1],
+            [10.0, 10.1],
+            [10.1, 10.0],
+            [10.0, 10.0],
+            [10.1, 10.1],
+        ])
+        .unwrap();
+        let y = [0, 0, 0, 0, 1, 1, 1, 1];
+        let sel = select_c(&x, &y, &[10.0, 0.5, 1.0], 0.5, 3).unwrap();
+        assert!(sel.scores.iter().all(|s| s.1 == 1.0), "{sel:?}");
+        assert_eq!(sel.c, 0.5);
+    }
+
+    #[test]
+    fn stratified_split_is_deterministic_and_keeps_every_class() {
+        let labels: Vec<u32> = (0..103u32).map(|i| i % 4).chain([7]).collect();
+        let (sub, val) = stratified_split(&labels, 0.2, 42).unwrap();
+        assert_eq!(
+            stratified_split(&labels, 0.2, 42).unwrap(),
+            (sub.clone(), val.clone())
+        );
+        assert_ne!(stratified_split(&labels, 0.2, 43).unwrap().1, val);
+        let mut all: Vec<usize> = sub.iter().chain(&val).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..labels.len()).collect::<Vec<_>>());
+        for c in 0..4u32 {
+            let n_c = labels.iter().filter(|&&y| y == c).count();
+            let n_val = val.iter().filter(|&&i| labels[i] == c).count();
+            assert_eq!(
+                n_val,
+                ((0.2 * n_c as f64).round() as usize).clamp(1, n_c - 1)
+            );
+        }
+        // The singleton class 7 stays in the sub-train part.
+        assert!(sub.contains(&103) && !val.contains(&103));
+        // Small classes still send one sample to validation and keep one.
+        let (sub, val) = stratified_split(&[0, 0, 1, 1, 1], 0.01, 0).unwrap();
+        assert_eq!((sub.len(), val.len()), (3, 2));
+        let (sub, val) = stratified_split(&[0, 0, 1, 1], 0.99, 0).unwrap();
+        assert_eq!((sub.len(), val.len()), (2, 2));
+    }
+
+    #[test]
+    fn select_c_with_a_singleton_class_and_errors() {
+        let mut rows = TRAIN.to_vec();
+        rows.push([3.0, 0.0, 3.0]);
+        let x = Features::from_rows(&rows).unwrap();
+        let y = [0, 0, 1, 2, 1, 2, 0, 0, 1, 3];
+        let sel = select_c(&x, &y, &DEFAULT_C_GRID, 0.3, 0).unwrap();
+        assert_eq!((sel.n_subtrain, sel.n_validation), (7, 3));
+        assert!(DEFAULT_C_GRID.contains(&sel.c));
+
+        let train = Features::from_rows(&TRAIN).unwrap();
+        let y = [0, 0, 1, 2, 1, 2, 0, 0, 1];
+        assert!(select_c(&train, &y, &[], 0.3, 0).is_err());
+        assert!(select_c(&train, &y, &[1.0, 0.0], 0.3, 0).is_err());
+        assert!(select_c(&train, &y, &[f64::INFINITY], 0.3, 0).is_err());
+        for bad in [0.0, 1.0, -0.5, f64::NAN] {
+            assert!(select_c(&train, &y, &[1.0], bad, 0).is_err());
+        }
+        assert!(select_c(&train, &y[..8], &[1.0], 0.3, 0).is_err());
+        assert!(select_c(&train, &[5; 9], &[1.0], 0.3, 0).is_err());
+        // Every class a singleton: nothing to validate on.
+        let three = Features::from_rows(&TRAIN[..3]).unwrap();
+        let err = select_c(&three, &[0, 1, 2], &[1.0], 0.3, 0).unwrap_err();
+        assert!(err.to_string().contains("validation"), "{err}");
+        let empty = Features::new(vec![], 0, 3).unwrap();
+        assert!(select_c(&empty, &[], &[1.0], 0.3, 0).is_err());
     }
 
     #[test]
