@@ -1,4 +1,5 @@
-//! The `ssl` command line: `run`, `compare`, `list`, `describe`, `eval`.
+//! The `ssl` command line: `run`, `compare`, `list`, `describe`, `eval`, `export`, `push`,
+//! `pull`.
 //!
 //! [`main`] is the whole binary, so a crate that links extra objectives gets the full CLI from a
 //! three-line `main.rs`.
@@ -11,7 +12,7 @@ use clap::{Parser, Subcommand};
 
 use crate::compare::{self, Grid};
 use crate::config::{apply_set, RunConfig, TrainConfig};
-use crate::{evaluate, setup, trainer};
+use crate::{evaluate, trainer};
 
 /// Self-supervised pretraining of image encoders with Candle.
 #[derive(Parser, Debug)]
@@ -36,11 +37,97 @@ pub enum Command {
         /// Objective name or alias.
         name: String,
     },
-    /// Evaluate a finished run (or its checkpoint file) on its held-out split.
-    Eval {
-        /// Run directory, or a `model.safetensors` inside one.
-        path: PathBuf,
+    /// Evaluate frozen checkpoints on their runs' held-out split: linear probe, k-NN sweep,
+    /// RankMe, effective rank, LiDAR, alignment, uniformity, silhouette, CKA between checkpoints.
+    Eval(EvalArgs),
+    /// Write the encoder alone (PyTorch state-dict keys, no projector, objective or optimiser
+    /// state) as safetensors.
+    Export {
+        /// Run directory.
+        run: PathBuf,
+        /// Output file (default: RUN/export/model.safetensors).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
+    /// Publish a run to the Hugging Face Hub: the exported encoder, its config, evaluation and
+    /// a model card (token from HF_TOKEN or `hf auth login`).
+    Push(PushArgs),
+    /// Download a pushed model into the Hugging Face cache (then `ssl eval hf://user/name`).
+    Pull {
+        /// Model repository, `user/name` or `hf://user/name[@revision]`.
+        repo: String,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// Run directory, a `model.safetensors` inside one, a pulled or staged repository directory
+    /// (config.yaml + model.safetensors), or `hf://user/name[@revision]`.
+    pub path: PathBuf,
+    /// More checkpoints to put side by side (same forms as PATH).
+    #[arg(long, num_args = 1..)]
+    pub compare: Vec<PathBuf>,
+    /// Metrics, comma-separated: probe, knn, rankme, effective-rank, lidar, alignment,
+    /// uniformity, silhouette, cka (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub metrics: Vec<String>,
+    /// Fixed-C linear probe (metrics.md §1 uses C = 1) instead of choosing C on a validation
+    /// split of the training features.
+    #[arg(long)]
+    pub probe_c: Option<f64>,
+    /// LiDAR: training images used as surrogate classes.
+    #[arg(long, default_value_t = 1000)]
+    pub lidar_samples: usize,
+    /// LiDAR: augmented views per image.
+    #[arg(long, default_value_t = 50)]
+    pub lidar_views: usize,
+    /// Where eval.json, knn.csv and pca.png go (default: RUN/eval for a run directory, else
+    /// ./ssl-eval).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Where the Hub is and which revision to use.
+#[derive(clap::Args, Debug, Clone)]
+pub struct HubArgs {
+    /// Hub endpoint (default: HF_ENDPOINT, else https://huggingface.co).
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    /// Branch or commit.
+    #[arg(long, default_value = "main")]
+    pub revision: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PushArgs {
+    /// Run directory.
+    pub run: PathBuf,
+    /// Model repository to create or update, `user/name`.
+    #[arg(long)]
+    pub repo: String,
+    /// Create the repository as private.
+    #[arg(long)]
+    pub private: bool,
+    /// Add a commit to a repository that already holds a model.
+    #[arg(long)]
+    pub update: bool,
+    /// Write the repository's files to RUN/hub/ without uploading them.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub hub: HubArgs,
+}
+
+impl HubArgs {
+    fn options(&self) -> crate::hub::HubOptions {
+        crate::hub::HubOptions {
+            endpoint: self.endpoint.clone(),
+            revision: self.revision.clone(),
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(clap::Args, Debug, Default)]
@@ -229,25 +316,65 @@ pub fn execute(cli: Cli) -> Result<()> {
             println!("\n{req}");
             Ok(())
         }
-        Command::Eval { path } => {
-            let dir = run_dir(&path)?;
-            let cfg_path = dir.join("config.yaml");
-            let cfg = RunConfig::from_yaml_value(RunConfig::from_file(&cfg_path)?)
-                .with_context(|| format!("{} is not a valid run config", cfg_path.display()))?;
-            set_threads(cfg.train.threads);
-            let device = setup::device(&cfg.train.device)?;
-            let data = setup::data(&cfg)?;
-            let model = trainer::build_model(&cfg, &data, &device)?;
-            let weights = if path.is_file() {
-                path.clone()
-            } else {
-                dir.join("checkpoint").join(crate::checkpoint::MODEL)
+        Command::Eval(args) => {
+            let mut sources = Vec::new();
+            for path in std::iter::once(&args.path).chain(&args.compare) {
+                sources.push(eval_source(path)?);
+            }
+            let default = crate::offline::SuiteConfig::default();
+            let suite = crate::offline::SuiteConfig {
+                metrics: match args.metrics.is_empty() {
+                    true => default.metrics,
+                    false => args.metrics.clone(),
+                },
+                probe_c: args.probe_c,
+                lidar_samples: args.lidar_samples,
+                lidar_views: args.lidar_views,
             };
-            model
-                .store
-                .load(&crate::checkpoint::load_tensors(&weights)?)?;
-            let rows = evaluate::with_baselines(&cfg, &data, &model, &device)?;
-            println!("{}", evaluate::table(&rows, &cfg));
+            set_threads(sources[0].cfg.train.threads);
+            let out = args.out.clone().unwrap_or_else(|| {
+                let dir = sources[0].weights.parent().and_then(Path::parent);
+                match dir
+                    .filter(|d| d.join("config.yaml").exists() && d.join("checkpoint").exists())
+                {
+                    Some(run) => run.join("eval"),
+                    None => PathBuf::from("ssl-eval"),
+                }
+            });
+            let report = crate::offline::evaluate(&sources, &suite, &out)?;
+            println!("{}", crate::offline::table(&report));
+            println!("\neval.json, knn.csv and pca.png in {}", out.display());
+            Ok(())
+        }
+        Command::Export { run, out } => {
+            let out = out.unwrap_or_else(|| run.join("export").join(crate::export::EXPORTED));
+            let exported = crate::export::export_encoder(&run, &out)?;
+            println!(
+                "wrote {} ({} tensors of the {} encoder)",
+                exported.path.display(),
+                exported.keys.len(),
+                exported.metadata["architecture"]
+            );
+            Ok(())
+        }
+        Command::Push(args) if args.dry_run => {
+            let dir = crate::publish::stage(&args.run, &args.repo)?;
+            println!("staged {} for {} (not uploaded)", dir.display(), args.repo);
+            Ok(())
+        }
+        Command::Push(args) => {
+            let opts = crate::hub::HubOptions {
+                private: args.private,
+                update: args.update,
+                ..args.hub.options()
+            };
+            let commit = crate::publish::push(&args.run, &args.repo, &opts)?;
+            println!("pushed {} to {} ({commit})", args.run.display(), args.repo);
+            Ok(())
+        }
+        Command::Pull { repo, hub } => {
+            let dir = pull_repo(&repo, &hub)?;
+            println!("{}", dir.display());
             Ok(())
         }
     }
@@ -290,6 +417,52 @@ fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
     ))
 }
 
+/// `user/name` or `hf://user/name[@revision]` (the suffix overrides `--revision`) pulled into
+/// the Hugging Face cache.
+fn pull_repo(repo: &str, hub: &HubArgs) -> Result<PathBuf> {
+    let mut opts = hub.options();
+    let repo = match crate::hub::parse_hf_path(repo) {
+        Some((repo, revision)) => {
+            opts.revision = revision.unwrap_or(opts.revision);
+            repo
+        }
+        None => repo.to_string(),
+    };
+    crate::publish::pull(&repo, &opts)
+}
+
+/// The checkpoint `ssl eval` reads from `path`: a run directory (its checkpoint), a checkpoint
+/// file inside one, a directory holding `config.yaml` and an exported `model.safetensors` (a
+/// pulled or staged repository), or `hf://user/name[@revision]`.
+fn eval_source(path: &Path) -> Result<crate::offline::Source> {
+    let text = path.to_string_lossy();
+    if text.starts_with("hf://") {
+        let hub = HubArgs {
+            endpoint: None,
+            revision: "main".into(),
+        };
+        let mut source = eval_source(&pull_repo(&text, &hub)?)?;
+        source.label = format!("{} ({text})", source.cfg.objective.name);
+        return Ok(source);
+    }
+    let dir = run_dir(path)?;
+    let cfg = RunConfig::load_run(&dir)?;
+    let weights = match (path.is_file(), dir.join(crate::export::EXPORTED)) {
+        (true, _) => path.to_path_buf(),
+        (false, exported) if exported.exists() => exported,
+        (false, _) => dir.join("checkpoint").join(crate::checkpoint::MODEL),
+    };
+    let name = dir
+        .file_name()
+        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    Ok(crate::offline::Source {
+        label: format!("{} ({name})", cfg.objective.name),
+        online_probe: crate::offline::online_probe_accuracy(&dir),
+        cfg,
+        weights,
+    })
+}
+
 fn run_dir(path: &Path) -> Result<PathBuf> {
     if !path.exists() {
         bail!(
@@ -298,12 +471,12 @@ fn run_dir(path: &Path) -> Result<PathBuf> {
         );
     }
     if path.is_file() {
-        // RUN/checkpoint/model.safetensors → RUN
-        let parent = path
-            .parent()
-            .and_then(Path::parent)
-            .unwrap_or(Path::new("."));
-        return Ok(parent.to_path_buf());
+        // REPO/model.safetensors → REPO; RUN/checkpoint/model.safetensors → RUN
+        let parent = path.parent().unwrap_or(Path::new("."));
+        if parent.join("config.yaml").exists() {
+            return Ok(parent.to_path_buf());
+        }
+        return Ok(parent.parent().unwrap_or(Path::new(".")).to_path_buf());
     }
     Ok(path.to_path_buf())
 }

@@ -254,6 +254,18 @@ impl RunConfig {
         Ok(config)
     }
 
+    /// The resolved configuration a run recorded in `dir/config.yaml`.
+    pub fn load_run(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.yaml");
+        anyhow::ensure!(
+            path.exists(),
+            "{} has no config.yaml; give a run directory written by `ssl run` (e.g. runs/latest)",
+            dir.display()
+        );
+        Self::from_yaml_value(Self::from_file(&path)?)
+            .with_context(|| format!("{} is not a valid run config", path.display()))
+    }
+
     /// Reads a recipe file.
     pub fn from_file(path: &Path) -> Result<serde_yaml::Value> {
         let text = std::fs::read_to_string(path)

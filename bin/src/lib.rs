@@ -5,15 +5,20 @@
 //! The built-in objectives are linked here, so every binary using this crate lists them.
 
 pub mod allocator;
+pub mod card;
 pub mod checkpoint;
 pub mod cli;
 pub mod compare;
 pub mod config;
 pub mod diagnostics;
 pub mod evaluate;
+pub mod export;
+pub mod hub;
+pub mod offline;
 pub mod optim;
 pub mod plot;
 pub mod progress;
+pub mod publish;
 pub mod setup;
 pub mod trainer;
 

@@ -196,7 +196,8 @@ pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
     })
 }
 
-fn augmentation(cfg: &RunConfig) -> Arc<dyn ViewTransform> {
+/// The training augmentation of `cfg`'s data set.
+pub fn augmentation(cfg: &RunConfig) -> Arc<dyn ViewTransform> {
     match cfg.data.name.as_str() {
         "gmm" => Arc::new(ssl_data::GaussianJitter::default()),
         _ => Arc::new(ssl_data::DigitsAugment::default()),

@@ -89,9 +89,16 @@ fn trains_the_out_of_tree_objective_and_evaluates_it() {
             && metrics.contains("images_per_s")
     );
     assert!(out.join("config.yaml").exists() && out.join("checkpoint/model.safetensors").exists());
-    let e = ssl(&["eval", out.to_str().unwrap()]);
+    let e = ssl(&[
+        "eval",
+        out.to_str().unwrap(),
+        "--metrics",
+        "probe,knn,rankme",
+    ]);
     assert!(e.status.success(), "{}", stderr(&e));
-    assert!(stdout(&e).contains("mean-align (ours)"));
+    let table = stdout(&e);
+    assert!(table.contains("| mean-align (run) |") && table.contains("| k-NN best accuracy |"));
+    assert!(out.join("eval/eval.json").exists() && out.join("eval/pca.png").exists());
 }
 
 #[test]
@@ -389,4 +396,159 @@ fn a_non_finite_loss_stops_training_naming_the_step() {
     let e = stderr(&o);
     assert!(e.contains("non-finite") && e.contains("at step"), "{e}");
     assert!(!out.join("results.json").exists());
+}
+
+#[test]
+fn export_writes_the_encoder_alone_with_pytorch_keys_and_a_staged_repo_evaluates_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    assert!(quick(&run, "vicreg", &["--set", "train.epochs=1"])
+        .status
+        .success());
+    let o = ssl(&["export", run.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(run.join("export/model.safetensors")).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut keys: Vec<String> = tensors.names().into_iter().map(str::to_string).collect();
+    keys.sort();
+    // The state-dict keys of the same network in PyTorch: conv{i} (no bias), bn{i}, fc.
+    let mut expected: Vec<String> = (1..=3)
+        .flat_map(|i| {
+            let bn = [
+                "weight",
+                "bias",
+                "running_mean",
+                "running_var",
+                "num_batches_tracked",
+            ];
+            std::iter::once(format!("conv{i}.weight"))
+                .chain(bn.into_iter().map(move |k| format!("bn{i}.{k}")))
+        })
+        .chain(["fc.weight".into(), "fc.bias".into()])
+        .collect();
+    expected.sort();
+    assert_eq!(keys, expected);
+    // PyTorch counts one batch per train-mode forward: every step forwards 2 views.
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("checkpoint/trainer_state.json")).unwrap(),
+    )
+    .unwrap();
+    let tracked = tensors.tensor("bn1.num_batches_tracked").unwrap();
+    assert_eq!(tracked.dtype(), safetensors::Dtype::I64);
+    assert_eq!(tracked.shape(), &[] as &[usize]);
+    let forwards = i64::from_le_bytes(tracked.data().try_into().unwrap());
+    assert_eq!(forwards, 2 * state["step"].as_i64().unwrap());
+    let metadata = header.metadata().clone().unwrap();
+    assert_eq!(metadata["architecture"], "digits_cnn");
+    assert_eq!(metadata["objective"], "vicreg");
+    assert_eq!(metadata["format"], "pt");
+    assert!(!metadata["commit"].is_empty());
+
+    // The repository `ssl push` would upload, staged locally: encoder, config, eval, card.
+    let o = ssl(&[
+        "push",
+        run.to_str().unwrap(),
+        "--repo",
+        "me/digits-vicreg",
+        "--dry-run",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let staged = run.join("hub");
+    let card = std::fs::read_to_string(staged.join("README.md")).unwrap();
+    assert!(
+        card.starts_with("---\nlibrary_name: candle-ssl\n"),
+        "{card}"
+    );
+    for part in [
+        "- vicreg",
+        "datasets:\n- digits",
+        "| vicreg (ours) |",
+        "`bn1.running_mean`",
+    ] {
+        assert!(card.contains(part), "the card lacks {part:?}:\n{card}");
+    }
+    let eval_json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(staged.join("eval.json")).unwrap()).unwrap();
+    assert_eq!(eval_json["rows"].as_array().unwrap().len(), 3);
+    // The exported encoder evaluates exactly as the run's checkpoint does.
+    let metrics = |source: &Path, out: &Path| {
+        let o = ssl(&[
+            "eval",
+            source.to_str().unwrap(),
+            "--metrics",
+            "probe,knn,rankme,uniformity",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("eval.json")).unwrap()).unwrap();
+        report["columns"][0]["metrics"].clone()
+    };
+    let mut from_run = metrics(&run, &dir.path().join("eval-run"));
+    // Only the run directory has a training log to read the online probe from.
+    let online = from_run
+        .as_object_mut()
+        .unwrap()
+        .remove("online probe accuracy (training log)");
+    assert!(online.is_some());
+    assert_eq!(from_run, metrics(&staged, &dir.path().join("eval-export")));
+    assert!(from_run["probe balanced accuracy"].as_f64().unwrap() > 0.5);
+}
+
+#[test]
+fn eval_puts_checkpoints_side_by_side_with_every_metric_and_caches_features() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    assert!(quick(&a, "vicreg", &["--set", "train.epochs=1"])
+        .status
+        .success());
+    assert!(quick(&b, "simclr", &["--set", "train.epochs=1"])
+        .status
+        .success());
+    let out = dir.path().join("side-by-side");
+    let args = [
+        "eval",
+        a.to_str().unwrap(),
+        "--compare",
+        b.to_str().unwrap(),
+        "--lidar-samples",
+        "100",
+        "--lidar-views",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let o = ssl(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    for row in [
+        "| metric | vicreg (a) | simclr (b) |",
+        "| probe C |",
+        "| LiDAR |",
+        "| alignment |",
+        "| silhouette |",
+        "linear CKA(vicreg (a), simclr (b)) = 0.",
+    ] {
+        assert!(table.contains(row), "the table lacks {row:?}:\n{table}");
+    }
+    let csv = std::fs::read_to_string(out.join("knn.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 2 * 36, "{csv}");
+    assert!(out.join("pca.png").exists());
+    // Features were cached beside each checkpoint; a second evaluation reads them back.
+    let cached = std::fs::read_dir(a.join("checkpoint/features"))
+        .unwrap()
+        .count();
+    assert_eq!(cached, 1);
+    let again = ssl(&args);
+    assert_eq!(stdout(&again), table);
+
+    let bad = ssl(&["eval", a.to_str().unwrap(), "--metrics", "probe,lidr"]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("unknown metric `lidr`"),
+        "{}",
+        stderr(&bad)
+    );
 }

@@ -1,0 +1,471 @@
+//! Offline evaluation of frozen checkpoints: `ssl eval A [--compare B …] [--metrics …]`.
+//!
+//! Each checkpoint's encoder, in eval mode, embeds the clean train and test splits of its run's
+//! data once; the features are cached beside the weights (keyed by the weights file and the data
+//! settings), so a second evaluation or a comparison only loads them. The metrics follow
+//! `spec/metrics.md`: the linear probe with its L2 strength chosen on a stratified validation
+//! split of the training features (or the fixed-C protocol, `--probe-c`), the k-NN sweep over the
+//! duality paper's k × T grid, RankMe and effective rank of the standardised test features,
+//! LiDAR over augmented views of training images (surrogate classes), alignment of two augmented
+//! views, uniformity, silhouette, and linear CKA between every two checkpoints. Results go to the
+//! terminal, to `eval.json` and `knn.csv`, and a PNG shows each checkpoint's test features
+//! projected on their top two principal components, coloured by class.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use serde::Serialize;
+use ssl_eval::Features;
+
+use crate::config::RunConfig;
+use crate::plot::{scatter_panels, ScatterPanel};
+use crate::setup::{self, DataSplit};
+use crate::trainer::{self, Model};
+
+/// The metrics `--metrics` accepts, in table order.
+pub const METRICS: [&str; 8] = [
+    "probe",
+    "knn",
+    "rankme",
+    "effective-rank",
+    "lidar",
+    "alignment",
+    "uniformity",
+    "silhouette",
+];
+
+/// What to compute.
+#[derive(Debug, Clone)]
+pub struct SuiteConfig {
+    /// Metric names from [`METRICS`], plus `cka` (needs two checkpoints).
+    pub metrics: Vec<String>,
+    /// Fixed-C probe (spec §1: C = 1); `None`: C chosen on a validation split.
+    pub probe_c: Option<f64>,
+    /// LiDAR's surrogate classes (training images), spec §6: min(1000, train size).
+    pub lidar_samples: usize,
+    /// Augmented views per surrogate class (spec §6: 50).
+    pub lidar_views: usize,
+}
+
+impl Default for SuiteConfig {
+    fn default() -> Self {
+        Self {
+            metrics: METRICS
+                .iter()
+                .map(|m| m.to_string())
+                .chain(["cka".to_string()])
+                .collect(),
+            probe_c: None,
+            lidar_samples: 1000,
+            lidar_views: 50,
+        }
+    }
+}
+
+impl SuiteConfig {
+    /// Checks the metric names, with the list of known ones in the error.
+    pub fn validate(&self) -> Result<()> {
+        for m in &self.metrics {
+            if m != "cka" && !METRICS.contains(&m.as_str()) {
+                bail!("unknown metric `{m}`; known: {}, cka", METRICS.join(", "));
+            }
+        }
+        anyhow::ensure!(
+            self.lidar_views >= 2 && self.lidar_samples >= 2,
+            "LiDAR needs at least 2 samples with 2 views each, got {} × {}",
+            self.lidar_samples,
+            self.lidar_views
+        );
+        Ok(())
+    }
+
+    fn wants(&self, metric: &str) -> bool {
+        self.metrics.iter().any(|m| m == metric)
+    }
+}
+
+/// A checkpoint to evaluate: its run configuration and weights.
+pub struct Source {
+    /// Column heading.
+    pub label: String,
+    pub cfg: RunConfig,
+    /// A run checkpoint or an exported encoder.
+    pub weights: PathBuf,
+    /// The run's last online-probe accuracy, when its training log has one.
+    pub online_probe: Option<f64>,
+}
+
+/// Frozen features of one checkpoint.
+struct Embedded {
+    train: Features,
+    train_y: Vec<u32>,
+    test: Features,
+    test_y: Vec<u32>,
+}
+
+/// One checkpoint's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Column {
+    pub label: String,
+    pub weights: PathBuf,
+    /// Metric name → value.
+    pub metrics: BTreeMap<String, f64>,
+    /// Every (k, T) cell of the k-NN sweep: top-1 accuracy.
+    pub knn_sweep: Vec<(usize, f64, f64)>,
+}
+
+/// The whole evaluation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub columns: Vec<Column>,
+    /// Linear CKA of the test features of every two checkpoints: (a, b, CKA).
+    pub cka: Vec<(String, String, f64)>,
+}
+
+/// Evaluates `sources` and writes `eval.json`, `knn.csv` and `pca.png` into `out`.
+pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<Report> {
+    suite.validate()?;
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let bar = crate::progress::bar(
+        sources.len() as u64,
+        "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}",
+    );
+    let mut columns = Vec::new();
+    let mut embedded = Vec::new();
+    let mut panels = Vec::new();
+    for source in sources {
+        bar.set_message(source.label.clone());
+        let device = setup::device(&source.cfg.train.device)?;
+        let data = setup::data(&source.cfg)?;
+        let model = trainer::build_model(&source.cfg, &data, &device)?;
+        crate::export::load_encoder(&model, &crate::checkpoint::load_tensors(&source.weights)?)?;
+        let features = cached_features(source, &data, &model, &device)?;
+        columns.push(column(source, &features, &data, &model, &device, suite)?);
+        let projected = ssl_eval::pca_2d(&features.test)?;
+        panels.push(ScatterPanel {
+            title: source.label.clone(),
+            points: (0..projected.n)
+                .map(|i| {
+                    let p = projected.row(i);
+                    (f64::from(p[0]), f64::from(p[1]), features.test_y[i])
+                })
+                .collect(),
+        });
+        embedded.push(features);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let mut cka = Vec::new();
+    if suite.wants("cka") {
+        for (i, a) in embedded.iter().enumerate() {
+            for (j, b) in embedded.iter().enumerate().skip(i + 1) {
+                anyhow::ensure!(
+                    a.test_y == b.test_y,
+                    "CKA compares features of the same images: {} and {} were evaluated on \
+                     different test sets (check data.* in their configs)",
+                    sources[i].label,
+                    sources[j].label
+                );
+                let value = ssl_eval::linear_cka(&a.test, &b.test)?;
+                cka.push((sources[i].label.clone(), sources[j].label.clone(), value));
+            }
+        }
+    }
+    let report = Report { columns, cka };
+    write_outputs(&report, &panels, out)?;
+    Ok(report)
+}
+
+fn column(
+    source: &Source,
+    f: &Embedded,
+    data: &DataSplit,
+    model: &Model,
+    device: &Device,
+    suite: &SuiteConfig,
+) -> Result<Column> {
+    let mut metrics = BTreeMap::new();
+    let mut knn_sweep = Vec::new();
+    if suite.wants("probe") {
+        let c = match suite.probe_c {
+            Some(c) => c,
+            None => {
+                let grid = ssl_eval::DEFAULT_C_GRID;
+                ssl_eval::select_c(&f.train, &f.train_y, &grid, 0.2, source.cfg.train.seed)?.c
+            }
+        };
+        let probe = ssl_eval::linear_probe(
+            &f.train,
+            &f.train_y,
+            &f.test,
+            &f.test_y,
+            &ssl_eval::LinearProbeConfig {
+                c,
+                ..Default::default()
+            },
+        )?;
+        metrics.insert("probe balanced accuracy".into(), probe.balanced_accuracy);
+        metrics.insert("probe accuracy".into(), probe.accuracy);
+        metrics.insert("probe C".into(), c);
+        if let Some(online) = source.online_probe {
+            metrics.insert("online probe accuracy (training log)".into(), online);
+        }
+    }
+    if suite.wants("knn") {
+        let sweep = ssl_eval::knn_sweep(
+            &f.train,
+            &f.train_y,
+            &f.test,
+            &f.test_y,
+            &ssl_eval::SWEEP_KS,
+            &ssl_eval::SWEEP_TEMPERATURES,
+        )?;
+        let cfg = &source.cfg.eval;
+        if let Some(cell) = sweep
+            .cells()
+            .iter()
+            .find(|c| c.k == cfg.knn_k && (c.t - cfg.knn_t).abs() < 1e-12)
+        {
+            metrics.insert(
+                format!("{}-NN accuracy (T = {})", cell.k, cell.t),
+                cell.accuracy,
+            );
+        }
+        let best = sweep.best();
+        metrics.insert("k-NN best accuracy".into(), best.accuracy);
+        metrics.insert("k-NN best k".into(), best.k as f64);
+        metrics.insert("k-NN best T".into(), best.t);
+        knn_sweep = sweep
+            .cells()
+            .iter()
+            .map(|c| (c.k, c.t, c.accuracy))
+            .collect();
+    }
+    let standardized = ssl_eval::standardize(&f.test);
+    if suite.wants("rankme") {
+        metrics.insert(
+            "RankMe".into(),
+            ssl_eval::rankme(&standardized, ssl_eval::RANKME_EPS)?,
+        );
+    }
+    if suite.wants("effective-rank") {
+        metrics.insert(
+            "effective rank".into(),
+            ssl_eval::effective_rank(&standardized)?,
+        );
+    }
+    if suite.wants("lidar") || suite.wants("alignment") {
+        let views = augmented_views(source, data, model, device, suite)?;
+        if suite.wants("lidar") {
+            metrics.insert(
+                "LiDAR".into(),
+                ssl_eval::lidar(&views, ssl_eval::LidarConfig::default())?,
+            );
+        }
+        if suite.wants("alignment") {
+            metrics.insert(
+                "alignment".into(),
+                ssl_eval::alignment(&views[0], &views[1])?,
+            );
+        }
+    }
+    if suite.wants("uniformity") {
+        metrics.insert("uniformity".into(), ssl_eval::uniformity(&f.test)?);
+    }
+    if suite.wants("silhouette") {
+        metrics.insert(
+            "silhouette".into(),
+            ssl_eval::silhouette(&f.test, &f.test_y)?,
+        );
+    }
+    Ok(Column {
+        label: source.label.clone(),
+        weights: source.weights.clone(),
+        metrics,
+        knn_sweep,
+    })
+}
+
+/// `q` augmented views (the run's training augmentation) of the first `n` training instances,
+/// embedded in eval mode: `q` matrices `n × d`, row `x` of each is instance `x`.
+fn augmented_views(
+    source: &Source,
+    data: &DataSplit,
+    model: &Model,
+    device: &Device,
+    suite: &SuiteConfig,
+) -> Result<Vec<Features>> {
+    let n = suite.lidar_samples.min(data.train.len());
+    let q = suite.lidar_views;
+    let loader = ssl_data::ViewLoader::new(
+        data.dataset.clone(),
+        data.train.clone(),
+        n,
+        q,
+        false,
+        source.cfg.train.seed,
+        trainer::augmentation(&source.cfg),
+    )?;
+    let ids: Vec<u32> = (0..n as u32).collect();
+    let batch = loader.make_batch(0, &ids);
+    let sample_dims = data.dataset.shape.clone();
+    (0..q)
+        .map(|v| {
+            let mut shape = vec![n];
+            shape.extend(&sample_dims);
+            let x = Tensor::from_slice(batch.view(v), shape, device)?;
+            to_features(&model.features(&x)?)
+        })
+        .collect()
+}
+
+fn to_features(t: &Tensor) -> Result<Features> {
+    let t = t.flatten_from(1)?.to_dtype(DType::F32)?;
+    let (n, d) = t.dims2()?;
+    Features::new(t.flatten_all()?.to_vec1::<f32>()?, n, d)
+}
+
+/// Train and test features of `source`, from the cache when its weights and data settings are
+/// unchanged, else embedded now and cached (when the directory is writable).
+fn cached_features(
+    source: &Source,
+    data: &DataSplit,
+    model: &Model,
+    device: &Device,
+) -> Result<Embedded> {
+    let path = cache_path(source)?;
+    if let Ok(tensors) = candle_core::safetensors::load(&path, &Device::Cpu) {
+        if let Some(embedded) = from_cache(&tensors) {
+            return Ok(embedded);
+        }
+    }
+    let (train, test) = crate::evaluate::clean_inputs(data, device)?;
+    let embedded = Embedded {
+        train: to_features(&model.features(&train.x)?)?,
+        train_y: train.y,
+        test: to_features(&model.features(&test.x)?)?,
+        test_y: test.y,
+    };
+    let tensors = to_cache(&embedded)?;
+    // A read-only location (a shared cache) only costs the re-embedding next time.
+    let _ = path
+        .parent()
+        .map(std::fs::create_dir_all)
+        .transpose()
+        .ok()
+        .and_then(|_| crate::checkpoint::save_tensors(&path, &tensors).ok());
+    Ok(embedded)
+}
+
+/// `DIR/features/<key>.safetensors` beside the weights; the key mixes the weights file's size and
+/// modification time with the data settings.
+fn cache_path(source: &Source) -> Result<PathBuf> {
+    let meta = std::fs::metadata(&source.weights)
+        .with_context(|| format!("cannot read {}", source.weights.display()))?;
+    let modified = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64);
+    let data = serde_yaml::to_string(&source.cfg.data)?;
+    let mut words = vec![meta.len(), modified];
+    words.extend(data.bytes().map(u64::from));
+    let key = ssl_data::mix_seed(&words);
+    let dir = source.weights.parent().unwrap_or(Path::new("."));
+    Ok(dir.join("features").join(format!("{key:016x}.safetensors")))
+}
+
+fn to_cache(e: &Embedded) -> Result<HashMap<String, Tensor>> {
+    let cpu = Device::Cpu;
+    let matrix = |f: &Features| Tensor::from_slice(&f.data, (f.n, f.d), &cpu);
+    Ok(HashMap::from([
+        ("train".to_string(), matrix(&e.train)?),
+        ("test".to_string(), matrix(&e.test)?),
+        (
+            "train_labels".to_string(),
+            Tensor::new(e.train_y.as_slice(), &cpu)?,
+        ),
+        (
+            "test_labels".to_string(),
+            Tensor::new(e.test_y.as_slice(), &cpu)?,
+        ),
+    ]))
+}
+
+fn from_cache(t: &HashMap<String, Tensor>) -> Option<Embedded> {
+    let features = |name: &str| to_features(t.get(name)?).ok();
+    let labels = |name: &str| t.get(name)?.to_vec1::<u32>().ok();
+    Some(Embedded {
+        train: features("train")?,
+        train_y: labels("train_labels")?,
+        test: features("test")?,
+        test_y: labels("test_labels")?,
+    })
+}
+
+fn write_outputs(report: &Report, panels: &[ScatterPanel], out: &Path) -> Result<()> {
+    let json = serde_json::to_string_pretty(report)?;
+    crate::checkpoint::write_atomic(&out.join("eval.json"), json.as_bytes())?;
+    let mut csv = String::from("checkpoint,k,T,accuracy\n");
+    for c in &report.columns {
+        for (k, t, acc) in &c.knn_sweep {
+            csv.push_str(&format!("{},{k},{t},{acc}\n", c.label));
+        }
+    }
+    crate::checkpoint::write_atomic(&out.join("knn.csv"), csv.as_bytes())?;
+    scatter_panels(&out.join("pca.png"), panels)
+}
+
+/// The report as a Markdown table: one row per metric, one column per checkpoint; then the CKA
+/// pairs.
+pub fn table(report: &Report) -> String {
+    let mut names: Vec<&String> = Vec::new();
+    for c in &report.columns {
+        for name in c.metrics.keys() {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    let mut text = String::from("| metric |");
+    for c in &report.columns {
+        text.push_str(&format!(" {} |", c.label));
+    }
+    text.push_str(&format!("\n|---|{}\n", "---|".repeat(report.columns.len())));
+    for name in names {
+        text.push_str(&format!("| {name} |"));
+        for c in &report.columns {
+            let cell = c
+                .metrics
+                .get(name)
+                .map_or("–".to_string(), |v| format_value(name, *v));
+            text.push_str(&format!(" {cell} |"));
+        }
+        text.push('\n');
+    }
+    for (a, b, v) in &report.cka {
+        text.push_str(&format!("\nlinear CKA({a}, {b}) = {v:.4}"));
+    }
+    text
+}
+
+fn format_value(name: &str, v: f64) -> String {
+    if name.contains("accuracy") {
+        format!("{:.2} %", 100.0 * v)
+    } else if name.ends_with(" k") || name == "probe C" || name.ends_with(" T") {
+        format!("{v}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// The last `online_probe_accuracy` in a run's `metrics.jsonl`, if any.
+pub fn online_probe_accuracy(run_dir: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).ok()?;
+    text.lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|v| v.get("online_probe_accuracy")?.as_f64())
+}

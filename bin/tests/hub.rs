@@ -1,0 +1,1068 @@
+//! `ssl::hub` against a fake Hub: a small HTTP/1.1 server on 127.0.0.1, started by each test,
+//! that implements the endpoints hf-hub 1.0.0 calls to create a repository, commit files
+//! (preupload + inline base64 commit), read repository info and download files, and that records
+//! every request and commit so the tests can check what reached it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::{json, Value};
+use ssl::hub::{self, HubOptions};
+
+/// A token the fake Hub accepts for reading and writing.
+const WRITE_TOKEN: &str = "hf_write_token";
+/// A token the fake Hub knows but refuses writes with (HTTP 403).
+const READ_TOKEN: &str = "hf_read_token";
+/// Set in the environment of the child processes the token tests start.
+const CHILD_MARKER: &str = "SSL_HUB_TEST_CHILD";
+
+// ---------------------------------------------------------------------------------------------
+// The fake Hub
+// ---------------------------------------------------------------------------------------------
+
+/// A model repository: its commits, oldest first, each with the files it holds.
+struct Repo {
+    private: bool,
+    commits: Vec<(String, BTreeMap<String, Vec<u8>>)>,
+}
+
+impl Repo {
+    /// The commit `revision` names: `main` (the head) or a commit id.
+    fn commit(&self, revision: &str) -> Option<&(String, BTreeMap<String, Vec<u8>>)> {
+        match revision {
+            "main" => self.commits.last(),
+            oid => self.commits.iter().find(|(id, _)| id == oid),
+        }
+    }
+}
+
+/// One request as it reached the server.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    path: String,
+    authorization: Option<String>,
+}
+
+/// One commit made through the commit endpoint.
+#[derive(Clone, Debug)]
+struct Commit {
+    repo: String,
+    oid: String,
+    summary: String,
+    files: Vec<String>,
+}
+
+#[derive(Clone, Copy)]
+enum Fault {
+    /// Close the connection without answering.
+    Drop,
+    /// Answer with this HTTP status.
+    Status(u16),
+}
+
+#[derive(Default)]
+struct State {
+    repos: HashMap<String, Repo>,
+    requests: Vec<Seen>,
+    commits: Vec<Commit>,
+    /// How every commit request fails, if it does.
+    commit_fault: Option<Fault>,
+    /// Commit requests failed so far.
+    failed_commits: usize,
+    oids: u64,
+}
+
+impl State {
+    fn new_oid(&mut self) -> String {
+        self.oids += 1;
+        format!("{:040x}", 0xc0ff_ee00_u64 + self.oids)
+    }
+
+    fn calls(&self) -> Vec<(String, String)> {
+        let seen = self.requests.iter();
+        seen.map(|r| (r.method.clone(), r.path.clone())).collect()
+    }
+}
+
+struct FakeHub {
+    endpoint: String,
+    state: Arc<Mutex<State>>,
+}
+
+impl FakeHub {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake Hub");
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let state = Arc::new(Mutex::new(State::default()));
+        let (shared, base) = (state.clone(), endpoint.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let (state, base) = (shared.clone(), base.clone());
+                std::thread::spawn(move || serve(stream, &state, &base));
+            }
+        });
+        Self { endpoint, state }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    /// Options that talk to this server with a write token, caching under `cache`.
+    fn options(&self, cache: &Path) -> HubOptions {
+        HubOptions {
+            endpoint: Some(self.endpoint.clone()),
+            token: Some(WRITE_TOKEN.to_string()),
+            cache_dir: Some(cache.to_path_buf()),
+            retries: 2,
+            ..Default::default()
+        }
+    }
+
+    /// The files at the head of `repo`.
+    fn head_files(&self, repo: &str) -> BTreeMap<String, Vec<u8>> {
+        let state = self.state();
+        state.repos[repo].commits.last().unwrap().1.clone()
+    }
+}
+
+struct Request {
+    method: String,
+    segments: Vec<String>,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        let found = self.headers.iter().find(|(key, _)| key == name);
+        found.map(|(_, value)| value.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("a JSON request body")
+    }
+}
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+fn respond(status: u16, body: Value) -> Response {
+    Response {
+        status,
+        headers: vec![("Content-Type".into(), "application/json".into())],
+        body: body.to_string().into_bytes(),
+    }
+}
+
+/// A Hub-style error: JSON `{"error": …}` plus the `X-Error-Code` header.
+fn hub_error(status: u16, code: &str, message: &str) -> Response {
+    let mut response = respond(status, json!({ "error": message }));
+    response.headers.push(("X-Error-Code".into(), code.into()));
+    response
+}
+
+fn serve(stream: TcpStream, state: &Mutex<State>, endpoint: &str) {
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    let Some(request) = read_request(&mut reader) else {
+        return;
+    };
+    // `None`: drop the connection without answering.
+    let Some(response) = route(&request, &mut state.lock().unwrap(), endpoint) else {
+        return;
+    };
+    let reason = match response.status {
+        200 => "OK",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        409 => "Conflict",
+        503 => "Service Unavailable",
+        _ => "Bad Request",
+    };
+    let mut head = format!(
+        "HTTP/1.1 {} {reason}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        response.status,
+        response.body.len()
+    );
+    for (key, value) in &response.headers {
+        head.push_str(&format!("{key}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut bytes = head.into_bytes();
+    if request.method != "HEAD" {
+        bytes.extend_from_slice(&response.body);
+    }
+    let _ = writer.write_all(&bytes);
+    let _ = writer.flush();
+}
+
+/// Request line, headers (names lower-cased) and a `Content-Length` body.
+fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Request> {
+    let mut line = String::new();
+    reader.read_line(&mut line).ok()?;
+    let mut parts = line.split_whitespace();
+    let method = parts.next()?.to_string();
+    let target = parts.next()?;
+    let path = target.split('?').next()?;
+    let segments = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(percent_decode)
+        .collect();
+    let mut headers = Vec::new();
+    loop {
+        let mut header = String::new();
+        reader.read_line(&mut header).ok()?;
+        let header = header.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let (key, value) = header.split_once(':')?;
+        headers.push((key.trim().to_ascii_lowercase(), value.trim().to_string()));
+    }
+    let mut request = Request {
+        method,
+        segments,
+        headers,
+        body: Vec::new(),
+    };
+    assert!(
+        request.header("transfer-encoding").is_none(),
+        "the fake Hub only reads bodies with a Content-Length"
+    );
+    let length = request
+        .header("content-length")
+        .map_or(0, |v| v.parse().unwrap());
+    request.body = vec![0; length];
+    reader.read_exact(&mut request.body).ok()?;
+    Some(request)
+}
+
+fn route(request: &Request, state: &mut State, endpoint: &str) -> Option<Response> {
+    state.requests.push(Seen {
+        method: request.method.clone(),
+        path: format!("/{}", request.segments.join("/")),
+        authorization: request.header("authorization").map(str::to_string),
+    });
+    let segments: Vec<&str> = request.segments.iter().map(String::as_str).collect();
+    let response = match (request.method.as_str(), segments.as_slice()) {
+        ("POST", ["api", "repos", "create"]) => create_repo(request, state, endpoint),
+        ("GET", ["api", "models", owner, name]) => repo_info(request, state, owner, name, "main"),
+        ("GET", ["api", "models", owner, name, "revision", revision]) => {
+            repo_info(request, state, owner, name, revision)
+        }
+        ("POST", ["api", "models", owner, name, "preupload", _]) => {
+            preupload(request, state, &format!("{owner}/{name}"))
+        }
+        ("POST", ["api", "models", owner, name, "commit", revision]) => {
+            let repo = format!("{owner}/{name}");
+            return commit(request, state, endpoint, &repo, revision);
+        }
+        ("HEAD" | "GET", [owner, name, "resolve", revision, file @ ..]) => resolve(
+            request,
+            state,
+            &format!("{owner}/{name}"),
+            revision,
+            &file.join("/"),
+        ),
+        _ => hub_error(404, "NotFound", "no such endpoint on the fake Hub"),
+    };
+    Some(response)
+}
+
+/// `None` when the request carries the write token, else the Hub's 401 or 403.
+fn refuse_write(request: &Request) -> Option<Response> {
+    let token = request
+        .header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match token {
+        Some(WRITE_TOKEN) => None,
+        Some(READ_TOKEN) => Some(hub_error(
+            403,
+            "Forbidden",
+            "You don't have the rights to create a model under the namespace",
+        )),
+        _ => Some(hub_error(
+            401,
+            "Unauthorized",
+            "Invalid username or password.",
+        )),
+    }
+}
+
+/// A private repository is visible only with a token the server knows.
+fn hidden(request: &Request, repo: &Repo) -> bool {
+    let token = request
+        .header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "));
+    repo.private && !matches!(token, Some(WRITE_TOKEN | READ_TOKEN))
+}
+
+fn create_repo(request: &Request, state: &mut State, endpoint: &str) -> Response {
+    if let Some(refused) = refuse_write(request) {
+        return refused;
+    }
+    let body = request.json();
+    assert_eq!(body["type"], "model");
+    let id = format!(
+        "{}/{}",
+        body["organization"].as_str().unwrap(),
+        body["name"].as_str().unwrap()
+    );
+    if state.repos.contains_key(&id) {
+        return hub_error(409, "Conflict", "You already created this model repo");
+    }
+    // Like the Hub, a new repository starts with one commit holding `.gitattributes`.
+    let oid = state.new_oid();
+    let files = BTreeMap::from([(
+        ".gitattributes".to_string(),
+        b"*.safetensors lfs\n".to_vec(),
+    )]);
+    let repo = Repo {
+        private: body["private"].as_bool().unwrap(),
+        commits: vec![(oid, files)],
+    };
+    state.repos.insert(id.clone(), repo);
+    respond(200, json!({ "url": format!("{endpoint}/{id}") }))
+}
+
+fn repo_info(request: &Request, state: &State, owner: &str, name: &str, rev: &str) -> Response {
+    let id = format!("{owner}/{name}");
+    let Some(repo) = state.repos.get(&id).filter(|repo| !hidden(request, repo)) else {
+        return hub_error(404, "RepoNotFound", "Repository not found");
+    };
+    let Some((oid, files)) = repo.commit(rev) else {
+        return hub_error(404, "RevisionNotFound", "Invalid rev id");
+    };
+    let siblings: Vec<Value> = files.keys().map(|f| json!({ "rfilename": f })).collect();
+    let info = json!({ "id": id, "sha": oid, "private": repo.private, "siblings": siblings });
+    respond(200, info)
+}
+
+fn preupload(request: &Request, state: &State, id: &str) -> Response {
+    if let Some(refused) = refuse_write(request) {
+        return refused;
+    }
+    if !state.repos.contains_key(id) {
+        return hub_error(404, "RepoNotFound", "Repository not found");
+    }
+    let files = request.json()["files"].as_array().unwrap().clone();
+    let modes: Vec<Value> = files
+        .iter()
+        .map(|f| json!({ "path": f["path"], "uploadMode": "regular", "shouldIgnore": false }))
+        .collect();
+    respond(200, json!({ "files": modes }))
+}
+
+fn commit(
+    request: &Request,
+    state: &mut State,
+    endpoint: &str,
+    id: &str,
+    revision: &str,
+) -> Option<Response> {
+    if let Some(refused) = refuse_write(request) {
+        return Some(refused);
+    }
+    if let Some(fault) = state.commit_fault {
+        state.failed_commits += 1;
+        return match fault {
+            Fault::Drop => None,
+            Fault::Status(status) => Some(hub_error(status, "Internal", "try again later")),
+        };
+    }
+    assert_eq!(request.header("content-type"), Some("application/x-ndjson"));
+    let Some((_, head)) = state.repos.get(id).and_then(|repo| repo.commit(revision)) else {
+        return Some(hub_error(404, "RepoNotFound", "Repository not found"));
+    };
+    let mut files = head.clone();
+    let (mut summary, mut added) = (String::new(), Vec::new());
+    for line in request
+        .body
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+    {
+        let line: Value = serde_json::from_slice(line).unwrap();
+        let value = &line["value"];
+        match line["key"].as_str().unwrap() {
+            "header" => summary = value["summary"].as_str().unwrap().to_string(),
+            "file" => {
+                assert_eq!(value["encoding"], "base64");
+                let path = value["path"].as_str().unwrap().to_string();
+                files.insert(
+                    path.clone(),
+                    base64_decode(value["content"].as_str().unwrap()),
+                );
+                added.push(path);
+            }
+            other => panic!("the fake Hub did not expect a `{other}` commit entry"),
+        }
+    }
+    let oid = state.new_oid();
+    let repo = state.repos.get_mut(id).unwrap();
+    repo.commits.push((oid.clone(), files));
+    state.commits.push(Commit {
+        repo: id.to_string(),
+        oid: oid.clone(),
+        summary,
+        files: added,
+    });
+    let url = format!("{endpoint}/{id}/commit/{oid}");
+    Some(respond(200, json!({ "commitUrl": url, "commitOid": oid })))
+}
+
+/// `HEAD`/`GET /{repo}/resolve/{revision}/{file}` with the headers hf-hub's cache needs: `ETag`,
+/// `X-Repo-Commit` and `Content-Length`.
+fn resolve(request: &Request, state: &State, id: &str, revision: &str, file: &str) -> Response {
+    let Some(repo) = state.repos.get(id) else {
+        return hub_error(404, "RepoNotFound", "Repository not found");
+    };
+    if hidden(request, repo) {
+        return hub_error(401, "RepoNotFound", "Invalid username or password.");
+    }
+    let Some((oid, files)) = repo.commit(revision) else {
+        return hub_error(404, "RevisionNotFound", "Invalid rev id");
+    };
+    let Some(bytes) = files.get(file) else {
+        let mut response = hub_error(404, "EntryNotFound", "Entry not found");
+        response.headers.push(("X-Repo-Commit".into(), oid.clone()));
+        return response;
+    };
+    let etag = format!("{:016x}{:08x}", fnv1a(bytes), bytes.len());
+    Response {
+        status: 200,
+        headers: vec![
+            ("ETag".into(), format!("\"{etag}\"")),
+            ("X-Repo-Commit".into(), oid.clone()),
+        ],
+        body: bytes.clone(),
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    })
+}
+
+fn percent_decode(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap();
+            out.push(u8::from_str_radix(hex, 16).unwrap());
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {c}"),
+        }
+    };
+    let digits: Vec<u8> = text.bytes().filter(|&c| c != b'=').collect();
+    let mut out = Vec::with_capacity(digits.len() * 3 / 4);
+    for chunk in digits.chunks(4) {
+        let word = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, &c)| acc | value(c) << (18 - 6 * i));
+        out.extend_from_slice(&word.to_be_bytes()[1..chunk.len()]);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// A folder like the one `ssl push` uploads: ~200 KB of pseudo-random weights, a config and a
+/// card, plus a subdirectory that is not uploaded.
+fn model_folder(root: &Path) -> PathBuf {
+    let dir = root.join("upload");
+    std::fs::create_dir_all(dir.join("nested")).unwrap();
+    let mut x = 0x9e3779b97f4a7c15_u64;
+    let weights: Vec<u8> = (0..200 * 1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(dir.join("model.safetensors"), weights).unwrap();
+    std::fs::write(dir.join("config.yaml"), "objective:\n  name: vicreg\n").unwrap();
+    std::fs::write(
+        dir.join("README.md"),
+        "---\nlibrary_name: candle-ssl\n---\n# VICReg\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("nested").join("skipped.txt"), "not uploaded").unwrap();
+    dir
+}
+
+const FILES: [&str; 3] = ["README.md", "config.yaml", "model.safetensors"];
+
+fn error_text(result: anyhow::Result<impl std::fmt::Debug>) -> String {
+    format!("{:#}", result.expect_err("expected an error"))
+}
+
+fn assert_mentions(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "`{part}` missing from: {text}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn push_then_pull_round_trips_the_bytes() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = model_folder(tmp.path());
+    let opts = HubOptions {
+        private: true,
+        ..hub.options(&tmp.path().join("cache"))
+    };
+
+    let url = hub::push_folder("alice/vicreg-digits", &folder, "Upload VICReg", &opts).unwrap();
+
+    let (commit, requests) = {
+        let state = hub.state();
+        assert_eq!(state.commits.len(), 1, "exactly one commit");
+        assert!(state.repos["alice/vicreg-digits"].private);
+        let all_authorised = state
+            .requests
+            .iter()
+            .all(|r| r.authorization.as_deref() == Some(&format!("Bearer {WRITE_TOKEN}") as &str));
+        assert!(all_authorised, "{:?}", state.requests);
+        (state.commits[0].clone(), state.calls())
+    };
+    assert_eq!(commit.repo, "alice/vicreg-digits");
+    assert_eq!(commit.summary, "Upload VICReg");
+    assert_eq!(commit.files, FILES);
+    assert_eq!(
+        url,
+        format!("{}/alice/vicreg-digits/commit/{}", hub.endpoint, commit.oid)
+    );
+    let post = |path: &str| ("POST".to_string(), path.to_string());
+    assert_eq!(
+        requests,
+        [
+            post("/api/repos/create"),
+            post("/api/models/alice/vicreg-digits/preupload/main"),
+            post("/api/models/alice/vicreg-digits/commit/main"),
+        ]
+    );
+
+    let cache = tmp.path().join("fresh-cache");
+    let snapshot = hub::pull("alice/vicreg-digits", &FILES, &hub.options(&cache)).unwrap();
+    let repo_cache = cache.join("models--alice--vicreg-digits");
+    assert_eq!(snapshot, repo_cache.join("snapshots").join(&commit.oid));
+    let main_ref = std::fs::read_to_string(repo_cache.join("refs").join("main")).unwrap();
+    assert_eq!(main_ref, commit.oid);
+    for file in FILES {
+        let pulled = std::fs::read(snapshot.join(file)).unwrap();
+        assert_eq!(
+            pulled,
+            std::fs::read(folder.join(file)).unwrap(),
+            "{file} differs"
+        );
+    }
+    assert!(!snapshot.join("nested").exists());
+}
+
+#[test]
+fn push_with_rejected_token_reports_http_401() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = HubOptions {
+        token: Some("hf_expired".to_string()),
+        ..hub.options(tmp.path())
+    };
+    let err = error_text(hub::push_folder(
+        "alice/m",
+        &model_folder(tmp.path()),
+        "m",
+        &opts,
+    ));
+    let expected = format!("the Hub at {} refused the token (HTTP 401)", hub.endpoint);
+    assert_mentions(&err, &[&expected, "HF_TOKEN", "write access to alice/m"]);
+    assert!(hub.state().repos.is_empty());
+}
+
+#[test]
+fn push_with_read_only_token_reports_http_403() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = HubOptions {
+        token: Some(READ_TOKEN.to_string()),
+        ..hub.options(tmp.path())
+    };
+    let err = error_text(hub::push_folder(
+        "alice/m",
+        &model_folder(tmp.path()),
+        "m",
+        &opts,
+    ));
+    let expected = format!("the Hub at {} refused the token (HTTP 403)", hub.endpoint);
+    assert_mentions(&err, &[&expected, "HF_TOKEN", "write access to alice/m"]);
+    assert!(!err.contains("HTTP 401"), "{err}");
+    assert!(hub.state().repos.is_empty());
+}
+
+#[test]
+fn dropped_commit_fails_cleanly_and_the_same_push_then_succeeds() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = model_folder(tmp.path());
+    let opts = hub.options(tmp.path());
+    hub.state().commit_fault = Some(Fault::Drop);
+
+    let err = error_text(hub::push_folder("alice/m", &folder, "first try", &opts));
+    assert_mentions(
+        &err,
+        &[
+            &format!("upload of alice/m to {} failed", hub.endpoint),
+            "nothing was committed",
+            "run the same command again to retry",
+        ],
+    );
+    {
+        let state = hub.state();
+        let attempts = state.failed_commits;
+        assert_eq!(attempts, opts.retries, "hf-hub retries a dropped commit");
+        assert!(state.commits.is_empty());
+        assert!(
+            state.repos.contains_key("alice/m"),
+            "the repository was created"
+        );
+    }
+
+    // The network is back: the same command reuses the model-less repository.
+    let mut state = hub.state();
+    state.commit_fault = None;
+    state.requests.clear();
+    drop(state);
+    hub::push_folder("alice/m", &folder, "first try", &opts).unwrap();
+    let state = hub.state();
+    assert_eq!(state.commits.len(), 1);
+    assert_eq!(state.commits[0].files, FILES);
+    let get = |path: &str| ("GET".to_string(), format!("/api/models/alice/m{path}"));
+    let retried = state.calls();
+    assert_eq!(retried[0], ("POST".into(), "/api/repos/create".into()));
+    assert_eq!(
+        retried[1],
+        (
+            "HEAD".into(),
+            "/alice/m/resolve/main/model.safetensors".into()
+        )
+    );
+    assert_eq!(retried[2], get("/revision/main"));
+    drop(state);
+    let files = hub.head_files("alice/m");
+    assert_eq!(
+        files.keys().collect::<Vec<_>>(),
+        [
+            ".gitattributes",
+            "README.md",
+            "config.yaml",
+            "model.safetensors"
+        ]
+    );
+    assert_eq!(
+        files["model.safetensors"],
+        std::fs::read(folder.join("model.safetensors")).unwrap()
+    );
+}
+
+#[test]
+fn server_errors_after_retries_say_to_retry() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = HubOptions {
+        retries: 3,
+        ..hub.options(tmp.path())
+    };
+    hub.state().commit_fault = Some(Fault::Status(503));
+    let err = error_text(hub::push_folder(
+        "alice/m",
+        &model_folder(tmp.path()),
+        "m",
+        &opts,
+    ));
+    assert_mentions(
+        &err,
+        &[
+            &format!("upload of alice/m to {} failed", hub.endpoint),
+            "503 Service Unavailable",
+            "nothing was committed",
+            "run the same command again to retry",
+        ],
+    );
+    assert_eq!(hub.state().failed_commits, 3);
+    assert!(hub.state().commits.is_empty());
+}
+
+#[test]
+fn unreachable_hub_says_to_retry() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A port nothing listens on.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let opts = HubOptions {
+        endpoint: Some(endpoint.clone()),
+        token: Some(WRITE_TOKEN.to_string()),
+        cache_dir: Some(tmp.path().join("cache")),
+        retries: 1,
+        ..Default::default()
+    };
+    let err = error_text(hub::push_folder(
+        "alice/m",
+        &model_folder(tmp.path()),
+        "m",
+        &opts,
+    ));
+    assert_mentions(
+        &err,
+        &[
+            &format!("upload of alice/m to {endpoint} failed"),
+            "nothing was committed",
+            "run the same command again to retry",
+        ],
+    );
+    let err = error_text(hub::pull("alice/m", &FILES, &opts));
+    assert_mentions(
+        &err,
+        &[
+            &format!("download of README.md from alice/m on {endpoint} failed"),
+            "run the same command again to retry",
+        ],
+    );
+}
+
+#[test]
+fn existing_model_needs_update() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = model_folder(tmp.path());
+    let opts = hub.options(tmp.path());
+    hub::push_folder("alice/m", &folder, "v1", &opts).unwrap();
+
+    let err = error_text(hub::push_folder("alice/m", &folder, "v2", &opts));
+    let expected = format!(
+        "repository alice/m already exists on {} and holds a model",
+        hub.endpoint
+    );
+    assert_mentions(&err, &[&expected, "pass --update to add a new commit"]);
+    assert_eq!(hub.state().commits.len(), 1);
+
+    std::fs::write(folder.join("config.yaml"), "objective:\n  name: barlow\n").unwrap();
+    let update = HubOptions {
+        update: true,
+        ..opts
+    };
+    let url = hub::push_folder("alice/m", &folder, "v2", &update).unwrap();
+    let state = hub.state();
+    assert_eq!(state.commits.len(), 2);
+    assert_eq!(state.commits[1].summary, "v2");
+    assert!(url.ends_with(&state.commits[1].oid), "{url}");
+    drop(state);
+    assert_eq!(
+        hub.head_files("alice/m")["config.yaml"],
+        b"objective:\n  name: barlow\n"
+    );
+}
+
+#[test]
+fn pull_reports_what_is_missing() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = hub.options(&tmp.path().join("cache"));
+    hub::push_folder("alice/m", &model_folder(tmp.path()), "v1", &opts).unwrap();
+    let ep = &hub.endpoint;
+
+    let err = error_text(hub::pull("alice/m", &["config.yaml", "missing.bin"], &opts));
+    assert_mentions(
+        &err,
+        &[&format!(
+            "file missing.bin of alice/m at revision main not found on {ep}"
+        )],
+    );
+
+    let err = error_text(hub::pull("alice/nothing", &FILES, &opts));
+    assert_mentions(
+        &err,
+        &[&format!("repository alice/nothing not found on {ep}")],
+    );
+
+    let v9 = HubOptions {
+        revision: "v9".to_string(),
+        ..opts.clone()
+    };
+    let err = error_text(hub::pull("alice/m", &FILES, &v9));
+    assert_mentions(
+        &err,
+        &[&format!("revision v9 of alice/m not found on {ep}")],
+    );
+
+    // A repository private to someone else: the Hub refuses a token it does not accept.
+    hub.state().repos.get_mut("alice/m").unwrap().private = true;
+    let stranger = HubOptions {
+        token: Some("hf_someone_else".to_string()),
+        cache_dir: Some(tmp.path().join("other-cache")),
+        ..opts.clone()
+    };
+    let err = error_text(hub::pull("alice/m", &FILES, &stranger));
+    assert_mentions(
+        &err,
+        &[
+            &format!("repository alice/m not found on {ep} (HTTP 401)"),
+            "it is private",
+            "HF_TOKEN",
+        ],
+    );
+
+    let err = error_text(hub::pull("alice/m", &[], &opts));
+    assert_mentions(&err, &["no files to pull from alice/m"]);
+}
+
+#[test]
+fn bad_arguments_fail_before_any_request() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = hub.options(tmp.path());
+    let folder = model_folder(tmp.path());
+
+    for repo in [
+        "noslash",
+        "a/b/c",
+        "alice/",
+        "/m",
+        "alice/has space",
+        "alice/-m",
+        "alice/m..x",
+    ] {
+        let err = error_text(hub::push_folder(repo, &folder, "m", &opts));
+        assert_mentions(&err, &[&format!("invalid repository id `{repo}`")]);
+        let err = error_text(hub::pull(repo, &FILES, &opts));
+        assert_mentions(&err, &["invalid repository id"]);
+    }
+    let missing = tmp.path().join("no-such-run");
+    let err = error_text(hub::push_folder("alice/m", &missing, "m", &opts));
+    assert_mentions(&err, &["cannot read the folder to push", "no-such-run"]);
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let err = error_text(hub::push_folder("alice/m", &empty, "m", &opts));
+    assert_mentions(&err, &["holds no files to push"]);
+    let err = error_text(hub::push_folder("alice/m", &folder, "  ", &opts));
+    assert_mentions(&err, &["commit message must not be empty"]);
+
+    assert!(hub.state().requests.is_empty());
+}
+
+#[test]
+fn parse_hf_path_cases() {
+    let some = |repo: &str, rev: Option<&str>| Some((repo.to_string(), rev.map(str::to_string)));
+    assert_eq!(
+        hub::parse_hf_path("hf://alice/vicreg"),
+        some("alice/vicreg", None)
+    );
+    assert_eq!(
+        hub::parse_hf_path("hf://alice/vicreg@v2"),
+        some("alice/vicreg", Some("v2"))
+    );
+    assert_eq!(
+        hub::parse_hf_path("hf://alice/vicreg@refs/pr/1"),
+        some("alice/vicreg", Some("refs/pr/1"))
+    );
+    assert_eq!(
+        hub::parse_hf_path("hf://org-1/model_v1.5@0123abc"),
+        some("org-1/model_v1.5", Some("0123abc"))
+    );
+    for bad in [
+        "alice/vicreg",
+        "hf://",
+        "hf://alice",
+        "hf://alice/",
+        "hf:///vicreg",
+        "hf://alice/vicreg@",
+        "hf://a/b/c",
+        "hf://alice/vic reg",
+        "https://huggingface.co/alice/vicreg",
+        "HF://alice/vicreg",
+    ] {
+        assert_eq!(hub::parse_hf_path(bad), None, "{bad}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token lookup from the environment, in child processes so no test mutates this one's environment
+// ---------------------------------------------------------------------------------------------
+
+/// Runs the ignored test `name` of this binary in a child process whose Hugging Face environment
+/// is `HF_HOME=home` plus `env`, with no `HF_TOKEN`.
+fn run_child(name: &str, home: &Path, env: &[(&str, &Path)]) {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args([
+        name,
+        "--exact",
+        "--ignored",
+        "--test-threads=1",
+        "--nocapture",
+    ]);
+    for key in [
+        "HF_TOKEN",
+        "HF_TOKEN_PATH",
+        "HF_HUB_DISABLE_IMPLICIT_TOKEN",
+        "HF_ENDPOINT",
+        "HF_HUB_CACHE",
+        "XDG_CACHE_HOME",
+    ] {
+        command.env_remove(key);
+    }
+    command.env("HF_HOME", home).env(CHILD_MARKER, "1");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "child test {name} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn push_without_token_names_hf_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-token-here");
+    run_child(
+        "child_push_without_token",
+        tmp.path(),
+        &[("HF_TOKEN_PATH", &missing)],
+    );
+}
+
+#[test]
+fn push_reads_the_token_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token = tmp.path().join("token-file");
+    std::fs::write(&token, format!("{WRITE_TOKEN}\n")).unwrap();
+    run_child(
+        "child_push_with_token_file",
+        tmp.path(),
+        &[("HF_TOKEN_PATH", &token)],
+    );
+}
+
+#[test]
+#[ignore = "run by push_without_token_names_hf_token in a child process"]
+fn child_push_without_token() {
+    if std::env::var_os(CHILD_MARKER).is_none() {
+        return;
+    }
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = HubOptions {
+        token: None,
+        ..hub.options(tmp.path())
+    };
+    let err = error_text(hub::push_folder(
+        "alice/m",
+        &model_folder(tmp.path()),
+        "m",
+        &opts,
+    ));
+    let token_path = std::env::var("HF_TOKEN_PATH").unwrap();
+    assert_mentions(
+        &err,
+        &[
+            "HF_TOKEN",
+            "hf auth login",
+            &token_path,
+            &hub.endpoint,
+            "alice/m",
+        ],
+    );
+    assert!(
+        hub.state().requests.is_empty(),
+        "nothing may be sent without a token"
+    );
+
+    // Pulling a public repository needs no token.
+    let owner = hub.options(tmp.path());
+    hub::push_folder("alice/m", &model_folder(tmp.path()), "m", &owner).unwrap();
+    let anonymous = HubOptions {
+        cache_dir: Some(tmp.path().join("anonymous-cache")),
+        ..opts
+    };
+    let snapshot = hub::pull("alice/m", &FILES, &anonymous).unwrap();
+    assert!(snapshot.join("model.safetensors").is_file());
+    let state = hub.state();
+    let downloads = state
+        .requests
+        .iter()
+        .filter(|r| r.path.contains("/resolve/"));
+    assert!(downloads.clone().count() > 0);
+    assert!(
+        downloads.clone().all(|r| r.authorization.is_none()),
+        "{:?}",
+        state.requests
+    );
+}
+
+#[test]
+#[ignore = "run by push_reads_the_token_file in a child process"]
+fn child_push_with_token_file() {
+    if std::env::var_os(CHILD_MARKER).is_none() {
+        return;
+    }
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = HubOptions {
+        token: None,
+        ..hub.options(tmp.path())
+    };
+    hub::push_folder("alice/m", &model_folder(tmp.path()), "m", &opts).unwrap();
+    let state = hub.state();
+    assert_eq!(state.commits.len(), 1);
+    let bearer = format!("Bearer {WRITE_TOKEN}");
+    let all_authorised = state
+        .requests
+        .iter()
+        .all(|r| r.authorization.as_deref() == Some(&bearer as &str));
+    assert!(all_authorised, "{:?}", state.requests);
+}
