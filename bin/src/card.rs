@@ -64,9 +64,8 @@ pub fn model_card(
     let _ = writeln!(card, "# {repo}\n");
     let _ = writeln!(
         card,
-        "A `{}` encoder pretrained with **{objective}** ({paper}) on `{}` by \
-         [candle-ssl](https://github.com/candle-ssl/candle-ssl): {} epochs, batch {} × {} views, \
-         seed {}. The weights are the encoder alone (no projector, objective state or optimiser), \
+        "A `{}` encoder pretrained with **{objective}** ({paper}) on `{}` by candle-ssl \
+         (`ssl run`): {} epochs, batch {} × {} views, seed {}. The weights are the encoder alone (no projector, objective state or optimiser), \
          with PyTorch state-dict keys.\n",
         cfg.model.encoder,
         cfg.data.name,
