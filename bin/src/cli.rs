@@ -332,10 +332,12 @@ pub fn execute(cli: Cli) -> Result<()> {
                 lidar_views: args.lidar_views,
             };
             set_threads(sources[0].cfg.train.threads);
+            // RUN/checkpoint/model.safetensors → RUN/eval; anything else → ./ssl-eval.
             let out = args.out.clone().unwrap_or_else(|| {
-                let dir = sources[0].weights.parent().and_then(Path::parent);
-                match dir
-                    .filter(|d| d.join("config.yaml").exists() && d.join("checkpoint").exists())
+                let checkpoint_dir = sources[0].weights.parent();
+                match checkpoint_dir
+                    .filter(|d| d.ends_with("checkpoint"))
+                    .and_then(Path::parent)
                 {
                     Some(run) => run.join("eval"),
                     None => PathBuf::from("ssl-eval"),

@@ -348,14 +348,14 @@ fn cached_features(
         test: to_features(&model.features(&test.x)?)?,
         test_y: test.y,
     };
-    let tensors = to_cache(&embedded)?;
-    // A read-only location (a shared cache) only costs the re-embedding next time.
-    let _ = path
+    // Where the weights' directory is read-only, nothing is cached: the next evaluation embeds
+    // again.
+    let writable = path
         .parent()
-        .map(std::fs::create_dir_all)
-        .transpose()
-        .ok()
-        .and_then(|_| crate::checkpoint::save_tensors(&path, &tensors).ok());
+        .is_some_and(|dir| std::fs::create_dir_all(dir).is_ok());
+    if writable {
+        crate::checkpoint::save_tensors(&path, &to_cache(&embedded)?).ok();
+    }
     Ok(embedded)
 }
 
