@@ -50,7 +50,8 @@ pub fn clean_inputs(data: &DataSplit, device: &Device) -> Result<(Inputs, Inputs
     Ok((make(&data.train)?, make(&data.test)?))
 }
 
-fn to_features(t: &Tensor) -> Result<Features> {
+/// A `[n, …]` tensor as an `n × d` f32 feature matrix.
+pub fn to_features(t: &Tensor) -> Result<Features> {
     let t = t.flatten_from(1)?.to_dtype(candle_core::DType::F32)?;
     let (n, d) = t.dims2()?;
     Features::new(t.flatten_all()?.to_vec1::<f32>()?, n, d)

@@ -15,11 +15,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use serde::Serialize;
 use ssl_eval::Features;
 
 use crate::config::RunConfig;
+use crate::evaluate::to_features;
 use crate::plot::{scatter_panels, ScatterPanel};
 use crate::setup::{self, DataSplit};
 use crate::trainer::{self, Model};
@@ -319,12 +320,6 @@ fn augmented_views(
             to_features(&model.features(&x)?)
         })
         .collect()
-}
-
-fn to_features(t: &Tensor) -> Result<Features> {
-    let t = t.flatten_from(1)?.to_dtype(DType::F32)?;
-    let (n, d) = t.dims2()?;
-    Features::new(t.flatten_all()?.to_vec1::<f32>()?, n, d)
 }
 
 /// Train and test features of `source`, from the cache when its weights and data settings are

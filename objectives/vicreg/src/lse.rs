@@ -258,29 +258,23 @@ impl CustomOp1 for GramLse {
         let r = x.dim(D::Minus2)?;
         let mut shape = x.dims()[..x.rank() - 1].to_vec();
         shape.push(r);
+        fn gradient<T: Real>(
+            m: &[T],
+            lse: &Tensor,
+            g: &Tensor,
+            r: usize,
+            tau: f64,
+        ) -> Result<Vec<T>> {
+            let (lse, g) = (contiguous_slice::<T>(lse)?, contiguous_slice::<T>(g)?);
+            Ok(symmetric_softmax_gradient(m, &lse, &g, r, tau))
+        }
         let s = match &gram {
-            CpuStorage::F32(m) => Tensor::from_vec(
-                symmetric_softmax_gradient(
-                    m,
-                    &contiguous_slice::<f32>(lse)?,
-                    &contiguous_slice::<f32>(grad)?,
-                    r,
-                    self.tau,
-                ),
-                shape,
-                x.device(),
-            )?,
-            CpuStorage::F64(m) => Tensor::from_vec(
-                symmetric_softmax_gradient(
-                    m,
-                    &contiguous_slice::<f64>(lse)?,
-                    &contiguous_slice::<f64>(grad)?,
-                    r,
-                    self.tau,
-                ),
-                shape,
-                x.device(),
-            )?,
+            CpuStorage::F32(m) => {
+                Tensor::from_vec(gradient(m, lse, grad, r, self.tau)?, shape, x.device())?
+            }
+            CpuStorage::F64(m) => {
+                Tensor::from_vec(gradient(m, lse, grad, r, self.tau)?, shape, x.device())?
+            }
             _ => candle_core::bail!("off-diagonal log-sum-exp supports f32 and f64"),
         };
         Ok(Some(s.matmul(x)?))
