@@ -9,7 +9,8 @@
 //! machine moves numerator and denominator together. Then the FroSSL step at V = 8 against
 //! V = 2 (4× the images). Run with
 //! `cargo bench -p ssl --bench objective_step -- [--reps N] [--batch B] [--objectives a,b] [--ratio frossl,...]`;
-//! `RAYON_NUM_THREADS` sets the threads.
+//! `RAYON_NUM_THREADS` sets the threads. `-- --profile-loss NAME --reps 500` only calls that
+//! objective's loss + backward, for a profiler.
 
 use std::time::Instant;
 
@@ -199,6 +200,15 @@ fn main() -> Result<()> {
         reps,
         batch,
     };
+    if let Some(name) = flag("--profile-loss") {
+        let mut loss = bench.loss(&config(&name, 2, batch)?)?;
+        let seconds: Vec<f64> = (0..reps).map(&mut loss).collect::<Result<_>>()?;
+        println!(
+            "{name}: loss + backward alone, median {:.2} ms over {reps} calls",
+            median(seconds) * 1e3
+        );
+        return Ok(());
+    }
     println!(
         "digits CNN, projector 512-512, B = {batch}, medians of {reps} interleaved rounds after 2 warm-up, {} threads\n",
         rayon::current_num_threads()

@@ -237,11 +237,9 @@ pub fn von_neumann_entropy_of_rows_batched(z_hat: &Tensor) -> Result<Tensor> {
     if n == 0 {
         bail!("von Neumann entropy of rows: the batch is empty");
     }
-    let zt = z_hat.transpose(1, 2)?;
-    let gram = if d > n {
-        z_hat.matmul(&zt)?
-    } else {
-        zt.matmul(z_hat)?
+    let gram = match d > n {
+        true => crate::gram(z_hat)?,
+        false => crate::gram_of_columns(z_hat)?,
     };
     von_neumann_entropy_batched(&(gram / n as f64)?)
 }

@@ -16,12 +16,13 @@
 //! [`cross_correlation`] forms `C` explicitly for analysis and tests.
 
 use anyhow::Result;
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
     register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
     Requirements,
 };
+use ssl_linalg::{centre_and_scale_columns, gram, ColumnScale};
 
 /// Added to the batch variance before the square root, as in batch-norm.
 pub const BN_EPS: f64 = 1e-5;
@@ -29,9 +30,7 @@ pub const BN_EPS: f64 = 1e-5;
 /// Standardises every dimension over the batch axis (the second-to-last), batch-norm style
 /// without affine: `(Z − mean)/sqrt(var_p + 1e-5)`. `z`: `[N, d]` or `[V, N, d]`.
 pub fn standardize(z: &Tensor) -> candle_core::Result<Tensor> {
-    let centred = z.broadcast_sub(&z.mean_keepdim(D::Minus2)?)?;
-    let var = centred.sqr()?.mean_keepdim(D::Minus2)?;
-    centred.broadcast_div(&(var + BN_EPS)?.sqrt()?)
+    centre_and_scale_columns(z, ColumnScale::BatchNorm { eps: BN_EPS })
 }
 
 /// The cross-correlation matrix `C = Ẑ_aᵀ Ẑ_b / N` of two raw views `za, zb`: `[N, d]`
@@ -58,7 +57,7 @@ pub fn barlow_terms(z: &Tensor) -> candle_core::Result<BarlowTerms> {
     let zs = standardize(z)?;
     let n2 = (n * n) as f64;
     // ⟨G_u, G_v⟩ / N² = Σ_ij C^{uv}_ij², G_v = Ẑ_v Ẑ_vᵀ: [V, V].
-    let gram = zs.matmul(&zs.transpose(1, 2)?)?.reshape((v, n * n))?;
+    let gram = gram(&zs)?.reshape((v, n * n))?;
     let all_squares = (gram.matmul(&gram.t()?)? / n2)?;
     // C^{uv}_ii for every dimension i and pair of views: [d, V, V].
     let per_dim = zs.permute((2, 0, 1))?.contiguous()?;

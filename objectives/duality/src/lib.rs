@@ -50,7 +50,7 @@ use ssl_core::{
     register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
     Requirements,
 };
-use ssl_linalg::{l2_norm_keepdim, l2_normalize};
+use ssl_linalg::{centre_and_scale_columns, gram, gram_of_columns, l2_norm_keepdim, ColumnScale};
 
 /// `1 − I` of size `n`: keeps the off-diagonal entries of a Gram matrix.
 fn off_diagonal_mask(n: usize, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
@@ -75,8 +75,8 @@ fn off_diagonal_energy(z: &Tensor, rows: bool) -> candle_core::Result<Tensor> {
         );
     }
     let (n, m) = (z.dim(rank - 2)?, z.dim(rank - 1)?);
-    let row_gram = || z.matmul(&z.t()?);
-    let col_gram = || z.t()?.matmul(z);
+    let row_gram = || gram(z);
+    let col_gram = || gram_of_columns(z);
     let (size, direct) = if rows { (n, n <= m) } else { (m, m <= n) };
     if direct {
         let g = if rows { row_gram()? } else { col_gram()? };
@@ -113,9 +113,7 @@ pub use ssl_linalg::normalize_rows;
 /// Columns of `z`: `[..., N, M]` centred over the batch (the `N` axis) and scaled to unit L2 norm
 /// (unit-norm dimensions).
 pub fn standardize_columns(z: &Tensor) -> candle_core::Result<Tensor> {
-    let axis = z.rank() - 2;
-    let centred = z.broadcast_sub(&z.mean_keepdim(axis)?)?;
-    l2_normalize(&centred, axis)
+    centre_and_scale_columns(z, ColumnScale::Norm { norm: 1.0 })
 }
 
 /// Mean over the `V(V−1)/2` unordered view pairs of `‖Z_a − Z_b‖_F²`, for `z`: `[V, ...]`,

@@ -31,11 +31,15 @@ pub fn von_neumann_entropies(z: &Tensor) -> candle_core::Result<Tensor> {
 /// Mean over the official cosine pairs (view 0 or 1) × (every later view) of the batch-mean
 /// cosine similarity, for `z`: `[V, N, d]`, V ≥ 2. Cost linear in V.
 pub fn mean_pair_cosine(z: &Tensor) -> candle_core::Result<Tensor> {
+    mean_pair_dot(&normalize_rows(z)?)
+}
+
+/// [`mean_pair_cosine`] of rows already of unit norm.
+fn mean_pair_dot(z: &Tensor) -> candle_core::Result<Tensor> {
     let (v, n, _) = z.dims3()?;
     if v < 2 {
         candle_core::bail!("I-VNE cosine pairs need at least 2 views, got {v}");
     }
-    let z = normalize_rows(z)?;
     let first = z.narrow(0, 1, v - 1)?.broadcast_mul(&z.narrow(0, 0, 1)?)?;
     let mut total = first.sum_all()?;
     if v > 2 {
@@ -53,11 +57,12 @@ pub struct IvneTerms {
     pub entropy: Tensor,
 }
 
-/// Computes [`IvneTerms`] for `z`: `[V, N, d]`, V ≥ 2.
+/// Computes [`IvneTerms`] for `z`: `[V, N, d]`, V ≥ 2 (rows normalised once for both).
 pub fn ivne_terms(z: &Tensor) -> candle_core::Result<IvneTerms> {
+    let unit = normalize_rows(z)?;
     Ok(IvneTerms {
-        cosine: mean_pair_cosine(z)?,
-        entropy: von_neumann_entropies(z)?.mean(0)?,
+        cosine: mean_pair_dot(&unit)?,
+        entropy: von_neumann_entropy_of_rows_batched(&unit)?.mean(0)?,
     })
 }
 

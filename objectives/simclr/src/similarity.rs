@@ -47,23 +47,18 @@ pub enum Preprocess {
     Standardize,
 }
 
+use ssl_linalg::{centre_and_scale_columns, gram, ColumnScale};
 pub use ssl_linalg::{logsumexp_rows, normalize_rows};
 
 /// Applies `mode` to `z`: `[V, B, d]` view by view (batch statistics over the `B` axis).
 pub fn preprocess(z: &Tensor, mode: Preprocess) -> candle_core::Result<Tensor> {
-    let centre = || z.broadcast_sub(&z.mean_keepdim(1)?);
     match mode {
         Preprocess::None => normalize_rows(z),
-        Preprocess::Centre => normalize_rows(&centre()?),
+        Preprocess::Centre => normalize_rows(&centre_and_scale_columns(z, ColumnScale::None)?),
         Preprocess::Standardize => {
             let (_, n, d) = z.dims3()?;
-            let centred = centre()?;
-            let norm = centred
-                .sqr()?
-                .sum_keepdim(1)?
-                .sqrt()?
-                .clamp(1e-12, f64::INFINITY)?;
-            centred.broadcast_div(&norm)? * (n as f64 / d as f64).sqrt()
+            let norm = (n as f64 / d as f64).sqrt();
+            centre_and_scale_columns(z, ColumnScale::Norm { norm })
         }
     }
 }
@@ -74,7 +69,7 @@ pub fn similarity_logits(
     similarity: Similarity,
     tau: f64,
 ) -> candle_core::Result<Tensor> {
-    similarity.apply(&z.matmul(&z.t()?)?)? / tau
+    similarity.apply(&gram(z)?)? / tau
 }
 
 /// Masks over the `[VB, VB]` logits of `V·B` stacked embeddings (row `v·B + i`), built on the
