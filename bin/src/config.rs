@@ -178,7 +178,9 @@ pub struct TrainConfig {
     pub threads: usize,
     /// `cpu`, `cuda[:N]` or `metal`.
     pub device: String,
-    /// Online linear probe learning rate (0 disables the probe).
+    /// Online linear probe learning rate (0 disables the probe), with the backbone's optimiser
+    /// and schedule and no weight decay. Spec metrics §2 gives 0.1–0.3 as typical; on digits
+    /// after 50 epochs 1e-3 left the probe 16 pt under the offline one, 0.1 about 2 pt.
     pub probe_lr: f64,
     /// Checkpoint every N epochs (the last epoch is always saved).
     pub checkpoint_every: usize,
@@ -205,7 +207,7 @@ impl Default for TrainConfig {
             seed: 0,
             threads: 0,
             device: "cpu".into(),
-            probe_lr: 1e-3,
+            probe_lr: 0.1,
             checkpoint_every: 10,
             stop_after_epochs: 0,
         }

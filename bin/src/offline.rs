@@ -141,9 +141,18 @@ pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<R
         let device = setup::device(&source.cfg.train.device)?;
         let data = setup::data(&source.cfg)?;
         let model = trainer::build_model(&source.cfg, &data, &device)?;
-        crate::export::load_encoder(&model, &crate::checkpoint::load_tensors(&source.weights)?)?;
+        let weights = crate::checkpoint::load_tensors(&source.weights)?;
+        crate::export::load_encoder(&model, &weights)?;
+        let has_probe = load_online_probe(&model, &weights)?;
         let features = cached_features(source, &data, &model, &device)?;
-        columns.push(column(source, &features, &data, &model, &device, suite)?);
+        let mut column = column(source, &features, &data, &model, &device, suite)?;
+        if has_probe && suite.wants("probe") {
+            let accuracy = online_probe_accuracy_of(&model, &features, &device)?;
+            column
+                .metrics
+                .insert("online probe accuracy (recomputed)".into(), accuracy);
+        }
+        columns.push(column);
         let projected = ssl_eval::pca_2d(&features.test)?;
         panels.push(ScatterPanel {
             title: source.label.clone(),
@@ -454,6 +463,41 @@ fn format_value(name: &str, v: f64) -> String {
     } else {
         format!("{v:.3}")
     }
+}
+
+/// Sets the model's online probe from a run checkpoint's `probe.*` weights; `false` when the
+/// weights have none (an export, or a run trained without the probe).
+fn load_online_probe(model: &Model, weights: &HashMap<String, Tensor>) -> Result<bool> {
+    let vars = model.store.vars_with_prefix("probe.");
+    if model.probe.is_none() || vars.iter().any(|(name, _)| !weights.contains_key(name)) {
+        return Ok(false);
+    }
+    for (name, var) in vars {
+        let t = &weights[&name];
+        anyhow::ensure!(
+            t.shape() == var.shape(),
+            "checkpoint `{name}` has shape {:?}, the run's probe expects {:?}",
+            t.dims(),
+            var.dims()
+        );
+        var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
+    }
+    Ok(true)
+}
+
+/// Top-1 accuracy of the checkpoint's own online probe on the frozen test features: what the
+/// run logged at its last evaluation, recomputed from the weights.
+fn online_probe_accuracy_of(model: &Model, f: &Embedded, device: &Device) -> Result<f64> {
+    let test = Tensor::from_slice(&f.test.data, (f.test.n, f.test.d), device)?;
+    let predictions = model
+        .probe_predictions(&test)?
+        .context("the model has no online probe")?;
+    let correct = predictions
+        .iter()
+        .zip(&f.test_y)
+        .filter(|(p, y)| p == y)
+        .count();
+    Ok(correct as f64 / f.test_y.len() as f64)
 }
 
 /// The last `online_probe_accuracy` in a run's `metrics.jsonl`, if any.

@@ -398,6 +398,35 @@ fn a_non_finite_loss_stops_training_naming_the_step() {
     assert!(!out.join("results.json").exists());
 }
 
+/// The online probe trains on detached features with optimiser slots of its own: its learning
+/// rate changes no encoder or projector weight (so `ssl compare` may reuse runs across it).
+#[test]
+fn the_online_probe_leaves_the_encoder_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = |probe_lr: &str| {
+        let run = dir.path().join(probe_lr);
+        let set = format!("train.probe_lr={probe_lr}");
+        let o = quick(&run, "vicreg", &["--set", "train.epochs=1", "--set", &set]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let bytes = std::fs::read(run.join("checkpoint/model.safetensors")).unwrap();
+        let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut named: Vec<(String, Vec<u8>)> = tensors
+            .tensors()
+            .into_iter()
+            .filter(|(name, _)| !name.starts_with("probe."))
+            .map(|(name, view)| (name, view.data().to_vec()))
+            .collect();
+        named.sort();
+        let probe = tensors.tensor("probe.weight").unwrap().data().to_vec();
+        (named, probe)
+    };
+    let (slow, slow_probe) = weights("0.001");
+    let (fast, fast_probe) = weights("0.3");
+    assert!(slow.iter().any(|(name, _)| name.starts_with("encoder.")));
+    assert_eq!(slow, fast);
+    assert_ne!(slow_probe, fast_probe);
+}
+
 #[test]
 fn export_writes_the_encoder_alone_with_pytorch_keys_and_a_staged_repo_evaluates_the_same() {
     let dir = tempfile::tempdir().unwrap();
@@ -487,12 +516,23 @@ fn export_writes_the_encoder_alone_with_pytorch_keys_and_a_staged_repo_evaluates
         report["columns"][0]["metrics"].clone()
     };
     let mut from_run = metrics(&run, &dir.path().join("eval-run"));
-    // Only the run directory has a training log to read the online probe from.
-    let online = from_run
-        .as_object_mut()
-        .unwrap()
-        .remove("online probe accuracy (training log)");
-    assert!(online.is_some());
+    // Only the run directory has the online probe: its logged accuracy, and the same recomputed
+    // offline from the checkpoint's probe weights on the eval-mode features (issue 9: within
+    // 0.5 pt; the features are the trainer's, so it is exact).
+    let mut online = |key: &str| {
+        from_run
+            .as_object_mut()
+            .unwrap()
+            .remove(key)
+            .and_then(|v| v.as_f64())
+            .unwrap_or_else(|| panic!("the run's eval lacks {key:?}"))
+    };
+    let logged = online("online probe accuracy (training log)");
+    let recomputed = online("online probe accuracy (recomputed)");
+    assert!(
+        (logged - recomputed).abs() <= 0.005,
+        "logged {logged} vs recomputed {recomputed}"
+    );
     assert_eq!(from_run, metrics(&staged, &dir.path().join("eval-export")));
     assert!(from_run["probe balanced accuracy"].as_f64().unwrap() > 0.5);
 }
