@@ -10,6 +10,7 @@
 //! * linear CKA (§8);
 //! * covariance eigenvalue trajectories (§12);
 //! * a 2-D PCA projection for embedding plots;
+//! * the official MedMNIST ACC and AUC per task type (MedMNIST v2, official `evaluator.py`);
 //!
 //! plus the per-dimension standardisation of §0. All computations are done in `f64` (except the
 //! k-NN similarity matrix product, which is `f32`), inputs are row-major `f32` feature matrices
@@ -21,6 +22,7 @@ pub mod geometry;
 pub mod knn;
 pub mod lidar;
 pub mod linear_probe;
+pub mod medmnist;
 pub mod pca;
 pub mod spectrum;
 #[cfg(test)]
@@ -41,6 +43,7 @@ pub use linear_probe::{
     balanced_accuracy, fit_logistic, linear_probe, select_c, CSelection, LinearProbeConfig,
     LogisticModel, ProbeResult, DEFAULT_C_GRID,
 };
+pub use medmnist::{medmnist_metrics, roc_auc, MedMnistScores, MedMnistTask, MEDMNIST_THRESHOLD};
 pub use pca::pca_2d;
 pub use spectrum::{
     covariance_spectrum, effective_rank, rankme, singular_values, standardize, CovarianceSpectrum,
