@@ -141,9 +141,12 @@ pub struct RunArgs {
     /// Override any config key, e.g. `--set train.lr=0.01 --set objective.params.mu=10`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
-    /// Data set: digits or gmm.
+    /// Data set: digits, gmm or a MedMNIST flag (bloodmnist, …; the files from data.root)
     #[arg(long)]
     pub data: Option<String>,
+    /// Image side: the digits' upsampled size, or the MedMNIST file's (28, 64, 128, 224)
+    #[arg(long)]
+    pub size: Option<usize>,
     #[arg(long)]
     pub epochs: Option<usize>,
     #[arg(long)]
@@ -502,9 +505,10 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig> {
     for s in &args.set {
         apply_set(&mut root, s)?;
     }
-    let flags: [(&str, Option<String>); 9] = [
+    let flags: [(&str, Option<String>); 10] = [
         ("objective.name", args.objective.clone()),
         ("data.name", args.data.clone()),
+        ("data.size", args.size.map(|v| v.to_string())),
         ("train.epochs", args.epochs.map(|v| v.to_string())),
         ("train.batch_size", args.batch_size.map(|v| v.to_string())),
         ("train.views", args.views.map(|v| v.to_string())),

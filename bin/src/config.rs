@@ -36,11 +36,16 @@ impl Default for RunConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// `digits` (embedded scikit-learn digits) or `gmm` (IConE's 2-D Gaussian mixture).
+    /// `digits` (embedded scikit-learn digits), `gmm` (IConE's 2-D Gaussian mixture) or a
+    /// MedMNIST dataset (`bloodmnist`, `organmnist3d`, …) read from `root`.
     pub name: String,
-    /// Side length the digits are upsampled to.
+    /// Side length the digits are upsampled to; the MedMNIST file's size (28, 64, 128, 224).
     pub size: usize,
-    /// Held-out fraction (stratified).
+    /// Directory of MedMNIST `.npz` files (or one file); absent: `~/.medmnist`, the official
+    /// package's cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root: Option<PathBuf>,
+    /// Held-out fraction (stratified); MedMNIST keeps its official test split instead.
     pub test_fraction: f64,
     /// Seed of the train/test split and of the subsets below; absent: the run seed. Fix it to
     /// compare model seeds on one split (IConE protocol, data.md §5.2).
@@ -68,6 +73,7 @@ impl Default for DataConfig {
         Self {
             name: "digits".into(),
             size: 16,
+            root: None,
             test_fraction: 0.2,
             split_seed: None,
             train_size: 0,

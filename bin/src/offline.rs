@@ -219,6 +219,14 @@ fn column(
         metrics.insert("probe balanced accuracy".into(), probe.balanced_accuracy);
         metrics.insert("probe accuracy".into(), probe.accuracy);
         metrics.insert("probe C".into(), c);
+        if let Ok(info) = ssl_data::medmnist_info(&source.cfg.data.name) {
+            let task = ssl_eval::MedMnistTask::from_official(info.task)?;
+            let scores = class_scores(&probe, info.classes);
+            let official = ssl_eval::medmnist_metrics(task, &f.test_y, &scores, info.classes)
+                .context("MedMNIST ACC/AUC of the probe")?;
+            metrics.insert("MedMNIST ACC (probe)".into(), official.acc);
+            metrics.insert("MedMNIST AUC (probe)".into(), official.auc);
+        }
         if let Some(online) = source.online_probe {
             metrics.insert("online probe accuracy (training log)".into(), online);
         }
@@ -463,6 +471,18 @@ fn format_value(name: &str, v: f64) -> String {
     } else {
         format!("{v:.3}")
     }
+}
+
+/// The probe's test probabilities as a row-major `n × classes` matrix (a class the training
+/// partition lacks scores 0).
+fn class_scores(probe: &ssl_eval::ProbeResult, classes: usize) -> Vec<f64> {
+    let mut scores = vec![0.0; probe.probabilities.len() * classes];
+    for (row, p) in scores.chunks_exact_mut(classes).zip(&probe.probabilities) {
+        for (&class, &value) in probe.classes.iter().zip(p) {
+            row[class as usize] = value;
+        }
+    }
+    scores
 }
 
 /// Sets the model's online probe from a run checkpoint's `probe.*` weights; `false` when the

@@ -1,5 +1,6 @@
 //! Builds what a configuration names: device, data set and split, encoder, projector.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -44,16 +45,29 @@ pub struct DataSplit {
 }
 
 /// Loads the configured data set, splits it (by `data.split_seed`, else the run seed; the seed
-/// also draws the synthetic mixture) and narrows the training partition to the configured subset.
+/// also draws the synthetic mixture; MedMNIST keeps its official train and test splits) and
+/// narrows the training partition to the configured subset.
 pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
     let seed = cfg.data.split_seed.unwrap_or(cfg.train.seed);
-    let dataset = match cfg.data.name.as_str() {
-        "digits" => ssl_data::digits(cfg.data.size)?,
-        "gmm" => ssl_data::gaussian_mixture(seed),
-        other => bail!("unknown data set `{other}`; built in: digits, gmm"),
+    let (dataset, mut train, test) = match cfg.data.name.as_str() {
+        "digits" | "gmm" => {
+            let dataset = match cfg.data.name.as_str() {
+                "digits" => ssl_data::digits(cfg.data.size)?,
+                _ => ssl_data::gaussian_mixture(seed),
+            };
+            let (train, test) =
+                ssl_data::stratified_split(&dataset.labels, cfg.data.test_fraction, seed)?;
+            (dataset, train, test)
+        }
+        name => {
+            let m = medmnist(cfg).with_context(|| match ssl_data::medmnist_info(name) {
+                Ok(_) => format!("data set `{name}`"),
+                Err(_) => format!("unknown data set `{name}`; built in: digits, gmm"),
+            })?;
+            let [train, _, test] = m.splits;
+            (m.dataset, train.collect(), test.collect())
+        }
     };
-    let (mut train, test) =
-        ssl_data::stratified_split(&dataset.labels, cfg.data.test_fraction, seed)?;
     if cfg.data.train_size > 0 {
         train = ssl_data::stratified_subset(&dataset.labels, &train, cfg.data.train_size, seed)
             .context("data.train_size")?;
@@ -67,6 +81,33 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
         test,
         minority_classes,
     })
+}
+
+/// Where MedMNIST files are looked for: `data.root`, else the official package's `~/.medmnist`.
+pub fn medmnist_root(cfg: &RunConfig) -> PathBuf {
+    cfg.data.root.clone().unwrap_or_else(|| {
+        std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default()
+            .join(".medmnist")
+    })
+}
+
+/// The configured MedMNIST dataset, refusing the multi-label ChestMNIST: the probe, k-NN and
+/// balanced accuracy here take one class per image, and its first finding alone is not one.
+fn medmnist(cfg: &RunConfig) -> Result<ssl_data::MedMnist> {
+    let info = ssl_data::medmnist_info(&cfg.data.name)?;
+    if info.is_multi_label() {
+        bail!(
+            "{} is multi-label ({} findings per image); training and evaluation here take one \
+             class per image, so it is not supported yet",
+            info.flag,
+            info.classes
+        );
+    }
+    info.md5_at(cfg.data.size)
+        .with_context(|| format!("set the image size with --size {}", info.sizes()[0]))?;
+    ssl_data::load_medmnist(&medmnist_root(cfg), info.flag, cfg.data.size)
 }
 
 /// The configured encoder under `vb` (its keys start there, e.g. `encoder.conv1.weight`).

@@ -6,12 +6,16 @@
 //! * [`split`]: deterministic stratified train/test splits.
 //! * [`augment`]: per-view stochastic transforms ([`ViewTransform`]).
 //! * [`loader`]: the deterministic, rayon-parallel multi-view batch loader ([`ViewLoader`]).
+//! * [`medmnist`]: the 18 MedMNIST datasets' facts and their `.npz` files as a [`Dataset`].
+//! * [`npy`]: NumPy `.npy` arrays and `.npz` archives.
 
 pub mod augment;
 pub mod dataset;
 pub mod digits;
 pub mod gmm;
 pub mod loader;
+pub mod medmnist;
+pub mod npy;
 pub mod split;
 
 pub use augment::{
@@ -21,4 +25,7 @@ pub use dataset::Dataset;
 pub use digits::{bilinear_resize, digits, DEFAULT_DIGITS_SIZE};
 pub use gmm::gaussian_mixture;
 pub use loader::{clean_batch, mix_seed, ViewBatch, ViewLoader};
+pub use medmnist::{
+    load_medmnist, medmnist_info, write_digits_as_medmnist, MedMnist, MedMnistInfo,
+};
 pub use split::{imbalanced_subset, stratified_split, stratified_subset};

@@ -66,6 +66,12 @@ pub struct ProbeResult {
     pub iterations: usize,
     /// Predicted test labels.
     pub predictions: Vec<u32>,
+    /// Test class probabilities, one row per sample, columns in the order of `classes`.
+    #[serde(skip)]
+    pub probabilities: Vec<Vec<f64>>,
+    /// Sorted distinct training labels: the columns of `probabilities`.
+    #[serde(skip)]
+    pub classes: Vec<u32>,
 }
 
 /// A fitted logistic-regression model, including the training standardisation.
@@ -306,6 +312,8 @@ pub fn linear_probe(
         objective: model.objective,
         iterations: model.iterations,
         predictions,
+        probabilities: model.predict_proba(test)?,
+        classes: model.classes,
     })
 }
 

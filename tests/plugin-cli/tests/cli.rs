@@ -398,6 +398,73 @@ fn a_non_finite_loss_stops_training_naming_the_step() {
     assert!(!out.join("results.json").exists());
 }
 
+/// A MedMNIST dataset trains end to end from a local `.npz` — the digits packed in RetinaMNIST's
+/// exact layout (RGB, 5 ordinal classes), read by the same code as the official files — and
+/// `ssl eval` reports the official ACC and AUC of the probe.
+#[test]
+fn medmnist_files_train_and_evaluate_with_the_official_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("medmnist");
+    std::fs::create_dir(&root).unwrap();
+    ssl_data::write_digits_as_medmnist(&root.join("retinamnist.npz"), "retinamnist", 28).unwrap();
+    let root_set = format!("data.root={}", root.display());
+    let run = dir.path().join("run");
+    let args = ["--data", "retinamnist", "--size", "28", "--set", &root_set];
+    let o = quick(
+        &run,
+        "vicreg",
+        &[&args[..], &["--set", "train.epochs=1"]].concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = dir.path().join("eval");
+    let o = ssl(&[
+        "eval",
+        run.to_str().unwrap(),
+        "--metrics",
+        "probe",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("eval.json")).unwrap()).unwrap();
+    let metrics = &report["columns"][0]["metrics"];
+    let (acc, auc) = (
+        metrics["MedMNIST ACC (probe)"].as_f64().unwrap(),
+        metrics["MedMNIST AUC (probe)"].as_f64().unwrap(),
+    );
+    // Five classes (digit mod 5) of real digits: far above chance (ACC 0.2, AUC 0.5).
+    assert!(acc > 0.6 && auc > 0.8, "ACC {acc}, AUC {auc}");
+    let accuracy = metrics["probe accuracy"].as_f64().unwrap();
+    assert!((acc - accuracy).abs() < 1e-12, "ACC is the top-1 accuracy");
+
+    // Refusals name the problem and the fix.
+    let refused = |extra: &[&str], expected: &[&str]| {
+        let o = ssl(&[
+            &["run", "--out", dir.path().join("x").to_str().unwrap()],
+            extra,
+        ]
+        .concat());
+        assert!(!o.status.success());
+        for part in expected {
+            assert!(stderr(&o).contains(part), "{part:?} in:\n{}", stderr(&o));
+        }
+    };
+    refused(
+        &["--data", "bloodmnist", "--size", "28", "--set", &root_set],
+        &["bloodmnist.npz not found", "zenodo.org/records/10519652"],
+    );
+    refused(
+        &["--data", "retinamnist", "--set", &root_set],
+        &["not 16", "--size 28"],
+    );
+    refused(&["--data", "chestmnist", "--size", "28"], &["multi-label"]);
+    refused(
+        &["--data", "bloodmnst"],
+        &["did you mean `bloodmnist`", "digits, gmm"],
+    );
+}
+
 /// The online probe trains on detached features with optimiser slots of its own: its learning
 /// rate changes no encoder or projector weight (so `ssl compare` may reuse runs across it).
 #[test]

@@ -1,0 +1,780 @@
+//! MedMNIST v2 / MedMNIST+ (Yang et al., "MedMNIST v2 – A large-scale lightweight benchmark for
+//! 2D and 3D biomedical image classification", Scientific Data 10, 41, 2023): the 18 datasets'
+//! facts from the official `medmnist/info.py` v3.0.2 (spec `data.md` §1.3–1.4) and their `.npz`
+//! files read into a [`Dataset`].
+//!
+//! A file `{flag}.npz` (size 28) or `{flag}_{size}.npz` holds `{train,val,test}_{images,labels}`:
+//! images `u8` `(N, S, S)` grey, `(N, S, S, 3)` RGB (HWC) or `(N, S, S, S)` 3D; labels `(N, 1)`, or
+//! `(N, 14)` 0/1 flags for ChestMNIST. Samples become `[C, S, S]` (channels first) or
+//! `[1, S, S, S]` (`D, H, W` as the official 3D loader names them), `f32` in `[0, 1]`. Every
+//! split's size is checked against the table, so an older release or a wrong file is an error,
+//! not a silently different benchmark.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::npy::{Dtype, NpyHeader, Npz};
+use crate::Dataset;
+
+/// The official record the files are published in (MedMNIST v3.0 data release).
+pub const ZENODO_RECORD: &str = "https://zenodo.org/records/10519652/files";
+
+/// Image sizes of the 2D datasets (the 3D ones have the first two).
+pub const SIZES: [usize; 4] = [28, 64, 128, 224];
+
+/// One MedMNIST dataset.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MedMnistInfo {
+    /// The flag, e.g. `bloodmnist`.
+    pub flag: &'static str,
+    /// Imaging modality.
+    pub modality: &'static str,
+    /// The official task string: `multi-class`, `binary-class`, `multi-label, binary-class` or
+    /// `ordinal-regression`.
+    pub task: &'static str,
+    /// Image channels (1 or 3).
+    pub channels: usize,
+    /// Classes (ChestMNIST: binary labels).
+    pub classes: usize,
+    /// Images in the official train, val and test splits.
+    pub splits: [usize; 3],
+    /// MD5 of the file at each size of [`SIZES`] (`None`: not published).
+    pub md5: [Option<&'static str>; 4],
+    /// Volumes (`S×S×S`) rather than images.
+    pub volumetric: bool,
+}
+
+impl MedMnistInfo {
+    /// Label columns per image: the classes for the multi-label ChestMNIST, else 1.
+    pub fn label_columns(&self) -> usize {
+        match self.is_multi_label() {
+            true => self.classes,
+            false => 1,
+        }
+    }
+
+    /// Whether each image carries several 0/1 labels (ChestMNIST).
+    pub fn is_multi_label(&self) -> bool {
+        self.task.starts_with("multi-label")
+    }
+
+    /// The published sizes.
+    pub fn sizes(&self) -> Vec<usize> {
+        SIZES
+            .iter()
+            .zip(&self.md5)
+            .filter(|(_, md5)| md5.is_some())
+            .map(|(&s, _)| s)
+            .collect()
+    }
+
+    /// The MD5 of the file at `size`, or an error listing the published sizes.
+    pub fn md5_at(&self, size: usize) -> Result<&'static str> {
+        SIZES
+            .iter()
+            .position(|&s| s == size)
+            .and_then(|i| self.md5[i])
+            .with_context(|| {
+                format!(
+                    "{} is published at sizes {:?}, not {size}",
+                    self.flag,
+                    self.sizes()
+                )
+            })
+    }
+
+    /// `{flag}.npz` at 28, `{flag}_{size}.npz` otherwise.
+    pub fn file_name(&self, size: usize) -> String {
+        match size {
+            28 => format!("{}.npz", self.flag),
+            _ => format!("{}_{size}.npz", self.flag),
+        }
+    }
+
+    /// The official download address of the file at `size`.
+    pub fn url(&self, size: usize) -> String {
+        format!("{ZENODO_RECORD}/{}?download=1", self.file_name(size))
+    }
+
+    /// The shape of one stored image at `size` (without the leading N).
+    pub fn stored_shape(&self, size: usize) -> Vec<usize> {
+        match (self.volumetric, self.channels) {
+            (true, _) => vec![size, size, size],
+            (false, 1) => vec![size, size],
+            (false, c) => vec![size, size, c],
+        }
+    }
+
+    /// The shape of one sample in the [`Dataset`]: `[C, S, S]` or `[1, S, S, S]`.
+    pub fn sample_shape(&self, size: usize) -> Vec<usize> {
+        match self.volumetric {
+            true => vec![1, size, size, size],
+            false => vec![self.channels, size, size],
+        }
+    }
+}
+
+const fn info(
+    flag: &'static str,
+    modality: &'static str,
+    task: &'static str,
+    channels: usize,
+    classes: usize,
+    splits: [usize; 3],
+    md5: [Option<&'static str>; 4],
+) -> MedMnistInfo {
+    MedMnistInfo {
+        flag,
+        modality,
+        task,
+        channels,
+        classes,
+        splits,
+        md5,
+        volumetric: md5[2].is_none(),
+    }
+}
+
+const MC: &str = "multi-class";
+const BIN: &str = "binary-class";
+
+/// The 18 datasets (`data.md` §1.3–1.4).
+pub static DATASETS: [MedMnistInfo; 18] = [
+    info(
+        "pathmnist",
+        "colon pathology (H&E)",
+        MC,
+        3,
+        9,
+        [89_996, 10_004, 7_180],
+        [
+            Some("a8b06965200029087d5bd730944a56c1"),
+            Some("55aa9c1e0525abe5a6b9d8343a507616"),
+            Some("ac42d08fb904d92c244187169d1fd1d9"),
+            Some("2c51a510bcdc9cf8ddb2af93af1eadec"),
+        ],
+    ),
+    info(
+        "chestmnist",
+        "chest X-ray",
+        "multi-label, binary-class",
+        1,
+        14,
+        [78_468, 11_219, 22_433],
+        [
+            Some("02c8a6516a18b556561a56cbdd36c4a8"),
+            Some("9de6cd0b934ebb5b7426cfba5efbae16"),
+            Some("db107e5590b27930b62dbaf558aebee3"),
+            Some("45bd33e6f06c3e8cdb481c74a89152aa"),
+        ],
+    ),
+    info(
+        "dermamnist",
+        "dermatoscope",
+        MC,
+        3,
+        7,
+        [7_007, 1_003, 2_005],
+        [
+            Some("0744692d530f8e62ec473284d019b0c7"),
+            Some("b70a2f5635c6199aeaa28c31d7202e1f"),
+            Some("2defd784463fa5243564e855ed717de1"),
+            Some("8974907d8e169bef5f5b96bc506ae45d"),
+        ],
+    ),
+    info(
+        "octmnist",
+        "retinal OCT",
+        MC,
+        1,
+        4,
+        [97_477, 10_832, 1_000],
+        [
+            Some("c68d92d5b585d8d81f7112f81e2d0842"),
+            Some("e229e9440236b774d9f0dfef9d07bdaf"),
+            Some("0a97e76651ace45c5d943ee3f65b63ae"),
+            Some("abc493b6d529d5de7569faaef2773ba3"),
+        ],
+    ),
+    info(
+        "pneumoniamnist",
+        "paediatric chest X-ray",
+        BIN,
+        1,
+        2,
+        [4_708, 524, 624],
+        [
+            Some("28209eda62fecd6e6a2d98b1501bb15f"),
+            Some("8f4eceb4ccffa70c672198ea285246c6"),
+            Some("05b46931834c231683c68f40c47b2971"),
+            Some("d6a3c71de1b945ea11211b03746c1fe1"),
+        ],
+    ),
+    info(
+        "retinamnist",
+        "fundus camera",
+        "ordinal-regression",
+        3,
+        5,
+        [1_080, 120, 400],
+        [
+            Some("bd4c0672f1bba3e3a89f0e4e876791e4"),
+            Some("afda852cc34dcda56f86ad2b2457dbcc"),
+            Some("e48e916a24454daf90583d4e6efb1a18"),
+            Some("eae7e3b6f3fcbda4ae613ebdcbe35348"),
+        ],
+    ),
+    info(
+        "breastmnist",
+        "breast ultrasound",
+        BIN,
+        1,
+        2,
+        [546, 78, 156],
+        [
+            Some("750601b1f35ba3300ea97c75c52ff8f6"),
+            Some("742edef2a1fd1524b2efff4bd7ba9364"),
+            Some("363e4b3f8d712e9b5de15470a2aaadf1"),
+            Some("b56378a6eefa9fed602bb16d192d4c8b"),
+        ],
+    ),
+    info(
+        "bloodmnist",
+        "blood-cell microscopy",
+        MC,
+        3,
+        8,
+        [11_959, 1_712, 3_421],
+        [
+            Some("7053d0359d879ad8a5505303e11de1dc"),
+            Some("2b94928a2ae4916078ca51e05b6b800b"),
+            Some("adace1e0ed228fccda1f39692059dd4c"),
+            Some("b718ff6835fcbdb22ba9eacccd7b2601"),
+        ],
+    ),
+    info(
+        "tissuemnist",
+        "kidney-cortex microscopy",
+        MC,
+        1,
+        8,
+        [165_466, 23_640, 47_280],
+        [
+            Some("ebe78ee8b05294063de985d821c1c34b"),
+            Some("123ece2eba09d0aa5d698fda57103344"),
+            Some("61b955355d7425a89687b06cca3ce0c2"),
+            Some("b077128c4a949f0a4eb01517f9037b9c"),
+        ],
+    ),
+    info(
+        "organamnist",
+        "abdominal CT, axial",
+        MC,
+        1,
+        11,
+        [34_561, 6_491, 17_778],
+        [
+            Some("68e3f8846a6bd62f0c9bf841c0d9eacc"),
+            Some("2dcccc29b88e6da5a01161ef20cda288"),
+            Some("eeae80d0a227a8d099027e1b3cfd3b60"),
+            Some("50747347e05c87dd3aaf92c49f9f3170"),
+        ],
+    ),
+    info(
+        "organcmnist",
+        "abdominal CT, coronal",
+        MC,
+        1,
+        11,
+        [12_975, 2_392, 8_216],
+        [
+            Some("b9ceb9546e10131b32923c5bbeaea2b1"),
+            Some("3ce34a8724ea6f548e6db4744d03b6a9"),
+            Some("773c1f009daa3fe5d9a2a201b2a7ed94"),
+            Some("050f5e875dc056f6768abf94ec9995d1"),
+        ],
+    ),
+    info(
+        "organsmnist",
+        "abdominal CT, sagittal",
+        MC,
+        1,
+        11,
+        [13_932, 2_452, 8_827],
+        [
+            Some("9ab87b696fb54e2a387ebe992d6ed5f1"),
+            Some("53a6d115339d874c25e309a994ff46d3"),
+            Some("ded0c5fa01a95dc4978b956f613e9b8e"),
+            Some("b354719e553fbbb2513d5533f52a4cb1"),
+        ],
+    ),
+    info(
+        "organmnist3d",
+        "abdominal CT",
+        MC,
+        1,
+        11,
+        [971, 161, 610],
+        [
+            Some("a0c5a1ff56af4f155c46d46fbb45a2fe"),
+            Some("58a2205adf14a9d0a189cb06dc78bf10"),
+            None,
+            None,
+        ],
+    ),
+    info(
+        "nodulemnist3d",
+        "chest CT",
+        BIN,
+        1,
+        2,
+        [1_158, 165, 310],
+        [
+            Some("8755a7e9e05a4d9ce80a24c3e7a256f3"),
+            Some("c47c5b7d457bf6332200d2ea6d64ecd8"),
+            None,
+            None,
+        ],
+    ),
+    info(
+        "adrenalmnist3d",
+        "shape masks from abdominal CT",
+        BIN,
+        1,
+        2,
+        [1_188, 98, 298],
+        [
+            Some("bbd3c5a5576322bc4cdfea780653b1ce"),
+            Some("17721accfe9fb005146a47d33bc54b2f"),
+            None,
+            None,
+        ],
+    ),
+    info(
+        "fracturemnist3d",
+        "chest CT",
+        MC,
+        1,
+        3,
+        [1_027, 103, 240],
+        [
+            Some("6aa7b0143a6b42da40027a9dda61302f"),
+            Some("f01d7e6316aedf4210da0da5b7437b42"),
+            None,
+            None,
+        ],
+    ),
+    info(
+        "vesselmnist3d",
+        "shape (voxelised MRA vessel meshes)",
+        BIN,
+        1,
+        2,
+        [1_335, 191, 382],
+        [
+            Some("b41fd4f7e7e2feedddb201585ecafa1b"),
+            Some("6bb274a8846e1097066dcd64e2c4520f"),
+            None,
+            None,
+        ],
+    ),
+    info(
+        "synapsemnist3d",
+        "electron microscopy",
+        BIN,
+        1,
+        2,
+        [1_230, 177, 352],
+        [
+            Some("1235b78a3cd6280881dd7850a78eadb6"),
+            Some("43bd14ebf3af9d3dd072446fedc14d5e"),
+            None,
+            None,
+        ],
+    ),
+];
+
+/// The dataset called `flag` (case-insensitive), or an error naming the closest flag.
+pub fn medmnist_info(flag: &str) -> Result<&'static MedMnistInfo> {
+    let lower = flag.to_ascii_lowercase();
+    if let Some(info) = DATASETS.iter().find(|d| d.flag == lower) {
+        return Ok(info);
+    }
+    let closest = DATASETS
+        .iter()
+        .min_by_key(|d| strsim::levenshtein(d.flag, &lower))
+        .expect("18 datasets");
+    bail!(
+        "unknown MedMNIST dataset `{flag}` (did you mean `{}`?); known: {}",
+        closest.flag,
+        DATASETS
+            .iter()
+            .map(|d| d.flag)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// The official splits in file order.
+pub const SPLITS: [&str; 3] = ["train", "val", "test"];
+
+/// A MedMNIST file read into one [`Dataset`]: the train, val and test splits one after another.
+#[derive(Debug, Clone)]
+pub struct MedMnist {
+    pub info: &'static MedMnistInfo,
+    pub size: usize,
+    /// All three splits; `labels` holds label column 0 (the class; for ChestMNIST the first
+    /// finding, see `label_matrix`).
+    pub dataset: Dataset,
+    /// Positions of the train, val and test images in `dataset`.
+    pub splits: [Range<usize>; 3],
+    /// Every label column, row-major `len × info.label_columns()` (ChestMNIST's 14 flags).
+    pub label_matrix: Vec<u32>,
+}
+
+/// Where the file of `flag` at `size` is under `root`: `root` itself when it is a file, else
+/// `root/{file name}`.
+pub fn medmnist_path(root: &Path, info: &MedMnistInfo, size: usize) -> PathBuf {
+    match root.is_file() {
+        true => root.to_path_buf(),
+        false => root.join(info.file_name(size)),
+    }
+}
+
+/// Reads `flag` at `size` from `root` (a directory of `.npz` files or the file itself).
+pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
+    let info = medmnist_info(flag)?;
+    info.md5_at(size)?;
+    let path = medmnist_path(root, info, size);
+    ensure!(
+        path.exists(),
+        "{} not found; download it from {} (MD5 {}) into {}, or point data.root at the file",
+        path.display(),
+        info.url(size),
+        info.md5_at(size)?,
+        root.display()
+    );
+    let mut npz = Npz::open(&path)?;
+    let stored = info.stored_shape(size);
+    let per_image: usize = stored.iter().product();
+    let total: usize = info.splits.iter().sum();
+    let mut images: Vec<f32> = Vec::with_capacity(total * per_image);
+    let mut label_matrix = Vec::with_capacity(total * info.label_columns());
+    let mut splits: [Range<usize>; 3] = [0..0, 0..0, 0..0];
+    for (s, split) in SPLITS.iter().enumerate() {
+        let start = images.len() / per_image;
+        let expected = info.splits[s];
+        let (header, bytes) = npz.read(&format!("{split}_images"))?;
+        check_images(info, size, s, &header)?;
+        append_channels_first(info.channels, &bytes, per_image, &mut images);
+        let (labels, values) = npz.read(&format!("{split}_labels"))?;
+        label_matrix.extend(decode_labels(info, split, expected, &labels, &values)?);
+        splits[s] = start..start + expected;
+    }
+    let first_column = label_matrix
+        .chunks_exact(info.label_columns())
+        .map(|row| row[0])
+        .collect();
+    Ok(MedMnist {
+        info,
+        size,
+        dataset: Dataset {
+            name: info.flag.to_string(),
+            images,
+            labels: first_column,
+            shape: info.sample_shape(size),
+            num_classes: match info.is_multi_label() {
+                true => 2,
+                false => info.classes,
+            },
+        },
+        splits,
+        label_matrix,
+    })
+}
+
+fn check_images(info: &MedMnistInfo, size: usize, split: usize, h: &NpyHeader) -> Result<()> {
+    let mut want = vec![info.splits[split]];
+    want.extend(info.stored_shape(size));
+    let split = SPLITS[split];
+    ensure!(
+        h.dtype == Dtype::U8,
+        "{}: {split}_images has dtype {:?}, MedMNIST stores u8",
+        info.flag,
+        h.dtype
+    );
+    ensure!(
+        h.shape == want,
+        "{}: {split}_images has shape {:?}, expected {:?} for {} at size {size} (an older \
+         MedMNIST release or another file?)",
+        info.flag,
+        h.shape,
+        want,
+        info.flag
+    );
+    Ok(())
+}
+
+/// Appends the images of `bytes` (`per_image` bytes each, RGB stored HWC) as `f32` in
+/// `[0, 1]`, channels first.
+fn append_channels_first(channels: usize, bytes: &[u8], per_image: usize, images: &mut Vec<f32>) {
+    let pixels = per_image / channels;
+    for image in bytes.chunks_exact(per_image) {
+        for c in 0..channels {
+            images.extend((0..pixels).map(|p| f32::from(image[p * channels + c]) / 255.0));
+        }
+    }
+}
+
+/// Labels as `u32`, row-major `n × label_columns`, checked against the task.
+fn decode_labels(
+    info: &MedMnistInfo,
+    split: &str,
+    n: usize,
+    h: &NpyHeader,
+    bytes: &[u8],
+) -> Result<Vec<u32>> {
+    let columns = info.label_columns();
+    ensure!(
+        h.shape == [n, columns] || (columns == 1 && h.shape == [n]),
+        "{}: {split}_labels has shape {:?}, expected [{n}, {columns}]",
+        info.flag,
+        h.shape
+    );
+    let values: Vec<i64> = match h.dtype {
+        Dtype::U8 => bytes.iter().map(|&v| i64::from(v)).collect(),
+        Dtype::I32 => bytes
+            .chunks_exact(4)
+            .map(|b| i64::from(i32::from_le_bytes(b.try_into().expect("4 bytes"))))
+            .collect(),
+        Dtype::I64 => bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect(),
+    };
+    let bound = match info.is_multi_label() {
+        true => 2,
+        false => info.classes as i64,
+    };
+    if let Some(bad) = values.iter().find(|&&v| !(0..bound).contains(&v)) {
+        bail!(
+            "{}: {split}_labels holds {bad}, outside 0..{bound} for its {} task",
+            info.flag,
+            info.task
+        );
+    }
+    Ok(values.into_iter().map(|v| v as u32).collect())
+}
+
+/// Writes a MedMNIST-layout `.npz` (DEFLATE, like `np.savez_compressed`) for `info` at `size`:
+/// per split (train, val, test) the stored `u8` images (`N × stored_shape`) and `u8` labels
+/// (`N × label_columns`). Written to a temporary file beside `path`, then renamed.
+pub fn write_medmnist_npz(
+    path: &Path,
+    info: &MedMnistInfo,
+    size: usize,
+    splits: &[(Vec<u8>, Vec<u8>); 3],
+) -> Result<()> {
+    let mut arrays = Vec::new();
+    for ((images, labels), (split, &n)) in splits.iter().zip(SPLITS.iter().zip(&info.splits)) {
+        let mut shape = vec![n];
+        shape.extend(info.stored_shape(size));
+        arrays.push((
+            format!("{split}_images"),
+            NpyHeader {
+                dtype: Dtype::U8,
+                shape,
+            },
+            images.as_slice(),
+        ));
+        arrays.push((
+            format!("{split}_labels"),
+            NpyHeader {
+                dtype: Dtype::U8,
+                shape: vec![n, info.label_columns()],
+            },
+            labels.as_slice(),
+        ));
+    }
+    let named: Vec<(&str, NpyHeader, &[u8])> = arrays
+        .iter()
+        .map(|(name, h, data)| (name.as_str(), h.clone(), *data))
+        .collect();
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("cannot write into {}", dir.display()))?;
+    crate::npy::write_npz(tmp.as_file(), &named, true)?;
+    tmp.persist(path)
+        .with_context(|| format!("cannot rename into {}", path.display()))?;
+    Ok(())
+}
+
+/// The embedded digits packed in the exact layout and split sizes of MedMNIST dataset `flag` at
+/// `size` (digits cycled; label = digit mod the classes, ChestMNIST's flag j = whether
+/// `(digit + j) mod 3 = 0`; RGB tints the grey image per channel; a volume stacks the image
+/// `size` times, fading towards the ends), written to `path`: real images through the same code
+/// path as the official files, for tests and for trying the pipeline without them.
+pub fn write_digits_as_medmnist(path: &Path, flag: &str, size: usize) -> Result<()> {
+    let info = medmnist_info(flag)?;
+    info.md5_at(size)?;
+    let digits = crate::digits(size)?;
+    let tint = [1.0f32, 0.8, 0.6];
+    let mut next = 0usize;
+    let mut pack = |n: usize| {
+        let (mut images, mut labels) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let i = next % digits.len();
+            next += 1;
+            let pixel = |v: f32| (v * 255.0).round().clamp(0.0, 255.0) as u8;
+            let image = digits.sample(i);
+            match (info.volumetric, info.channels) {
+                (true, _) => {
+                    for z in 0..size {
+                        let fade = 1.0 - (z as f32 - size as f32 / 2.0).abs() / size as f32;
+                        images.extend(image.iter().map(|&v| pixel(v * fade)));
+                    }
+                }
+                (false, 1) => images.extend(image.iter().map(|&v| pixel(v))),
+                (false, c) => {
+                    for &v in image {
+                        images.extend(tint[..c].iter().map(|t| pixel(v * t)));
+                    }
+                }
+            }
+            let digit = digits.labels[i] as usize;
+            match info.is_multi_label() {
+                true => labels
+                    .extend((0..info.classes).map(|j| u8::from((digit + j).is_multiple_of(3)))),
+                false => labels.push((digit % info.classes) as u8),
+            }
+        }
+        (images, labels)
+    };
+    let splits = [
+        pack(info.splits[0]),
+        pack(info.splits[1]),
+        pack(info.splits[2]),
+    ];
+    write_medmnist_npz(path, info, size, &splits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_matches_the_spec() -> Result<()> {
+        assert_eq!(DATASETS.len(), 18);
+        assert_eq!(DATASETS.iter().filter(|d| d.volumetric).count(), 6);
+        let blood = medmnist_info("BloodMNIST")?;
+        assert_eq!(
+            (blood.channels, blood.classes, blood.splits),
+            (3, 8, [11_959, 1_712, 3_421])
+        );
+        assert_eq!(blood.file_name(28), "bloodmnist.npz");
+        assert_eq!(blood.file_name(224), "bloodmnist_224.npz");
+        assert_eq!(
+            blood.url(64),
+            "https://zenodo.org/records/10519652/files/bloodmnist_64.npz?download=1"
+        );
+        assert_eq!(blood.md5_at(224)?, "b718ff6835fcbdb22ba9eacccd7b2601");
+        let organ = medmnist_info("organmnist3d")?;
+        assert_eq!(organ.sizes(), [28, 64]);
+        assert_eq!(organ.sample_shape(28), [1, 28, 28, 28]);
+        let e = format!("{:#}", organ.md5_at(128).unwrap_err());
+        assert!(e.contains("[28, 64]"), "{e}");
+        assert_eq!(medmnist_info("chestmnist")?.label_columns(), 14);
+        let e = format!("{:#}", medmnist_info("bloodmnst").unwrap_err());
+        assert!(e.contains("did you mean `bloodmnist`"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn rgb_grey_volume_and_multi_label_files_load_channels_first() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let digits = crate::digits(28)?;
+        // RGB (ordinal), grey (binary) and a volume; ChestMNIST's 112,120 images are left to
+        // the label test below.
+        for flag in ["retinamnist", "breastmnist", "nodulemnist3d"] {
+            write_digits_as_medmnist(&dir.path().join(format!("{flag}.npz")), flag, 28)?;
+            let m = load_medmnist(dir.path(), flag, 28)?;
+            let info = m.info;
+            assert_eq!(m.dataset.len(), info.splits.iter().sum::<usize>());
+            assert_eq!(m.splits[1], info.splits[0]..info.splits[0] + info.splits[1]);
+            assert_eq!(m.dataset.shape, info.sample_shape(28));
+            // Image 0 is digit 0: channel c is its grey image tinted (stored HWC); a volume's
+            // middle slice (D = 14) is the image unfaded.
+            let plane = 28 * 28;
+            let middle = if info.volumetric { 14 * plane } else { 0 };
+            let first = &m.dataset.sample(0)[middle..];
+            let expect = |v: f32, t: f32| (v * t * 255.0).round() / 255.0;
+            for p in [0, 300, 407] {
+                let grey = digits.sample(0)[p];
+                assert!((first[p] - expect(grey, 1.0)).abs() < 1e-6, "{flag}");
+                if info.channels == 3 {
+                    assert!((first[2 * plane + p] - expect(grey, 0.6)).abs() < 1e-6);
+                }
+            }
+            assert_eq!(m.dataset.labels[7], 7 % info.classes as u32);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn wrong_sizes_labels_and_missing_files_are_clear_errors() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let e = format!(
+            "{:#}",
+            load_medmnist(dir.path(), "breastmnist", 28).unwrap_err()
+        );
+        assert!(e.contains("not found") && e.contains("zenodo.org"), "{e}");
+        // A breastmnist-named file with another dataset's split sizes.
+        let path = dir.path().join("breastmnist.npz");
+        write_digits_as_medmnist(&path, "pneumoniamnist", 28)?;
+        let e = format!("{:#}", load_medmnist(&path, "breastmnist", 28).unwrap_err());
+        assert!(e.contains("train_images has shape [4708, 28, 28]"), "{e}");
+        // Labels outside the classes.
+        let info = medmnist_info("breastmnist")?;
+        let splits = info.splits.map(|n| (vec![0u8; n * 28 * 28], vec![2u8; n]));
+        write_medmnist_npz(&path, info, 28, &splits)?;
+        let e = format!(
+            "{:#}",
+            load_medmnist(dir.path(), "breastmnist", 28).unwrap_err()
+        );
+        assert!(e.contains("holds 2, outside 0..2"), "{e}");
+        // A size the dataset is not published at.
+        let e = format!(
+            "{:#}",
+            load_medmnist(dir.path(), "breastmnist", 32).unwrap_err()
+        );
+        assert!(e.contains("not 32"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn multi_label_rows_keep_every_flag() -> Result<()> {
+        let info = medmnist_info("chestmnist")?;
+        let h = NpyHeader {
+            dtype: Dtype::U8,
+            shape: vec![2, 14],
+        };
+        let mut bytes = vec![0u8; 28];
+        bytes[3] = 1;
+        bytes[14 + 13] = 1;
+        let labels = decode_labels(info, "test", 2, &h, &bytes)?;
+        assert_eq!(labels.len(), 28);
+        assert_eq!((labels[3], labels[27], labels[0]), (1, 1, 0));
+        let wide = NpyHeader {
+            dtype: Dtype::I64,
+            shape: vec![1, 1],
+        };
+        let blood = medmnist_info("bloodmnist")?;
+        assert_eq!(
+            decode_labels(blood, "train", 1, &wide, &7i64.to_le_bytes())?,
+            [7]
+        );
+        Ok(())
+    }
+}

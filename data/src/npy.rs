@@ -1,0 +1,383 @@
+//! NumPy `.npy` arrays and `.npz` archives of them (spec `data.md` §1.2).
+//!
+//! An `.npy` is the magic `\x93NUMPY`, a version, a little-endian header length (`u16` in
+//! v1.0, `u32` in v2.0/v3.0), an ASCII dict literal such as
+//! `{'descr': '|u1', 'fortran_order': False, 'shape': (89996, 28, 28, 3), }` and the raw C-order
+//! bytes. An `.npz` is a ZIP (ZIP64 for members over 4 GiB) of `.npy` members, stored or
+//! DEFLATE-compressed; the `zip` crate finds them through the central directory and inflates
+//! them as a stream.
+
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, Write};
+use std::path::Path;
+
+use anyhow::{bail, ensure, Context, Result};
+
+/// Element types found in MedMNIST files (labels may be wider than images).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    U8,
+    I32,
+    I64,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::U8 => 1,
+            Dtype::I32 => 4,
+            Dtype::I64 => 8,
+        }
+    }
+
+    fn parse(descr: &str) -> Result<Self> {
+        Ok(match descr {
+            "|u1" | "<u1" | "u1" => Dtype::U8,
+            "<i4" => Dtype::I32,
+            "<i8" => Dtype::I64,
+            other => bail!("unsupported dtype `{other}` (expected |u1, <i4 or <i8)"),
+        })
+    }
+
+    fn descr(self) -> &'static str {
+        match self {
+            Dtype::U8 => "|u1",
+            Dtype::I32 => "<i4",
+            Dtype::I64 => "<i8",
+        }
+    }
+}
+
+/// An `.npy` header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NpyHeader {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+}
+
+impl NpyHeader {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the array has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of the array data.
+    pub fn data_bytes(&self) -> usize {
+        self.len() * self.dtype.size()
+    }
+}
+
+const MAGIC: &[u8] = b"\x93NUMPY";
+
+/// Reads an `.npy` header, leaving `r` at the first data byte.
+pub fn read_header(r: &mut impl Read) -> Result<NpyHeader> {
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)
+        .context("truncated .npy: no header")?;
+    ensure!(
+        &magic[..6] == MAGIC,
+        "not a .npy array (the magic bytes \\x93NUMPY are missing)"
+    );
+    let header_len = match magic[6] {
+        1 => {
+            let mut len = [0u8; 2];
+            r.read_exact(&mut len)?;
+            u16::from_le_bytes(len) as usize
+        }
+        2 | 3 => {
+            let mut len = [0u8; 4];
+            r.read_exact(&mut len)?;
+            u32::from_le_bytes(len) as usize
+        }
+        v => bail!(".npy format version {v} is not supported (1, 2 or 3)"),
+    };
+    let mut text = vec![0u8; header_len];
+    r.read_exact(&mut text)
+        .context("truncated .npy: the header ends early")?;
+    let text = String::from_utf8(text).context(".npy header is not UTF-8")?;
+    parse_dict(&text)
+}
+
+/// The `descr`, `fortran_order` and `shape` entries of the header's dict literal.
+fn parse_dict(text: &str) -> Result<NpyHeader> {
+    let value_of = |key: &str| -> Result<&str> {
+        let quoted = [format!("'{key}'"), format!("\"{key}\"")];
+        let at = quoted
+            .iter()
+            .find_map(|q| text.find(q.as_str()).map(|i| i + q.len()))
+            .with_context(|| format!(".npy header lacks `{key}`: {text:?}"))?;
+        let rest = text[at..].trim_start();
+        rest.strip_prefix(':')
+            .map(str::trim_start)
+            .with_context(|| format!(".npy header: no value for `{key}`"))
+    };
+    let descr = value_of("descr")?;
+    let descr = descr
+        .strip_prefix(['\'', '"'])
+        .and_then(|d| d.split(['\'', '"']).next())
+        .context(".npy header: `descr` is not a string")?;
+    ensure!(
+        !value_of("fortran_order")?.starts_with("True"),
+        "Fortran-ordered .npy arrays are not supported (MedMNIST writes C order)"
+    );
+    let shape = value_of("shape")?;
+    let inner = shape
+        .strip_prefix('(')
+        .and_then(|s| s.split(')').next())
+        .context(".npy header: `shape` is not a tuple")?;
+    let shape = inner
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .with_context(|| format!(".npy header: bad shape ({inner})"))?;
+    Ok(NpyHeader {
+        dtype: Dtype::parse(descr)?,
+        shape,
+    })
+}
+
+/// Writes a v1.0 `.npy` of `data` (`header.data_bytes()` little-endian bytes), the header
+/// padded so the data starts at a multiple of 64 bytes, as NumPy does.
+pub fn write_npy(w: &mut impl Write, header: &NpyHeader, data: &[u8]) -> Result<()> {
+    ensure!(
+        data.len() == header.data_bytes(),
+        "{} data bytes for shape {:?} of {:?}",
+        data.len(),
+        header.shape,
+        header.dtype
+    );
+    let shape = match header.shape.as_slice() {
+        [one] => format!("({one},)"),
+        dims => format!(
+            "({})",
+            dims.iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let mut dict = format!(
+        "{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}",
+        header.dtype.descr()
+    );
+    let unpadded = MAGIC.len() + 2 + 2 + dict.len() + 1;
+    dict.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
+    dict.push('\n');
+    w.write_all(MAGIC)?;
+    w.write_all(&[1, 0])?;
+    w.write_all(&(dict.len() as u16).to_le_bytes())?;
+    w.write_all(dict.as_bytes())?;
+    w.write_all(data)?;
+    Ok(())
+}
+
+/// An open `.npz` archive.
+pub struct Npz {
+    archive: zip::ZipArchive<BufReader<File>>,
+    path: std::path::PathBuf,
+}
+
+impl Npz {
+    /// Opens `path`, reading the ZIP central directory.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let archive = zip::ZipArchive::new(BufReader::new(file)).with_context(|| {
+            format!(
+                "{} is not a valid .npz (ZIP) archive; the file may be truncated or corrupt — \
+                 delete it and download it again",
+                path.display()
+            )
+        })?;
+        Ok(Self {
+            archive,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The array names (member names without `.npy`), sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .archive
+            .file_names()
+            .filter_map(|n| n.ok())
+            .map(|n| n.strip_suffix(".npy").unwrap_or(&n).to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Streams array `name` (inflating it when compressed): its header, then `sink` is called
+    /// with consecutive chunks of its data bytes, `data_bytes()` in all.
+    pub fn stream(
+        &mut self,
+        name: &str,
+        mut sink: impl FnMut(&NpyHeader, &[u8]) -> Result<()>,
+    ) -> Result<NpyHeader> {
+        let member = format!("{name}.npy");
+        let path = self.path.display().to_string();
+        let names = self.names().join(", ");
+        let mut file = self
+            .archive
+            .by_name(&member)
+            .with_context(|| format!("{path} has no array `{name}` (it holds: {names})"))?;
+        let header = read_header(&mut file).with_context(|| format!("{path}: array `{name}`"))?;
+        let mut left = header.data_bytes();
+        let mut buffer = vec![0u8; 1 << 20];
+        while left > 0 {
+            let want = left.min(buffer.len());
+            file.read_exact(&mut buffer[..want]).with_context(|| {
+                format!(
+                    "{path}: array `{name}` ends {left} bytes early (shape {:?}); the file is \
+                     truncated or corrupt — delete it and download it again",
+                    header.shape
+                )
+            })?;
+            sink(&header, &buffer[..want])?;
+            left -= want;
+        }
+        Ok(header)
+    }
+
+    /// Array `name` read whole: its header and data bytes.
+    pub fn read(&mut self, name: &str) -> Result<(NpyHeader, Vec<u8>)> {
+        let mut data = Vec::new();
+        let header = self.stream(name, |h, chunk| {
+            if data.is_empty() {
+                data.reserve_exact(h.data_bytes());
+            }
+            data.extend_from_slice(chunk);
+            Ok(())
+        })?;
+        Ok((header, data))
+    }
+}
+
+/// Writes an `.npz` of `arrays` (name, header, data), DEFLATE-compressed like
+/// `np.savez_compressed` when `compress`, else stored.
+pub fn write_npz(
+    w: impl Write + Seek,
+    arrays: &[(&str, NpyHeader, &[u8])],
+    compress: bool,
+) -> Result<()> {
+    let mut zip = zip::ZipWriter::new(w);
+    let method = match compress {
+        true => zip::CompressionMethod::Deflated,
+        false => zip::CompressionMethod::Stored,
+    };
+    let options = zip::write::SimpleFileOptions::default()
+        .compression_method(method)
+        .large_file(true);
+    for (name, header, data) in arrays {
+        zip.start_file(format!("{name}.npy"), options)?;
+        write_npy(&mut zip, header, data)?;
+    }
+    zip.finish()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_parse_in_every_version_and_quoting() -> Result<()> {
+        let dict = "{'descr': '|u1', 'fortran_order': False, 'shape': (3, 28, 28, 3), }";
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend([2, 0]);
+        bytes.extend((dict.len() as u32).to_le_bytes());
+        bytes.extend(dict.as_bytes());
+        let header = read_header(&mut bytes.as_slice())?;
+        assert_eq!(header.shape, [3, 28, 28, 3]);
+        assert_eq!(header.dtype, Dtype::U8);
+        let h = parse_dict("{\"descr\": \"<i8\", \"fortran_order\": False, \"shape\": (5,)}")?;
+        assert_eq!((h.dtype, h.shape), (Dtype::I64, vec![5]));
+        let scalar = parse_dict("{'descr': '<i4', 'fortran_order': False, 'shape': (), }")?;
+        assert_eq!(scalar.shape, Vec::<usize>::new());
+        Ok(())
+    }
+
+    #[test]
+    fn bad_headers_are_clear_errors() {
+        let err = |text: &str| format!("{:#}", parse_dict(text).unwrap_err());
+        assert!(err("{'descr': '<f4', 'fortran_order': False, 'shape': (2,)}").contains("<f4"));
+        assert!(err("{'descr': '|u1', 'fortran_order': True, 'shape': (2,)}").contains("Fortran"));
+        assert!(err("{'descr': '|u1', 'fortran_order': False}").contains("shape"));
+        let e = read_header(&mut b"PK\x03\x04 not npy".as_slice()).unwrap_err();
+        assert!(format!("{e:#}").contains("magic"));
+    }
+
+    #[test]
+    fn npz_round_trip_stored_and_deflated() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let images: Vec<u8> = (0..2 * 4 * 4).map(|v| v as u8).collect();
+        let labels: Vec<u8> = (0..8).flat_map(|v: i64| v.to_le_bytes()).collect();
+        let arrays = [
+            (
+                "x",
+                NpyHeader {
+                    dtype: Dtype::U8,
+                    shape: vec![2, 4, 4],
+                },
+                images.as_slice(),
+            ),
+            (
+                "y",
+                NpyHeader {
+                    dtype: Dtype::I64,
+                    shape: vec![8, 1],
+                },
+                labels.as_slice(),
+            ),
+        ];
+        for compress in [false, true] {
+            let path = dir.path().join(format!("a{compress}.npz"));
+            write_npz(File::create(&path)?, &arrays, compress)?;
+            let mut npz = Npz::open(&path)?;
+            assert_eq!(npz.names(), ["x", "y"]);
+            let (h, data) = npz.read("x")?;
+            assert_eq!(
+                (h.shape.as_slice(), data.as_slice()),
+                ([2, 4, 4].as_slice(), images.as_slice())
+            );
+            assert_eq!(npz.read("y")?.1, labels);
+            let missing = format!("{:#}", npz.read("z").unwrap_err());
+            assert!(
+                missing.contains("no array `z`") && missing.contains("x, y"),
+                "{missing}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn truncated_and_foreign_files_are_clear_errors() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("a.npz");
+        let data = vec![7u8; 5000];
+        let header = NpyHeader {
+            dtype: Dtype::U8,
+            shape: vec![5000],
+        };
+        write_npz(File::create(&path)?, &[("x", header, &data)], false)?;
+        let bytes = std::fs::read(&path)?;
+        std::fs::write(&path, &bytes[..bytes.len() / 2])?;
+        let e = format!("{:#}", Npz::open(&path).err().expect("a truncated archive"));
+        assert!(e.contains("not a valid .npz"), "{e}");
+        std::fs::write(&path, b"hello")?;
+        assert!(Npz::open(&path).is_err());
+        let e = format!(
+            "{:#}",
+            Npz::open(&dir.path().join("missing.npz")).err().unwrap()
+        );
+        assert!(e.contains("cannot open"), "{e}");
+        Ok(())
+    }
+}
