@@ -603,7 +603,11 @@ pub fn write_medmnist_npz(
         .map(|(name, h, data)| (name.as_str(), h.clone(), *data))
         .collect();
     let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = tempfile::NamedTempFile::new_in(dir)
+    let mut builder = tempfile::Builder::new();
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
+    let tmp = builder
+        .tempfile_in(dir)
         .with_context(|| format!("cannot write into {}", dir.display()))?;
     crate::npy::write_npz(tmp.as_file(), &named, true)?;
     tmp.persist(path)
