@@ -207,7 +207,7 @@ pub fn write_embedding(
 
 /// Eval-mode features of any encoder.
 pub fn eval_features(encoder: &dyn ssl_models::Encoder, x: &Tensor) -> Result<Tensor> {
-    Ok(encoder.forward_t(x, false)?)
+    setup::forward_in_chunks(encoder, x, false)
 }
 
 /// The result table as Markdown.

@@ -317,23 +317,24 @@ fn augmented_views(
 ) -> Result<Vec<Features>> {
     let n = suite.lidar_samples.min(data.train.len());
     let q = suite.lidar_views;
+    // One view of every sample at a time (the loader's "epoch" v draws view v), so memory
+    // holds n images, not n·q.
     let loader = ssl_data::ViewLoader::new(
         data.dataset.clone(),
         data.train.clone(),
         n,
-        q,
+        1,
         false,
         source.cfg.train.seed,
         trainer::augmentation(&source.cfg),
     )?;
     let ids: Vec<u32> = (0..n as u32).collect();
-    let batch = loader.make_batch(0, &ids);
-    let sample_dims = data.dataset.shape.clone();
+    let mut shape = vec![n];
+    shape.extend(&data.dataset.shape);
     (0..q)
         .map(|v| {
-            let mut shape = vec![n];
-            shape.extend(&sample_dims);
-            let x = Tensor::from_slice(batch.view(v), shape, device)?;
+            let batch = loader.make_batch(v, &ids);
+            let x = Tensor::from_slice(batch.view(0), shape.as_slice(), device)?;
             to_features(&model.features(&x)?)
         })
         .collect()

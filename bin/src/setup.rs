@@ -117,7 +117,8 @@ pub fn encoder(cfg: &RunConfig, dataset: &Dataset, vb: VarBuilder) -> Result<Box
 
 /// The random-init baseline: the run's initial encoder (same seed, so the same weights) whose
 /// batch-norm running statistics are set to those of the clean train images `x` (one
-/// train-mode pass with momentum 1 over the whole set).
+/// train-mode pass, the statistics a cumulative average over its chunks: the whole set's at
+/// once when it fits one chunk, as the digits do).
 pub fn calibrated_random_encoder(
     cfg: &RunConfig,
     dataset: &Dataset,
@@ -125,14 +126,35 @@ pub fn calibrated_random_encoder(
     device: &Device,
 ) -> Result<Box<dyn Encoder>> {
     let store = ssl_core::ParamStore::new(cfg.train.seed);
-    let encoder = encoder_with_bn_momentum(
-        cfg,
-        dataset,
-        Some(1.0),
-        store.var_builder(device).pp("encoder"),
-    )?;
-    encoder.forward_t(x, true)?;
+    let encoder =
+        encoder_with_bn_momentum(cfg, dataset, None, store.var_builder(device).pp("encoder"))?;
+    forward_in_chunks(encoder.as_ref(), x, true)?;
     Ok(encoder)
+}
+
+/// Input values per forward pass of [`forward_in_chunks`]: 2²¹ (8 MiB of `f32`), i.e. the
+/// whole digits set at once, 41 single-channel images at 224² (whose first convolution's
+/// 32-channel output is then 260 MiB).
+pub const CHUNK_VALUES: usize = 1 << 21;
+
+/// `encoder` over `x`: `[n, …]` in chunks of at most [`CHUNK_VALUES`] input values, detached
+/// (no gradient flows back), so memory does not grow with the data set. In train mode the batch-norm statistics see one chunk at a
+/// time (the calibration pass uses a cumulative average over them).
+pub fn forward_in_chunks(encoder: &dyn Encoder, x: &Tensor, train: bool) -> Result<Tensor> {
+    let n = x.dim(0)?;
+    let per_sample = x.elem_count() / n.max(1);
+    let chunk = (CHUNK_VALUES / per_sample.max(1)).max(1);
+    let mut parts = Vec::new();
+    for start in (0..n).step_by(chunk) {
+        let len = chunk.min(n - start);
+        // Detached: an output keeps its whole graph (every activation of the chunk) alive.
+        parts.push(
+            encoder
+                .forward_t(&x.narrow(0, start, len)?, train)?
+                .detach(),
+        );
+    }
+    Ok(Tensor::cat(&parts, 0)?)
 }
 
 fn encoder_with_bn_momentum(

@@ -525,16 +525,7 @@ pub fn training_step(
 impl Model {
     /// Backbone features in eval mode, `[n, F]`, computed in chunks.
     pub fn features(&self, x: &Tensor) -> Result<Tensor> {
-        let n = x.dim(0)?;
-        let chunk = 512;
-        let mut parts = Vec::new();
-        let mut start = 0;
-        while start < n {
-            let len = chunk.min(n - start);
-            parts.push(self.encoder.forward_t(&x.narrow(0, start, len)?, false)?);
-            start += len;
-        }
-        Ok(Tensor::cat(&parts, 0)?)
+        setup::forward_in_chunks(self.encoder.as_ref(), x, false)
     }
 
     /// Online-probe predictions for eval-mode features.

@@ -1,18 +1,50 @@
-//! The in-memory dataset container shared by every data source.
+//! The dataset container shared by every data source.
 //!
-//! Samples are stored flat and contiguous: sample `i` occupies
-//! `images[i * sample_len() .. (i + 1) * sample_len()]`, laid out per `shape`
-//! (e.g. `[1, 16, 16]` for a grayscale image, `[2]` for a 2D point).
+//! Samples are stored sample-major: sample `i` occupies the `i`-th block of `sample_len()`
+//! values, laid out per `shape` (e.g. `[1, 16, 16]` for a grayscale image, `[2]` for a 2D point).
+//! They are either decoded `f32` values or stored 8-bit pixels — in memory or memory-mapped from
+//! a cache file, so a large image set is never held decoded — read as `v / 255`.
 
-use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::sync::Arc;
 
-/// A labelled, in-memory dataset of fixed-shape `f32` samples.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Where a dataset's sample values live.
+#[derive(Clone)]
+pub enum Samples {
+    /// Decoded values, `len() * sample_len()` of them.
+    F32(Vec<f32>),
+    /// 8-bit pixels, `sample_len()` bytes per sample, read as `v / 255`. With
+    /// `channels_last = Some(C)` each sample is stored `[…, C]` (e.g. HWC) and read as the
+    /// dataset's channels-first `shape` `[C, …]`.
+    U8 {
+        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        channels_last: Option<usize>,
+    },
+}
+
+impl std::fmt::Debug for Samples {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Samples::F32(v) => write!(f, "F32({} values)", v.len()),
+            Samples::U8 {
+                bytes,
+                channels_last,
+            } => write!(
+                f,
+                "U8({} bytes, channels_last {channels_last:?})",
+                (**bytes).as_ref().len()
+            ),
+        }
+    }
+}
+
+/// A labelled dataset of fixed-shape samples.
+#[derive(Debug, Clone)]
 pub struct Dataset {
     /// Human-readable name (e.g. `"digits"`, `"gmm"`).
     pub name: String,
-    /// All samples, flat, `len() * sample_len()` values.
-    pub images: Vec<f32>,
+    /// All samples.
+    pub samples: Samples,
     /// One label per sample, in `0..num_classes`.
     pub labels: Vec<u32>,
     /// Per-sample shape, e.g. `[1, 16, 16]` or `[2]`.
@@ -37,28 +69,46 @@ impl Dataset {
         self.shape.iter().product()
     }
 
-    /// The flat values of sample `i`. Panics if `i >= len()`.
-    pub fn sample(&self, i: usize) -> &[f32] {
+    /// The values of sample `i` in `shape`'s layout: borrowed when decoded, else decoded into a
+    /// new buffer. Panics if `i >= len()`.
+    pub fn sample(&self, i: usize) -> Cow<'_, [f32]> {
         let n = self.sample_len();
-        &self.images[i * n..(i + 1) * n]
+        match &self.samples {
+            Samples::F32(values) => Cow::Borrowed(&values[i * n..(i + 1) * n]),
+            Samples::U8 { .. } => {
+                let mut out = vec![0f32; n];
+                self.sample_into(i, &mut out);
+                Cow::Owned(out)
+            }
+        }
     }
 
-    /// A new dataset holding the samples at `indices`, in that order (repeats allowed).
-    /// Panics if an index is out of range.
-    pub fn subset(&self, indices: &[usize]) -> Dataset {
+    /// Writes the values of sample `i` into `out` (`sample_len()` long). Panics if `i >= len()`.
+    pub fn sample_into(&self, i: usize, out: &mut [f32]) {
         let n = self.sample_len();
-        let mut images = Vec::with_capacity(indices.len() * n);
-        let mut labels = Vec::with_capacity(indices.len());
-        for &i in indices {
-            images.extend_from_slice(self.sample(i));
-            labels.push(self.labels[i]);
-        }
-        Dataset {
-            name: self.name.clone(),
-            images,
-            labels,
-            shape: self.shape.clone(),
-            num_classes: self.num_classes,
+        match &self.samples {
+            Samples::F32(values) => out.copy_from_slice(&values[i * n..(i + 1) * n]),
+            Samples::U8 {
+                bytes,
+                channels_last,
+            } => {
+                let stored = &(**bytes).as_ref()[i * n..(i + 1) * n];
+                match *channels_last {
+                    None | Some(1) => {
+                        for (o, &v) in out.iter_mut().zip(stored) {
+                            *o = f32::from(v) / 255.0;
+                        }
+                    }
+                    Some(c) => {
+                        let plane = n / c;
+                        for (p, pixel) in stored.chunks_exact(c).enumerate() {
+                            for (ch, &v) in pixel.iter().enumerate() {
+                                out[ch * plane + p] = f32::from(v) / 255.0;
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -76,28 +126,52 @@ impl Dataset {
 mod tests {
     use super::*;
 
-    fn toy() -> Dataset {
+    fn toy(samples: Samples, shape: Vec<usize>) -> Dataset {
         Dataset {
             name: "toy".into(),
-            images: (0..8).map(|v| v as f32).collect(),
+            samples,
             labels: vec![0, 1, 0, 1],
-            shape: vec![2],
+            shape,
             num_classes: 2,
         }
     }
 
     #[test]
-    fn accessors_and_subset() {
-        let d = toy();
+    fn accessors() {
+        let d = toy(Samples::F32((0..8).map(|v| v as f32).collect()), vec![2]);
         assert_eq!(d.len(), 4);
         assert!(!d.is_empty());
         assert_eq!(d.sample_len(), 2);
-        assert_eq!(d.sample(2), &[4.0, 5.0]);
-        let s = d.subset(&[3, 0]);
-        assert_eq!(s.len(), 2);
-        assert_eq!(s.images, vec![6.0, 7.0, 0.0, 1.0]);
-        assert_eq!(s.labels, vec![1, 0]);
-        assert_eq!(s.shape, vec![2]);
+        assert_eq!(&*d.sample(2), &[4.0, 5.0]);
+        assert!(matches!(d.sample(2), Cow::Borrowed(_)));
         assert_eq!(d.class_counts(), vec![2, 2]);
+    }
+
+    #[test]
+    fn stored_pixels_read_scaled_and_channels_first() {
+        // Two 1×2 RGB images stored HWC: pixel p, channel c holds 10·(3p + c) (+ 60 for image 1).
+        let bytes: Vec<u8> = (0..12)
+            .map(|v| 10 * (v % 6) as u8 + 60 * (v / 6) as u8)
+            .collect();
+        let hwc = Samples::U8 {
+            bytes: Arc::new(bytes.clone()),
+            channels_last: Some(3),
+        };
+        let d = toy(hwc, vec![3, 1, 2]);
+        let want: Vec<f32> = [60, 90, 70, 100, 80, 110]
+            .iter()
+            .map(|&v| v as f32 / 255.0)
+            .collect();
+        assert_eq!(&*d.sample(1), want.as_slice());
+        let flat = toy(
+            Samples::U8 {
+                bytes: Arc::new(bytes),
+                channels_last: None,
+            },
+            vec![6],
+        );
+        let mut out = vec![0f32; 6];
+        flat.sample_into(0, &mut out);
+        assert_eq!(out[1], 10.0 / 255.0);
     }
 }

@@ -8,7 +8,7 @@ use std::io::Read;
 
 use anyhow::{bail, Context, Result};
 
-use crate::Dataset;
+use crate::{Dataset, Samples};
 
 /// The gzip-compressed CSV: 65 integer columns per row (64 pixels row-major, then the label).
 static DIGITS_GZ: &[u8] = include_bytes!("../assets/digits.csv.gz");
@@ -71,7 +71,7 @@ pub fn digits(size: usize) -> Result<Dataset> {
     }
     Ok(Dataset {
         name: "digits".into(),
-        images,
+        samples: Samples::F32(images),
         labels,
         shape: vec![1, size, size],
         num_classes: 10,
@@ -131,12 +131,15 @@ mod tests {
         let d = digits(DEFAULT_DIGITS_SIZE).unwrap();
         assert_eq!(d.len(), 1797);
         assert_eq!(d.shape, vec![1, 16, 16]);
-        assert_eq!(d.images.len(), 1797 * 256);
+        let Samples::F32(values) = &d.samples else {
+            panic!("the digits are decoded")
+        };
+        assert_eq!(values.len(), 1797 * 256);
         assert_eq!(
             d.class_counts(),
             vec![178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
         );
-        assert!(d.images.iter().all(|&v| (0.0..=1.0).contains(&v)));
+        assert!(values.iter().all(|&v| (0.0..=1.0).contains(&v)));
     }
 
     #[test]

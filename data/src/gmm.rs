@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
-use crate::Dataset;
+use crate::{Dataset, Samples};
 
 /// Number of mixture components (classes).
 pub const GMM_CLASSES: usize = 5;
@@ -35,7 +35,7 @@ pub fn gaussian_mixture(seed: u64) -> Dataset {
     }
     Dataset {
         name: "gmm".into(),
-        images,
+        samples: Samples::F32(images),
         labels,
         shape: vec![2],
         num_classes: GMM_CLASSES,
@@ -82,7 +82,8 @@ mod tests {
 
     #[test]
     fn deterministic_per_seed() {
-        assert_eq!(gaussian_mixture(1), gaussian_mixture(1));
-        assert_ne!(gaussian_mixture(1).images, gaussian_mixture(2).images);
+        let (a, b) = (gaussian_mixture(1), gaussian_mixture(1));
+        assert_eq!((a.sample(7), &a.labels), (b.sample(7), &b.labels));
+        assert_ne!(gaussian_mixture(1).sample(0), gaussian_mixture(2).sample(0));
     }
 }

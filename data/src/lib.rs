@@ -21,7 +21,7 @@ pub mod split;
 pub use augment::{
     apply_affine, AffineParams, DigitsAugment, GaussianJitter, Identity, ViewTransform,
 };
-pub use dataset::Dataset;
+pub use dataset::{Dataset, Samples};
 pub use digits::{bilinear_resize, digits, DEFAULT_DIGITS_SIZE};
 pub use gmm::gaussian_mixture;
 pub use loader::{clean_batch, mix_seed, ViewBatch, ViewLoader};

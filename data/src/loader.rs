@@ -201,7 +201,7 @@ impl ViewLoader {
                     id as u64,
                     v as u64,
                 ]));
-                self.transform.apply(input, shape, out, &mut rng);
+                self.transform.apply(&input, shape, out, &mut rng);
             });
         }
         ViewBatch {
@@ -221,7 +221,7 @@ impl ViewLoader {
 pub fn clean_batch(dataset: &Dataset, indices: &[usize]) -> Vec<f32> {
     let mut out = Vec::with_capacity(indices.len() * dataset.sample_len());
     for &i in indices {
-        out.extend_from_slice(dataset.sample(i));
+        out.extend_from_slice(&dataset.sample(i));
     }
     out
 }
@@ -347,7 +347,7 @@ mod tests {
         let clean = clean_batch(&d, &positions);
         assert_eq!(b.view(0), clean.as_slice());
         assert_eq!(b.view(1), clean.as_slice());
-        assert_eq!(clean_batch(&d, &[900]), d.sample(900));
+        assert_eq!(clean_batch(&d, &[900]), &*d.sample(900));
     }
 
     #[test]

@@ -10,13 +10,17 @@
 //! split's size is checked against the table, so an older release or a wrong file is an error,
 //! not a silently different benchmark.
 
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, ensure, Context, Result};
+use memmap2::Mmap;
 
 use crate::npy::{Dtype, NpyHeader, Npz};
-use crate::Dataset;
+use crate::{Dataset, Samples};
 
 /// The official record the files are published in (MedMNIST v3.0 data release).
 pub const ZENODO_RECORD: &str = "https://zenodo.org/records/10519652/files";
@@ -443,7 +447,10 @@ pub fn medmnist_path(root: &Path, info: &MedMnistInfo, size: usize) -> PathBuf {
     }
 }
 
-/// Reads `flag` at `size` from `root` (a directory of `.npz` files or the file itself).
+/// Reads `flag` at `size` from `root` (a directory of `.npz` files or the file itself). The
+/// images are inflated once, as a stream, into the cache file [`image_cache_path`] beside the
+/// `.npz` and memory-mapped from it, so they are never held decoded in memory; the labels are
+/// read from the archive.
 pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
     let info = medmnist_info(flag)?;
     info.md5_at(size)?;
@@ -457,22 +464,17 @@ pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
         root.display()
     );
     let mut npz = Npz::open(&path)?;
-    let stored = info.stored_shape(size);
-    let per_image: usize = stored.iter().product();
-    let total: usize = info.splits.iter().sum();
-    let mut images: Vec<f32> = Vec::with_capacity(total * per_image);
-    let mut label_matrix = Vec::with_capacity(total * info.label_columns());
+    let mut label_matrix = Vec::with_capacity(info.splits.iter().sum::<usize>());
     let mut splits: [Range<usize>; 3] = [0..0, 0..0, 0..0];
+    let mut start = 0;
     for (s, split) in SPLITS.iter().enumerate() {
-        let start = images.len() / per_image;
-        let expected = info.splits[s];
-        let (header, bytes) = npz.read(&format!("{split}_images"))?;
-        check_images(info, size, s, &header)?;
-        append_channels_first(info.channels, &bytes, per_image, &mut images);
-        let (labels, values) = npz.read(&format!("{split}_labels"))?;
-        label_matrix.extend(decode_labels(info, split, expected, &labels, &values)?);
-        splits[s] = start..start + expected;
+        let n = info.splits[s];
+        let (header, values) = npz.read(&format!("{split}_labels"))?;
+        label_matrix.extend(decode_labels(info, split, n, &header, &values)?);
+        splits[s] = start..start + n;
+        start += n;
     }
+    let pixels = cached_images(&mut npz, &path, info, size)?;
     let first_column = label_matrix
         .chunks_exact(info.label_columns())
         .map(|row| row[0])
@@ -482,7 +484,10 @@ pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
         size,
         dataset: Dataset {
             name: info.flag.to_string(),
-            images,
+            samples: Samples::U8 {
+                bytes: Arc::new(pixels),
+                channels_last: (!info.volumetric && info.channels > 1).then_some(info.channels),
+            },
             labels: first_column,
             shape: info.sample_shape(size),
             num_classes: match info.is_multi_label() {
@@ -493,6 +498,62 @@ pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
         splits,
         label_matrix,
     })
+}
+
+/// The decoded-image cache of the `.npz` at `path`: `{path without .npz}.images.u8`, the train,
+/// val and test images' stored bytes back to back.
+pub fn image_cache_path(path: &Path) -> PathBuf {
+    path.with_extension("images.u8")
+}
+
+/// The memory-mapped image bytes of all three splits, from the cache when it is complete and
+/// not older than the `.npz`, else inflated into it first (a temporary file renamed into place,
+/// so an interrupted run leaves no partial cache).
+fn cached_images(npz: &mut Npz, path: &Path, info: &MedMnistInfo, size: usize) -> Result<Mmap> {
+    let per_image: usize = info.stored_shape(size).iter().product();
+    let total = info.splits.iter().sum::<usize>() * per_image;
+    let cache = image_cache_path(path);
+    let fresh = |cache: &Path| -> Result<bool> {
+        let (Ok(c), Ok(source)) = (std::fs::metadata(cache), std::fs::metadata(path)) else {
+            return Ok(false);
+        };
+        Ok(c.len() == total as u64 && c.modified()? >= source.modified()?)
+    };
+    if !fresh(&cache)? {
+        let dir = cache.parent().unwrap_or(Path::new("."));
+        let tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| {
+            format!(
+                "cannot write the decoded-image cache into {} (it goes beside the .npz); \
+                 copy the file into a writable directory and point data.root there",
+                dir.display()
+            )
+        })?;
+        let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file());
+        for (s, split) in SPLITS.iter().enumerate() {
+            let header = npz.stream(&format!("{split}_images"), |h, chunk| {
+                check_images(info, size, s, h)?;
+                out.write_all(chunk)
+                    .with_context(|| format!("writing {}", cache.display()))
+            })?;
+            check_images(info, size, s, &header)?;
+        }
+        out.flush()?;
+        drop(out);
+        tmp.persist(&cache)
+            .with_context(|| format!("cannot rename into {}", cache.display()))?;
+    }
+    let file = File::open(&cache).with_context(|| format!("cannot open {}", cache.display()))?;
+    // SAFETY: the cache is ours, complete (renamed into place whole) and only read; a file
+    // truncated under the map by another process would fault, as with any mapped file.
+    let map = unsafe { Mmap::map(&file) }
+        .with_context(|| format!("cannot memory-map {}", cache.display()))?;
+    ensure!(
+        map.len() == total,
+        "{} holds {} bytes, expected {total}; delete it to decode again",
+        cache.display(),
+        map.len()
+    );
+    Ok(map)
 }
 
 fn check_images(info: &MedMnistInfo, size: usize, split: usize, h: &NpyHeader) -> Result<()> {
@@ -517,17 +578,6 @@ fn check_images(info: &MedMnistInfo, size: usize, split: usize, h: &NpyHeader) -
     Ok(())
 }
 
-/// Appends the images of `bytes` (`per_image` bytes each, RGB stored HWC) as `f32` in
-/// `[0, 1]`, channels first.
-fn append_channels_first(channels: usize, bytes: &[u8], per_image: usize, images: &mut Vec<f32>) {
-    let pixels = per_image / channels;
-    for image in bytes.chunks_exact(per_image) {
-        for c in 0..channels {
-            images.extend((0..pixels).map(|p| f32::from(image[p * channels + c]) / 255.0));
-        }
-    }
-}
-
 /// Labels as `u32`, row-major `n × label_columns`, checked against the task.
 fn decode_labels(
     info: &MedMnistInfo,
@@ -539,7 +589,8 @@ fn decode_labels(
     let columns = info.label_columns();
     ensure!(
         h.shape == [n, columns] || (columns == 1 && h.shape == [n]),
-        "{}: {split}_labels has shape {:?}, expected [{n}, {columns}]",
+        "{}: {split}_labels has shape {:?}, expected [{n}, {columns}] (an older MedMNIST \
+         release or another file?)",
         info.flag,
         h.shape
     );
@@ -642,7 +693,7 @@ pub fn write_digits_as_medmnist(path: &Path, flag: &str, size: usize) -> Result<
                 }
                 (false, 1) => images.extend(image.iter().map(|&v| pixel(v))),
                 (false, c) => {
-                    for &v in image {
+                    for &v in image.iter() {
                         images.extend(tint[..c].iter().map(|t| pixel(v * t)));
                     }
                 }
@@ -712,7 +763,8 @@ mod tests {
             // middle slice (D = 14) is the image unfaded.
             let plane = 28 * 28;
             let middle = if info.volumetric { 14 * plane } else { 0 };
-            let first = &m.dataset.sample(0)[middle..];
+            let first = m.dataset.sample(0);
+            let first = &first[middle..];
             let expect = |v: f32, t: f32| (v * t * 255.0).round() / 255.0;
             for p in [0, 300, 407] {
                 let grey = digits.sample(0)[p];
@@ -723,6 +775,36 @@ mod tests {
             }
             assert_eq!(m.dataset.labels[7], 7 % info.classes as u32);
         }
+        Ok(())
+    }
+
+    #[test]
+    fn images_are_decoded_once_into_a_memory_mapped_cache() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("breastmnist.npz");
+        write_digits_as_medmnist(&path, "breastmnist", 28)?;
+        let first = load_medmnist(dir.path(), "breastmnist", 28)?;
+        let cache = image_cache_path(&path);
+        assert_eq!(std::fs::metadata(&cache)?.len(), 780 * 28 * 28);
+        assert!(matches!(first.dataset.samples, Samples::U8 { .. }));
+        // Copied out before the test edits the mapped file in place (ssl itself only ever
+        // renames a complete cache into place, which leaves live maps untouched).
+        let expected = first.dataset.sample(0).into_owned();
+        drop(first);
+        // The cache is reused as it is (a marker byte survives) while the .npz is not newer.
+        let mut bytes = std::fs::read(&cache)?;
+        bytes[0] = 255;
+        std::fs::write(&cache, &bytes)?;
+        let again = load_medmnist(dir.path(), "breastmnist", 28)?;
+        assert_eq!(again.dataset.sample(0)[0], 1.0);
+        // A rewritten .npz, or a cache of the wrong length, is decoded afresh.
+        std::fs::write(&cache, &bytes[..100])?;
+        let fresh = load_medmnist(dir.path(), "breastmnist", 28)?;
+        assert_eq!(*fresh.dataset.sample(0), *expected);
+        let names: Vec<String> = std::fs::read_dir(dir.path())?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()?;
+        assert_eq!(names.len(), 2, "only the .npz and its cache: {names:?}");
         Ok(())
     }
 
@@ -738,7 +820,10 @@ mod tests {
         let path = dir.path().join("breastmnist.npz");
         write_digits_as_medmnist(&path, "pneumoniamnist", 28)?;
         let e = format!("{:#}", load_medmnist(&path, "breastmnist", 28).unwrap_err());
-        assert!(e.contains("train_images has shape [4708, 28, 28]"), "{e}");
+        assert!(
+            e.contains("train_labels has shape [4708, 1]") && e.contains("another file"),
+            "{e}"
+        );
         // Labels outside the classes.
         let info = medmnist_info("breastmnist")?;
         let splits = info.splits.map(|n| (vec![0u8; n * 28 * 28], vec![2u8; n]));
