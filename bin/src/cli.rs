@@ -1,5 +1,5 @@
 //! The `ssl` command line: `run`, `compare`, `list`, `describe`, `eval`, `export`, `push`,
-//! `pull`.
+//! `pull`, `data download`.
 //!
 //! [`main`] is the whole binary, so a crate that links extra objectives gets the full CLI from a
 //! three-line `main.rs`.
@@ -59,6 +59,33 @@ pub enum Command {
         #[command(flatten)]
         hub: HubArgs,
     },
+    /// Data sets: fetch MedMNIST files.
+    #[command(subcommand)]
+    Data(DataCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DataCommand {
+    /// Download a MedMNIST `.npz` into the data directory, MD5-verified; a broken download
+    /// resumes when run again.
+    Download(DownloadArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DownloadArgs {
+    /// MedMNIST flag, e.g. bloodmnist.
+    pub flag: String,
+    /// Image size: 28, 64, 128 or 224 (3D data sets: 28 or 64).
+    #[arg(long, default_value_t = 28)]
+    pub size: usize,
+    /// Directory to download into (default ~/.medmnist, where `ssl run` looks unless data.root
+    /// is set).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Fetch BASE/FILE instead of the official Zenodo record (for mirrors and tests, like
+    /// HF_ENDPOINT for the Hub).
+    #[arg(long, value_name = "BASE")]
+    pub url: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -380,6 +407,24 @@ pub fn execute(cli: Cli) -> Result<()> {
         Command::Pull { repo, hub } => {
             let dir = pull_repo(&repo, &hub)?;
             println!("{}", dir.display());
+            Ok(())
+        }
+        Command::Data(DataCommand::Download(args)) => {
+            let dir = args
+                .dir
+                .unwrap_or_else(|| crate::setup::medmnist_root(&RunConfig::default()));
+            let got = crate::download::download_medmnist(
+                &args.flag,
+                args.size,
+                &dir,
+                args.url.as_deref(),
+                true,
+            )?;
+            let what = match got.already_present {
+                true => "already downloaded",
+                false => "downloaded",
+            };
+            println!("{what}: {} (MD5 verified)", got.path.display());
             Ok(())
         }
     }

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod compare;
 pub mod config;
 pub mod diagnostics;
+pub mod download;
 pub mod evaluate;
 pub mod export;
 pub mod hub;

@@ -1,0 +1,299 @@
+//! `ssl data download`: MedMNIST `.npz` files fetched from the official Zenodo record (or a
+//! mirror) into the directory `ssl run --data FLAG` reads them from.
+//!
+//! A download goes to `FILE.part` and is renamed to `FILE` only once its MD5 matches the
+//! published one, so the final name never holds a partial or corrupt file. A transfer that breaks
+//! (network failure, server closing early) keeps the `.part`, and the next attempt asks only for
+//! the rest with `Range: bytes=N-`; a server that ignores the range answers with the whole file,
+//! which then replaces the part.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use md5::{Digest, Md5};
+use reqwest::blocking::{Client, Response};
+use reqwest::header::{CONTENT_RANGE, RANGE};
+use reqwest::StatusCode;
+
+/// What [`download_medmnist`] or [`fetch_verified`] left in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Downloaded {
+    /// The file, its MD5 verified.
+    pub path: PathBuf,
+    /// The file was already there with the right MD5, so nothing was requested.
+    pub already_present: bool,
+}
+
+/// Fetches MedMNIST `flag` at image size `size` into `dir` as `{flag}.npz` (28) or
+/// `{flag}_{size}.npz`, checked against the official MD5 (see [`fetch_verified`]).
+///
+/// The file comes from the official Zenodo record, or from `base_url/{file}` when a base is given
+/// (a mirror, or a test server). An unknown flag or unpublished size fails before any request.
+/// `progress` draws a byte progress bar and notes (resuming, replacing a corrupt file) on stderr.
+pub fn download_medmnist(
+    flag: &str,
+    size: usize,
+    dir: &Path,
+    base_url: Option<&str>,
+    progress: bool,
+) -> Result<Downloaded> {
+    let info = ssl_data::medmnist_info(flag)?;
+    let md5 = info.md5_at(size)?;
+    let file = info.file_name(size);
+    let url = match base_url {
+        Some(base) => format!("{}/{file}", base.trim_end_matches('/')),
+        None => info.url(size),
+    };
+    fetch_verified(&url, &dir.join(file), md5, progress)
+}
+
+/// Downloads `url` to `path` unless `path` already holds a file whose MD5 is `md5` (hex).
+///
+/// An existing `path` with another MD5 is removed and fetched again. Bytes go to `path` +
+/// `.part`, resumed with a `Range` request when that file exists, and the part is renamed to
+/// `path` only when the MD5 of the whole file matches. On a wrong MD5 the part is deleted (the
+/// next attempt starts afresh); on a network failure or truncated transfer it is kept (the next
+/// attempt resumes). Every error names the problem and what to do about it.
+pub fn fetch_verified(url: &str, path: &Path, md5: &str, progress: bool) -> Result<Downloaded> {
+    let md5 = md5.to_ascii_lowercase();
+    let done = |already_present| Downloaded {
+        path: path.to_path_buf(),
+        already_present,
+    };
+    if path.is_file() {
+        let actual = md5_file(path)?;
+        if actual == md5 {
+            return Ok(done(true));
+        }
+        fs::remove_file(path)
+            .with_context(|| format!("cannot remove {}, whose MD5 is wrong", path.display()))?;
+        note(
+            progress,
+            format!(
+                "removed {}: its MD5 {actual} is not the published {md5}; downloading it again",
+                path.display()
+            ),
+        );
+    }
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(dir).map_err(|e| not_writable(dir, e))?;
+    let part = part_path(path);
+    let client = Client::builder()
+        .connect_timeout(Duration::from_secs(30))
+        // Per read, not for the whole transfer (blocking client).
+        .timeout(Duration::from_secs(60))
+        .user_agent(concat!("candle-ssl/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .context("cannot start the HTTP client")?;
+
+    let mut restarted = false;
+    loop {
+        let offset = fs::metadata(&part).map_or(0, |m| m.len());
+        let mut request = client.get(url);
+        if offset > 0 {
+            note(
+                progress,
+                format!("resuming {} at byte {offset}", part.display()),
+            );
+            request = request.header(RANGE, format!("bytes={offset}-"));
+        }
+        let response = request
+            .send()
+            .map_err(|e| broken(url, &part, offset, None, &anyhow!(e.without_url())))?;
+        let status = response.status();
+        let start = match status {
+            StatusCode::OK => 0,
+            StatusCode::PARTIAL_CONTENT if range_start(&response) == Some(offset) => offset,
+            // The part is the whole file (the rename did not happen) or belongs to another
+            // file: keep it if it is right, else start over once.
+            StatusCode::PARTIAL_CONTENT | StatusCode::RANGE_NOT_SATISFIABLE
+                if offset > 0 && !restarted =>
+            {
+                if md5_file(&part)? == md5 {
+                    return finish(&part, path).map(|()| done(false));
+                }
+                fs::remove_file(&part)
+                    .with_context(|| format!("cannot remove {}", part.display()))?;
+                restarted = true;
+                continue;
+            }
+            _ => {
+                let hint = match status.is_server_error() {
+                    true => "try again later",
+                    false => "check the address (--url), the flag and the size",
+                };
+                bail!("{url} answered HTTP {status}; {hint}");
+            }
+        };
+        let actual = transfer(response, url, &part, start, progress)?;
+        if actual != md5 {
+            // Removed so that the next attempt does not resume from bad bytes.
+            let _ = fs::remove_file(&part);
+            bail!(
+                "{url} sent a file whose MD5 is {actual}, not the published {md5}; the download \
+                 was deleted, so running the command again starts afresh (if this repeats, the \
+                 file at that address is not the published one: check --url)"
+            );
+        }
+        return finish(&part, path).map(|()| done(false));
+    }
+}
+
+/// `path` with `.part` appended to its name.
+pub fn part_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".part");
+    path.with_file_name(name)
+}
+
+/// Appends the body of `response` to `part` (or writes it afresh when `start` is 0), hashing the
+/// bytes already there and the new ones; returns the MD5 of the whole file.
+fn transfer(
+    mut response: Response,
+    url: &str,
+    part: &Path,
+    start: u64,
+    progress: bool,
+) -> Result<String> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(part)
+        .map_err(|e| not_writable(part.parent().unwrap_or(Path::new(".")), e))?;
+    let mut hasher = Md5::new();
+    if start == 0 {
+        file.set_len(0)
+            .with_context(|| format!("cannot truncate {}", part.display()))?;
+    } else {
+        // Leaves the cursor at the end, where the new bytes go.
+        hash_into(&mut file, &mut hasher)
+            .with_context(|| format!("cannot read {}", part.display()))?;
+    }
+    let length = response.content_length();
+    let total = length.map(|n| start + n);
+    let bar = progress.then(|| {
+        let bar = crate::progress::bar(
+            total.unwrap_or(0),
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        );
+        bar.set_message(
+            part.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+        );
+        bar.set_position(start);
+        bar
+    });
+    let mut received = 0u64;
+    let mut buffer = vec![0u8; 1 << 16];
+    loop {
+        let n = match response.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(broken(url, part, start + received, total, &e.into())),
+        };
+        file.write_all(&buffer[..n]).with_context(|| {
+            format!(
+                "cannot write {} (disk full?); the bytes so far are kept, so running the command \
+                 again resumes once there is room (or choose another --dir)",
+                part.display()
+            )
+        })?;
+        hasher.update(&buffer[..n]);
+        received += n as u64;
+        if let Some(bar) = &bar {
+            bar.inc(n as u64);
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    // hyper reports an early end itself; checked again so that none passes as a whole file.
+    if length.is_some_and(|n| received < n) {
+        let cause = anyhow!("the server closed the connection early");
+        return Err(broken(url, part, start + received, total, &cause));
+    }
+    file.sync_all()
+        .with_context(|| format!("cannot write {}", part.display()))?;
+    Ok(hex(&hasher.finalize()))
+}
+
+/// Renames the verified `part` to `path`.
+fn finish(part: &Path, path: &Path) -> Result<()> {
+    fs::rename(part, path)
+        .with_context(|| format!("cannot rename {} to {}", part.display(), path.display()))
+}
+
+/// The first byte of a `206` answer's `Content-Range: bytes FIRST-LAST/TOTAL`.
+fn range_start(response: &Response) -> Option<u64> {
+    let value = response.headers().get(CONTENT_RANGE)?.to_str().ok()?;
+    let range = value.strip_prefix("bytes ")?;
+    range.split('-').next()?.trim().parse().ok()
+}
+
+/// The error for a transfer that stopped: what broke, and that a retry resumes from `part`.
+fn broken(
+    url: &str,
+    part: &Path,
+    have: u64,
+    total: Option<u64>,
+    cause: &anyhow::Error,
+) -> anyhow::Error {
+    let of = total.map_or(String::new(), |t| format!(" of {t}"));
+    let next = match have {
+        0 => "check the network (or --url) and run the command again".to_string(),
+        _ => format!(
+            "{have}{of} bytes are kept in {}: check the network (or --url) and run the command \
+             again, which resumes from there",
+            part.display()
+        ),
+    };
+    anyhow!("the download of {url} failed ({cause:#}); {next}")
+}
+
+fn not_writable(dir: &Path, e: io::Error) -> anyhow::Error {
+    anyhow!(
+        "cannot write to {} ({e}); choose a writable directory with --dir",
+        dir.display()
+    )
+}
+
+fn md5_file(path: &Path) -> Result<String> {
+    let mut hasher = Md5::new();
+    File::open(path)
+        .and_then(|mut file| hash_into(&mut file, &mut hasher))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hash_into(reader: &mut impl Read, hasher: &mut Md5) -> io::Result<()> {
+    let mut buffer = vec![0u8; 1 << 16];
+    loop {
+        match reader.read(&mut buffer) {
+            Ok(0) => return Ok(()),
+            Ok(n) => hasher.update(&buffer[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn note(progress: bool, line: String) {
+    if progress {
+        crate::progress::println(line);
+    }
+}

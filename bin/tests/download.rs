@@ -1,0 +1,419 @@
+//! `ssl::download` against a small HTTP/1.1 server on 127.0.0.1, started by each test, that
+//! serves a MedMNIST-format file made from the embedded digits. It honours `Range: bytes=N-`
+//! (or ignores it), can close a transfer early or answer with an error status, and records every
+//! request so the tests can check what reached it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use md5::{Digest, Md5};
+use ssl::download::{download_medmnist, fetch_verified, part_path};
+
+/// The official MD5 of `breastmnist.npz` (size 28), which the digits stand-in does not have.
+const OFFICIAL_BREASTMNIST_MD5: &str = "750601b1f35ba3300ea97c75c52ff8f6";
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Mode {
+    /// Serve the file, answering `Range: bytes=N-` with 206 (or 416 past the end).
+    Serve,
+    /// Serve the whole file with 200 whatever the request asks.
+    IgnoreRange,
+    /// Announce the whole file (200) but close the connection after this many bytes of it.
+    CloseAfter(usize),
+    /// Answer with this status and no body.
+    Status(u16),
+}
+
+/// One request as it reached the server.
+#[derive(Clone, Debug, PartialEq)]
+struct Seen {
+    path: String,
+    range: Option<String>,
+}
+
+struct State {
+    body: Vec<u8>,
+    mode: Mode,
+    requests: Vec<Seen>,
+}
+
+struct Server {
+    base: String,
+    state: Arc<Mutex<State>>,
+}
+
+impl Server {
+    fn start(body: Vec<u8>, mode: Mode) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the test server");
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let state = Arc::new(Mutex::new(State {
+            body,
+            mode,
+            requests: Vec::new(),
+        }));
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let state = shared.clone();
+                std::thread::spawn(move || serve(stream, &state));
+            }
+        });
+        Self { base, state }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    fn url(&self) -> String {
+        format!("{}/breastmnist.npz", self.base)
+    }
+
+    fn requests(&self) -> Vec<Seen> {
+        self.state().requests.clone()
+    }
+}
+
+fn serve(stream: TcpStream, state: &Mutex<State>) {
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    if reader.read_line(&mut line).is_err() {
+        return;
+    }
+    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+    let mut range = None;
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header).is_err() {
+            return;
+        }
+        let header = header.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((key, value)) = header.split_once(':') {
+            if key.trim().eq_ignore_ascii_case("range") {
+                range = Some(value.trim().to_string());
+            }
+        }
+    }
+    let (mode, body) = {
+        let mut state = state.lock().unwrap();
+        let seen = Seen {
+            path,
+            range: range.clone(),
+        };
+        state.requests.push(seen);
+        (state.mode, state.body.clone())
+    };
+    let len = body.len();
+    let start = range
+        .as_deref()
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.strip_suffix('-'))
+        .map(|n| n.parse::<usize>().expect("a Range of the form bytes=N-"));
+    let (status, headers, body): (u16, String, &[u8]) = match (mode, start) {
+        (Mode::Status(status), _) => (status, String::new(), &[]),
+        (Mode::Serve, Some(n)) if n >= len => {
+            (416, format!("Content-Range: bytes */{len}\r\n"), &[])
+        }
+        (Mode::Serve, Some(n)) => (
+            206,
+            format!("Content-Range: bytes {n}-{}/{len}\r\n", len - 1),
+            &body[n..],
+        ),
+        _ => (200, String::new(), &body[..]),
+    };
+    let head = format!(
+        "HTTP/1.1 {status} Test\r\nContent-Length: {}\r\nConnection: close\r\n{headers}\r\n",
+        body.len()
+    );
+    let sent = match mode {
+        Mode::CloseAfter(n) => &body[..n],
+        _ => body,
+    };
+    let _ = writer.write_all(head.as_bytes());
+    let _ = writer.write_all(sent);
+    let _ = writer.flush();
+    let _ = writer.shutdown(Shutdown::Both);
+}
+
+/// The bytes of a MedMNIST-format `breastmnist.npz` made from the digits, and their MD5.
+fn sample() -> &'static (Vec<u8>, String) {
+    static SAMPLE: OnceLock<(Vec<u8>, String)> = OnceLock::new();
+    SAMPLE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("breastmnist.npz");
+        ssl_data::write_digits_as_medmnist(&path, "breastmnist", 28).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let md5 = md5_hex(&bytes);
+        (bytes, md5)
+    })
+}
+
+fn md5_hex(bytes: &[u8]) -> String {
+    Md5::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The entries of `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn downloads_a_bit_identical_file_and_leaves_no_part() {
+    let (bytes, md5) = sample();
+    let server = Server::start(bytes.clone(), Mode::Serve);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cache").join("breastmnist.npz");
+
+    let got = fetch_verified(&server.url(), &path, md5, false).unwrap();
+
+    assert_eq!(got.path, path);
+    assert!(!got.already_present);
+    assert_eq!(&std::fs::read(&path).unwrap(), bytes);
+    assert_eq!(listing(&dir.path().join("cache")), ["breastmnist.npz"]);
+    let seen = Seen {
+        path: "/breastmnist.npz".into(),
+        range: None,
+    };
+    assert_eq!(server.requests(), [seen]);
+}
+
+#[test]
+fn already_downloaded_file_is_verified_and_not_requested() {
+    let (bytes, md5) = sample();
+    let server = Server::start(bytes.clone(), Mode::Serve);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("breastmnist.npz");
+    std::fs::write(&path, bytes).unwrap();
+
+    let got = fetch_verified(&server.url(), &path, &md5.to_uppercase(), false).unwrap();
+
+    assert!(got.already_present);
+    assert_eq!(&std::fs::read(&path).unwrap(), bytes);
+    assert!(server.requests().is_empty());
+}
+
+#[test]
+fn corrupt_file_under_the_final_name_is_downloaded_again() {
+    let (bytes, md5) = sample();
+    let server = Server::start(bytes.clone(), Mode::Serve);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("breastmnist.npz");
+    std::fs::write(&path, &bytes[..1000]).unwrap();
+
+    let got = fetch_verified(&server.url(), &path, md5, false).unwrap();
+
+    assert!(!got.already_present);
+    assert_eq!(&std::fs::read(&path).unwrap(), bytes);
+    assert_eq!(server.requests().len(), 1);
+    assert_eq!(listing(dir.path()), ["breastmnist.npz"]);
+}
+
+#[test]
+fn wrong_md5_deletes_the_download_and_names_both_sums_and_the_url() {
+    let (bytes, md5) = sample();
+    let mut corrupt = bytes.clone();
+    corrupt[bytes.len() / 2] ^= 0xff;
+    let corrupt_md5 = md5_hex(&corrupt);
+    let server = Server::start(corrupt, Mode::Serve);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("breastmnist.npz");
+
+    let err = fetch_verified(&server.url(), &path, md5, false).unwrap_err();
+
+    let msg = format!("{err:#}");
+    for needle in [md5.as_str(), &corrupt_md5, &server.url(), "again"] {
+        assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+    }
+    assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));
+}
+
+#[test]
+fn truncated_transfer_keeps_the_part_and_the_retry_resumes_with_a_range() {
+    let (bytes, md5) = sample();
+    let cut = bytes.len() / 3;
+    let server = Server::start(bytes.clone(), Mode::CloseAfter(cut));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("breastmnist.npz");
+    let part = part_path(&path);
+
+    let err = fetch_verified(&server.url(), &path, md5, false).unwrap_err();
+
+    let msg = format!("{err:#}");
+    let kept = format!("{cut} of {} bytes", bytes.len());
+    for needle in [
+        server.url().as_str(),
+        &kept,
+        "resumes",
+        &part.display().to_string(),
+    ] {
+        assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+    }
+    assert!(!path.exists());
+    assert_eq!(std::fs::read(&part).unwrap(), &bytes[..cut]);
+
+    server.state().mode = Mode::Serve;
+    let got = fetch_verified(&server.url(), &path, md5, false).unwrap();
+
+    assert!(!got.already_present);
+    assert_eq!(&std::fs::read(&path).unwrap(), bytes);
+    assert!(!part.exists());
+    let ranges: Vec<_> = server.requests().into_iter().map(|r| r.range).collect();
+    assert_eq!(ranges, [None, Some(format!("bytes={cut}-"))]);
+}
+
+#[test]
+fn server_that_ignores_the_range_restarts_the_download() {
+    let (bytes, md5) = sample();
+    let server = Server::start(bytes.clone(), Mode::IgnoreRange);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("breastmnist.npz");
+    let part = part_path(&path);
+    std::fs::write(&part, vec![7u8; 5000]).unwrap();
+
+    fetch_verified(&server.url(), &path, md5, false).unwrap();
+
+    assert_eq!(&std::fs::read(&path).unwrap(), bytes);
+    assert!(!part.exists());
+    let ranges: Vec<_> = server.requests().into_iter().map(|r| r.range).collect();
+    assert_eq!(ranges, [Some("bytes=5000-".to_string())]);
+}
+
+#[test]
+fn complete_part_left_before_the_rename_is_verified_and_kept() {
+    let (bytes, md5) = sample();
+    let server = Server::start(bytes.clone(), Mode::Serve);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("breastmnist.npz");
+    std::fs::write(part_path(&path), bytes).unwrap();
+
+    fetch_verified(&server.url(), &path, md5, false).unwrap();
+
+    assert_eq!(&std::fs::read(&path).unwrap(), bytes);
+    assert_eq!(listing(dir.path()), ["breastmnist.npz"]);
+    let ranges: Vec<_> = server.requests().into_iter().map(|r| r.range).collect();
+    assert_eq!(ranges, [Some(format!("bytes={}-", bytes.len()))]);
+}
+
+#[test]
+fn server_error_names_the_status_and_the_url_and_leaves_nothing() {
+    let (bytes, md5) = sample();
+    for status in [404, 500] {
+        let server = Server::start(bytes.clone(), Mode::Status(status));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("breastmnist.npz");
+
+        let err = fetch_verified(&server.url(), &path, md5, false).unwrap_err();
+
+        let msg = format!("{err:#}");
+        let code = format!("HTTP {status}");
+        for needle in [server.url().as_str(), &code] {
+            assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+        }
+        assert!(listing(dir.path()).is_empty());
+    }
+}
+
+#[test]
+fn unreachable_server_keeps_the_part_and_says_a_retry_resumes() {
+    let (bytes, md5) = sample();
+    let url = {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/breastmnist.npz", listener.local_addr().unwrap())
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("breastmnist.npz");
+    let part = part_path(&path);
+    std::fs::write(&part, &bytes[..4096]).unwrap();
+
+    let err = fetch_verified(&url, &path, md5, false).unwrap_err();
+
+    let msg = format!("{err:#}");
+    for needle in [url.as_str(), "4096 bytes are kept", "resumes"] {
+        assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+    }
+    assert!(!path.exists());
+    assert_eq!(std::fs::read(&part).unwrap(), &bytes[..4096]);
+}
+
+#[test]
+fn unwritable_directory_is_named_with_the_fix() {
+    let (bytes, md5) = sample();
+    let server = Server::start(bytes.clone(), Mode::Serve);
+    let tmp = tempfile::tempdir().unwrap();
+    // A directory below a regular file cannot be created, even by root.
+    let file = tmp.path().join("not-a-directory");
+    std::fs::write(&file, b"").unwrap();
+    let dir = file.join("medmnist");
+
+    let err = fetch_verified(&server.url(), &dir.join("breastmnist.npz"), md5, false).unwrap_err();
+
+    let msg = format!("{err:#}");
+    for needle in [dir.display().to_string().as_str(), "--dir"] {
+        assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+    }
+    assert!(server.requests().is_empty());
+}
+
+#[test]
+fn unknown_flag_or_size_fails_before_any_request() {
+    let server = Server::start(Vec::new(), Mode::Serve);
+    let dir = tempfile::tempdir().unwrap();
+
+    let err = download_medmnist("breastmnst", 28, dir.path(), Some(&server.base), false);
+    let msg = format!("{:#}", err.unwrap_err());
+    assert!(msg.contains("did you mean `breastmnist`"), "{msg}");
+
+    let err = download_medmnist("breastmnist", 32, dir.path(), Some(&server.base), false);
+    let msg = format!("{:#}", err.unwrap_err());
+    assert!(msg.contains("[28, 64, 128, 224]"), "{msg}");
+
+    assert!(server.requests().is_empty());
+    assert!(listing(dir.path()).is_empty());
+}
+
+/// The official MD5 is checked, so the digits stand-in is refused; what matters here is the
+/// command line: the flag, `--size`, `--dir` and `--url` reach the download and its error.
+#[test]
+fn cli_fetches_from_the_url_and_refuses_a_file_with_the_wrong_md5() {
+    let (bytes, md5) = sample();
+    let server = Server::start(bytes.clone(), Mode::Serve);
+    let dir = tempfile::tempdir().unwrap();
+    let mirror = format!("{}/mirror/", server.base);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_ssl"))
+        .args(["data", "download", "breastmnist", "--size", "28", "--dir"])
+        .arg(dir.path())
+        .args(["--url", &mirror])
+        .output()
+        .unwrap();
+
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let url = format!("{}/mirror/breastmnist.npz", server.base);
+    for needle in [OFFICIAL_BREASTMNIST_MD5, md5, &url, "error: "] {
+        assert!(stderr.contains(needle), "`{needle}` missing from: {stderr}");
+    }
+    let seen = Seen {
+        path: "/mirror/breastmnist.npz".into(),
+        range: None,
+    };
+    assert_eq!(server.requests(), [seen]);
+    assert!(listing(dir.path()).is_empty());
+}
