@@ -106,13 +106,20 @@ pub fn load_encoder(model: &Model, tensors: &HashMap<String, Tensor>) -> Result<
         let t = tensors.get(source).with_context(|| {
             format!("the weights lack `{source}`: they were written for another encoder")
         })?;
-        anyhow::ensure!(
-            t.shape() == var.shape(),
-            "weights `{source}` have shape {:?}, the encoder expects {:?}",
-            t.dims(),
-            var.dims()
-        );
-        var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
+        assign(&var, t, source)?;
     }
+    Ok(())
+}
+
+/// Sets `var` to the stored tensor `t` (named `name` in the errors), which must have its shape;
+/// converted to the variable's dtype and device.
+pub fn assign(var: &candle_core::Var, t: &Tensor, name: &str) -> Result<()> {
+    anyhow::ensure!(
+        t.shape() == var.shape(),
+        "weights `{name}` have shape {:?}, the model expects {:?}",
+        t.dims(),
+        var.dims()
+    );
+    var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
     Ok(())
 }

@@ -494,14 +494,7 @@ fn load_online_probe(model: &Model, weights: &HashMap<String, Tensor>) -> Result
         return Ok(false);
     }
     for (name, var) in vars {
-        let t = &weights[&name];
-        anyhow::ensure!(
-            t.shape() == var.shape(),
-            "checkpoint `{name}` has shape {:?}, the run's probe expects {:?}",
-            t.dims(),
-            var.dims()
-        );
-        var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
+        crate::export::assign(&var, &weights[&name], &name)?;
     }
     Ok(true)
 }
