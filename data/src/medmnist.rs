@@ -453,14 +453,15 @@ pub fn medmnist_path(root: &Path, info: &MedMnistInfo, size: usize) -> PathBuf {
 /// read from the archive.
 pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
     let info = medmnist_info(flag)?;
-    info.md5_at(size)?;
+    let md5 = info.md5_at(size)?;
     let path = medmnist_path(root, info, size);
     ensure!(
         path.exists(),
-        "{} not found; download it from {} (MD5 {}) into {}, or point data.root at the file",
+        "{} not found; fetch it with `ssl data download {} --size {size}` or from {} (MD5 \
+         {md5}) into {}, or point data.root at the file",
         path.display(),
+        info.flag,
         info.url(size),
-        info.md5_at(size)?,
         root.display()
     );
     let mut npz = Npz::open(&path)?;
