@@ -103,6 +103,7 @@ impl Bench {
             let input = StepInput {
                 images: Tensor::cat(&per_view, 0)?,
                 views,
+                local_images: None,
                 instance_ids: &ids,
                 labels: &labels,
                 progress: progress(rep),

@@ -62,25 +62,75 @@ pub fn load_tensors(path: &Path) -> Result<HashMap<String, Tensor>> {
     })
 }
 
-/// Saves the whole checkpoint into `dir`.
+/// Saves the whole checkpoint into `dir` so that a kill at any instant leaves one complete
+/// checkpoint: the files are written into `dir.new`, the previous `dir` is moved to `dir.old`,
+/// `dir.new` takes its place, and `dir.old` is removed. [`load_state`] finishes an interrupted
+/// swap.
 pub fn save(
     dir: &Path,
     model: &HashMap<String, Tensor>,
     optimizer: &HashMap<String, Tensor>,
     state: &TrainerState,
 ) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    save_tensors(&dir.join(MODEL), model)?;
-    save_tensors(&dir.join(OPTIMIZER), optimizer)?;
-    // The state file goes last: it is what marks the checkpoint as complete.
+    let (new, old) = (sibling(dir, "new"), sibling(dir, "old"));
+    if new.exists() {
+        std::fs::remove_dir_all(&new).with_context(|| format!("cannot clear {}", new.display()))?;
+    }
+    std::fs::create_dir_all(&new).with_context(|| format!("cannot create {}", new.display()))?;
+    save_tensors(&new.join(MODEL), model)?;
+    save_tensors(&new.join(OPTIMIZER), optimizer)?;
     write_atomic(
-        &dir.join(STATE),
+        &new.join(STATE),
         serde_json::to_string_pretty(state)?.as_bytes(),
-    )
+    )?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old).with_context(|| format!("cannot clear {}", old.display()))?;
+    }
+    if dir.exists() {
+        std::fs::rename(dir, &old)
+            .with_context(|| format!("cannot move {} aside", dir.display()))?;
+    }
+    std::fs::rename(&new, dir)
+        .with_context(|| format!("cannot move {} into place", new.display()))?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old)
+            .with_context(|| format!("cannot remove {}", old.display()))?;
+    }
+    Ok(())
 }
 
-/// Reads the trainer state of a checkpoint directory.
+/// `dir` with `.suffix` appended to its name.
+fn sibling(dir: &Path, suffix: &str) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".");
+    name.push(suffix);
+    dir.with_file_name(name)
+}
+
+/// Completes a swap [`save`] was killed in: a missing `dir` is replaced by a complete `dir.new`
+/// (killed between the two renames), else by `dir.old` (the previous checkpoint).
+fn recover(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        return Ok(());
+    }
+    let (new, old) = (sibling(dir, "new"), sibling(dir, "old"));
+    for candidate in [new, old] {
+        if candidate.join(STATE).exists() {
+            return std::fs::rename(&candidate, dir).with_context(|| {
+                format!(
+                    "cannot restore {} from {}",
+                    dir.display(),
+                    candidate.display()
+                )
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reads the trainer state of a checkpoint directory, first completing an interrupted save.
 pub fn load_state(dir: &Path) -> Result<TrainerState> {
+    recover(dir)?;
     let path = dir.join(STATE);
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("no checkpoint to resume: cannot read {}", path.display()))?;
@@ -119,6 +169,48 @@ mod tests {
             load_tensors(&dir.path().join("missing.safetensors")).unwrap_err()
         );
         assert!(err.contains("does not exist"), "{err}");
+        Ok(())
+    }
+
+    /// Every instant a kill can hit `save` leaves a checkpoint that `load_state` reads whole.
+    #[test]
+    fn a_save_killed_at_any_point_leaves_one_complete_checkpoint() -> Result<()> {
+        let root = tempfile::tempdir()?;
+        let dir = root.path().join("checkpoint");
+        let weights = |v: f32| -> Result<HashMap<String, Tensor>> {
+            Ok(HashMap::from([(
+                "w".to_string(),
+                Tensor::new(&[v], &Device::Cpu)?,
+            )]))
+        };
+        let state = |step| TrainerState {
+            epochs_done: step,
+            step,
+        };
+        let read = |dir: &Path| -> Result<(usize, f32)> {
+            let step = load_state(dir)?.step;
+            let w = load_tensors(&dir.join(MODEL))?["w"].to_vec1::<f32>()?[0];
+            Ok((step, w))
+        };
+        save(&dir, &weights(1.0)?, &HashMap::new(), &state(1))?;
+        save(&dir, &weights(2.0)?, &HashMap::new(), &state(2))?;
+        assert_eq!(read(&dir)?, (2, 2.0));
+        assert!(!sibling(&dir, "new").exists() && !sibling(&dir, "old").exists());
+
+        // Killed while writing the new files: the old checkpoint stands, the next save clears.
+        std::fs::create_dir_all(sibling(&dir, "new"))?;
+        std::fs::write(sibling(&dir, "new").join(MODEL), b"half")?;
+        assert_eq!(read(&dir)?, (2, 2.0));
+        save(&dir, &weights(3.0)?, &HashMap::new(), &state(3))?;
+        assert_eq!(read(&dir)?, (3, 3.0));
+
+        // Killed between moving the old one aside and moving the new one in.
+        save(&dir, &weights(4.0)?, &HashMap::new(), &state(4))?;
+        std::fs::rename(&dir, sibling(&dir, "new"))?;
+        assert_eq!(read(&dir)?, (4, 4.0));
+        // Killed with only the previous one aside: it comes back.
+        std::fs::rename(&dir, sibling(&dir, "old"))?;
+        assert_eq!(read(&dir)?, (4, 4.0));
         Ok(())
     }
 }

@@ -178,9 +178,12 @@ pub struct RunArgs {
     pub epochs: Option<usize>,
     #[arg(long)]
     pub batch_size: Option<usize>,
-    /// Views per instance.
+    /// Views per instance (global crops).
     #[arg(long)]
     pub views: Option<usize>,
+    /// Multi-crop: extra low-resolution local views per instance, seen by the student only.
+    #[arg(long)]
+    pub local_views: Option<usize>,
     #[arg(long)]
     pub seed: Option<u64>,
     /// Run directory.
@@ -550,13 +553,14 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig> {
     for s in &args.set {
         apply_set(&mut root, s)?;
     }
-    let flags: [(&str, Option<String>); 10] = [
+    let flags: [(&str, Option<String>); 11] = [
         ("objective.name", args.objective.clone()),
         ("data.name", args.data.clone()),
         ("data.size", args.size.map(|v| v.to_string())),
         ("train.epochs", args.epochs.map(|v| v.to_string())),
         ("train.batch_size", args.batch_size.map(|v| v.to_string())),
         ("train.views", args.views.map(|v| v.to_string())),
+        ("train.local_views", args.local_views.map(|v| v.to_string())),
         ("train.seed", args.seed.map(|v| v.to_string())),
         (
             "out",

@@ -59,6 +59,10 @@ pub struct DataConfig {
     /// instances (data.md §5.3); 1 = balanced. The test partition is untouched.
     #[serde(skip_serializing_if = "is_one")]
     pub imbalance: usize,
+    /// Keep only these classes in both partitions (empty: all), e.g. one of SAG-VICReg's
+    /// disjoint class halves (data.md §5.4); labels keep their original values.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<u32>,
 }
 
 fn is_zero(v: &usize) -> bool {
@@ -78,6 +82,7 @@ impl Default for DataConfig {
             split_seed: None,
             train_size: 0,
             imbalance: 1,
+            classes: Vec::new(),
         }
     }
 }
@@ -163,6 +168,13 @@ pub struct TrainConfig {
     pub epochs: usize,
     pub batch_size: usize,
     pub views: usize,
+    /// Multi-crop: extra low-resolution local views per instance (Caron et al. 2020), seen by
+    /// the student only; objectives read them as the views after the `views` global ones.
+    pub local_views: usize,
+    /// Side of a local view in pixels (0: `⌈side · 96/224⌉`, DINO's 96 px at 224).
+    pub local_size: usize,
+    /// Area fraction range of a local crop (DINO: `[0.05, 0.4]`).
+    pub local_scale: (f64, f64),
     pub optimizer: OptimizerKind,
     /// Peak learning rate (after warm-up).
     pub lr: f64,
@@ -200,6 +212,9 @@ impl Default for TrainConfig {
             epochs: 50,
             batch_size: 128,
             views: 2,
+            local_views: 0,
+            local_size: 0,
+            local_scale: (0.05, 0.4),
             optimizer: OptimizerKind::Adamw,
             lr: 1e-3,
             min_lr: 0.0,

@@ -25,14 +25,18 @@ pub mod trainer;
 
 // Link the built-in objective crates so their registrations are collected.
 use ssl_barlow as _;
+use ssl_byol as _;
 use ssl_corinfomax as _;
 use ssl_duality as _;
 use ssl_frossl as _;
 use ssl_icone as _;
 use ssl_ivne as _;
 use ssl_mmcr as _;
+use ssl_moco as _;
+use ssl_sagvicreg as _;
 use ssl_simclr as _;
 use ssl_supervised as _;
+use ssl_swav as _;
 use ssl_tcr as _;
 use ssl_vicreg as _;
 use ssl_wmse as _;

@@ -49,7 +49,7 @@ pub struct DataSplit {
 /// narrows the training partition to the configured subset.
 pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
     let seed = cfg.data.split_seed.unwrap_or(cfg.train.seed);
-    let (dataset, mut train, test) = match cfg.data.name.as_str() {
+    let (dataset, mut train, mut test) = match cfg.data.name.as_str() {
         "digits" | "gmm" => {
             let dataset = match cfg.data.name.as_str() {
                 "digits" => ssl_data::digits(cfg.data.size)?,
@@ -68,6 +68,25 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
             (m.dataset, train.collect(), test.collect())
         }
     };
+    if !cfg.data.classes.is_empty() {
+        let keep = |part: &mut Vec<usize>| {
+            part.retain(|&i| cfg.data.classes.contains(&dataset.labels[i]));
+        };
+        keep(&mut train);
+        keep(&mut test);
+        if let Some(missing) = cfg
+            .data
+            .classes
+            .iter()
+            .find(|&&c| c as usize >= dataset.num_classes)
+        {
+            bail!(
+                "data.classes names class {missing}, but `{}` has classes 0..{}",
+                cfg.data.name,
+                dataset.num_classes - 1
+            );
+        }
+    }
     if cfg.data.train_size > 0 {
         train = ssl_data::stratified_subset(&dataset.labels, &train, cfg.data.train_size, seed)
             .context("data.train_size")?;

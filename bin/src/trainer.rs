@@ -15,7 +15,7 @@ use candle_core::{Device, Tensor, D};
 use candle_nn::{Linear, Module};
 use serde_json::json;
 use ssl_core::{Batch, BuildContext, Objective, ParamStore, Progress, SingleProcess, StepContext};
-use ssl_data::{ViewLoader, ViewTransform};
+use ssl_data::{LocalCrop, ViewLoader, ViewTransform};
 use ssl_models::{Encoder, Projector};
 
 use crate::checkpoint::{self, TrainerState};
@@ -53,17 +53,27 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
         instance_labels: Some(&train_labels),
         projection_dim,
         feature_dim,
-        views: cfg.train.views,
+        views: cfg.train.views + cfg.train.local_views,
         batch_size: cfg.train.batch_size,
     };
     let objective = (registration.build)(&cfg.objective.params, &ctx)?;
     let req = objective.requirements();
-    req.check(
+    let (global, local) = (cfg.train.views, cfg.train.local_views);
+    let checked = req.check(
         registration.name,
-        cfg.train.views,
+        global + local,
         cfg.train.batch_size,
         true,
-    )?;
+    );
+    match local {
+        0 => checked?,
+        m => checked.with_context(|| {
+            format!(
+                "{global} global views + {m} local crops (--local-views) count as {} views",
+                global + m
+            )
+        })?,
+    }
     check_projector_batch(cfg, registration.name, req.projector, data.train.len())?;
     let projector = if req.projector {
         Some(setup::projector(cfg, feature_dim, vb.pp("projector"))?)
@@ -204,6 +214,17 @@ pub fn augmentation(cfg: &RunConfig) -> Arc<dyn ViewTransform> {
     }
 }
 
+/// The multi-crop local views of `cfg` for samples of `shape` (`[C, H, W]`).
+pub fn local_crop(cfg: &RunConfig, shape: &[usize]) -> LocalCrop {
+    let t = &cfg.train;
+    let side = shape.last().copied().unwrap_or(0);
+    let size = match t.local_size {
+        0 => (side * 96).div_ceil(224).max(1),
+        s => s,
+    };
+    LocalCrop::new(size, t.local_scale, augmentation(cfg))
+}
+
 /// The training loop. Returns whether the run reached its last epoch.
 fn train(
     cfg: &RunConfig,
@@ -222,7 +243,9 @@ fn train(
         t.drop_last,
         t.seed,
         augmentation(cfg),
-    )?;
+    )?
+    .with_local_views(t.local_views, local_crop(cfg, &data.dataset.shape))
+    .context("invalid train.local_views for this data")?;
     let steps_per_epoch = loader.steps_per_epoch();
     if steps_per_epoch == 0 {
         bail!(
@@ -321,9 +344,18 @@ fn train(
             let (v, b) = (view_batch.views_count, view_batch.batch_size);
             let mut shape = vec![v * b];
             shape.extend(&data.dataset.shape);
+            let local_images = match view_batch.local_count {
+                0 => None,
+                m => {
+                    let mut shape = vec![m * b];
+                    shape.extend(&view_batch.local_shape);
+                    Some(Tensor::from_vec(view_batch.local_views, shape, device)?)
+                }
+            };
             let input = StepInput {
                 images: Tensor::from_vec(view_batch.views, shape, device)?,
                 views: v,
+                local_images,
                 instance_ids: &view_batch.instance_ids,
                 labels: &view_batch.labels,
                 progress,
@@ -403,6 +435,9 @@ pub struct StepInput<'a> {
     /// `[V·B, ...]` images, view-major (row `v·B + i` is view `v` of instance `i`).
     pub images: Tensor,
     pub views: usize,
+    /// Multi-crop local views `[M·B, ...]` at their own (smaller) size, view-major; `None`
+    /// without local crops.
+    pub local_images: Option<Tensor>,
     /// Stable instance ids `[B]` and class labels `[B]`.
     pub instance_ids: &'a [u32],
     pub labels: &'a [u32],
@@ -417,7 +452,7 @@ pub struct StepOutput {
     pub terms: Vec<(String, f64)>,
     /// The online probe's cross-entropy, if there is a probe.
     pub probe_ce: Option<f64>,
-    /// The projections the loss saw, `[V, B, D]` (detached).
+    /// The projections of the global views the loss saw, `[V, B, D]` (detached).
     pub projections: Tensor,
 }
 
@@ -443,8 +478,9 @@ fn forward_views(
     Ok((Tensor::cat(&features, 0)?, Tensor::cat(&projections, 0)?))
 }
 
-/// One step: encoder (train mode, view by view) → projector → objective loss (+ the online probe's
-/// cross-entropy on detached features) → backward → optimiser. A non-finite loss or term is an
+/// One step: encoder (train mode, view by view, global views then local crops) → projector →
+/// objective loss (+ the online probe's cross-entropy on the global views' detached features) →
+/// backward → optimiser. A teacher sees the global views only. A non-finite loss or term is an
 /// error raised before the weights change.
 pub fn training_step(
     model: &mut Model,
@@ -454,10 +490,15 @@ pub fn training_step(
     let device = input.images.device();
     let (v, b) = (input.views, input.instance_ids.len());
     let views = input.images.chunk(v, 0)?;
+    let mut student_views = views.clone();
+    if let Some(local) = &input.local_images {
+        student_views.extend(local.chunk(local.dims()[0] / b, 0)?);
+    }
+    let all_views = student_views.len();
     let (features, projections) = forward_views(
         model.encoder.as_ref(),
         model.projector.as_ref(),
-        &views,
+        &student_views,
         true,
     )?;
     let teacher_out = match &model.teacher {
@@ -467,7 +508,6 @@ pub fn training_step(
                 .requirements()
                 .teacher
                 .is_some_and(|s| s.train_mode);
-            // Every view is a global crop until multi-crop arrives.
             let (_, p) = forward_views(enc.as_ref(), proj.as_ref(), &views, train_mode)?;
             Some(p.detach().reshape((v, b, ()))?)
         }
@@ -475,8 +515,8 @@ pub fn training_step(
     };
     let indices = Tensor::new(input.instance_ids, device)?;
     let labels = Tensor::new(input.labels, device)?;
-    let features_v = features.reshape((v, b, ()))?;
-    let projections_v = projections.reshape((v, b, ()))?;
+    let features_v = features.reshape((all_views, b, ()))?;
+    let projections_v = projections.reshape((all_views, b, ()))?;
     let batch = Batch {
         projections: &projections_v,
         features: &features_v,
@@ -506,7 +546,7 @@ pub fn training_step(
     let mut total = out.loss;
     let mut probe_ce = None;
     if let Some(probe) = &model.probe {
-        let logits = probe.forward(&features.detach())?;
+        let logits = probe.forward(&features.narrow(0, 0, v * b)?.detach())?;
         let targets = Tensor::new(input.labels.repeat(v).as_slice(), device)?;
         let ce = candle_nn::loss::cross_entropy(&logits, &targets)?;
         probe_ce = Some(scalar(&ce)?);
@@ -518,7 +558,7 @@ pub fn training_step(
         loss,
         terms,
         probe_ce,
-        projections: projections_v.detach(),
+        projections: projections_v.narrow(0, 0, v)?.detach(),
     })
 }
 

@@ -5,11 +5,13 @@
 //! * [`gmm`]: the synthetic 2D Gaussian mixture of IConE Appendix E.
 //! * [`split`]: deterministic stratified train/test splits.
 //! * [`augment`]: per-view stochastic transforms ([`ViewTransform`]).
+//! * [`crop`]: multi-crop local views (torchvision's random resized crop box).
 //! * [`loader`]: the deterministic, rayon-parallel multi-view batch loader ([`ViewLoader`]).
 //! * [`medmnist`]: the 18 MedMNIST datasets' facts and their `.npz` files as a [`Dataset`].
 //! * [`npy`]: NumPy `.npy` arrays and `.npz` archives.
 
 pub mod augment;
+pub mod crop;
 pub mod dataset;
 pub mod digits;
 pub mod gmm;
@@ -21,6 +23,7 @@ pub mod split;
 pub use augment::{
     apply_affine, AffineParams, DigitsAugment, GaussianJitter, Identity, ViewTransform,
 };
+pub use crop::{random_resized_crop_box, resized_crop, CropBox, LocalCrop};
 pub use dataset::{Dataset, Samples};
 pub use digits::{bilinear_resize, digits, DEFAULT_DIGITS_SIZE};
 pub use gmm::gaussian_mixture;

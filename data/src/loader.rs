@@ -18,6 +18,7 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use crate::augment::ViewTransform;
+use crate::crop::LocalCrop;
 use crate::Dataset;
 
 /// Domain-separation tags for [`mix_seed`].
@@ -51,8 +52,15 @@ pub struct ViewBatch {
     pub labels: Vec<u32>,
     /// Number of instances in this batch (the last batch may be smaller unless `drop_last`).
     pub batch_size: usize,
-    /// Number of views per instance.
+    /// Number of (global) views per instance.
     pub views_count: usize,
+    /// Multi-crop local views, view-major `[local_count, batch_size, local_shape...]`; empty
+    /// without local crops.
+    pub local_views: Vec<f32>,
+    /// Number of local views per instance.
+    pub local_count: usize,
+    /// Shape of one local view (empty without local crops).
+    pub local_shape: Vec<usize>,
 }
 
 impl ViewBatch {
@@ -73,6 +81,7 @@ pub struct ViewLoader {
     drop_last: bool,
     seed: u64,
     transform: Arc<dyn ViewTransform>,
+    local: Option<(usize, LocalCrop)>,
 }
 
 impl std::fmt::Debug for ViewLoader {
@@ -84,6 +93,7 @@ impl std::fmt::Debug for ViewLoader {
             .field("views", &self.views)
             .field("drop_last", &self.drop_last)
             .field("seed", &self.seed)
+            .field("local_views", &self.local_views())
             .finish()
     }
 }
@@ -126,7 +136,21 @@ impl ViewLoader {
             drop_last,
             seed,
             transform,
+            local: None,
         })
+    }
+
+    /// Adds `count` multi-crop local views per instance, made by `crop`; their random streams
+    /// continue the view index after the global views, so global views are unchanged.
+    pub fn with_local_views(mut self, count: usize, crop: LocalCrop) -> Result<Self> {
+        crop.output_shape(&self.dataset.shape)?;
+        self.local = (count > 0).then_some((count, crop));
+        Ok(self)
+    }
+
+    /// Local views per instance (0 without multi-crop).
+    pub fn local_views(&self) -> usize {
+        self.local.as_ref().map_or(0, |(count, _)| *count)
     }
 
     /// The underlying dataset.
@@ -187,25 +211,48 @@ impl ViewLoader {
     pub fn make_batch(&self, epoch: usize, ids: &[u32]) -> ViewBatch {
         let sl = self.dataset.sample_len();
         let bs = ids.len();
-        let mut views = vec![0f32; self.views * bs * sl];
         let shape = &self.dataset.shape;
+        let view_rng = |id: u32, v: usize| {
+            ChaCha8Rng::seed_from_u64(mix_seed(&[
+                TAG_VIEW,
+                self.seed,
+                epoch as u64,
+                id as u64,
+                v as u64,
+            ]))
+        };
+        let mut views = vec![0f32; self.views * bs * sl];
         if sl > 0 {
             views.par_chunks_mut(sl).enumerate().for_each(|(j, out)| {
                 let (v, row) = (j / bs, j % bs);
                 let id = ids[row];
                 let input = self.dataset.sample(self.indices[id as usize]);
-                let mut rng = ChaCha8Rng::seed_from_u64(mix_seed(&[
-                    TAG_VIEW,
-                    self.seed,
-                    epoch as u64,
-                    id as u64,
-                    v as u64,
-                ]));
-                self.transform.apply(&input, shape, out, &mut rng);
+                self.transform
+                    .apply(&input, shape, out, &mut view_rng(id, v));
             });
         }
+        let (local_views, local_count, local_shape) = match &self.local {
+            Some((count, crop)) => {
+                let local_shape = crop
+                    .output_shape(shape)
+                    .expect("checked in with_local_views");
+                let ll: usize = local_shape.iter().product();
+                let mut local = vec![0f32; count * bs * ll];
+                local.par_chunks_mut(ll).enumerate().for_each(|(j, out)| {
+                    let (v, row) = (j / bs, j % bs);
+                    let id = ids[row];
+                    let input = self.dataset.sample(self.indices[id as usize]);
+                    crop.apply(&input, shape, out, &mut view_rng(id, self.views + v));
+                });
+                (local, *count, local_shape)
+            }
+            None => (Vec::new(), 0, Vec::new()),
+        };
         ViewBatch {
             views,
+            local_views,
+            local_count,
+            local_shape,
             instance_ids: ids.to_vec(),
             labels: ids
                 .iter()
@@ -266,6 +313,28 @@ mod tests {
         let a = collect(&loader, 0, 1);
         assert_eq!(a, collect(&loader, 0, 2));
         assert_eq!(a[0].views.len(), 2 * 50 * 256);
+    }
+
+    #[test]
+    fn local_views_are_extra_and_leave_the_global_views_unchanged() {
+        let d = Arc::new(crate::digits(16).unwrap());
+        let idx: Vec<usize> = (0..200).collect();
+        let aug = Arc::new(DigitsAugment::default());
+        let plain = ViewLoader::new(d.clone(), idx.clone(), 50, 2, true, 9, aug.clone()).unwrap();
+        let crop = LocalCrop::new(7, (0.05, 0.4), aug.clone());
+        let multi = ViewLoader::new(d, idx, 50, 2, true, 9, aug)
+            .unwrap()
+            .with_local_views(3, crop)
+            .unwrap();
+        assert_eq!(multi.local_views(), 3);
+        let (a, b) = (collect(&plain, 1, 1), collect(&multi, 1, 2));
+        assert_eq!(a[0].views, b[0].views);
+        assert_eq!(b[0].local_count, 3);
+        assert_eq!(b[0].local_shape, vec![1, 7, 7]);
+        assert_eq!(b[0].local_views.len(), 3 * 50 * 49);
+        assert_eq!(b, collect(&multi, 1, 1), "deterministic across pools");
+        // Each local view is its own draw.
+        assert_ne!(b[0].local_views[..49], b[0].local_views[50 * 49..51 * 49]);
     }
 
     #[test]

@@ -130,6 +130,96 @@ fn resume_reproduces_an_uninterrupted_run() {
     );
 }
 
+/// An EMA teacher (BYOL) and a teacher with a queue (MoCo v2), killed with SIGKILL mid-run and
+/// resumed, end with the weights, teacher and queue of an uninterrupted run.
+#[test]
+fn killed_teacher_runs_resume_to_the_uninterrupted_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    for (objective, extra) in [
+        ("byol", "objective.params.predictor_hidden=64"),
+        ("moco", "objective.params.queue_size=256"),
+    ] {
+        let args = |out: &Path| -> Vec<String> {
+            [
+                "run",
+                "--objective",
+                objective,
+                "--epochs",
+                "6",
+                "--batch-size",
+                "64",
+                "--out",
+                out.to_str().unwrap(),
+                "--set",
+                "model.projector=[64, 32]",
+                "--set",
+                "train.checkpoint_every=1",
+                "--set",
+                extra,
+            ]
+            .map(String::from)
+            .to_vec()
+        };
+        let run = |out: &Path, more: &[&str]| {
+            let mut a = args(out);
+            a.extend(more.iter().map(|s| s.to_string()));
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            ssl(&a)
+        };
+        let whole = dir.path().join(format!("{objective}-whole"));
+        let a = run(&whole, &[]);
+        assert!(a.status.success(), "{}", stderr(&a));
+
+        let killed = dir.path().join(format!("{objective}-killed"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ssl-plugin"))
+            .args(args(&killed))
+            .env("RAYON_NUM_THREADS", "2")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let state = killed.join("checkpoint/trainer_state.json");
+        while !state.exists() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{objective}: the run ended before its first checkpoint"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let finished_early = child.try_wait().unwrap().is_some();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            !finished_early,
+            "{objective}: the run finished before the kill"
+        );
+        let c = run(&killed, &["--resume"]);
+        assert!(c.status.success(), "{objective}: {}", stderr(&c));
+        let tensors = |p: &Path| {
+            let bytes = std::fs::read(p.join("checkpoint/model.safetensors")).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let mut names: Vec<String> = st.names().into_iter().map(|n| n.to_string()).collect();
+            names.sort();
+            names
+                .into_iter()
+                .map(|n| (n.clone(), st.tensor(&n).unwrap().data().to_vec()))
+                .collect::<Vec<_>>()
+        };
+        let (a, b) = (tensors(&whole), tensors(&killed));
+        assert!(a.iter().any(|(n, _)| n.starts_with("teacher.")));
+        if objective == "moco" {
+            assert!(a.iter().any(|(n, _)| n == "objective.queue"));
+        }
+        for ((name, x), (_, y)) in a.iter().zip(&b) {
+            assert!(
+                x == y,
+                "{objective}: `{name}` differs after kill and resume"
+            );
+        }
+        assert_eq!(a.len(), b.len());
+    }
+}
+
 #[test]
 fn unknown_objective_suggests_the_closest() {
     let o = ssl(&["run", "--objective", "vicrg"]);
@@ -211,6 +301,47 @@ fn views_and_batch_the_objective_cannot_take_are_refused() {
         e.contains("the last batch of every epoch would hold 1 instance"),
         "{e}"
     );
+    // Local crops count against an objective's view limit and need images.
+    let o = ssl(&["run", "--objective", "corinfomax", "--local-views", "2"]);
+    assert!(stderr(&o).contains("at most 2 views"), "{}", stderr(&o));
+    let o = ssl(&[
+        "run",
+        "--data",
+        "gmm",
+        "--set",
+        "model.encoder=mlp",
+        "--local-views",
+        "2",
+    ]);
+    let e = stderr(&o);
+    assert!(e.contains("local crops need 2D images"), "{e}");
+    let o = ssl(&["run", "--set", "data.classes=[0, 12]"]);
+    let e = stderr(&o);
+    assert!(e.contains("data.classes names class 12"), "{e}");
+}
+
+#[test]
+fn multi_crop_and_class_subsets_train() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two 16-px global views and four 7-px local crops in every step.
+    let o = quick(dir.path(), "vicreg", &["--local-views", "4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let config = std::fs::read_to_string(dir.path().join("config.yaml")).unwrap();
+    assert!(config.contains("local_views: 4"), "{config}");
+    // One class half: only its classes are trained and evaluated.
+    let half = dir.path().join("half");
+    let o = quick(&half, "vicreg", &["--set", "data.classes=[0, 1, 2, 3, 4]"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let split: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(half.join("split.json")).unwrap()).unwrap();
+    let digits = ssl_data::digits(16).unwrap();
+    for part in ["train", "test"] {
+        let ids = split[part].as_array().unwrap();
+        assert!(!ids.is_empty());
+        assert!(ids
+            .iter()
+            .all(|i| digits.labels[i.as_u64().unwrap() as usize] < 5));
+    }
 }
 
 #[test]

@@ -1,0 +1,250 @@
+//! SimSiam (spec §2.19): `D(p, z) = −cos(p, sg(z))`, `L = ½ D(p₁, z₂) + ½ D(p₂, z₁)`, with
+//! `z` the student's own projections and `p` the predictor's output; no teacher, no EMA.
+//!
+//! **More than two views** (not in the paper): `L` is the mean of `D(p_v, z_w)` over the ordered
+//! view pairs of the crate docs (targets `w` among the global crops, `v ≠ w` over all crops),
+//! which is exactly the paper's formula at two views.
+
+use anyhow::Result;
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+use ssl_core::{
+    register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
+    Requirements,
+};
+
+use crate::{mean_pair_cosine, Predictor, MIN_BATCH_REASON};
+
+/// The SimSiam loss `−(1/P) Σ_{w<V_g} Σ_{v≠w} mean_i cos(p_i^(v), sg(z_i^(w)))` of predictions
+/// `p`: `[V, B, D]` and projections `z`: `[V_g, B, D]` (the first `V_g ≤ V` views; `V_g = V`
+/// when every view is global), `P = V_g(V − 1)` ordered pairs. Lies in `[−1, 1]`; no gradient
+/// reaches `z`.
+pub fn simsiam_loss(p: &Tensor, z: &Tensor) -> candle_core::Result<Tensor> {
+    mean_pair_cosine(p, z)?.0.neg()
+}
+
+/// SimSiam hyper-parameters (paper defaults).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimsiamConfig {
+    /// Hidden (bottleneck) width of the predictor `D → hidden → D` (512 in the paper, for D = 2048).
+    pub predictor_hidden: usize,
+}
+
+impl Default for SimsiamConfig {
+    fn default() -> Self {
+        Self {
+            predictor_hidden: 512,
+        }
+    }
+}
+
+impl ObjectiveConfig for SimsiamConfig {
+    fn validate(&self) -> Result<()> {
+        anyhow::ensure!(
+            self.predictor_hidden > 0,
+            "`predictor_hidden` must be at least 1 (512 in the paper), got 0"
+        );
+        Ok(())
+    }
+
+    fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>> {
+        Ok(Box::new(Simsiam {
+            predictor: Predictor::new(
+                ctx.projection_dim,
+                self.predictor_hidden,
+                ctx.vb.pp("predictor"),
+            )?,
+        }))
+    }
+}
+
+/// The SimSiam objective: owns the predictor; the targets are the student's own projections.
+pub struct Simsiam {
+    predictor: Predictor,
+}
+
+impl Objective for Simsiam {
+    fn requirements(&self) -> Requirements {
+        Requirements {
+            min_batch: 2,
+            min_batch_reason: MIN_BATCH_REASON,
+            ..Requirements::default()
+        }
+    }
+
+    fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput> {
+        let z = batch.projections;
+        let p = self.predictor.forward_views(z, batch.train)?;
+        let targets = z.narrow(0, 0, batch.global_views)?;
+        Ok(LossOutput::new(simsiam_loss(&p, &targets)?))
+    }
+}
+
+register_objective! {
+    name: "simsiam",
+    aliases: &[],
+    summary: "predictor regresses onto the stop-gradient projection of the other view (−cos, symmetrised)",
+    paper: "Chen, He. Exploring Simple Siamese Representation Learning. CVPR 2021",
+    keys: &[
+        ConfigKey { name: "predictor_hidden", doc: "hidden (bottleneck) width of the predictor D → hidden → D (512)" },
+    ],
+    config: SimsiamConfig,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{build, config_error, loss_error, spec_p_z};
+    use candle_core::{DType, Device, Var};
+    use ssl_core::testing::{batch, close, max_gradient_error, scalar};
+    use ssl_core::ParamStore;
+
+    const KAT_L: f64 = -0.8611611153;
+
+    /// `D(p, z) = −mean_i cos(p_i, z_i)` on the host.
+    fn negative_cosine(p: &Tensor, z: &Tensor) -> f64 {
+        let (p, z) = (p.to_vec2::<f64>().unwrap(), z.to_vec2::<f64>().unwrap());
+        let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let cos: f64 = p
+            .iter()
+            .zip(&z)
+            .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / (norm(a) * norm(b)))
+            .sum();
+        -cos / p.len() as f64
+    }
+
+    #[test]
+    fn known_answer_spec_2_19() -> candle_core::Result<()> {
+        let (p, z) = spec_p_z()?;
+        close(scalar(&simsiam_loss(&p, &z)?), KAT_L, 1e-9);
+        let formula = 0.5 * negative_cosine(&p.get(0)?, &z.get(1)?)
+            + 0.5 * negative_cosine(&p.get(1)?, &z.get(0)?);
+        close(formula, KAT_L, 1e-9);
+        let (p32, z32) = (p.to_dtype(DType::F32)?, z.to_dtype(DType::F32)?);
+        close(scalar(&simsiam_loss(&p32, &z32)?), KAT_L, 1e-4);
+        Ok(())
+    }
+
+    #[test]
+    fn three_views_average_the_six_ordered_pairs() -> candle_core::Result<()> {
+        let dev = &Device::Cpu;
+        let p = Tensor::randn(0f64, 1., (3, 5, 4), dev)?;
+        let z = Tensor::randn(0f64, 1., (3, 5, 4), dev)?;
+        let mut sum = 0.0;
+        for w in 0..3 {
+            for v in (0..3).filter(|&v| v != w) {
+                sum += negative_cosine(&p.get(v)?, &z.get(w)?);
+            }
+        }
+        close(scalar(&simsiam_loss(&p, &z)?), sum / 6.0, 1e-12);
+        Ok(())
+    }
+
+    #[test]
+    fn loss_lies_in_minus_one_to_one() -> candle_core::Result<()> {
+        let dev = &Device::Cpu;
+        for (v, vg, b, d) in [(2, 2, 3, 2), (2, 2, 16, 8), (4, 2, 5, 3), (3, 1, 1, 6)] {
+            for _ in 0..5 {
+                let p = Tensor::randn(0f64, 1., (v, b, d), dev)?;
+                let z = Tensor::randn(0f64, 1., (vg, b, d), dev)?;
+                let l = scalar(&simsiam_loss(&p, &z)?);
+                assert!((-1.0..=1.0).contains(&l), "{l}");
+            }
+        }
+        // The bounds are reached by (anti-)parallel predictions.
+        let z = Tensor::randn(0f64, 1., (2, 4, 3), dev)?;
+        let swapped = Tensor::stack(&[z.get(1)?, z.get(0)?], 0)?;
+        close(scalar(&simsiam_loss(&(&swapped * 2.0)?, &z)?), -1.0, 1e-12);
+        close(scalar(&simsiam_loss(&swapped.neg()?, &z)?), 1.0, 1e-12);
+        Ok(())
+    }
+
+    #[test]
+    fn gradient_matches_finite_differences_and_stops_at_the_targets() -> candle_core::Result<()> {
+        let dev = &Device::Cpu;
+        for (v, vg) in [(2, 2), (3, 3), (3, 1)] {
+            let p = Tensor::randn(0f64, 1., (v, 4, 3), dev)?;
+            let z = Tensor::randn(0f64, 1., (vg, 4, 3), dev)?;
+            let err = max_gradient_error(&p, |p| simsiam_loss(p, &z))?;
+            assert!(err < 1e-6, "V={v}, V_g={vg}: relative gradient error {err}");
+            let target = Var::from_tensor(&z)?;
+            let grads = simsiam_loss(&p, target.as_tensor())?.backward()?;
+            assert!(grads.get(target.as_tensor()).is_none());
+        }
+        // With p = z (the same tensor) only the prediction path carries a gradient: half of the
+        // gradient finite differences see, as for a loss with a stop-gradient on one factor.
+        let z = Tensor::randn(0f64, 1., (2, 4, 3), dev)?;
+        assert!(max_gradient_error(&z, |z| simsiam_loss(z, z))? > 1e-3);
+        Ok(())
+    }
+
+    #[test]
+    fn objective_built_from_the_registry_gives_a_finite_loss() -> Result<()> {
+        let dev = &Device::Cpu;
+        let store = ParamStore::new(3);
+        let mut objective = build("simsiam", "{}", &store, 8)?;
+        let req = objective.requirements();
+        assert_eq!(req.teacher, None);
+        assert!(req.projector && !req.labels);
+        assert_eq!((req.min_views, req.max_views, req.min_batch), (2, None, 2));
+        assert_eq!(
+            store.tensors()["objective.predictor.0.weight"].dims(),
+            [512, 8]
+        );
+
+        let z = Var::from_tensor(&Tensor::randn(0f32, 1., (2, 4, 8), dev)?)?;
+        let indices = Tensor::arange(0u32, 4, dev)?;
+        for global_views in [2, 1] {
+            let b = Batch {
+                global_views,
+                ..batch(z.as_tensor(), &indices, None)
+            };
+            let out = objective.loss(&b)?;
+            let loss = scalar(&out.loss);
+            assert!(loss.is_finite() && (-1.0..=1.0).contains(&loss), "{loss}");
+            let grads = out.loss.backward()?;
+            assert!(grads.get(z.as_tensor()).is_some());
+            let (_, w) = &store.vars_with_prefix("objective.predictor.3.weight")[0];
+            assert!(grads.get(w.as_tensor()).is_some());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_batch_of_one_is_refused_with_the_reason() -> Result<()> {
+        let dev = &Device::Cpu;
+        let store = ParamStore::new(0);
+        let mut objective = build("simsiam", "predictor_hidden: 4", &store, 3)?;
+        let req = objective.requirements();
+        let err = format!("{:#}", req.check("simsiam", 2, 1, false).unwrap_err());
+        assert!(
+            err.contains("batch size ≥ 2") && err.contains("batch norm"),
+            "{err}"
+        );
+        let z = Tensor::randn(0f32, 1., (2, 1, 3), dev)?;
+        let indices = Tensor::new(&[0u32], dev)?;
+        let err = loss_error(objective.as_mut(), &batch(&z, &indices, None));
+        assert!(err.contains("at least 2 instances"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn registered_with_documented_defaults() {
+        let reg = ssl_core::find("simsiam").unwrap();
+        assert!(reg.paper.contains("CVPR 2021") && reg.paper.contains("Chen"));
+        let defaults = ssl_core::testing::documented_defaults(reg.name);
+        assert_eq!(defaults["predictor_hidden"].as_u64(), Some(512));
+    }
+
+    #[test]
+    fn unknown_key_and_bad_value_are_clear_errors() {
+        let err = config_error::<SimsiamConfig>("simsiam", "hidden: 512");
+        assert!(
+            err.contains("unknown field `hidden`") && err.contains("predictor_hidden"),
+            "{err}"
+        );
+        let err = config_error::<SimsiamConfig>("simsiam", "predictor_hidden: 0");
+        assert!(err.contains("`predictor_hidden`"), "{err}");
+    }
+}

@@ -1,0 +1,626 @@
+use super::*;
+use candle_core::Device;
+use candle_nn::{VarBuilder, VarMap};
+use ssl_core::testing::{batch, close, first_step, max_gradient_error, scalar};
+use ssl_core::Progress;
+
+const KAT_Q: [[f64; 2]; 3] = [
+    [0.99997245602, 0.00002754398],
+    [0.98900978604, 0.01099021396],
+    [1.8548e-7, 0.99999981452],
+];
+const KAT_L: f64 = 0.0201176272;
+const KAT_CROP0: [[f64; 2]; 3] = [[0.9, 0.1], [0.8, 0.3], [0.2, 0.7]];
+const KAT_CROP1: [[f64; 2]; 3] = [[0.7, 0.2], [0.9, 0.1], [0.1, 0.8]];
+
+fn kat_scores() -> candle_core::Result<Tensor> {
+    let dev = Device::Cpu;
+    Tensor::stack(
+        &[
+            Tensor::new(&KAT_CROP0, &dev)?,
+            Tensor::new(&KAT_CROP1, &dev)?,
+        ],
+        0,
+    )
+}
+
+/// Spec §2.21 Sinkhorn on the host, literally (`[K, B]` layout, no max subtraction).
+fn naive_sinkhorn(scores: &[Vec<f64>], eps: f64, iters: usize) -> Vec<Vec<f64>> {
+    let (b, k) = (scores.len(), scores[0].len());
+    let mut q: Vec<Vec<f64>> = (0..k)
+        .map(|p| (0..b).map(|i| (scores[i][p] / eps).exp()).collect())
+        .collect();
+    let total: f64 = q.iter().flatten().sum();
+    q.iter_mut().flatten().for_each(|x| *x /= total);
+    for _ in 0..iters {
+        for row in q.iter_mut() {
+            let s: f64 = row.iter().sum();
+            row.iter_mut().for_each(|x| *x /= s * k as f64);
+        }
+        for i in 0..b {
+            let s: f64 = q.iter().map(|row| row[i]).sum();
+            q.iter_mut().for_each(|row| row[i] /= s * b as f64);
+        }
+    }
+    (0..b)
+        .map(|i| (0..k).map(|p| q[p][i] * b as f64).collect())
+        .collect()
+}
+
+/// The swapped-prediction loss on the host, pair by pair.
+fn naive_loss(scores: &[Vec<Vec<f64>>], codes: &[Vec<Vec<f64>>], tau: f64) -> f64 {
+    let v = scores.len();
+    let mut total = 0.0;
+    for (s, q) in codes.iter().enumerate() {
+        let mut crop = 0.0;
+        for (_, scores_t) in scores.iter().enumerate().filter(|(t, _)| *t != s) {
+            let mut ce = 0.0;
+            for (row, q_row) in scores_t.iter().zip(q) {
+                let lse = row.iter().map(|x| (x / tau).exp()).sum::<f64>().ln();
+                ce -= q_row
+                    .iter()
+                    .zip(row)
+                    .map(|(qk, x)| qk * (x / tau - lse))
+                    .sum::<f64>();
+            }
+            crop += ce / scores_t.len() as f64;
+        }
+        total += crop / (v - 1) as f64;
+    }
+    total / codes.len() as f64
+}
+
+fn build_in(
+    map: &VarMap,
+    dtype: DType,
+    d: usize,
+    views: usize,
+    yaml: &str,
+) -> Result<Box<dyn Objective>> {
+    let ctx = BuildContext {
+        vb: VarBuilder::from_varmap(map, dtype, &Device::Cpu).pp("objective"),
+        num_instances: 10,
+        num_classes: None,
+        instance_labels: None,
+        projection_dim: d,
+        feature_dim: d,
+        views,
+        batch_size: 4,
+    };
+    let value: serde_yaml::Value = serde_yaml::from_str(yaml)?;
+    (ssl_core::find("swav")?.build)(&value, &ctx)
+}
+
+fn var(map: &VarMap, name: &str) -> Var {
+    map.data().lock().unwrap()[name].clone()
+}
+
+fn at(step: usize, epoch: usize) -> Progress {
+    Progress {
+        step,
+        epoch,
+        steps_per_epoch: 10,
+        total_steps: 100,
+        ..first_step()
+    }
+}
+
+fn run(objective: &mut dyn Objective, z: &Tensor, progress: Progress) -> Result<Tensor> {
+    let ids = Tensor::arange(0u32, z.dim(1)? as u32, &Device::Cpu)?;
+    let b = Batch {
+        progress,
+        ..batch(z, &ids, None)
+    };
+    Ok(objective.loss(&b)?.loss)
+}
+
+fn step_end(objective: &mut dyn Objective, progress: Progress) -> Result<()> {
+    objective.after_step(&StepContext {
+        progress,
+        student: &[],
+        teacher: None,
+    })
+}
+
+fn row_norms(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .sqr()
+        .unwrap()
+        .sum(1)
+        .unwrap()
+        .sqrt()
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
+}
+
+#[test]
+fn sinkhorn_known_answer_spec_2_21() -> candle_core::Result<()> {
+    let s0 = kat_scores()?.get(0)?;
+    let q = sinkhorn(&s0, 0.05, 3)?.to_vec2::<f64>()?;
+    for (row, want) in q.iter().zip(KAT_Q) {
+        for (a, b) in row.iter().zip(want) {
+            assert!((a - b).abs() <= 1e-10, "{a} vs {b}");
+        }
+    }
+    let q32 = sinkhorn(&s0.to_dtype(DType::F32)?, 0.05, 3)?;
+    assert_eq!(q32.dtype(), DType::F32);
+    for (row, want) in q32.to_vec2::<f32>()?.iter().zip(KAT_Q) {
+        for (a, b) in row.iter().zip(want) {
+            close(*a as f64, b, 1e-4);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn loss_known_answer_spec_2_21() -> candle_core::Result<()> {
+    let scores = kat_scores()?;
+    let codes = Tensor::stack(
+        &[
+            sinkhorn(&scores.get(0)?, 0.05, 3)?,
+            sinkhorn(&scores.get(1)?, 0.05, 3)?,
+        ],
+        0,
+    )?;
+    close(
+        scalar(&swapped_prediction_loss(&scores, &codes, 0.1)?),
+        KAT_L,
+        1e-8,
+    );
+    let (s32, c32) = (scores.to_dtype(DType::F32)?, codes.to_dtype(DType::F32)?);
+    close(
+        scalar(&swapped_prediction_loss(&s32, &c32, 0.1)?),
+        KAT_L,
+        1e-4,
+    );
+    Ok(())
+}
+
+/// Projections whose normalised rows score `KAT_CROP*` against the prototypes `e₁, e₂` of R³:
+/// `z = scale·(s₁, s₂, √(1 − s₁² − s₂²))`.
+fn kat_projections() -> candle_core::Result<Tensor> {
+    let lift = |crop: [[f64; 2]; 3]| -> Vec<Vec<f64>> {
+        crop.iter()
+            .zip([2.0, 0.5, 3.0])
+            .map(|(s, scale)| {
+                let rest = (1.0 - s[0] * s[0] - s[1] * s[1]).sqrt();
+                vec![scale * s[0], scale * s[1], scale * rest]
+            })
+            .collect()
+    };
+    Tensor::new(vec![lift(KAT_CROP0), lift(KAT_CROP1)], &Device::Cpu)
+}
+
+#[test]
+fn objective_known_answer_through_normalisation() -> Result<()> {
+    let unit_axes = Tensor::new(&[[1f64, 0., 0.], [0., 1., 0.]], &Device::Cpu)?;
+    for (dtype, rel) in [(DType::F64, 1e-8), (DType::F32, 1e-4)] {
+        let map = VarMap::new();
+        let mut objective = build_in(&map, dtype, 3, 2, "num_prototypes: 2")?;
+        var(&map, "objective.prototypes.weight").set(&unit_axes.to_dtype(dtype)?)?;
+        let z = kat_projections()?.to_dtype(dtype)?;
+        close(
+            scalar(&run(objective.as_mut(), &z, first_step())?),
+            KAT_L,
+            rel,
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn sinkhorn_matches_the_literal_algorithm_and_ignores_a_common_shift() -> candle_core::Result<()> {
+    let dev = Device::Cpu;
+    for (b, k) in [(5, 3), (3, 7), (8, 8)] {
+        let s = Tensor::rand(-1f64, 1., (b, k), &dev)?;
+        let want = naive_sinkhorn(&s.to_vec2::<f64>()?, 0.05, 3);
+        for (row, want) in sinkhorn(&s, 0.05, 3)?.to_vec2::<f64>()?.iter().zip(&want) {
+            for (a, b) in row.iter().zip(want) {
+                assert!((a - b).abs() <= 1e-12, "{a} vs {b}");
+            }
+        }
+        // exp(S/ε) overflows f64 for S = 40 at ε = 0.05; the max subtraction keeps it finite and
+        // the codes equal those of the shifted scores.
+        let big = ((s * 20.0)? + 25.0)?;
+        let shifted = sinkhorn(&(&big - 25.0)?, 0.05, 3)?.to_vec2::<f64>()?;
+        let q = sinkhorn(&big, 0.05, 3)?.to_vec2::<f64>()?;
+        for (row, want) in q.iter().zip(&shifted) {
+            for (a, b) in row.iter().zip(want) {
+                assert!(a.is_finite() && (a - b).abs() <= 1e-12, "{a} vs {b}");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn sinkhorn_marginals() -> candle_core::Result<()> {
+    let (b, k) = (6, 4);
+    let s = Tensor::rand(-1f64, 1., (b, k), &Device::Cpu)?;
+    // After the final column step every sample's codes sum to 1, whatever the iterations.
+    for iters in [1, 3, 10] {
+        for total in sinkhorn(&s, 0.05, iters)?.sum(1)?.to_vec1::<f64>()? {
+            assert!((total - 1.0).abs() < 1e-12, "{iters} iterations: {total}");
+        }
+    }
+    // At convergence the row step changes nothing either: every prototype holds B/K.
+    let q = sinkhorn(&s, 0.5, 1000)?;
+    for mass in q.sum(0)?.to_vec1::<f64>()? {
+        assert!((mass - b as f64 / k as f64).abs() < 1e-9, "{mass}");
+    }
+    // Three iterations at ε = 0.05 are far from equipartition on a skewed input.
+    let skewed = Tensor::new(&[[1f64, 0.], [0.9, 0.], [0.8, 0.], [0., 0.1]], &Device::Cpu)?;
+    let mass = sinkhorn(&skewed, 0.05, 3)?.sum(0)?.to_vec1::<f64>()?;
+    assert!((mass[0] - 2.0).abs() > 0.1, "{mass:?}");
+    Ok(())
+}
+
+#[test]
+fn single_sample_gives_uniform_codes_and_is_refused() -> Result<()> {
+    let s = Tensor::new(&[[0.9f64, 0.1, -0.3]], &Device::Cpu)?;
+    for q in sinkhorn(&s, 0.05, 3)?.flatten_all()?.to_vec1::<f64>()? {
+        assert!((q - 1.0 / 3.0).abs() < 1e-15, "{q}");
+    }
+    let req = build_in(&VarMap::new(), DType::F32, 4, 2, "")?.requirements();
+    assert_eq!((req.min_batch, req.min_views, req.max_views), (2, 2, None));
+    assert!(req.projector && req.teacher.is_none());
+    let err = format!("{:#}", req.check("swav", 2, 1, false).unwrap_err());
+    assert!(
+        err.contains("uniform") && err.contains("--batch-size 2"),
+        "{err}"
+    );
+    assert!(req.check("swav", 2, 2, false).is_ok());
+    let err = format!("{:#}", req.check("swav", 1, 8, false).unwrap_err());
+    assert!(err.contains("at least 2 views"), "{err}");
+    let queued = build_in(&VarMap::new(), DType::F32, 4, 2, "queue_size: 8")?.requirements();
+    assert_eq!(queued.min_batch, 1);
+    Ok(())
+}
+
+#[test]
+fn gradient_matches_finite_differences() -> candle_core::Result<()> {
+    for (v, g) in [(2, 2), (3, 1), (4, 2), (3, 3)] {
+        let scores = Tensor::rand(-1f64, 1., (v, 4, 5), &Device::Cpu)?;
+        let codes: Vec<Tensor> = (0..g)
+            .map(|s| sinkhorn(&scores.get(s)?, 0.05, 3))
+            .collect::<candle_core::Result<_>>()?;
+        let codes = Tensor::stack(&codes, 0)?;
+        let err = max_gradient_error(&scores, |x| swapped_prediction_loss(x, &codes, 0.1))?;
+        assert!(
+            err < 1e-6,
+            "V = {v}, G = {g}: relative gradient error {err}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn matches_the_pairwise_definition_with_local_crops() -> Result<()> {
+    let (v, g, b, d, k) = (4, 2, 5, 3, 6);
+    let map = VarMap::new();
+    let mut objective = build_in(&map, DType::F64, d, v, "num_prototypes: 6")?;
+    let c = var(&map, "objective.prototypes.weight")
+        .as_tensor()
+        .to_vec2::<f64>()?;
+    assert_eq!(c.len(), k);
+    let z = Tensor::randn(0f64, 1., (v, b, d), &Device::Cpu)?;
+    let scores: Vec<Vec<Vec<f64>>> = z
+        .to_vec3::<f64>()?
+        .iter()
+        .map(|view| {
+            view.iter()
+                .map(|row| {
+                    let n = row.iter().map(|x| x * x).sum::<f64>().sqrt();
+                    c.iter()
+                        .map(|p| p.iter().zip(row).map(|(a, x)| a * x / n).sum())
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let codes: Vec<_> = scores[..g]
+        .iter()
+        .map(|s| naive_sinkhorn(s, 0.05, 3))
+        .collect();
+    let ids = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
+    let multi_crop = Batch {
+        global_views: g,
+        ..batch(&z, &ids, None)
+    };
+    let loss = scalar(&objective.loss(&multi_crop)?.loss);
+    close(loss, naive_loss(&scores, &codes, 0.1), 1e-10);
+    Ok(())
+}
+
+#[test]
+fn prototypes_have_unit_rows_after_build_and_after_every_step() -> Result<()> {
+    let map = VarMap::new();
+    let mut objective = build_in(&map, DType::F32, 4, 2, "num_prototypes: 5")?;
+    let prototypes = var(&map, "objective.prototypes.weight");
+    assert_eq!(prototypes.dims(), &[5, 4]);
+    for n in row_norms(prototypes.as_tensor()) {
+        assert!((n - 1.0).abs() < 1e-6, "{n}");
+    }
+    let moved = (Tensor::randn(0f32, 1., (5, 4), &Device::Cpu)? * 3.0)?;
+    prototypes.set(&moved)?;
+    step_end(objective.as_mut(), first_step())?;
+    let now = prototypes.as_tensor().to_dtype(DType::F64)?;
+    for n in row_norms(&now) {
+        assert!((n - 1.0).abs() < 1e-6, "{n}");
+    }
+    let norms = Tensor::new(row_norms(&moved), &Device::Cpu)?.unsqueeze(1)?;
+    let expected = moved.to_dtype(DType::F64)?.broadcast_div(&norms)?;
+    let diff = scalar(&(now - expected)?.abs()?.max_all()?);
+    assert!(diff < 1e-6, "{diff}");
+    Ok(())
+}
+
+#[test]
+fn prototypes_get_no_gradient_while_frozen() -> Result<()> {
+    let map = VarMap::new();
+    let mut objective = build_in(&map, DType::F64, 3, 2, "freeze_prototypes_steps: 5")?;
+    let prototypes = var(&map, "objective.prototypes.weight");
+    let z = Var::from_tensor(&Tensor::randn(0f64, 1., (2, 4, 3), &Device::Cpu)?)?;
+    for step in [0, 4] {
+        let grads = run(objective.as_mut(), z.as_tensor(), at(step, 0))?.backward()?;
+        assert!(grads.get(prototypes.as_tensor()).is_none(), "step {step}");
+        assert!(grads.get(z.as_tensor()).is_some(), "step {step}");
+    }
+    let grads = run(objective.as_mut(), z.as_tensor(), at(5, 0))?.backward()?;
+    let g = grads
+        .get(prototypes.as_tensor())
+        .expect("prototypes train after the frozen steps");
+    assert!(scalar(&g.abs()?.max_all()?) > 0.0);
+    Ok(())
+}
+
+fn normalised_global(z: &Tensor, view: usize) -> Vec<Vec<f64>> {
+    normalize_rows(&z.get(view).unwrap())
+        .unwrap()
+        .to_vec2::<f64>()
+        .unwrap()
+}
+
+fn queue_state(map: &VarMap) -> (Vec<Vec<Vec<f64>>>, usize, usize) {
+    let get = |name: &str| var(map, &format!("objective.{name}")).as_tensor().clone();
+    let count = |t: Tensor| t.to_vec1::<f64>().unwrap()[0] as usize;
+    (
+        get("queue").to_vec3::<f64>().unwrap(),
+        count(get("queue_ptr")),
+        count(get("queue_fill")),
+    )
+}
+
+/// Loss with Sinkhorn run on `[queue_s Cᵀ; S_s]` for the two global views, computed directly.
+fn loss_with_queue(map: &VarMap, z: &Tensor) -> Result<f64> {
+    let c = var(map, "objective.prototypes.weight").as_tensor().clone();
+    let queue = var(map, "objective.queue").as_tensor().clone();
+    let scores = normalize_rows(z)?.broadcast_matmul(&c.t()?)?;
+    let (size, b) = (queue.dim(1)?, z.dim(1)?);
+    let codes: Vec<Tensor> = (0..2)
+        .map(|s| {
+            let all = Tensor::cat(&[&queue.get(s)?.matmul(&c.t()?)?, &scores.get(s)?], 0)?;
+            sinkhorn(&all, 0.05, 3)?.narrow(0, size, b)
+        })
+        .collect::<candle_core::Result<_>>()?;
+    Ok(scalar(&swapped_prediction_loss(
+        &scores,
+        &Tensor::stack(&codes, 0)?,
+        0.1,
+    )?))
+}
+
+fn loss_without_queue(map: &VarMap, z: &Tensor) -> Result<f64> {
+    let c = var(map, "objective.prototypes.weight").as_tensor().clone();
+    let scores = normalize_rows(z)?.broadcast_matmul(&c.t()?)?;
+    let codes = Tensor::stack(
+        &[
+            sinkhorn(&scores.get(0)?, 0.05, 3)?,
+            sinkhorn(&scores.get(1)?, 0.05, 3)?,
+        ],
+        0,
+    )?;
+    Ok(scalar(&swapped_prediction_loss(&scores, &codes, 0.1)?))
+}
+
+#[test]
+fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
+    let (b, d) = (3, 3);
+    let map = VarMap::new();
+    let config = "num_prototypes: 4\nqueue_size: 4\nqueue_start_epoch: 1";
+    let mut objective = build_in(&map, DType::F64, d, 3, config)?;
+    let batches: Vec<Tensor> = (0..4)
+        .map(|_| Tensor::randn(0f64, 1., (3, b, d), &Device::Cpu))
+        .collect::<candle_core::Result<_>>()?;
+    let ids = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
+    let global = |z, step| Batch {
+        global_views: 2,
+        progress: at(step, 1),
+        ..batch(z, &ids, None)
+    };
+
+    // Epoch 0 (before `queue_start_epoch`): nothing is queued.
+    run(objective.as_mut(), &batches[0], at(0, 0))?;
+    step_end(objective.as_mut(), at(0, 0))?;
+    let (queue, pointer, filled) = queue_state(&map);
+    assert_eq!((pointer, filled), (0, 0));
+    assert!(queue.iter().flatten().flatten().all(|x| *x == 0.0));
+
+    // Epoch 1: the first batch fills rows 0..3; the queue is not full, so it is not used.
+    let first = scalar(&objective.loss(&global(&batches[1], 400))?.loss);
+    close(first, loss_without_queue(&map, &batches[1])?, 1e-12);
+    step_end(objective.as_mut(), at(400, 1))?;
+    let (queue, pointer, filled) = queue_state(&map);
+    assert_eq!((pointer, filled), (3, 3));
+    for (view, slot) in queue.iter().take(2).enumerate() {
+        assert_eq!(&slot[..3], &normalised_global(&batches[1], view)[..]);
+    }
+    assert!(queue[2].iter().flatten().all(|x| *x == 0.0), "local slot");
+
+    // The next batch wraps: its first row lands in row 3, the other two in rows 0 and 1.
+    objective.loss(&global(&batches[2], 401))?;
+    step_end(objective.as_mut(), at(401, 1))?;
+    let (queue, pointer, filled) = queue_state(&map);
+    assert_eq!((pointer, filled), (2, 4));
+    for (view, slot) in queue.iter().take(2).enumerate() {
+        let old = normalised_global(&batches[1], view);
+        let new = normalised_global(&batches[2], view);
+        assert_eq!(
+            *slot,
+            vec![
+                new[1].clone(),
+                new[2].clone(),
+                old[2].clone(),
+                new[0].clone()
+            ]
+        );
+    }
+
+    // Full: Sinkhorn sees the queue. An evaluation-mode loss queues nothing.
+    let third = Batch {
+        train: false,
+        ..global(&batches[3], 402)
+    };
+    let with_queue = scalar(&objective.loss(&third)?.loss);
+    close(with_queue, loss_with_queue(&map, &batches[3])?, 1e-12);
+    let without = loss_without_queue(&map, &batches[3])?;
+    assert!(
+        (with_queue - without).abs() > 1e-9,
+        "{with_queue} vs {without}"
+    );
+    step_end(objective.as_mut(), at(402, 1))?;
+    assert_eq!(queue_state(&map), (queue.clone(), 2, 4));
+
+    // A run resumed from the stored tensors sees the same queue.
+    let restored = VarMap::new();
+    let mut resumed = build_in(&restored, DType::F64, d, 3, config)?;
+    for (name, value) in map.data().lock().unwrap().iter() {
+        var(&restored, name).set(value.as_tensor())?;
+    }
+    let again = scalar(&resumed.loss(&third)?.loss);
+    close(again, with_queue, 1e-12);
+    Ok(())
+}
+
+#[test]
+fn queue_keeps_the_newest_rows_of_a_larger_batch() -> Result<()> {
+    let map = VarMap::new();
+    let mut objective = build_in(
+        &map,
+        DType::F64,
+        3,
+        2,
+        "queue_size: 2\nqueue_start_epoch: 0",
+    )?;
+    let z = Tensor::randn(0f64, 1., (2, 5, 3), &Device::Cpu)?;
+    run(objective.as_mut(), &z, first_step())?;
+    step_end(objective.as_mut(), first_step())?;
+    let (queue, pointer, filled) = queue_state(&map);
+    assert_eq!((pointer, filled), (0, 2));
+    for (view, slot) in queue.iter().enumerate() {
+        assert_eq!(&slot[..], &normalised_global(&z, view)[3..]);
+    }
+    Ok(())
+}
+
+#[test]
+fn stores_prototypes_and_queue_under_checkpoint_names() -> Result<()> {
+    let names = |yaml: &str| -> Result<Vec<(String, Vec<usize>)>> {
+        let map = VarMap::new();
+        build_in(&map, DType::F32, 8, 4, yaml)?;
+        let mut all: Vec<_> = map
+            .data()
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.dims().to_vec()))
+            .collect();
+        all.sort();
+        Ok(all)
+    };
+    assert_eq!(
+        names("")?,
+        vec![("objective.prototypes.weight".to_string(), vec![3000, 8])]
+    );
+    assert_eq!(
+        names("queue_size: 16\nnum_prototypes: 10")?,
+        vec![
+            ("objective.prototypes.weight".to_string(), vec![10, 8]),
+            ("objective.queue".to_string(), vec![4, 16, 8]),
+            ("objective.queue_fill".to_string(), vec![1]),
+            ("objective.queue_ptr".to_string(), vec![1]),
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn bad_batches_are_clear_errors() -> Result<()> {
+    let mut objective = build_in(&VarMap::new(), DType::F64, 3, 2, "queue_size: 4")?;
+    let ids = Tensor::arange(0u32, 4, &Device::Cpu)?;
+    let wide = Tensor::randn(0f64, 1., (2, 4, 5), &Device::Cpu)?;
+    let err = format!(
+        "{:#}",
+        objective.loss(&batch(&wide, &ids, None)).err().unwrap()
+    );
+    assert!(
+        err.contains("5 wide") && err.contains("prototypes"),
+        "{err}"
+    );
+    let z = Tensor::randn(0f64, 1., (3, 4, 3), &Device::Cpu)?;
+    let err = format!(
+        "{:#}",
+        objective.loss(&batch(&z, &ids, None)).err().unwrap()
+    );
+    assert!(
+        err.contains("2 view slots") && err.contains("3 global"),
+        "{err}"
+    );
+    let none_global = Batch {
+        global_views: 0,
+        ..batch(&z, &ids, None)
+    };
+    let err = format!("{:#}", objective.loss(&none_global).err().unwrap());
+    assert!(err.contains("0 global views"), "{err}");
+    let one_view = Tensor::randn(0f64, 1., (1, 4, 3), &Device::Cpu)?;
+    let codes = sinkhorn(&one_view.get(0)?, 0.05, 3)?.unsqueeze(0)?;
+    assert!(swapped_prediction_loss(&one_view, &codes, 0.1).is_err());
+    Ok(())
+}
+
+#[test]
+fn registered_with_documented_defaults() {
+    let reg = ssl_core::find("swav").unwrap();
+    assert!(reg.paper.contains("NeurIPS 2020") && reg.paper.contains("Caron"));
+    let defaults = ssl_core::testing::documented_defaults(reg.name);
+    assert_eq!(defaults["num_prototypes"].as_u64(), Some(3000));
+    assert_eq!(defaults["temperature"].as_f64(), Some(0.1));
+    assert_eq!(defaults["epsilon"].as_f64(), Some(0.05));
+    assert_eq!(defaults["sinkhorn_iterations"].as_u64(), Some(3));
+    assert_eq!(defaults["freeze_prototypes_steps"].as_u64(), Some(313));
+    assert_eq!(defaults["queue_size"].as_u64(), Some(0));
+    assert_eq!(defaults["queue_start_epoch"].as_u64(), Some(15));
+}
+
+#[test]
+fn unknown_keys_and_bad_values_are_clear_errors() {
+    let parse = |yaml: &str| {
+        let value: serde_yaml::Value = serde_yaml::from_str(yaml).unwrap();
+        ssl_core::registry::parse_config::<SwavConfig>("swav", &value)
+    };
+    let err = format!("{:#}", parse("num_prototype: 30").unwrap_err());
+    assert!(err.contains("unknown field `num_prototype`"), "{err}");
+    for (yaml, key) in [
+        ("num_prototypes: 1", "`num_prototypes`"),
+        ("temperature: 0", "`temperature`"),
+        ("epsilon: -0.05", "`epsilon`"),
+        ("sinkhorn_iterations: 0", "`sinkhorn_iterations`"),
+    ] {
+        let err = format!("{:#}", parse(yaml).unwrap_err());
+        assert!(err.contains(key), "{yaml}: {err}");
+    }
+    let cfg = parse("queue_size: 3840\nfreeze_prototypes_steps: 0").unwrap();
+    assert_eq!((cfg.queue_size, cfg.freeze_prototypes_steps), (3840, 0));
+}
