@@ -27,6 +27,7 @@ pub mod trainer;
 use ssl_barlow as _;
 use ssl_byol as _;
 use ssl_corinfomax as _;
+use ssl_dino as _;
 use ssl_duality as _;
 use ssl_frossl as _;
 use ssl_icone as _;

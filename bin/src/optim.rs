@@ -22,6 +22,10 @@ struct Slot {
     /// First / second moment (Adam) or momentum buffer (SGD, LARS).
     m: Option<Tensor>,
     v: Option<Tensor>,
+    /// Updates this parameter has received: Adam's bias correction counts them per parameter,
+    /// as PyTorch does, so a parameter frozen for the first steps (DINO's last layer, SwAV's
+    /// prototypes) starts with a full-size step.
+    steps: usize,
 }
 
 /// The optimiser of a run.
@@ -29,7 +33,6 @@ pub struct Optimizer {
     kind: OptimizerKind,
     slots: Vec<Slot>,
     cfg: TrainConfig,
-    steps: usize,
 }
 
 impl Optimizer {
@@ -50,25 +53,25 @@ impl Optimizer {
                 lr_scale,
                 m: None,
                 v: None,
+                steps: 0,
             })
             .collect();
         Self {
             kind: cfg.optimizer,
             slots,
             cfg: cfg.clone(),
-            steps: 0,
         }
     }
 
     /// One update with learning rate `lr`.
     pub fn step(&mut self, grads: &GradStore, lr: f64) -> Result<()> {
-        self.steps += 1;
         let c = &self.cfg;
-        let t = self.steps as i32;
         for slot in &mut self.slots {
             let Some(g) = grads.get(slot.var.as_tensor()) else {
                 continue;
             };
+            slot.steps += 1;
+            let t = slot.steps as i32;
             let lr = lr * slot.lr_scale;
             let wd = if slot.regularised {
                 c.weight_decay
@@ -125,7 +128,7 @@ impl Optimizer {
         Ok(())
     }
 
-    /// Optimiser state for a checkpoint: `m.NAME`, `v.NAME`, and the step count.
+    /// Optimiser state for a checkpoint: `m.NAME`, `v.NAME` and `steps.NAME`.
     pub fn state(&self) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
         for s in &self.slots {
@@ -135,11 +138,11 @@ impl Optimizer {
             if let Some(v) = &s.v {
                 out.insert(format!("v.{}", s.name), v.clone());
             }
+            out.insert(
+                format!("steps.{}", s.name),
+                Tensor::new(&[s.steps as f32], &candle_core::Device::Cpu)?,
+            );
         }
-        out.insert(
-            "steps".into(),
-            Tensor::new(&[self.steps as f32], &candle_core::Device::Cpu)?,
-        );
         Ok(out)
     }
 
@@ -156,8 +159,15 @@ impl Optimizer {
                 .map(|t| t.to_device(dev))
                 .transpose()?;
         }
-        if let Some(t) = state.get("steps") {
-            self.steps = t.to_vec1::<f32>()?[0] as usize;
+        // Checkpoints written before per-parameter counts kept one shared `steps`.
+        let count = |t: &Tensor| -> Result<usize> { Ok(t.to_vec1::<f32>()?[0] as usize) };
+        let shared = state.get("steps").map(count).transpose()?.unwrap_or(0);
+        for s in &mut self.slots {
+            s.steps = match state.get(&format!("steps.{}", s.name)) {
+                Some(t) => count(t)?,
+                None if s.m.is_some() => shared,
+                None => 0,
+            };
         }
         Ok(())
     }
@@ -233,6 +243,41 @@ mod tests {
         for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
             assert!((g - w).abs() < 1e-6, "{g} vs {w}");
         }
+    }
+
+    /// A parameter without gradients for its first steps (a frozen layer) then takes Adam's full
+    /// first step, and its count survives a checkpoint round trip.
+    #[test]
+    fn adam_counts_steps_per_parameter() -> Result<()> {
+        let cfg = TrainConfig {
+            weight_decay: 0.0,
+            ..TrainConfig::default()
+        };
+        let a = Var::new(&[1f32, 1.0], &Device::Cpu)?;
+        let frozen = Var::new(&[1f32, 1.0], &Device::Cpu)?;
+        let params = || {
+            vec![
+                ("a".into(), a.clone(), 1.0),
+                ("f".into(), frozen.clone(), 1.0),
+            ]
+        };
+        let mut opt = Optimizer::new(&cfg, params(), &[]);
+        for _ in 0..5 {
+            opt.step(&a.as_tensor().sum_all()?.backward()?, 0.01)?;
+        }
+        let both = (a.as_tensor().sum_all()? + frozen.as_tensor().sum_all()?)?;
+        opt.step(&both.backward()?, 0.01)?;
+        for v in frozen.as_tensor().to_vec1::<f32>()? {
+            assert!(
+                (v - 0.99).abs() < 1e-6,
+                "first step of a late parameter: {v}"
+            );
+        }
+        let mut restored = Optimizer::new(&cfg, params(), &[]);
+        restored.load_state(&opt.state()?)?;
+        let counts: Vec<usize> = restored.slots.iter().map(|s| s.steps).collect();
+        assert_eq!(counts, vec![6, 1]);
+        Ok(())
     }
 
     #[test]
