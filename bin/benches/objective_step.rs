@@ -116,7 +116,8 @@ impl Bench {
     }
 
     /// Seconds of the objective's loss + backward on `[V, B, D]` projections (`D` the
-    /// backbone width for objectives without a projector).
+    /// backbone width for objectives without a projector), with `[V, B, D]` teacher outputs for
+    /// objectives that have a teacher.
     fn loss(&self, cfg: &RunConfig) -> Result<impl FnMut(usize) -> Result<f64> + '_> {
         let (mut model, _) = self.model(cfg)?;
         let (views, b) = (cfg.train.views, self.batch);
@@ -125,6 +126,11 @@ impl Bench {
             None => model.encoder.output_dim(),
         };
         let z = Var::from_tensor(&Tensor::randn(0f32, 1.0, (views, b, d), &self.device)?)?;
+        // Teacher outputs of the global views are constants of the loss.
+        let teacher = match model.teacher {
+            Some(_) => Some(Tensor::randn(0f32, 1.0, (views, b, d), &self.device)?),
+            None => None,
+        };
         let features = Tensor::zeros((views, b, 1), candle_core::DType::F32, &self.device)?;
         let ids = Tensor::arange(0u32, b as u32, &self.device)?;
         let labels = Tensor::zeros(b, candle_core::DType::U32, &self.device)?;
@@ -135,7 +141,7 @@ impl Bench {
                 global_views: views,
                 indices: &ids,
                 labels: Some(&labels),
-                teacher: None,
+                teacher: teacher.as_ref(),
                 progress: progress(rep),
                 train: true,
                 collective: &SingleProcess,

@@ -26,6 +26,7 @@ pub mod trainer;
 // Link the built-in objective crates so their registrations are collected.
 use ssl_barlow as _;
 use ssl_byol as _;
+use ssl_carp as _;
 use ssl_corinfomax as _;
 use ssl_dino as _;
 use ssl_duality as _;

@@ -39,23 +39,47 @@ mod tests;
 /// Computed directly in the `[B, K]` layout: the spec's row sums are sums over samples here.
 ///
 /// `max(S)/ε` is subtracted before `exp`: a common factor of every entry, removed exactly by the
-/// first `Q /= ΣQ`, so the result is unchanged and large scores cannot overflow. Computed in f64
-/// (f32 on Metal, which has no f64) and returned in the dtype of `scores`.
+/// first `Q /= ΣQ`, so the result is unchanged and large scores cannot overflow. The `B × K`
+/// matrix is small: it is computed on the host in f64 with plain loops over rows (tensor
+/// reductions over the sample axis were most of SwAV's loss time), and returned on the device
+/// and in the dtype of `scores`.
 pub fn sinkhorn(scores: &Tensor, epsilon: f64, iterations: usize) -> candle_core::Result<Tensor> {
     let (b, k) = scores.dims2()?;
-    let work = match scores.device().is_metal() {
-        true => DType::F32,
-        false => DType::F64,
-    };
-    let logits = (scores.detach().to_dtype(work)? / epsilon)?;
-    let max = logits.max_keepdim(0)?.max_keepdim(1)?;
-    let mut q = logits.broadcast_sub(&max)?.exp()?;
-    q = q.broadcast_div(&q.sum_keepdim(0)?.sum_keepdim(1)?)?;
+    let cpu = candle_core::Device::Cpu;
+    let mut q: Vec<f64> = scores
+        .detach()
+        .to_device(&cpu)?
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?
+        .into_iter()
+        .map(|s| s / epsilon)
+        .collect();
+    let max = q.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    q.iter_mut().for_each(|x| *x = (*x - max).exp());
+    let total: f64 = q.iter().sum();
+    q.iter_mut().for_each(|x| *x /= total);
+    let mut per_prototype = vec![0f64; k];
     for _ in 0..iterations {
-        q = (q.broadcast_div(&q.sum_keepdim(0)?)? / k as f64)?;
-        q = (q.broadcast_div(&q.sum_keepdim(1)?)? / b as f64)?;
+        per_prototype.fill(0.0);
+        for row in q.chunks_exact(k) {
+            per_prototype.iter_mut().zip(row).for_each(|(m, x)| *m += x);
+        }
+        per_prototype.iter_mut().for_each(|m| *m *= k as f64);
+        for row in q.chunks_exact_mut(k) {
+            row.iter_mut()
+                .zip(&per_prototype)
+                .for_each(|(x, m)| *x /= m);
+        }
+        for row in q.chunks_exact_mut(k) {
+            let mass = row.iter().sum::<f64>() * b as f64;
+            row.iter_mut().for_each(|x| *x /= mass);
+        }
     }
-    (q * b as f64)?.to_dtype(scores.dtype())
+    q.iter_mut().for_each(|x| *x *= b as f64);
+    Tensor::from_vec(q, (b, k), &cpu)?
+        .to_dtype(scores.dtype())?
+        .to_device(scores.device())
 }
 
 /// The swapped-prediction loss `L = mean_s (1/(V − 1)) Σ_{v≠s} mean_i CE(q_i^s, softmax(S_v[i]/τ))`
@@ -318,7 +342,12 @@ impl Objective for Swav {
             true => self.prototypes.as_tensor().detach(),
             false => self.prototypes.as_tensor().clone(),
         };
-        let scores = z.broadcast_matmul(&prototypes.t()?)?;
+        // One `[V·B, D] × [D, K]` GEMM: a batched matmul would copy the broadcast prototypes.
+        let (vb, b) = (z.dims()[0] * z.dims()[1], z.dims()[1]);
+        let scores = z
+            .reshape((vb, d))?
+            .matmul(&prototypes.t()?)?
+            .reshape((v, b, k))?;
         let codes = self.codes(
             &scores.narrow(0, 0, g)?,
             &prototypes.detach(),
