@@ -30,6 +30,16 @@ pub enum Command {
     /// Train a grid of objectives × views × batch sizes × seeds and tabulate mean ± std
     /// (reuses finished runs; writes NAME.md, NAME.csv and NAME.png, NAME = the grid file's stem).
     Compare(Box<CompareArgs>),
+    /// SAG-VICReg's generalisation protocol: per objective and seed, encoders trained on two
+    /// disjoint class halves embed the first half's test images; their Ward trees are compared
+    /// by LCA and cophenetic similarity (reuses finished runs; writes generalise.md and .csv).
+    Generalise {
+        /// Recipe (see `configs/generalise-digits.yaml`).
+        recipe: PathBuf,
+        /// CPU threads (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
     /// List the available objectives.
     List,
     /// Show an objective's configuration keys, defaults and limits.
@@ -97,9 +107,15 @@ pub struct EvalArgs {
     #[arg(long, num_args = 1..)]
     pub compare: Vec<PathBuf>,
     /// Metrics, comma-separated: probe, knn, rankme, effective-rank, lidar, alignment,
-    /// uniformity, silhouette, cka (default: all).
+    /// uniformity, silhouette, kmeans, hierarchy (hierarchical Rand index), and between
+    /// checkpoints cka, tree (LCA and cophenetic similarity) (default: all; hierarchy when a
+    /// class hierarchy is at hand).
     #[arg(long, value_delimiter = ',')]
     pub metrics: Vec<String>,
+    /// Class hierarchy for `--metrics hierarchy` (YAML; digits runs default to
+    /// configs/digits-hierarchy.yaml).
+    #[arg(long, value_name = "FILE")]
+    pub hierarchy: Option<PathBuf>,
     /// Fixed-C linear probe (metrics.md §1 uses C = 1) instead of choosing C on a validation
     /// split of the training features.
     #[arg(long)]
@@ -309,6 +325,15 @@ pub fn execute(cli: Cli) -> Result<()> {
             println!("tables and chart in {}", grid.out.display());
             Ok(())
         }
+        Command::Generalise { recipe, threads } => {
+            set_threads(threads.unwrap_or(0));
+            let recipe = crate::generalise::Recipe::from_file(&recipe)?;
+            let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            let table = crate::generalise::run(&recipe, &command_line)?;
+            println!("{table}");
+            println!("tables in {}", recipe.out.display());
+            Ok(())
+        }
         Command::List => {
             let registry = ssl_core::registry();
             let width = registry.iter().map(|r| r.name.len()).max().unwrap_or(0);
@@ -355,11 +380,24 @@ pub fn execute(cli: Cli) -> Result<()> {
                 sources.push(eval_source(path)?);
             }
             let default = crate::offline::SuiteConfig::default();
+            let hierarchy = args
+                .hierarchy
+                .as_deref()
+                .map(ssl_eval::ClassHierarchy::load)
+                .transpose()?;
+            let hierarchy_at_hand =
+                hierarchy.is_some() || sources.iter().all(|s| s.cfg.data.name == "digits");
             let suite = crate::offline::SuiteConfig {
                 metrics: match args.metrics.is_empty() {
+                    true if hierarchy_at_hand => default
+                        .metrics
+                        .into_iter()
+                        .chain(["hierarchy".to_string()])
+                        .collect(),
                     true => default.metrics,
                     false => args.metrics.clone(),
                 },
+                hierarchy,
                 probe_c: args.probe_c,
                 lidar_samples: args.lidar_samples,
                 lidar_views: args.lidar_views,

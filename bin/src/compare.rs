@@ -65,7 +65,7 @@ fn default_views() -> Vec<usize> {
 fn default_seeds() -> Vec<u64> {
     vec![0, 1, 2]
 }
-fn default_metrics() -> Vec<String> {
+pub fn default_metrics() -> Vec<String> {
     [
         "probe_balanced_accuracy",
         "knn_accuracy",
@@ -310,7 +310,7 @@ fn finished(cell: &Cell) -> Result<Option<Outcome>> {
     Ok(Some(Outcome::Done { rows, seconds }))
 }
 
-fn run_cell(cell: &Cell) -> Result<Outcome> {
+pub fn run_cell(cell: &Cell) -> Result<Outcome> {
     if let Some(done) = finished(cell)? {
         return Ok(done);
     }
@@ -374,7 +374,7 @@ struct Metric {
 }
 
 /// Every metric a table can show.
-const METRICS: [Metric; 8] = [
+const METRICS: [Metric; 11] = [
     Metric {
         key: "probe_balanced_accuracy",
         title: "linear probe (bal. acc. %)",
@@ -414,6 +414,24 @@ const METRICS: [Metric; 8] = [
     Metric {
         key: "silhouette",
         title: "silhouette",
+        scale: 1.0,
+        decimals: 3,
+    },
+    Metric {
+        key: "kmeans_nmi",
+        title: "k-means NMI",
+        scale: 1.0,
+        decimals: 3,
+    },
+    Metric {
+        key: "kmeans_ami",
+        title: "k-means AMI",
+        scale: 1.0,
+        decimals: 3,
+    },
+    Metric {
+        key: "kmeans_ari",
+        title: "k-means ARI",
         scale: 1.0,
         decimals: 3,
     },

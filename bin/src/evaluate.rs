@@ -28,6 +28,11 @@ pub struct Evaluation {
     /// `log mean exp(−2‖z̃_i − z̃_j‖²)` over test pairs.
     pub uniformity: f64,
     pub silhouette: f64,
+    /// Spherical k-means (k = number of training classes) fitted on the training features and
+    /// scored on the test features against the labels (CARP protocol, spec metrics §9).
+    pub kmeans_nmi: f64,
+    pub kmeans_ami: f64,
+    pub kmeans_ari: f64,
     /// Probe recall averaged over the minority classes of `data.imbalance`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub minority_balanced_accuracy: Option<f64>,
@@ -56,6 +61,9 @@ pub fn to_features(t: &Tensor) -> Result<Features> {
     let (n, d) = t.dims2()?;
     Features::new(t.flatten_all()?.to_vec1::<f32>()?, n, d)
 }
+
+/// Restarts of the k-means scores (CARP's code: 10; its paper: 20).
+const KMEANS_RESTARTS: usize = 10;
 
 /// Evaluates frozen features; `minority` lists the classes whose mean probe recall is reported
 /// separately (empty: none).
@@ -87,6 +95,19 @@ pub fn evaluate_features(
         cfg.eval.knn_t,
     )?;
     let standardized = ssl_eval::standardize(&test);
+    let mut classes = train_y.to_vec();
+    classes.sort_unstable();
+    classes.dedup();
+    let kmeans = ssl_eval::clustering_scores(
+        &train,
+        None,
+        &test,
+        test_y,
+        classes.len(),
+        KMEANS_RESTARTS,
+        cfg.train.seed,
+    )?
+    .val;
     Ok(Evaluation {
         probe_balanced_accuracy: probe.balanced_accuracy,
         knn_accuracy: knn,
@@ -95,6 +116,9 @@ pub fn evaluate_features(
         class_alignment: ssl_eval::class_conditional_alignment(&test, test_y)?,
         uniformity: ssl_eval::uniformity(&test)?,
         silhouette: ssl_eval::silhouette(&test, test_y)?,
+        kmeans_nmi: kmeans.nmi,
+        kmeans_ami: kmeans.ami,
+        kmeans_ari: kmeans.ari,
         minority_balanced_accuracy: minority_balanced_accuracy(
             test_y,
             &probe.predictions,

@@ -14,6 +14,7 @@ pub mod diagnostics;
 pub mod download;
 pub mod evaluate;
 pub mod export;
+pub mod generalise;
 pub mod hub;
 pub mod offline;
 pub mod optim;

@@ -25,8 +25,8 @@ use crate::plot::{scatter_panels, ScatterPanel};
 use crate::setup::{self, DataSplit};
 use crate::trainer::{self, Model};
 
-/// The metrics `--metrics` accepts, in table order.
-pub const METRICS: [&str; 8] = [
+/// The per-checkpoint metrics `--metrics` accepts, in table order.
+pub const METRICS: [&str; 10] = [
     "probe",
     "knn",
     "rankme",
@@ -35,13 +35,27 @@ pub const METRICS: [&str; 8] = [
     "alignment",
     "uniformity",
     "silhouette",
+    "kmeans",
+    "hierarchy",
 ];
+
+/// The metrics of every two checkpoints: linear CKA and the Ward-tree (LCA, cophenetic)
+/// similarity of their test features.
+pub const PAIR_METRICS: [&str; 2] = ["cka", "tree"];
+
+/// The class hierarchy of the built-in digits, by stroke shape (`configs/digits-hierarchy.yaml`).
+pub const DIGITS_HIERARCHY: &str = include_str!("../../configs/digits-hierarchy.yaml");
+
+/// Restarts of the k-means scores (CARP's code: 10; its paper: 20).
+const KMEANS_RESTARTS: usize = 10;
 
 /// What to compute.
 #[derive(Debug, Clone)]
 pub struct SuiteConfig {
-    /// Metric names from [`METRICS`], plus `cka` (needs two checkpoints).
+    /// Metric names from [`METRICS`] and [`PAIR_METRICS`].
     pub metrics: Vec<String>,
+    /// Class tree of the hierarchical Rand index; `None`: [`DIGITS_HIERARCHY`] for digits runs.
+    pub hierarchy: Option<ssl_eval::ClassHierarchy>,
     /// Fixed-C probe (spec §1: C = 1); `None`: C chosen on a validation split.
     pub probe_c: Option<f64>,
     /// LiDAR's surrogate classes (training images), spec §6: min(1000, train size).
@@ -55,9 +69,11 @@ impl Default for SuiteConfig {
         Self {
             metrics: METRICS
                 .iter()
+                .chain(&PAIR_METRICS)
+                .filter(|m| **m != "hierarchy")
                 .map(|m| m.to_string())
-                .chain(["cka".to_string()])
                 .collect(),
+            hierarchy: None,
             probe_c: None,
             lidar_samples: 1000,
             lidar_views: 50,
@@ -69,8 +85,12 @@ impl SuiteConfig {
     /// Checks the metric names, with the list of known ones in the error.
     pub fn validate(&self) -> Result<()> {
         for m in &self.metrics {
-            if m != "cka" && !METRICS.contains(&m.as_str()) {
-                bail!("unknown metric `{m}`; known: {}, cka", METRICS.join(", "));
+            if !METRICS.contains(&m.as_str()) && !PAIR_METRICS.contains(&m.as_str()) {
+                bail!(
+                    "unknown metric `{m}`; known: {}, {}",
+                    METRICS.join(", "),
+                    PAIR_METRICS.join(", ")
+                );
             }
         }
         anyhow::ensure!(
@@ -123,6 +143,8 @@ pub struct Report {
     pub columns: Vec<Column>,
     /// Linear CKA of the test features of every two checkpoints: (a, b, CKA).
     pub cka: Vec<(String, String, f64)>,
+    /// LCA and cophenetic similarity of the Ward trees of every two checkpoints' test features.
+    pub trees: Vec<(String, String, ssl_eval::TreeSimilarity)>,
 }
 
 /// Evaluates `sources` and writes `eval.json`, `knn.csv` and `pca.png` into `out`.
@@ -168,22 +190,34 @@ pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<R
     }
     bar.finish_and_clear();
     let mut cka = Vec::new();
-    if suite.wants("cka") {
-        for (i, a) in embedded.iter().enumerate() {
-            for (j, b) in embedded.iter().enumerate().skip(i + 1) {
-                anyhow::ensure!(
-                    a.test_y == b.test_y,
-                    "CKA compares features of the same images: {} and {} were evaluated on \
-                     different test sets (check data.* in their configs)",
-                    sources[i].label,
-                    sources[j].label
-                );
+    let mut trees = Vec::new();
+    for (i, a) in embedded.iter().enumerate() {
+        for (j, b) in embedded.iter().enumerate().skip(i + 1) {
+            if !(suite.wants("cka") || suite.wants("tree")) {
+                continue;
+            }
+            anyhow::ensure!(
+                a.test_y == b.test_y,
+                "CKA and tree similarity compare features of the same images: {} and {} were \
+                 evaluated on different test sets (check data.* in their configs)",
+                sources[i].label,
+                sources[j].label
+            );
+            let pair = (sources[i].label.clone(), sources[j].label.clone());
+            if suite.wants("cka") {
                 let value = ssl_eval::linear_cka(&a.test, &b.test)?;
-                cka.push((sources[i].label.clone(), sources[j].label.clone(), value));
+                cka.push((pair.0.clone(), pair.1.clone(), value));
+            }
+            if suite.wants("tree") {
+                trees.push((pair.0, pair.1, ssl_eval::tree_similarity(&a.test, &b.test)?));
             }
         }
     }
-    let report = Report { columns, cka };
+    let report = Report {
+        columns,
+        cka,
+        trees,
+    };
     write_outputs(&report, &panels, out)?;
     Ok(report)
 }
@@ -291,6 +325,49 @@ fn column(
     }
     if suite.wants("uniformity") {
         metrics.insert("uniformity".into(), ssl_eval::uniformity(&f.test)?);
+    }
+    if suite.wants("kmeans") {
+        let mut classes = f.train_y.clone();
+        classes.sort_unstable();
+        classes.dedup();
+        let scores = ssl_eval::clustering_scores(
+            &f.train,
+            None,
+            &f.test,
+            &f.test_y,
+            classes.len(),
+            KMEANS_RESTARTS,
+            source.cfg.train.seed,
+        )?
+        .val;
+        metrics.insert("k-means NMI".into(), scores.nmi);
+        metrics.insert("k-means AMI".into(), scores.ami);
+        metrics.insert("k-means ARI".into(), scores.ari);
+    }
+    if suite.wants("hierarchy") {
+        let builtin;
+        let hierarchy = match (&suite.hierarchy, source.cfg.data.name.as_str()) {
+            (Some(h), _) => h,
+            (None, "digits") => {
+                builtin = ssl_eval::ClassHierarchy::parse(DIGITS_HIERARCHY)?;
+                &builtin
+            }
+            (None, other) => bail!(
+                "the hierarchical Rand index needs a class hierarchy for `{other}`; give one with \
+                 --hierarchy FILE (format: configs/digits-hierarchy.yaml)"
+            ),
+        };
+        for level in
+            ssl_eval::hierarchical_rand_index(&f.test, hierarchy, &f.test_y, source.cfg.train.seed)?
+        {
+            metrics.insert(
+                format!(
+                    "Rand index, level {} ({} clusters)",
+                    level.level, level.clusters
+                ),
+                level.rand_index,
+            );
+        }
     }
     if suite.wants("silhouette") {
         metrics.insert(
@@ -460,6 +537,13 @@ pub fn table(report: &Report) -> String {
     }
     for (a, b, v) in &report.cka {
         text.push_str(&format!("\nlinear CKA({a}, {b}) = {v:.4}"));
+    }
+    for (a, b, t) in &report.trees {
+        text.push_str(&format!(
+            "\nWard trees of {a} and {b}: LCA Pearson {:.3}, Spearman {:.3}, Kendall τ-b {:.3}; \
+             cophenetic D1→P2 {:.3}, D2→P1 {:.3}",
+            t.lca_pearson, t.lca_spearman, t.lca_kendall, t.cophenetic_d1_p2, t.cophenetic_d2_p1
+        ));
     }
     text
 }

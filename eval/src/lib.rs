@@ -8,6 +8,9 @@
 //! * LiDAR, the linear-discriminant rank (§6);
 //! * alignment / uniformity (§7) and the silhouette of the true classes (§13);
 //! * linear CKA (§8);
+//! * spherical k-means with NMI, AMI and ARI (§9, CARP protocol), spectral clustering;
+//! * Ward trees of embeddings compared by LCA and cophenetic similarity (§10) and the
+//!   hierarchical Rand index against a class hierarchy (§11, SAG-VICReg);
 //! * covariance eigenvalue trajectories (§12);
 //! * a 2-D PCA projection for embedding plots;
 //! * the official MedMNIST ACC and AUC per task type (MedMNIST v2, official `evaluator.py`);
@@ -17,8 +20,10 @@
 //! ([`Features`]).
 
 pub mod cka;
+pub mod clustering;
 pub mod features;
 pub mod geometry;
+pub mod hierarchy;
 pub mod knn;
 pub mod lidar;
 pub mod linear_probe;
@@ -29,10 +34,19 @@ pub mod spectrum;
 mod test_util;
 
 pub use cka::linear_cka;
+pub use clustering::{
+    adjusted_mutual_info, adjusted_rand_index, clustering_metrics, clustering_scores,
+    normalized_mutual_info, rand_index, spectral_clustering, CarpClustering, ClusteringScores,
+    Contingency, KMeansConfig, SpectralConfig, SpectralEmbedding, SphericalKMeans,
+};
 pub use features::Features;
 pub use geometry::{
     alignment, alignment_alpha, class_conditional_alignment, silhouette, uniformity, uniformity_t,
     ALIGNMENT_ALPHA, UNIFORMITY_T,
+};
+pub use hierarchy::{
+    cophenetic_correlation, cosine_distances, hierarchical_rand_index, kendall_tau_b, pearson,
+    spearman, tree_similarity, ClassHierarchy, Dendrogram, LevelRandIndex, Merge, TreeSimilarity,
 };
 pub use knn::{
     knn_accuracy, knn_predict, knn_scores, knn_sweep, knn_topk_accuracy, KnnCell, KnnSweep,

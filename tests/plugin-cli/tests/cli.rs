@@ -767,7 +767,12 @@ fn eval_puts_checkpoints_side_by_side_with_every_metric_and_caches_features() {
         "| LiDAR |",
         "| alignment |",
         "| silhouette |",
+        "| k-means NMI |",
+        "| k-means ARI |",
+        "| Rand index, level 1 (3 clusters) |",
+        "| Rand index, level 3 (10 clusters) |",
         "linear CKA(vicreg (a), simclr (b)) = 0.",
+        "Ward trees of vicreg (a) and simclr (b): LCA Pearson ",
     ] {
         assert!(table.contains(row), "the table lacks {row:?}:\n{table}");
     }
@@ -789,4 +794,64 @@ fn eval_puts_checkpoints_side_by_side_with_every_metric_and_caches_features() {
         "{}",
         stderr(&bad)
     );
+    let tree = dir.path().join("tree.yaml");
+    std::fs::write(&tree, "[[0, 1, 2], [1, 3]]").unwrap();
+    let bad = ssl(&[
+        "eval",
+        a.to_str().unwrap(),
+        "--metrics",
+        "hierarchy",
+        "--hierarchy",
+        tree.to_str().unwrap(),
+    ]);
+    let e = stderr(&bad);
+    assert!(
+        e.contains("tree.yaml") && e.contains("class id 1 appears more than once"),
+        "{e}"
+    );
+}
+
+/// SAG-VICReg's generalisation protocol as one command: two class halves, both encoders embed
+/// the first half, their trees are compared; finished runs are reused.
+#[test]
+fn generalise_trains_both_halves_and_tabulates_tree_similarity() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("halves.yaml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "objectives: [vicreg]\nseeds: [0]\nhalves: [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]\n\
+             set: ['train.epochs=1', 'model.projector=[64, 32]']\nout: '{}'\n",
+            dir.path().join("out").display()
+        ),
+    )
+    .unwrap();
+    let o = ssl(&["generalise", recipe.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    assert!(
+        table.contains("| objective | LCA Pearson | LCA Spearman | LCA Kendall τ-b |"),
+        "{table}"
+    );
+    let row = table.lines().find(|l| l.starts_with("| vicreg |")).unwrap();
+    let values: Vec<f64> = row
+        .split('|')
+        .skip(2)
+        .filter_map(|c| c.split('±').next()?.trim().parse().ok())
+        .collect();
+    assert_eq!(values.len(), 5, "{row}");
+    assert!(values.iter().all(|v| (-1.0..=1.0).contains(v)), "{row}");
+    let config = |half: &str| {
+        std::fs::read_to_string(
+            dir.path()
+                .join(format!("out/{half}/runs/vicreg/v2-b128-s0/config.yaml")),
+        )
+        .unwrap()
+    };
+    assert!(config("half-a").contains("- 4\n") && !config("half-a").contains("- 5\n"));
+    assert!(config("half-b").contains("- 5\n") && !config("half-b").contains("- 4\n"));
+    assert!(dir.path().join("out/generalise.csv").exists());
+    // A second call reuses both runs and prints the same table.
+    let again = ssl(&["generalise", recipe.to_str().unwrap()]);
+    assert_eq!(stdout(&again), table);
 }
