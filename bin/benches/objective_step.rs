@@ -7,7 +7,8 @@
 //! rest is the optimiser and the step's plumbing). The three are timed in turn, round after
 //! round, and each share is the median of the per-round ratios, so a slow spell of a shared
 //! machine moves numerator and denominator together. Then the FroSSL step at V = 8 against
-//! V = 2 (4× the images). Run with
+//! V = 2 (4× the images), and the share of the step of SwAV's Sinkhorn–Knopp and SAG-VICReg's
+//! kNN affinity. Run with
 //! `cargo bench -p ssl --bench objective_step -- [--reps N] [--batch B] [--objectives a,b] [--ratio frossl,...]`;
 //! `RAYON_NUM_THREADS` sets the threads. `-- --profile-loss NAME --reps 500` only calls that
 //! objective's loss + backward, for a profiler.
@@ -188,6 +189,48 @@ fn progress(step: usize) -> Progress {
     }
 }
 
+/// The host-side parts that issue 6 bounds, each timed in turn with the full step of its
+/// objective (default configuration, V = 2): SwAV's Sinkhorn–Knopp on both global crops'
+/// `B × K` scores, and SAG-VICReg's kNN affinity, random walk and pairing draw.
+fn host_parts(bench: &Bench) -> Result<()> {
+    let b = bench.batch;
+    let swav = config("swav", 2, b)?;
+    let k = ssl_swav::SwavConfig::default().num_prototypes;
+    let scores = Tensor::randn(0f32, 0.3, (b, k), &bench.device)?;
+    let mut step = bench.step(&swav)?;
+    let mut sinkhorn = |_rep: usize| -> Result<f64> {
+        let t = Instant::now();
+        for _ in 0..2 {
+            ssl_swav::sinkhorn(&scores, 0.05, 3)?;
+        }
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let rounds = bench.interleaved(&mut [&mut step, &mut sinkhorn])?;
+    println!(
+        "\nswav Sinkhorn–Knopp, 2 crops of {b} × {k} scores, 3 iterations: {:.2} ms, {:.1} % of the swav step ({:.1} ms)",
+        median_of(&rounds, |r| r[1]) * 1e3,
+        median_of(&rounds, |r| 100.0 * r[1] / r[0]),
+        median_of(&rounds, |r| r[0]) * 1e3,
+    );
+    let sag = config("sag-vicreg", 2, b)?;
+    let d = *sag.model.projector.last().expect("non-empty projector");
+    let z = Tensor::randn(0f32, 1.0, (2, b, d), &bench.device)?;
+    let mut step = bench.step(&sag)?;
+    let mut pairing = |rep: usize| -> Result<f64> {
+        let t = Instant::now();
+        ssl_sagvicreg::draw_pairing(&z, 5, 20.0, &mut progress(rep).rng(0))?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let rounds = bench.interleaved(&mut [&mut step, &mut pairing])?;
+    println!(
+        "sag-vicreg kNN affinity + random-walk pairing, B = {b}, d = {d}: {:.2} ms, {:.1} % of the sag-vicreg step ({:.1} ms)",
+        median_of(&rounds, |r| r[1]) * 1e3,
+        median_of(&rounds, |r| 100.0 * r[1] / r[0]),
+        median_of(&rounds, |r| r[0]) * 1e3,
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     ssl::allocator::keep_freed_memory();
     let args: Vec<String> = std::env::args().collect();
@@ -245,6 +288,7 @@ fn main() -> Result<()> {
             median_of(&rounds, |r| 100.0 * r[2] / r[0]),
         );
     }
+    host_parts(&bench)?;
     let ratios = flag("--ratio").unwrap_or_else(|| "frossl".to_string());
     for name in ratios.split(',').filter(|n| !n.is_empty()) {
         let mut two = bench.step(&config(name, 2, batch)?)?;

@@ -57,23 +57,25 @@ pub fn sinkhorn(scores: &Tensor, epsilon: f64, iterations: usize) -> candle_core
         .collect();
     let max = q.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     q.iter_mut().for_each(|x| *x = (*x - max).exp());
-    let total: f64 = q.iter().sum();
-    q.iter_mut().for_each(|x| *x /= total);
+    let inverse_total = 1.0 / q.iter().sum::<f64>();
+    q.iter_mut().for_each(|x| *x *= inverse_total);
     let mut per_prototype = vec![0f64; k];
     for _ in 0..iterations {
         per_prototype.fill(0.0);
         for row in q.chunks_exact(k) {
             per_prototype.iter_mut().zip(row).for_each(|(m, x)| *m += x);
         }
-        per_prototype.iter_mut().for_each(|m| *m *= k as f64);
+        per_prototype
+            .iter_mut()
+            .for_each(|m| *m = 1.0 / (*m * k as f64));
         for row in q.chunks_exact_mut(k) {
             row.iter_mut()
                 .zip(&per_prototype)
-                .for_each(|(x, m)| *x /= m);
+                .for_each(|(x, r)| *x *= r);
         }
         for row in q.chunks_exact_mut(k) {
-            let mass = row.iter().sum::<f64>() * b as f64;
-            row.iter_mut().for_each(|x| *x /= mass);
+            let inverse_mass = 1.0 / (row.iter().sum::<f64>() * b as f64);
+            row.iter_mut().for_each(|x| *x *= inverse_mass);
         }
     }
     q.iter_mut().for_each(|x| *x *= b as f64);
