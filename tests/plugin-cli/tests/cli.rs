@@ -328,6 +328,19 @@ fn multi_crop_and_class_subsets_train() {
     assert!(o.status.success(), "{}", stderr(&o));
     let config = std::fs::read_to_string(dir.path().join("config.yaml")).unwrap();
     assert!(config.contains("local_views: 4"), "{config}");
+    // A teacher sees the global crops only (BYOL's loss refuses any other teacher view count).
+    let byol = dir.path().join("byol");
+    let o = quick(
+        &byol,
+        "byol",
+        &[
+            "--local-views",
+            "2",
+            "--set",
+            "objective.params.predictor_hidden=64",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
     // One class half: only its classes are trained and evaluated.
     let half = dir.path().join("half");
     let o = quick(&half, "vicreg", &["--set", "data.classes=[0, 1, 2, 3, 4]"]);
