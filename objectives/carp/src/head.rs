@@ -181,41 +181,15 @@ impl CarpHead {
         logits.reshape((v, b, ()))
     }
 
-    /// The parameters of this head paired with those of `student`, checked to match.
-    fn paired<'a>(&'a self, student: &'a CarpHead) -> Result<Vec<(&'a Var, &'a Var)>> {
-        ensure!(
-            self.params.len() == student.params.len(),
-            "EMA between CARP heads of different shapes ({} vs {} parameters)",
-            self.params.len(),
-            student.params.len()
-        );
-        self.params
-            .iter()
-            .zip(&student.params)
-            .map(|((name_t, t), (name_s, s))| {
-                ensure!(
-                    name_t == name_s && t.shape() == s.shape(),
-                    "EMA between CARP heads of different shapes (`{name_t}` {:?} vs `{name_s}` {:?})",
-                    t.dims(),
-                    s.dims()
-                );
-                Ok((t, s))
-            })
-            .collect()
-    }
-
     /// `θ_self ← m·θ_self + (1 − m)·θ_student` for every parameter (spec §3; batch-norm running
     /// statistics are left to this head's own forward passes, as in the reference).
     pub fn ema_from(&self, student: &CarpHead, momentum: f64) -> Result<()> {
-        for (t, s) in self.paired(student)? {
-            t.set(&((t.as_tensor() * momentum)? + (s.as_tensor() * (1.0 - momentum))?)?)?;
-        }
-        Ok(())
+        ssl_core::ema_update(&self.params, &student.params, momentum)
     }
 
     /// Copies every parameter of `student` into this head (the teacher's start).
     pub fn copy_from(&self, student: &CarpHead) -> Result<()> {
-        for (t, s) in self.paired(student)? {
+        for (t, s) in ssl_core::paired_parameters(&self.params, &student.params)? {
             t.set(s.as_tensor())?;
         }
         Ok(())

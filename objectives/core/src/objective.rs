@@ -244,13 +244,50 @@ impl StepContext<'_> {
         let Some(teacher) = self.teacher else {
             bail!("ema_update called but the objective did not request a teacher");
         };
-        for ((name_s, s), (name_t, t)) in self.student.iter().zip(teacher) {
-            debug_assert_eq!(name_s, name_t);
-            let updated = ((t.as_tensor() * momentum)? + (s.as_tensor() * (1.0 - momentum))?)?;
-            t.set(&updated)?;
-        }
-        Ok(())
+        ema_update(teacher, self.student, momentum)
     }
+}
+
+/// `teacher` and `student` paired by position, each pair checked to have the same name and shape.
+pub fn paired_parameters<'a>(
+    teacher: &'a [(String, Var)],
+    student: &'a [(String, Var)],
+) -> Result<Vec<(&'a Var, &'a Var)>> {
+    if teacher.len() != student.len() {
+        bail!(
+            "teacher and student differ: {} against {} parameters",
+            teacher.len(),
+            student.len()
+        );
+    }
+    teacher
+        .iter()
+        .zip(student)
+        .map(|((name_t, t), (name_s, s))| {
+            if name_t != name_s || t.shape() != s.shape() {
+                bail!(
+                    "teacher and student differ: `{name_t}` {:?} against `{name_s}` {:?}",
+                    t.dims(),
+                    s.dims()
+                );
+            }
+            Ok((t, s))
+        })
+        .collect()
+}
+
+/// `θ_t ← m·θ_t + (1 − m)·θ_s` over parameter lists with the same names in the same order (spec
+/// §3): the trainer's teacher, or an objective's own teacher head. Batch-norm running statistics
+/// are not in the lists; a teacher's own forward passes update them, as in the references.
+pub fn ema_update(
+    teacher: &[(String, Var)],
+    student: &[(String, Var)],
+    momentum: f64,
+) -> Result<()> {
+    for (t, s) in paired_parameters(teacher, student)? {
+        t.set(&((t.as_tensor() * momentum)? + (s.as_tensor() * (1.0 - momentum))?)?)?;
+    }
+    Ok(())
 }
 
 /// A self-supervised (or supervised) training objective.
