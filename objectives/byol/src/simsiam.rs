@@ -1,6 +1,11 @@
 //! SimSiam (spec §2.19): `D(p, z) = −cos(p, sg(z))`, `L = ½ D(p₁, z₂) + ½ D(p₂, z₁)`, with
 //! `z` the student's own projections and `p` the predictor's output; no teacher, no EMA.
 //!
+//! The paper's projector ends in batch norm without affine parameters; the trainer's projector
+//! ends in a linear layer, so with `output_bn` (default) the objective standardises each view's
+//! projections over the batch (`(z − mean)/sqrt(var + 1e-5)`, train-mode statistics) before the
+//! predictor and the targets.
+//!
 //! **More than two views** (not in the paper): `L` is the mean of `D(p_v, z_w)` over the ordered
 //! view pairs of the crate docs (targets `w` among the global crops, `v ≠ w` over all crops),
 //! which is exactly the paper's formula at two views.
@@ -13,7 +18,12 @@ use ssl_core::{
     Requirements,
 };
 
+use ssl_linalg::{centre_and_scale_columns, ColumnScale};
+
 use crate::{mean_pair_cosine, Predictor, MIN_BATCH_REASON};
+
+/// ε of the projector-output batch norm (PyTorch's `BatchNorm1d` default).
+const OUTPUT_BN_EPS: f64 = 1e-5;
 
 /// The SimSiam loss `−(1/P) Σ_{w<V_g} Σ_{v≠w} mean_i cos(p_i^(v), sg(z_i^(w)))` of predictions
 /// `p`: `[V, B, D]` and projections `z`: `[V_g, B, D]` (the first `V_g ≤ V` views; `V_g = V`
@@ -29,12 +39,15 @@ pub fn simsiam_loss(p: &Tensor, z: &Tensor) -> candle_core::Result<Tensor> {
 pub struct SimsiamConfig {
     /// Hidden (bottleneck) width of the predictor `D → hidden → D` (512 in the paper, for D = 2048).
     pub predictor_hidden: usize,
+    /// Batch norm without affine on the projector's output, per view (the paper's projector).
+    pub output_bn: bool,
 }
 
 impl Default for SimsiamConfig {
     fn default() -> Self {
         Self {
             predictor_hidden: 512,
+            output_bn: true,
         }
     }
 }
@@ -55,6 +68,7 @@ impl ObjectiveConfig for SimsiamConfig {
                 self.predictor_hidden,
                 ctx.vb.pp("predictor"),
             )?,
+            output_bn: self.output_bn,
         }))
     }
 }
@@ -62,6 +76,7 @@ impl ObjectiveConfig for SimsiamConfig {
 /// The SimSiam objective: owns the predictor; the targets are the student's own projections.
 pub struct Simsiam {
     predictor: Predictor,
+    output_bn: bool,
 }
 
 impl Objective for Simsiam {
@@ -74,7 +89,13 @@ impl Objective for Simsiam {
     }
 
     fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput> {
-        let z = batch.projections;
+        let z = &match self.output_bn {
+            true => centre_and_scale_columns(
+                batch.projections,
+                ColumnScale::BatchNorm { eps: OUTPUT_BN_EPS },
+            )?,
+            false => batch.projections.clone(),
+        };
         let p = self.predictor.forward_views(z, batch.train)?;
         let targets = z.narrow(0, 0, batch.global_views)?;
         Ok(LossOutput::new(simsiam_loss(&p, &targets)?))
@@ -88,6 +109,7 @@ register_objective! {
     paper: "Chen, He. Exploring Simple Siamese Representation Learning. CVPR 2021",
     keys: &[
         ConfigKey { name: "predictor_hidden", doc: "hidden (bottleneck) width of the predictor D → hidden → D (512)" },
+        ConfigKey { name: "output_bn", doc: "batch norm without affine on each view's projections, as the paper's projector ends (true)" },
     ],
     config: SimsiamConfig,
 }
@@ -207,6 +229,28 @@ mod tests {
             assert!(grads.get(z.as_tensor()).is_some());
             let (_, w) = &store.vars_with_prefix("objective.predictor.3.weight")[0];
             assert!(grads.get(w.as_tensor()).is_some());
+        }
+        Ok(())
+    }
+
+    /// With the output batch norm the loss cannot see a per-view, per-dimension affine change of
+    /// the projections (BN's invariance); without it, it can.
+    #[test]
+    fn output_batch_norm_makes_the_loss_invariant_to_column_affine_maps() -> Result<()> {
+        let dev = &Device::Cpu;
+        let z = Tensor::randn(0f32, 1., (2, 16, 8), dev)?;
+        let scale = Tensor::rand(0.5f32, 3.0, (2, 1, 8), dev)?;
+        let shift = Tensor::randn(0f32, 4.0, (2, 1, 8), dev)?;
+        let moved = z.broadcast_mul(&scale)?.broadcast_add(&shift)?;
+        let indices = Tensor::arange(0u32, 16, dev)?;
+        for (params, invariant) in [("{}", true), ("output_bn: false", false)] {
+            let store = ParamStore::new(5);
+            let mut objective = build("simsiam", params, &store, 8)?;
+            let mut loss = |z: &Tensor| -> Result<f64> {
+                Ok(scalar(&objective.loss(&batch(z, &indices, None))?.loss))
+            };
+            let (a, b) = (loss(&z)?, loss(&moved)?);
+            assert_eq!((a - b).abs() < 1e-5, invariant, "{params}: {a} vs {b}");
         }
         Ok(())
     }
