@@ -467,7 +467,7 @@ fn metrics(keys: &[String]) -> Result<Vec<Metric>> {
 }
 
 /// Mean and sample standard deviation (0 for a single value).
-fn mean_std(values: &[f64]) -> (f64, f64) {
+pub fn mean_std(values: &[f64]) -> (f64, f64) {
     let n = values.len() as f64;
     let mean = values.iter().sum::<f64>() / n;
     let var = match values.len() {

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
 use serde::Deserialize;
 
 use crate::compare::{self, Cell, Grid, Outcome};
@@ -141,22 +142,21 @@ pub fn run(recipe: &Recipe, command_line: &str) -> Result<String> {
     Ok(markdown)
 }
 
-/// Eval-mode backbone features of half A's test images under the encoder trained in `cell`.
-fn embed_half_a(cell: &Cell, half_a: &Cell) -> Result<ssl_eval::Features> {
-    let device = setup::device(&cell.config.train.device)?;
-    let own = setup::data(&cell.config)?;
-    let model = trainer::build_model(&cell.config, &own, &device)?;
+/// Eval-mode backbone features of `images` under the encoder trained in `cell`.
+fn embed(cell: &Cell, images: &Tensor) -> Result<ssl_eval::Features> {
+    let device = images.device();
+    let model = trainer::build_model(&cell.config, &setup::data(&cell.config)?, device)?;
     let weights =
         checkpoint::load_tensors(&cell.config.out.join("checkpoint").join(checkpoint::MODEL))?;
     export::load_encoder(&model, &weights)?;
-    let (_, test) = clean_inputs(&setup::data(&half_a.config)?, &device)?;
-    to_features(&model.features(&test.x)?)
+    to_features(&model.features(images)?)
 }
 
-/// The five similarities of one A/B pair, in [`COLUMNS`] order.
+/// The five similarities of one A/B pair, in [`COLUMNS`] order, on half A's test images.
 fn similarities(a: &Cell, b: &Cell) -> Result<[f64; 5]> {
-    let (fa, fb) = (embed_half_a(a, a)?, embed_half_a(b, a)?);
-    let t = ssl_eval::tree_similarity(&fa, &fb)?;
+    let device = setup::device(&a.config.train.device)?;
+    let (_, test) = clean_inputs(&setup::data(&a.config)?, &device)?;
+    let t = ssl_eval::tree_similarity(&embed(a, &test.x)?, &embed(b, &test.x)?)?;
     Ok([
         t.lca_pearson,
         t.lca_spearman,
@@ -164,16 +164,6 @@ fn similarities(a: &Cell, b: &Cell) -> Result<[f64; 5]> {
         t.cophenetic_d1_p2,
         t.cophenetic_d2_p1,
     ])
-}
-
-fn mean_std(values: &[f64]) -> (f64, f64) {
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    let var = match values.len() {
-        0 | 1 => 0.0,
-        _ => values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0),
-    };
-    (mean, var.sqrt())
 }
 
 fn markdown(
@@ -196,7 +186,7 @@ fn markdown(
         s.push_str(&format!("| {label} |"));
         for c in 0..COLUMNS.len() {
             let values: Vec<f64> = seeds.iter().map(|r| r[c]).collect();
-            let (m, sd) = mean_std(&values);
+            let (m, sd) = compare::mean_std(&values);
             s.push_str(&format!(" {m:.3} ± {sd:.3} |"));
         }
         s.push('\n');
