@@ -82,6 +82,14 @@ pub struct Pairing {
 }
 
 impl Pairing {
+    /// Every row paired with its own other view at weight 1: VICReg's invariance.
+    pub fn identity(n: usize) -> Self {
+        Pairing {
+            partners: (0..n).collect(),
+            weights: vec![1.0; n],
+        }
+    }
+
     /// `[n]`: `j(i)`.
     pub fn partners(&self) -> &[usize] {
         &self.partners
@@ -90,6 +98,12 @@ impl Pairing {
     /// `[n]`: `W_{i, j(i)}`.
     pub fn weights(&self) -> &[f64] {
         &self.weights
+    }
+
+    /// Fraction of rows paired with their own other view (`j(i) = i`).
+    pub fn self_fraction(&self) -> f64 {
+        let own = self.partners.iter().enumerate().filter(|&(i, &j)| i == j);
+        own.count() as f64 / self.partners.len().max(1) as f64
     }
 }
 

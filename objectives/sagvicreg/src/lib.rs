@@ -17,6 +17,15 @@
 //!
 //! Exactly two views; B ≥ 2 (unbiased variance). Gradients reach `Z` and, through the gather,
 //! `Z'`; `W` and the pairing are constants (spec §6.13).
+//!
+//! **Short schedules.** The walk pairs `z_i` with its own other view only where `z'_i` is
+//! already among `z_i`'s nearest neighbours; the paper's 300–500 epochs get there, a random
+//! encoder does not. On digits from random init (main-job protocol, 50 epochs) only 5–10 % of
+//! the drawn partners were the instance's own view for the whole run (the `self_pairs` term),
+//! augmentation invariance was barely trained, and the probe ended at 96.4 % with 20-NN at
+//! 80 % (raw pixels 97.8 %, random init 95.5 %). `vicreg_warmup_epochs` (0 by default, as in
+//! the paper) trains plain VICReg for the first epochs: with 10 of 50, self-pairs settle at
+//! 50–70 %, as the spec's "typically ≈ 0.8" expects, and the probe reaches 98.0 % (20-NN 97.2 %).
 
 pub mod affinity;
 
@@ -124,6 +133,9 @@ pub struct SagVicregConfig {
     pub k: usize,
     /// Percentile of the shifted neighbour distances that sets each row's local scale.
     pub percentile: f64,
+    /// Epochs of plain VICReg (every instance paired with its own other view at weight 1)
+    /// before the random-walk pairing starts; 0 in the paper.
+    pub vicreg_warmup_epochs: usize,
 }
 
 impl Default for SagVicregConfig {
@@ -134,6 +146,7 @@ impl Default for SagVicregConfig {
             nu: 1.0,
             k: 5,
             percentile: 20.0,
+            vicreg_warmup_epochs: 0,
         }
     }
 }
@@ -179,13 +192,19 @@ impl Objective for SagVicreg {
     fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput> {
         let z = batch.collective.all_gather(batch.projections, 1)?;
         let c = &self.0;
-        let mut rng = batch.progress.rng(PAIRING_STREAM);
-        let pairing = draw_pairing(&z, c.k, c.percentile, &mut rng)?;
+        let pairing = if batch.progress.epoch < c.vicreg_warmup_epochs {
+            Pairing::identity(two_views(&z)?)
+        } else {
+            let mut rng = batch.progress.rng(PAIRING_STREAM);
+            draw_pairing(&z, c.k, c.percentile, &mut rng)?
+        };
         let terms = sag_vicreg_terms(&z, &pairing)?;
+        let self_pairs = Tensor::new(pairing.self_fraction() as f32, &Device::Cpu)?;
         Ok(LossOutput::new(terms.weighted(c.lambda, c.mu, c.nu)?)
             .with_term("invariance", terms.invariance)
             .with_term("variance", terms.variance)
-            .with_term("covariance", terms.covariance))
+            .with_term("covariance", terms.covariance)
+            .with_term("self_pairs", self_pairs))
     }
 }
 
@@ -200,6 +219,7 @@ register_objective! {
         ConfigKey { name: "nu", doc: "covariance weight ν (summed over Z and the paired Z'')" },
         ConfigKey { name: "k", doc: "neighbours per row of the kNN affinity (min(k, batch size) are used)" },
         ConfigKey { name: "percentile", doc: "percentile of the shifted neighbour distances giving each row's local scale, in [0, 100]" },
+        ConfigKey { name: "vicreg_warmup_epochs", doc: "epochs of plain VICReg pairing (each instance with its own other view) before the random walk starts (paper: 0)" },
     ],
     config: SagVicregConfig,
 }

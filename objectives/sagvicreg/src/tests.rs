@@ -349,7 +349,10 @@ fn k_is_at_most_the_batch_size() -> Result<()> {
     let out = objective_loss(&views, first_step())?;
     assert!(scalar(&out.loss).is_finite());
     let names: Vec<&str> = out.terms.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["invariance", "variance", "covariance"]);
+    assert_eq!(
+        names,
+        ["invariance", "variance", "covariance", "self_pairs"]
+    );
     Ok(())
 }
 
@@ -459,4 +462,57 @@ fn bad_config_is_a_clear_error() {
     assert!(parse("k: 0").contains("`k` must be ≥ 1"));
     assert!(parse("percentile: 150").contains("`percentile` must lie in [0, 100]"));
     assert!(parse("mu: -1").contains("`mu`"));
+}
+
+fn self_pairs(out: &LossOutput) -> f64 {
+    let (_, value) = out
+        .terms
+        .iter()
+        .find(|(name, _)| name == "self_pairs")
+        .unwrap();
+    scalar(value)
+}
+
+#[test]
+fn warmup_epochs_are_vicreg_then_the_walk_starts() -> Result<()> {
+    let mut rng = first_step().rng(9);
+    let rows = [random_rows(&mut rng, 32, 8), random_rows(&mut rng, 32, 8)].concat();
+    let z = Tensor::from_vec(rows.concat(), (2, 32, 8), &Device::Cpu)?;
+    let ids = Tensor::arange(0u32, 32, &Device::Cpu)?;
+    let mut objective = SagVicreg(SagVicregConfig {
+        vicreg_warmup_epochs: 2,
+        ..SagVicregConfig::default()
+    });
+    let mut loss_in_epoch = |epoch| {
+        let progress = Progress {
+            epoch,
+            ..at_step(epoch)
+        };
+        objective.loss(&Batch {
+            progress,
+            ..batch(&z, &ids, None)
+        })
+    };
+    let vicreg = ssl_vicreg::vicreg_loss(&z, &ssl_vicreg::VicregConfig::default())?;
+    for epoch in [0, 1] {
+        let out = loss_in_epoch(epoch)?;
+        close(scalar(&out.loss), scalar(&vicreg), 1e-12);
+        assert_eq!(
+            self_pairs(&out),
+            1.0,
+            "every instance pairs with its other view"
+        );
+    }
+    let after = loss_in_epoch(2)?;
+    assert!((scalar(&after.loss) - scalar(&vicreg)).abs() > 1e-6);
+    assert!(self_pairs(&after) < 1.0, "random rows pair elsewhere");
+    Ok(())
+}
+
+#[test]
+fn self_fraction_counts_own_partners() -> Result<()> {
+    let pairing = spec_affinity().pairing(vec![0, 1, 3, 2, 6, 5, 6])?;
+    close(pairing.self_fraction(), 4.0 / 7.0, 1e-15);
+    assert_eq!(Pairing::identity(3).self_fraction(), 1.0);
+    Ok(())
 }
