@@ -3,15 +3,15 @@
 //! VICReg-exp takes it over the `d×d` covariance (d = 512 in the main job: 2 × 512² entries per
 //! step), VICReg-ctr over the `N×N` sample Gram. Built from Candle's ops it costs the Gram, about
 //! ten full passes over it forward and fifteen backward, each allocating, and an `R×R` gradient
-//! accumulated by autograd; the fused op is a GEMM and one pass each way (rows spread over the
-//! rayon pool, `exp` vectorised). Other devices use the composed ops, which are also the
+//! accumulated by autograd; the fused op is a GEMM and one pass each way (rows spread over
+//! Candle's CPU workers, `exp` vectorised). Other devices use the composed ops, which are also the
 //! reference the tests hold the fused op to.
 
 use std::sync::Mutex;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, WithDType, D};
-use rayon::prelude::*;
+use ssl_linalg::for_each_chunk_mut;
 
 /// Added to the masked (diagonal) logits of the composed reference.
 const MASKED: f64 = -1e9;
@@ -157,18 +157,16 @@ fn lane_sum<T: Real>(xs: &[T]) -> f64 {
 fn forward_rows<T: Real>(m: &[T], r: usize, tau: f64) -> Vec<T> {
     let inv_tau = T::from_f64(1.0 / tau);
     let mut out = vec![T::zero(); m.len() / r];
-    out.par_iter_mut()
-        .enumerate()
-        .for_each_init(Vec::new, |scratch, (row, out)| {
-            let (before, after) = around_diagonal(&m[row * r..(row + 1) * r], row % r);
-            // τ > 0, so the largest logit is the largest entry over τ.
-            let max = lane_max(&[lane_max(before), lane_max(after)]) * inv_tau;
-            scratch.resize(r - 1, T::zero());
-            let (lo, hi) = scratch.split_at_mut(before.len());
-            shifted_exp(before, inv_tau, max, lo);
-            shifted_exp(after, inv_tau, max, hi);
-            *out = T::from_f64(lane_sum(scratch).ln() + max.to_f64());
-        });
+    for_each_chunk_mut(&mut out, 1, Vec::new, |scratch, row, out| {
+        let (before, after) = around_diagonal(&m[row * r..(row + 1) * r], row % r);
+        // τ > 0, so the largest logit is the largest entry over τ.
+        let max = lane_max(&[lane_max(before), lane_max(after)]) * inv_tau;
+        scratch.resize(r - 1, T::zero());
+        let (lo, hi) = scratch.split_at_mut(before.len());
+        shifted_exp(before, inv_tau, max, lo);
+        shifted_exp(after, inv_tau, max, hi);
+        out[0] = T::from_f64(lane_sum(scratch).ln() + max.to_f64());
+    });
     out
 }
 
@@ -197,28 +195,26 @@ fn symmetric_softmax_gradient<T: Real>(m: &[T], lse: &[T], g: &[T], r: usize, ta
     let inv_tau = T::from_f64(1.0 / tau);
     let scaled_g: Vec<T> = g.iter().map(|&g| g * inv_tau).collect();
     let mut s = vec![T::zero(); m.len()];
-    s.par_chunks_mut(r)
-        .enumerate()
-        .for_each_init(Vec::new, |scratch, (row, s)| {
-            let (block, i) = (row / r * r, row % r);
-            let values = &m[row * r..(row + 1) * r];
-            // (g_j/τ)·exp(m_ij/τ − lse_j): row i of softmax_j, read down the symmetric column.
-            scratch.resize(r, T::zero());
-            for ((e, &v), &l) in scratch.iter_mut().zip(values).zip(&lse[block..block + r]) {
-                *e = v * inv_tau - l;
-            }
-            T::exp_in_place(scratch);
-            shifted_exp(values, inv_tau, lse[row], s);
-            let gi = scaled_g[row];
-            for ((s, &e), &gj) in s
-                .iter_mut()
-                .zip(scratch.iter())
-                .zip(&scaled_g[block..block + r])
-            {
-                *s = gi * *s + gj * e;
-            }
-            s[i] = T::zero();
-        });
+    for_each_chunk_mut(&mut s, r, Vec::new, |scratch, row, s| {
+        let (block, i) = (row / r * r, row % r);
+        let values = &m[row * r..(row + 1) * r];
+        // (g_j/τ)·exp(m_ij/τ − lse_j): row i of softmax_j, read down the symmetric column.
+        scratch.resize(r, T::zero());
+        for ((e, &v), &l) in scratch.iter_mut().zip(values).zip(&lse[block..block + r]) {
+            *e = v * inv_tau - l;
+        }
+        T::exp_in_place(scratch);
+        shifted_exp(values, inv_tau, lse[row], s);
+        let gi = scaled_g[row];
+        for ((s, &e), &gj) in s
+            .iter_mut()
+            .zip(scratch.iter())
+            .zip(&scaled_g[block..block + r])
+        {
+            *s = gi * *s + gj * e;
+        }
+        s[i] = T::zero();
+    });
     s
 }
 
