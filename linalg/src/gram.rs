@@ -5,9 +5,9 @@
 //! transpose) and a strided sum, 6.5 ms for a `[2, 512, 128]` input on two cores against 1.5 ms
 //! for the forward product. Here the backward is one GEMM, `∂L/∂X = (G + Gᵀ) X`.
 
-use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, WithDType};
-use rayon::prelude::*;
+
+use crate::parallel::{for_each_chunk_mut, gram_blocks, matmul_detached};
 
 /// `X Xᵀ` for `x`: `[…, R, K]` → `[…, R, R]`, with the backward `(G + Gᵀ) X` on the CPU
 /// (other devices use the plain product).
@@ -40,8 +40,14 @@ impl CustomOp1 for Gram {
         let dims = layout.dims();
         let (rank, rows, inner) = (dims.len(), dims[dims.len() - 2], dims[dims.len() - 1]);
         let batch = dims[..rank - 2].iter().product();
-        let transposed = layout.transpose(rank - 2, rank - 1)?;
-        let product = storage.matmul(storage, (batch, rows, rows, inner), layout, &transposed)?;
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("ssl-gram expects a contiguous input");
+        };
+        let product = match storage {
+            CpuStorage::F32(x) => CpuStorage::F32(gram_blocks(&x[start..end], batch, rows, inner)?),
+            CpuStorage::F64(x) => CpuStorage::F64(gram_blocks(&x[start..end], batch, rows, inner)?),
+            _ => candle_core::bail!("the Gram matrix supports f32 and f64"),
+        };
         let mut shape = dims[..rank - 2].to_vec();
         shape.extend([rows, rows]);
         Ok((product, Shape::from(shape)))
@@ -49,7 +55,7 @@ impl CustomOp1 for Gram {
 
     fn bwd(&self, x: &Tensor, _gram: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let symmetric = grad.contiguous()?.apply_op1_no_bwd(&Symmetrize)?;
-        Ok(Some(symmetric.matmul(x)?))
+        Ok(Some(matmul_detached(&symmetric, x)?))
     }
 }
 
@@ -62,9 +68,12 @@ const TILE: usize = 32;
 
 fn symmetrize<T: WithDType>(g: &[T], r: usize) -> Vec<T> {
     let mut out = vec![T::zero(); g.len()];
-    out.par_chunks_mut(r * r)
-        .zip(g.par_chunks(r * r))
-        .for_each(|(out, g)| {
+    for_each_chunk_mut(
+        &mut out,
+        r * r,
+        || (),
+        |_, block, out| {
+            let g = &g[block * r * r..][..r * r];
             for row_tile in (0..r).step_by(TILE) {
                 for col_tile in (0..r).step_by(TILE) {
                     for i in row_tile..(row_tile + TILE).min(r) {
@@ -74,7 +83,8 @@ fn symmetrize<T: WithDType>(g: &[T], r: usize) -> Vec<T> {
                     }
                 }
             }
-        });
+        },
+    );
     out
 }
 

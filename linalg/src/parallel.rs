@@ -6,6 +6,7 @@
 //! Candle's pool instead, the spinning worker takes its share of the work at once.
 
 use candle_core::utils::barrier_pool;
+use candle_core::{bail, DType, Result, Storage, Tensor, WithDType};
 
 /// A pointer that may cross threads: each task writes a disjoint part of the buffer.
 struct Shared<T>(*mut T);
@@ -37,6 +38,140 @@ pub fn for_each_chunk_mut<T, S>(
     });
 }
 
+/// `dst = A B` in f32 or f64 for row-major `a`: `[m, k]`, `b`: `[k, n]` read through its
+/// element strides (`(n, 1)` row-major, `(1, k)` for the transpose of a row-major `[n, k]`), and
+/// row-major `dst`: `[m, n]`. Blocks of `dst`'s rows go to Candle's CPU workers, each block one
+/// single-threaded GEMM (`gemm` crate, as Candle's own matmul), so a GEMM after a Candle op
+/// does not share the cores with Candle's spinning workers as a rayon-parallel one does.
+pub fn matmul_rows<T: WithDType>(
+    a: &[T],
+    b: &[T],
+    (b_row_stride, b_col_stride): (usize, usize),
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [T],
+) -> Result<()> {
+    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
+        bail!("matmul_rows supports f32 and f64, got {:?}", T::DTYPE);
+    }
+    let b_end = if k == 0 || n == 0 {
+        0
+    } else {
+        (k - 1) * b_row_stride + (n - 1) * b_col_stride + 1
+    };
+    if a.len() < m * k || b.len() < b_end || dst.len() != m * n {
+        bail!(
+            "matmul_rows: [{m}, {k}] × [{k}, {n}] needs {} + {b_end} inputs and {} outputs, got {}, {} and {}",
+            m * k,
+            m * n,
+            a.len(),
+            b.len(),
+            dst.len()
+        );
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let threads = barrier_pool().n_workers() + 1;
+    let rows = m.div_ceil(4 * threads).max(8);
+    for_each_chunk_mut(
+        dst,
+        rows * n,
+        || (),
+        |_, block, out| {
+            let (first, count) = (block * rows, out.len() / n);
+            // SAFETY: rows `first..first + count` of `a` and every index of `b` read here lie in
+            // the bounds checked above; `out` holds exactly `count` rows of `n`.
+            unsafe {
+                gemm::gemm(
+                    count,
+                    n,
+                    k,
+                    out.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr().add(first * k),
+                    1,
+                    k as isize,
+                    b.as_ptr(),
+                    b_col_stride as isize,
+                    b_row_stride as isize,
+                    T::zero(),
+                    T::one(),
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            }
+        },
+    );
+    Ok(())
+}
+
+/// `X Xᵀ` of each row-major `[r, k]` block of `x` (`batch` of them): `[batch, r, r]` values.
+pub fn gram_blocks<T: WithDType>(x: &[T], batch: usize, r: usize, k: usize) -> Result<Vec<T>> {
+    let mut out = vec![T::zero(); batch * r * r];
+    for (x, out) in x.chunks_exact(r * k).zip(out.chunks_exact_mut(r * r)) {
+        matmul_rows(x, x, (1, k), (r, r, k), out)?;
+    }
+    Ok(out)
+}
+
+/// `A B` of CPU tensors `a`: `[…, m, k]` and `b`: `[…, k, n]` (same leading dims) with
+/// [`matmul_rows`], outside autograd (for backward passes); other devices and dtypes use
+/// Candle's matmul.
+pub fn matmul_detached(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let cpu = a.device().is_cpu() && b.device().is_cpu();
+    if !cpu || a.dtype() != b.dtype() || !matches!(a.dtype(), DType::F32 | DType::F64) {
+        return Ok(a.matmul(b)?.detach());
+    }
+    let (rank, dims) = (a.rank(), a.dims());
+    let (m, k, n) = (dims[rank - 2], dims[rank - 1], b.dim(rank - 1)?);
+    let mut shape = dims[..rank - 1].to_vec();
+    shape.push(n);
+    if rank < 2
+        || b.rank() != rank
+        || b.dims()[..rank - 2] != dims[..rank - 2]
+        || b.dim(rank - 2)? != k
+    {
+        bail!(
+            "matmul_detached: shapes {:?} and {:?} do not multiply",
+            a.dims(),
+            b.dims()
+        );
+    }
+    let batch = a.elem_count() / (m * k).max(1);
+    let (a, b) = (a.contiguous()?, b.contiguous()?);
+    fn run<T: WithDType>(
+        a: &Tensor,
+        b: &Tensor,
+        batch: usize,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<Vec<T>> {
+        let (a_storage, a_layout) = a.storage_and_layout();
+        let (b_storage, b_layout) = b.storage_and_layout();
+        let (Storage::Cpu(a_cpu), Storage::Cpu(b_cpu)) = (&*a_storage, &*b_storage) else {
+            bail!("matmul_detached: the operands left the CPU");
+        };
+        let a = &a_cpu.as_slice::<T>()?[a_layout.start_offset()..][..batch * m * k];
+        let b = &b_cpu.as_slice::<T>()?[b_layout.start_offset()..][..batch * k * n];
+        let mut out = vec![T::zero(); batch * m * n];
+        for ((a, b), out) in a
+            .chunks_exact(m * k)
+            .zip(b.chunks_exact(k * n))
+            .zip(out.chunks_exact_mut(m * n))
+        {
+            matmul_rows(a, b, (n, 1), (m, n, k), out)?;
+        }
+        Ok(out)
+    }
+    match a.dtype() {
+        DType::F32 => Tensor::from_vec(run::<f32>(&a, &b, batch, (m, n, k))?, shape, a.device()),
+        _ => Tensor::from_vec(run::<f64>(&a, &b, batch, (m, n, k))?, shape, a.device()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,5 +195,40 @@ mod tests {
             let expected: Vec<usize> = (1..=len).collect();
             assert_eq!(out, expected, "len {len}, chunk {chunk}");
         }
+    }
+
+    #[test]
+    fn matmul_rows_matches_candle_matmul_for_plain_and_transposed_factors() -> Result<()> {
+        use candle_core::{Device, Tensor};
+        for (m, n, k) in [(1, 1, 1), (5, 3, 7), (70, 33, 9), (128, 128, 64)] {
+            let a = Tensor::randn(0f64, 1., (m, k), &Device::Cpu)?;
+            let b = Tensor::randn(0f64, 1., (k, n), &Device::Cpu)?;
+            let expected = a.matmul(&b)?.flatten_all()?.to_vec1::<f64>()?;
+            let (a_host, b_host) = (a.flatten_all()?.to_vec1()?, b.flatten_all()?.to_vec1()?);
+            let mut out = vec![0f64; m * n];
+            matmul_rows(&a_host, &b_host, (n, 1), (m, n, k), &mut out)?;
+            let bt_host = b.t()?.contiguous()?.flatten_all()?.to_vec1::<f64>()?;
+            let mut out_t = vec![0f64; m * n];
+            matmul_rows(&a_host, &bt_host, (1, k), (m, n, k), &mut out_t)?;
+            for (got, want) in out.iter().chain(&out_t).zip(expected.iter().cycle()) {
+                assert!((got - want).abs() < 1e-12, "{m}×{n}×{k}: {got} vs {want}");
+            }
+        }
+        let a = Tensor::randn(0f32, 1., (2, 3, 5, 4), &Device::Cpu)?;
+        let b = Tensor::randn(0f32, 1., (2, 3, 4, 6), &Device::Cpu)?;
+        let diff = (matmul_detached(&a, &b)? - a.matmul(&b)?)?
+            .abs()?
+            .max_all()?;
+        assert!(diff.to_scalar::<f32>()? < 1e-5);
+        let gram = gram_blocks(&a.flatten_all()?.to_vec1::<f32>()?, 6, 5, 4)?;
+        let expected = a.matmul(&a.t()?)?.flatten_all()?.to_vec1::<f32>()?;
+        assert!(gram
+            .iter()
+            .zip(&expected)
+            .all(|(g, e)| (g - e).abs() < 1e-5));
+        let mut out = vec![0f32; 4];
+        let err = matmul_rows(&[1f32; 3], &[1f32; 4], (2, 1), (2, 2, 2), &mut out).unwrap_err();
+        assert!(err.to_string().contains("needs 4 + 4 inputs"), "{err}");
+        Ok(())
     }
 }

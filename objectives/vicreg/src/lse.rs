@@ -9,7 +9,6 @@
 
 use std::sync::Mutex;
 
-use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, WithDType, D};
 use ssl_linalg::for_each_chunk_mut;
 
@@ -59,7 +58,7 @@ pub fn gram_off_diagonal_logsumexp(x: &Tensor, tau: f64) -> Result<Tensor> {
     match x.device().is_cpu() {
         true => x.contiguous()?.apply_op1(GramLse {
             tau,
-            gram: Mutex::new(None),
+            softmax: Mutex::new(None),
         }),
         false => off_diagonal_logsumexp(&ssl_linalg::gram(x)?, tau),
     }
@@ -109,12 +108,12 @@ fn exp_f32(x: f32) -> f32 {
     e_r * power_of_two(half) * power_of_two(n_int - half)
 }
 
-/// `values[j] ↦ values[j]/τ − shift` into `out`, then `exp` in place.
-fn shifted_exp<T: Real>(values: &[T], inv_tau: T, shift: T, out: &mut [T]) {
-    for (o, &v) in out.iter_mut().zip(values) {
-        *o = v * inv_tau - shift;
+/// `v ↦ exp(v/τ − shift)` in place.
+fn shifted_exp_in_place<T: Real>(values: &mut [T], inv_tau: T, shift: T) {
+    for v in values.iter_mut() {
+        *v = *v * inv_tau - shift;
     }
-    T::exp_in_place(out);
+    T::exp_in_place(values);
 }
 
 /// Row `i` of `m` (in `[R, R]` blocks) without its diagonal entry, as the two slices around it.
@@ -154,67 +153,97 @@ fn lane_sum<T: Real>(xs: &[T]) -> f64 {
     tail.iter().chain(&lanes).map(|x| x.to_f64()).sum()
 }
 
-fn forward_rows<T: Real>(m: &[T], r: usize, tau: f64) -> Vec<T> {
+/// Row-wise `lse_{j≠i}(m_ij / τ)` of the `[R, R]` blocks of `m`, which it overwrites with the
+/// row softmax `P_ij = exp(m_ij/τ − lse_i)` (`P_ii = 0`) that the backward reads.
+fn softmax_rows<T: Real>(m: &mut [T], r: usize, tau: f64) -> Vec<T> {
     let inv_tau = T::from_f64(1.0 / tau);
-    let mut out = vec![T::zero(); m.len() / r];
-    for_each_chunk_mut(&mut out, 1, Vec::new, |scratch, row, out| {
-        let (before, after) = around_diagonal(&m[row * r..(row + 1) * r], row % r);
-        // τ > 0, so the largest logit is the largest entry over τ.
-        let max = lane_max(&[lane_max(before), lane_max(after)]) * inv_tau;
-        scratch.resize(r - 1, T::zero());
-        let (lo, hi) = scratch.split_at_mut(before.len());
-        shifted_exp(before, inv_tau, max, lo);
-        shifted_exp(after, inv_tau, max, hi);
-        out[0] = T::from_f64(lane_sum(scratch).ln() + max.to_f64());
-    });
-    out
+    for_each_chunk_mut(
+        m,
+        r,
+        || (),
+        |_, row, values| {
+            let i = row % r;
+            let (before, after) = around_diagonal(values, i);
+            // τ > 0, so the largest logit is the largest entry over τ.
+            let max = lane_max(&[lane_max(before), lane_max(after)]) * inv_tau;
+            shifted_exp_in_place(values, inv_tau, max);
+            values[i] = T::zero();
+            let sum = lane_sum(values);
+            let scale = T::from_f64(1.0 / sum);
+            values.iter_mut().for_each(|v| *v = *v * scale);
+            // The diagonal holds the row's lse until the loop below collects it.
+            values[i] = T::from_f64(sum.ln() + max.to_f64());
+        },
+    );
+    (0..m.len() / r)
+        .map(|row| std::mem::replace(&mut m[row * r + row % r], T::zero()))
+        .collect()
 }
 
-/// The fused Gram + off-diagonal log-sum-exp: `[…, R, K]` → `[…, R]`. The forward's Gram is
-/// kept for the backward (recomputed if the backward runs without it).
+/// The fused Gram + off-diagonal log-sum-exp: `[…, R, K]` → `[…, R]`. The forward's row
+/// softmax is kept for the backward (recomputed if the backward runs without it).
 struct GramLse {
     tau: f64,
-    gram: Mutex<Option<CpuStorage>>,
+    softmax: Mutex<Option<CpuStorage>>,
 }
 
-/// `X Xᵀ` of a contiguous `[…, R, K]` on the CPU: (Gram, R).
-fn cpu_gram(storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, usize)> {
+/// `[…, R, K]` blocks of a contiguous CPU tensor's values: (values, batch, R, K).
+fn cpu_blocks<'a, T: WithDType>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+) -> Result<(&'a [T], usize, usize, usize)> {
     let dims = layout.dims();
     let (rank, r, k) = (dims.len(), dims[dims.len() - 2], dims[dims.len() - 1]);
-    let batch = dims[..rank - 2].iter().product();
-    let transposed = layout.transpose(rank - 2, rank - 1)?;
-    Ok((
-        storage.matmul(storage, (batch, r, r, k), layout, &transposed)?,
-        r,
-    ))
+    let batch = dims[..rank - 2].iter().product::<usize>();
+    let values = &storage.as_slice::<T>()?[layout.start_offset()..][..batch * r * k];
+    Ok((values, batch, r, k))
 }
 
-/// `S` of [`gram_off_diagonal_logsumexp`]'s backward from the Gram `m`, the forward's `lse` and
-/// the incoming gradient `g`, rows in parallel.
-fn symmetric_softmax_gradient<T: Real>(m: &[T], lse: &[T], g: &[T], r: usize, tau: f64) -> Vec<T> {
+/// The row softmax `P` (see [`softmax_rows`]) and the row lse of the Gram `X Xᵀ` of a
+/// contiguous `[…, R, K]` on the CPU.
+fn cpu_softmax(
+    storage: &CpuStorage,
+    layout: &Layout,
+    tau: f64,
+) -> Result<(CpuStorage, CpuStorage)> {
+    fn run<T: Real>(storage: &CpuStorage, layout: &Layout, tau: f64) -> Result<(Vec<T>, Vec<T>)> {
+        let (x, batch, r, k) = cpu_blocks::<T>(storage, layout)?;
+        let mut m = ssl_linalg::gram_blocks(x, batch, r, k)?;
+        let lse = softmax_rows(&mut m, r, tau);
+        Ok((m, lse))
+    }
+    match storage {
+        CpuStorage::F32(_) => {
+            let (p, lse) = run::<f32>(storage, layout, tau)?;
+            Ok((CpuStorage::F32(p), CpuStorage::F32(lse)))
+        }
+        CpuStorage::F64(_) => {
+            let (p, lse) = run::<f64>(storage, layout, tau)?;
+            Ok((CpuStorage::F64(p), CpuStorage::F64(lse)))
+        }
+        _ => candle_core::bail!("off-diagonal log-sum-exp supports f32 and f64"),
+    }
+}
+
+/// `S` of [`gram_off_diagonal_logsumexp`]'s backward from the forward's row softmax `p` and the
+/// incoming gradient `g`: `S_ij = (g_i/τ)·P_ij + (g_j/τ)·P_ji`, rows in parallel.
+fn symmetric_softmax_gradient<T: Real>(p: &[T], g: &[T], r: usize, tau: f64) -> Vec<T> {
     let inv_tau = T::from_f64(1.0 / tau);
     let scaled_g: Vec<T> = g.iter().map(|&g| g * inv_tau).collect();
-    let mut s = vec![T::zero(); m.len()];
-    for_each_chunk_mut(&mut s, r, Vec::new, |scratch, row, s| {
-        let (block, i) = (row / r * r, row % r);
-        let values = &m[row * r..(row + 1) * r];
-        // (g_j/τ)·exp(m_ij/τ − lse_j): row i of softmax_j, read down the symmetric column.
-        scratch.resize(r, T::zero());
-        for ((e, &v), &l) in scratch.iter_mut().zip(values).zip(&lse[block..block + r]) {
-            *e = v * inv_tau - l;
-        }
-        T::exp_in_place(scratch);
-        shifted_exp(values, inv_tau, lse[row], s);
-        let gi = scaled_g[row];
-        for ((s, &e), &gj) in s
-            .iter_mut()
-            .zip(scratch.iter())
-            .zip(&scaled_g[block..block + r])
-        {
-            *s = gi * *s + gj * e;
-        }
-        s[i] = T::zero();
-    });
+    let mut s = vec![T::zero(); p.len()];
+    for_each_chunk_mut(
+        &mut s,
+        r,
+        || (),
+        |_, row, s| {
+            let (block, i) = (row / r * r, row % r);
+            let (gi, row_p, block_p) = (scaled_g[row], &p[row * r..][..r], &p[block * r..]);
+            // P_ji: column i of this block, read down the rows.
+            for (j, (s, &pij)) in s.iter_mut().zip(row_p).enumerate() {
+                *s = gi * pij + scaled_g[block + j] * block_p[j * r + i];
+            }
+        },
+    );
     s
 }
 
@@ -228,52 +257,55 @@ impl CustomOp1 for GramLse {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (gram, r) = cpu_gram(storage, layout)?;
-        let out = match &gram {
-            CpuStorage::F32(m) => CpuStorage::F32(forward_rows(m, r, self.tau)),
-            CpuStorage::F64(m) => CpuStorage::F64(forward_rows(m, r, self.tau)),
-            _ => candle_core::bail!("off-diagonal log-sum-exp supports f32 and f64"),
-        };
-        *self.gram.lock().expect("gram cache") = Some(gram);
+        let (softmax, lse) = cpu_softmax(storage, layout, self.tau)?;
+        *self.softmax.lock().expect("softmax cache") = Some(softmax);
         let dims = layout.dims();
-        Ok((out, Shape::from(&dims[..dims.len() - 1])))
+        Ok((lse, Shape::from(&dims[..dims.len() - 1])))
     }
 
-    fn bwd(&self, x: &Tensor, lse: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let cached = self.gram.lock().expect("gram cache").take();
-        let gram = match cached {
-            Some(gram) => gram,
-            None => {
-                let (storage, layout) = x.storage_and_layout();
-                match &*storage {
-                    candle_core::Storage::Cpu(s) => cpu_gram(s, layout)?.0,
-                    _ => candle_core::bail!("ssl-gram-off-diagonal-lse runs on the CPU"),
-                }
-            }
+    fn bwd(&self, x: &Tensor, _lse: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let (storage, layout) = x.storage_and_layout();
+        let candle_core::Storage::Cpu(storage) = &*storage else {
+            candle_core::bail!("ssl-gram-off-diagonal-lse runs on the CPU")
         };
-        let r = x.dim(D::Minus2)?;
-        let mut shape = x.dims()[..x.rank() - 1].to_vec();
-        shape.push(r);
+        let cached = self.softmax.lock().expect("softmax cache").take();
+        let softmax = match cached {
+            Some(softmax) => softmax,
+            None => cpu_softmax(storage, layout, self.tau)?.0,
+        };
         fn gradient<T: Real>(
-            m: &[T],
-            lse: &Tensor,
-            g: &Tensor,
-            r: usize,
+            p: &[T],
+            storage: &CpuStorage,
+            layout: &Layout,
+            grad: &Tensor,
             tau: f64,
         ) -> Result<Vec<T>> {
-            let (lse, g) = (contiguous_slice::<T>(lse)?, contiguous_slice::<T>(g)?);
-            Ok(symmetric_softmax_gradient(m, &lse, &g, r, tau))
+            let (x, batch, r, k) = cpu_blocks::<T>(storage, layout)?;
+            let s = symmetric_softmax_gradient(p, &contiguous_slice::<T>(grad)?, r, tau);
+            let mut out = vec![T::zero(); batch * r * k];
+            for ((s, x), out) in s
+                .chunks_exact(r * r)
+                .zip(x.chunks_exact(r * k))
+                .zip(out.chunks_exact_mut(r * k))
+            {
+                ssl_linalg::matmul_rows(s, x, (k, 1), (r, k, r), out)?;
+            }
+            Ok(out)
         }
-        let s = match &gram {
-            CpuStorage::F32(m) => {
-                Tensor::from_vec(gradient(m, lse, grad, r, self.tau)?, shape, x.device())?
-            }
-            CpuStorage::F64(m) => {
-                Tensor::from_vec(gradient(m, lse, grad, r, self.tau)?, shape, x.device())?
-            }
+        let dx = match &softmax {
+            CpuStorage::F32(p) => Tensor::from_vec(
+                gradient(p, storage, layout, grad, self.tau)?,
+                x.shape(),
+                x.device(),
+            )?,
+            CpuStorage::F64(p) => Tensor::from_vec(
+                gradient(p, storage, layout, grad, self.tau)?,
+                x.shape(),
+                x.device(),
+            )?,
             _ => candle_core::bail!("off-diagonal log-sum-exp supports f32 and f64"),
         };
-        Ok(Some(s.matmul(x)?))
+        Ok(Some(dx))
     }
 }
 
