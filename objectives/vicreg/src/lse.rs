@@ -170,7 +170,7 @@ fn softmax_rows<T: Real>(m: &mut [T], r: usize, tau: f64) -> Vec<T> {
             values[i] = T::zero();
             let sum = lane_sum(values);
             let scale = T::from_f64(1.0 / sum);
-            values.iter_mut().for_each(|v| *v = *v * scale);
+            values.iter_mut().for_each(|v| *v *= scale);
             // The diagonal holds the row's lse until the loop below collects it.
             values[i] = T::from_f64(sum.ln() + max.to_f64());
         },
