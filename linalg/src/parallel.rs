@@ -14,6 +14,8 @@ unsafe impl<T: Send> Sync for Shared<T> {}
 
 /// `f(&mut scratch, index, chunk)` for every `chunk`-element chunk of `out` (the last may be
 /// shorter), the chunks spread over Candle's CPU workers; `init` makes each task's scratch.
+/// `f` must not run Candle ops: the calling thread takes part as a worker while it holds the
+/// pool, and a Candle op there would wait for the pool forever.
 pub fn for_each_chunk_mut<T, S>(
     out: &mut [T],
     chunk: usize,

@@ -73,6 +73,7 @@ fn constant(values: Vec<f64>, shape: &[usize], like: &Tensor) -> Result<Tensor> 
 /// own CPU workers (the decompositions are independent and single-threaded). Running them there
 /// rather than on threads of our own keeps one thread per core: Candle's workers spin for a
 /// while after each op, and a thread beside them would share a core with a spinning one.
+/// `f` must not run Candle ops (see [`crate::for_each_chunk_mut`]).
 fn map_blocks<T: Send>(
     values: &[f64],
     len: usize,
