@@ -10,7 +10,7 @@
 //!
 //! The bracket is exactly zero in the forward pass, and its derivative with respect to `A` is
 //! `sg(A⁻¹)`, which is `A^{−T}` for a symmetric `A` — the log-determinant's gradient. The host
-//! returns `L⁻¹`; `A⁻¹ = L⁻ᵀL⁻¹` is one matrix product on the tensors' device. Only the
+//! returns `L⁻¹`; `A⁻¹ = L⁻ᵀL⁻¹` is one f64 GEMM on Candle's workers. Only the
 //! symmetric part `(A + Aᵀ)/2` is factorised (rounding can make a computed Gram matrix slightly
 //! asymmetric); `A⁻¹` is symmetric, so the gradient of a symmetric perturbation is unchanged.
 //! Second derivatives are not supported (`A⁻¹` is a constant in the graph).
@@ -19,7 +19,7 @@
 //! (Cholesky + triangular inverse) per matrix — negligible for `d ≤ 128`, tens of milliseconds
 //! per matrix at `d = 512`.
 
-use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_core::{bail, Device, Result, Tensor};
 use nalgebra::{Cholesky, DMatrix};
 
 /// `log det A` of a symmetric positive-definite `a`: `[d, d]` (f32 or f64) → scalar of the same
@@ -49,40 +49,26 @@ pub fn logdet_spd_batched(a: &Tensor, shift: f64) -> Result<Tensor> {
     if !shift.is_finite() {
         bail!("log-determinant: the diagonal shift must be finite, got {shift}");
     }
-    let values = a
-        .detach()
-        .to_device(&Device::Cpu)?
-        .to_dtype(DType::F64)?
-        .flatten_all()?
-        .to_vec1::<f64>()?;
-    if values.iter().any(|v| !v.is_finite()) {
-        bail!("log-determinant: the matrix contains NaN or infinite values");
-    }
-    let mut logdets = Vec::with_capacity(k);
-    let mut factors = Vec::with_capacity(k * d * d);
-    for (index, m) in values.chunks_exact(d * d).enumerate() {
-        let (value, w) = logdet_host(m, d, shift).map_err(|e| match k {
+    let values = crate::spectral::host_values(a, "log-determinant")?;
+    let results = crate::spectral::map_blocks(&values, d * d, |index, m| {
+        logdet_host(m, d, shift).map_err(|e| match k {
             1 => e,
             _ => candle_core::Error::msg(format!("matrix {index} of the batch: {e}")),
-        })?;
-        logdets.push(value);
-        factors.extend(w);
-    }
-    let constant = |v: Vec<f64>, shape: &[usize]| -> Result<Tensor> {
-        Tensor::from_vec(v, shape, &Device::Cpu)?
-            .to_dtype(a.dtype())?
-            .to_device(a.device())
-    };
-    let w = constant(factors, &[k, d, d])?;
-    let inverse = w.transpose(1, 2)?.matmul(&w)?;
+        })
+    })?;
+    let (logdets, factors): (Vec<f64>, Vec<Vec<f64>>) = results.into_iter().unzip();
+    let w = Tensor::from_vec(factors.concat(), (k, d, d), &Device::Cpu)?;
+    let inverse = crate::matmul_detached(&w.transpose(1, 2)?.contiguous()?, &w)?;
+    let constant = |t: Tensor| -> Result<Tensor> { t.to_dtype(a.dtype())?.to_device(a.device()) };
+    let inverse = constant(inverse)?;
     let linear = (inverse * a)?.sum((1, 2))?;
-    let value = constant(logdets, &[k])?;
+    let value = constant(Tensor::from_vec(logdets, k, &Device::Cpu)?)?;
     value + (&linear - linear.detach())?
 }
 
 /// `(log det S, L⁻¹)` with `S = (A + Aᵀ)/2 + shift·I = LLᵀ`, `a` and `L⁻¹` row-major `[d, d]`.
-/// `S⁻¹ = L⁻ᵀL⁻¹` is formed on the tensors' device (one matrix product), which keeps the host
-/// work at the factorisation (`d³/3`) and the triangular inverse (`d³/6`).
+/// `S⁻¹ = L⁻ᵀL⁻¹` is one GEMM after it, which keeps this at the factorisation (`d³/3`) and the
+/// triangular inverse (`d³/6`).
 fn logdet_host(a: &[f64], d: usize, shift: f64) -> Result<(f64, Vec<f64>)> {
     let m = DMatrix::from_row_slice(d, d, a);
     let s = (&m + m.transpose()) * 0.5 + DMatrix::identity(d, d) * shift;
@@ -119,6 +105,7 @@ fn logdet_host(a: &[f64], d: usize, shift: f64) -> Result<(f64, Vec<f64>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::DType;
     use ssl_core::testing::max_gradient_error;
 
     fn scalar(t: &Tensor) -> f64 {

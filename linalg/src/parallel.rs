@@ -6,7 +6,9 @@
 //! Candle's pool instead, the spinning worker takes its share of the work at once.
 
 use candle_core::utils::barrier_pool;
-use candle_core::{bail, DType, Result, Storage, Tensor, WithDType};
+use candle_core::{
+    bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor, WithDType,
+};
 
 /// A pointer that may cross threads: each task writes a disjoint part of the buffer.
 struct Shared<T>(*mut T);
@@ -40,10 +42,39 @@ pub fn for_each_chunk_mut<T, S>(
     });
 }
 
+/// [`for_each_chunk_mut`] whose `f(index, chunk)` also returns a value per chunk: the values in
+/// chunk order.
+pub fn map_chunks_mut<T, R>(
+    out: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) -> R + Sync,
+) -> Vec<R>
+where
+    T: Send,
+    R: Send + Default,
+{
+    let mut results: Vec<R> = (0..out.len().div_ceil(chunk.max(1)))
+        .map(|_| R::default())
+        .collect();
+    let shared = Shared(results.as_mut_ptr());
+    for_each_chunk_mut(
+        out,
+        chunk,
+        || (),
+        |_, index, part| {
+            let shared = &shared;
+            let value = f(index, part);
+            // SAFETY: `results` has one slot per chunk and each index is visited exactly once.
+            unsafe { *shared.0.add(index) = value };
+        },
+    );
+    results
+}
+
 /// `dst = A B` in f32 or f64 for row-major `a`: `[m, k]`, `b`: `[k, n]` read through its
 /// element strides (`(n, 1)` row-major, `(1, k)` for the transpose of a row-major `[n, k]`), and
-/// row-major `dst`: `[m, n]`. Blocks of `dst`'s rows go to Candle's CPU workers, each block one
-/// single-threaded GEMM (`gemm` crate, as Candle's own matmul), so a GEMM after a Candle op
+/// row-major `dst`: `[m, n]`. Blocks of `dst`'s rows (or of its columns, when it is wider than
+/// tall) go to Candle's CPU workers, each block one single-threaded GEMM (`gemm` crate, as Candle's own matmul), so a GEMM after a Candle op
 /// does not share the cores with Candle's spinning workers as a rayon-parallel one does.
 pub fn matmul_rows<T: WithDType>(
     a: &[T],
@@ -70,32 +101,41 @@ pub fn matmul_rows<T: WithDType>(
             dst.len()
         );
     }
-    if n == 0 {
+    if n == 0 || m == 0 {
         return Ok(());
     }
+    // Split the longer side of `dst` into blocks: row blocks repack B, column blocks repack A,
+    // so a wide product (a convolution's [O, N·H·W]) is cut by columns.
+    let by_rows = m >= n;
+    let len = if by_rows { m } else { n };
     let threads = barrier_pool().n_workers() + 1;
-    let rows = m.div_ceil(4 * threads).max(8);
-    for_each_chunk_mut(
-        dst,
-        rows * n,
-        || (),
-        |_, block, out| {
-            let (first, count) = (block * rows, out.len() / n);
-            // SAFETY: rows `first..first + count` of `a` and every index of `b` read here lie in
-            // the bounds checked above; `out` holds exactly `count` rows of `n`.
+    let size = len.div_ceil((4 * threads).min(len.div_ceil(8)).max(1));
+    let dst_ptr = Shared(dst.as_mut_ptr());
+    barrier_pool().execute_chunked(len.div_ceil(size), |range| {
+        let dst_ptr = &dst_ptr;
+        for block in range {
+            let start = block * size;
+            let count = size.min(len - start);
+            let (rows, cols) = if by_rows { (count, n) } else { (m, count) };
+            let (a_offset, b_offset, dst_offset) = match by_rows {
+                true => (start * k, 0, start * n),
+                false => (0, start * b_col_stride, start),
+            };
+            // SAFETY: the block's rows or columns of `a`, `b` and `dst` lie in the bounds
+            // checked above, and no two blocks write the same entries of `dst`.
             unsafe {
                 gemm::gemm(
-                    count,
-                    n,
+                    rows,
+                    cols,
                     k,
-                    out.as_mut_ptr(),
+                    dst_ptr.0.add(dst_offset),
                     1,
                     n as isize,
                     false,
-                    a.as_ptr().add(first * k),
+                    a.as_ptr().add(a_offset),
                     1,
                     k as isize,
-                    b.as_ptr(),
+                    b.as_ptr().add(b_offset),
                     b_col_stride as isize,
                     b_row_stride as isize,
                     T::zero(),
@@ -106,8 +146,8 @@ pub fn matmul_rows<T: WithDType>(
                     gemm::Parallelism::None,
                 )
             }
-        },
-    );
+        }
+    });
     Ok(())
 }
 
@@ -174,6 +214,75 @@ pub fn matmul_detached(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// `A B` of matrices `a`: `[m, k]` and `b`: `[k, n]` with autograd, its three GEMMs (forward
+/// and the two gradients) as [`matmul_rows`] on Candle's CPU workers; other devices and dtypes
+/// use Candle's matmul. `b` is read through its strides (a transposed view costs no copy).
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (_, k) = a.dims2()?;
+    let (kb, _) = b.dims2()?;
+    let cpu = a.device().is_cpu() && b.device().is_cpu();
+    if k != kb || !cpu || a.dtype() != b.dtype() || !matches!(a.dtype(), DType::F32 | DType::F64) {
+        return a.matmul(b);
+    }
+    a.contiguous()?.apply_op2(b, Matmul)
+}
+
+/// Row-major `A` and strided `B` of [`matmul`].
+struct Matmul;
+
+impl CustomOp2 for Matmul {
+    fn name(&self) -> &'static str {
+        "ssl-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        a: &CpuStorage,
+        a_layout: &Layout,
+        b: &CpuStorage,
+        b_layout: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (m, k) = a_layout.shape().dims2()?;
+        let (_, n) = b_layout.shape().dims2()?;
+        let (b_rs, b_cs) = (b_layout.stride()[0], b_layout.stride()[1]);
+        fn run<T: WithDType>(
+            a: &[T],
+            b: &[T],
+            strides: (usize, usize),
+            dims: (usize, usize, usize),
+        ) -> Result<Vec<T>> {
+            let mut out = vec![T::zero(); dims.0 * dims.1];
+            matmul_rows(a, b, strides, dims, &mut out)?;
+            Ok(out)
+        }
+        let (a0, b0) = (a_layout.start_offset(), b_layout.start_offset());
+        let out = match (a, b) {
+            (CpuStorage::F32(a), CpuStorage::F32(b)) => {
+                CpuStorage::F32(run(&a[a0..], &b[b0..], (b_rs, b_cs), (m, n, k))?)
+            }
+            (CpuStorage::F64(a), CpuStorage::F64(b)) => {
+                CpuStorage::F64(run(&a[a0..], &b[b0..], (b_rs, b_cs), (m, n, k))?)
+            }
+            _ => bail!("ssl-matmul supports f32 and f64 operands of one dtype"),
+        };
+        Ok((out, Shape::from((m, n))))
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        _out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        // ∂A = G Bᵀ (Bᵀ a strided view), ∂B = Aᵀ G (Aᵀ copied: the row-major operand).
+        let grad = grad.contiguous()?;
+        let grad_a = matmul(&grad, &b.t()?)?.detach();
+        let grad_b = matmul(&a.t()?.contiguous()?, &grad)?.detach();
+        Ok((Some(grad_a), Some(grad_b)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,9 +309,56 @@ mod tests {
     }
 
     #[test]
+    fn map_chunks_returns_one_value_per_chunk_in_order() {
+        let mut out = vec![1u64; 103];
+        let sums = map_chunks_mut(&mut out, 10, |index, part| {
+            part.iter_mut().for_each(|v| *v += index as u64);
+            part.iter().sum::<u64>()
+        });
+        let expected: Vec<u64> = (0..11u64)
+            .map(|i| (i + 1) * if i < 10 { 10 } else { 3 })
+            .collect();
+        assert_eq!(sums, expected);
+    }
+
+    #[test]
+    fn matmul_op_matches_candle_in_value_and_gradients() -> Result<()> {
+        use candle_core::{Device, Var};
+        for transposed in [false, true] {
+            let a = Var::randn(0f64, 1., (7, 5), &Device::Cpu)?;
+            let b = match transposed {
+                false => Var::randn(0f64, 1., (5, 9), &Device::Cpu)?,
+                true => Var::randn(0f64, 1., (9, 5), &Device::Cpu)?,
+            };
+            let b_view = |b: &Tensor| if transposed { b.t() } else { Ok(b.clone()) };
+            let w = Tensor::randn(0f64, 1., (7, 9), &Device::Cpu)?;
+            let ours = matmul(a.as_tensor(), &b_view(b.as_tensor())?)?;
+            let reference = a.as_tensor().matmul(&b_view(b.as_tensor())?)?;
+            let diff = |x: &Tensor, y: &Tensor| -> Result<f64> {
+                (x - y)?.abs()?.max_all()?.to_scalar::<f64>()
+            };
+            assert!(diff(&ours, &reference)? < 1e-12);
+            let g_ours = (ours * &w)?.sum_all()?.backward()?;
+            let g_ref = (reference * &w)?.sum_all()?.backward()?;
+            for v in [&a, &b] {
+                let (x, y) = (g_ours.get(v).unwrap(), g_ref.get(v).unwrap());
+                assert!(diff(x, y)? < 1e-12, "transposed {transposed}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
     fn matmul_rows_matches_candle_matmul_for_plain_and_transposed_factors() -> Result<()> {
         use candle_core::{Device, Tensor};
-        for (m, n, k) in [(1, 1, 1), (5, 3, 7), (70, 33, 9), (128, 128, 64)] {
+        for (m, n, k) in [
+            (1, 1, 1),
+            (5, 3, 7),
+            (70, 33, 9),
+            (9, 70, 33),
+            (128, 128, 64),
+            (16, 1000, 27),
+        ] {
             let a = Tensor::randn(0f64, 1., (m, k), &Device::Cpu)?;
             let b = Tensor::randn(0f64, 1., (k, n), &Device::Cpu)?;
             let expected = a.matmul(&b)?.flatten_all()?.to_vec1::<f64>()?;

@@ -44,7 +44,7 @@ const GRAM_CUTOFF: f64 = 1e-12;
 
 /// The values of `t` (detached) as f64 on the host, row-major. (Widening in Rust: Candle's own
 /// f32 → f64 conversion is several times slower.)
-fn host_values(t: &Tensor, what: &str) -> Result<Vec<f64>> {
+pub(crate) fn host_values(t: &Tensor, what: &str) -> Result<Vec<f64>> {
     let t = t.detach().to_device(&Device::Cpu)?.flatten_all()?;
     let values: Vec<f64> = match t.dtype() {
         DType::F64 => t.to_vec1::<f64>()?,
@@ -69,24 +69,24 @@ fn constant(values: Vec<f64>, shape: &[usize], like: &Tensor) -> Result<Tensor> 
     host.to_device(like.device())
 }
 
-/// `f` applied to consecutive `len`-element blocks of `values`, the blocks spread over Candle's
+/// `f(index, block)` for consecutive `len`-element blocks of `values`, the blocks spread over Candle's
 /// own CPU workers (the decompositions are independent and single-threaded). Running them there
 /// rather than on threads of our own keeps one thread per core: Candle's workers spin for a
 /// while after each op, and a thread beside them would share a core with a spinning one.
 /// `f` must not run Candle ops (see [`crate::for_each_chunk_mut`]).
-fn map_blocks<T: Send>(
+pub(crate) fn map_blocks<T: Send>(
     values: &[f64],
     len: usize,
-    f: impl Fn(&[f64]) -> Result<T> + Sync,
+    f: impl Fn(usize, &[f64]) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
     let blocks: Vec<&[f64]> = values.chunks_exact(len).collect();
     if blocks.len() <= 1 {
-        return blocks.into_iter().map(f).collect();
+        return blocks.into_iter().map(|b| f(0, b)).collect();
     }
     let slots: Vec<Mutex<Option<Result<T>>>> = blocks.iter().map(|_| Mutex::new(None)).collect();
     candle_core::utils::barrier_pool().execute_chunked(blocks.len(), |range| {
         for i in range {
-            let result = f(blocks[i]);
+            let result = f(i, blocks[i]);
             *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
         }
     });
@@ -202,26 +202,26 @@ pub fn nuclear_norm(c: &Tensor) -> Result<Tensor> {
 /// [`nuclear_norm`] of each of `b` matrices: `c`: `[b, n, d]` → `[b]`. One host round trip.
 ///
 /// With `k = min(n, d)` the thin SVD comes from the `k×k` Gram matrices: the two products
-/// (`CCᵀ`, then `(CCᵀ)^{-1/2}C`) run as f64 Candle matmuls on the host (multi-threaded GEMM),
-/// only the eigendecompositions in nalgebra. At `128×512` this is ~7× faster than nalgebra's
+/// (`CCᵀ`, then `(CCᵀ)^{-1/2}C`) run as f64 GEMMs on Candle's workers
+/// ([`crate::matmul_detached`]), only the eigendecompositions in nalgebra. At `128×512` this is ~7× faster than nalgebra's
 /// SVD with singular vectors.
 pub fn nuclear_norm_batched(c: &Tensor) -> Result<Tensor> {
     let (b, n, d) = c.dims3()?;
     let host = Tensor::from_vec(host_values(c, "nuclear norm")?, (b, n, d), &Device::Cpu)?;
     let wide = n <= d;
     let gram = match wide {
-        true => host.matmul(&host.t()?)?,
-        false => host.t()?.matmul(&host)?,
+        true => crate::matmul_detached(&host, &host.t()?)?,
+        false => crate::matmul_detached(&host.t()?.contiguous()?, &host)?,
     };
     let k = n.min(d);
     let gram = gram.flatten_all()?.to_vec1::<f64>()?;
     let (values, inverse_root) = values_and_gradient(
-        map_blocks(&gram, k * k, |m| gram_inverse_root(m, k))?,
+        map_blocks(&gram, k * k, |_, m| gram_inverse_root(m, k))?,
         &[b, k, k],
     )?;
     let grad = match wide {
-        true => inverse_root.matmul(&host)?,
-        false => host.matmul(&inverse_root)?,
+        true => crate::matmul_detached(&inverse_root, &host)?,
+        false => crate::matmul_detached(&host, &inverse_root)?,
     };
     surrogate(c, values, &grad)
 }
@@ -242,7 +242,7 @@ pub fn von_neumann_entropy_batched(rho: &Tensor) -> Result<Tensor> {
         bail!("von Neumann entropy needs square matrices, got {k}×{k2}");
     }
     let values = host_values(rho, "von Neumann entropy")?;
-    let results = map_blocks(&values, k * k, |m| entropy_host(m, k))?;
+    let results = map_blocks(&values, k * k, |_, m| entropy_host(m, k))?;
     let (values, grad) = values_and_gradient(results, rho.dims())?;
     surrogate(rho, values, &grad)
 }

@@ -92,7 +92,7 @@ fn main() -> Result<()> {
     })?;
     println!(
         "digits CNN + projector 128-512-512, B=256, 1x16x16, forward+backward (median of 10, {} threads):",
-        rayon::current_num_threads()
+        candle_core::utils::get_num_threads()
     );
     println!("  ssl-models (im2col conv + fused BN): {ours:.1} ms");
     println!("  stock candle (conv2d + BatchNorm):   {base:.1} ms");

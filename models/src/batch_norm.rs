@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, Var};
 use candle_nn::{Init, VarBuilder};
-use rayon::prelude::*;
+use ssl_linalg::map_chunks_mut;
 
 use crate::util::{contiguous_slice, Float};
 
@@ -42,32 +42,28 @@ fn bn_fwd_kernel<T: Float>(
 ) -> (Vec<T>, Vec<f64>, Vec<f64>) {
     let c = gamma.len();
     let mut out = vec![T::from_f64(0.0); c * m];
-    let stats: Vec<(f64, f64)> = out
-        .par_chunks_mut(m.max(1))
-        .enumerate()
-        .map(|(ci, dst)| {
-            let src = &x[ci * m..][..m];
-            let mean = src.iter().map(|v| v.to_f64()).sum::<f64>() / m as f64;
-            let var = src
-                .iter()
-                .map(|v| {
-                    let d = v.to_f64() - mean;
-                    d * d
-                })
-                .sum::<f64>()
-                / m as f64;
-            let inv = 1.0 / (var + eps).sqrt();
-            let scale = gamma[ci].to_f64() * inv;
-            let shift = beta[ci].to_f64() - mean * scale;
-            let (scale, shift) = (T::from_f64(scale), T::from_f64(shift));
-            let zero = T::from_f64(0.0);
-            for (d, &s) in dst.iter_mut().zip(src) {
-                let y = s * scale + shift;
-                *d = if relu && y <= zero { zero } else { y };
-            }
-            (mean, var)
-        })
-        .collect();
+    let stats: Vec<(f64, f64)> = map_chunks_mut(&mut out, m.max(1), |ci, dst| {
+        let src = &x[ci * m..][..m];
+        let mean = src.iter().map(|v| v.to_f64()).sum::<f64>() / m as f64;
+        let var = src
+            .iter()
+            .map(|v| {
+                let d = v.to_f64() - mean;
+                d * d
+            })
+            .sum::<f64>()
+            / m as f64;
+        let inv = 1.0 / (var + eps).sqrt();
+        let scale = gamma[ci].to_f64() * inv;
+        let shift = beta[ci].to_f64() - mean * scale;
+        let (scale, shift) = (T::from_f64(scale), T::from_f64(shift));
+        let zero = T::from_f64(0.0);
+        for (d, &s) in dst.iter_mut().zip(src) {
+            let y = s * scale + shift;
+            *d = if relu && y <= zero { zero } else { y };
+        }
+        (mean, var)
+    });
     let (mean, var) = stats.into_iter().unzip();
     (out, mean, var)
 }
@@ -164,38 +160,34 @@ impl BnBwd {
         let zero = T::from_f64(0.0);
         let mut out = vec![zero; c * m + 2 * c];
         let (dx_all, _) = out.split_at_mut(c * m);
-        let sums: Vec<(f64, f64)> = dx_all
-            .par_chunks_mut(m.max(1))
-            .enumerate()
-            .map(|(ci, dst)| {
-                let xs = &x[ci * m..][..m];
-                let rs = &res[ci * m..][..m];
-                let gs = &g[ci * m..][..m];
-                let (mean, inv) = (self.mean[ci], self.inv_std[ci]);
-                let mut dbeta = 0.0f64;
-                let mut dgamma = 0.0f64;
-                for i in 0..m {
-                    if self.relu && rs[i] <= zero {
-                        continue;
-                    }
-                    let gv = gs[i].to_f64();
-                    dbeta += gv;
-                    dgamma += gv * (xs[i].to_f64() - mean) * inv;
+        let sums: Vec<(f64, f64)> = map_chunks_mut(dx_all, m.max(1), |ci, dst| {
+            let xs = &x[ci * m..][..m];
+            let rs = &res[ci * m..][..m];
+            let gs = &g[ci * m..][..m];
+            let (mean, inv) = (self.mean[ci], self.inv_std[ci]);
+            let mut dbeta = 0.0f64;
+            let mut dgamma = 0.0f64;
+            for i in 0..m {
+                if self.relu && rs[i] <= zero {
+                    continue;
                 }
-                let k = self.gamma[ci] * inv / m as f64;
-                let (a, b) = (dbeta / m as f64, dgamma / m as f64);
-                for i in 0..m {
-                    let gv = if self.relu && rs[i] <= zero {
-                        0.0
-                    } else {
-                        gs[i].to_f64()
-                    };
-                    let xhat = (xs[i].to_f64() - mean) * inv;
-                    dst[i] = T::from_f64(k * m as f64 * (gv - a - xhat * b));
-                }
-                (dgamma, dbeta)
-            })
-            .collect();
+                let gv = gs[i].to_f64();
+                dbeta += gv;
+                dgamma += gv * (xs[i].to_f64() - mean) * inv;
+            }
+            let k = self.gamma[ci] * inv / m as f64;
+            let (a, b) = (dbeta / m as f64, dgamma / m as f64);
+            for i in 0..m {
+                let gv = if self.relu && rs[i] <= zero {
+                    0.0
+                } else {
+                    gs[i].to_f64()
+                };
+                let xhat = (xs[i].to_f64() - mean) * inv;
+                dst[i] = T::from_f64(k * m as f64 * (gv - a - xhat * b));
+            }
+            (dgamma, dbeta)
+        });
         for (ci, (dg, db)) in sums.into_iter().enumerate() {
             out[c * m + ci] = T::from_f64(dg);
             out[c * m + c + ci] = T::from_f64(db);

@@ -3,11 +3,12 @@
 //! Candle's own CPU conv2d is slow (especially its backward), so [`Conv2d::forward_cnhw`] lowers the
 //! convolution to a custom im2col op (whose backward is a col2im op) followed by a single matmul
 //! `W[O, C·k·k] × col[C·k·k, N·Ho·Wo]`, which yields the output directly in `[O, N, Ho, Wo]`.
-//! Both ops are rayon-parallel over disjoint output chunks, so they are deterministic.
+//! Both ops are parallel over disjoint output chunks on Candle's CPU workers, so they are
+//! deterministic.
 
 use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Tensor};
 use candle_nn::{Init, VarBuilder};
-use rayon::prelude::*;
+use ssl_linalg::for_each_chunk_mut;
 
 use crate::util::{contiguous_slice, Float};
 
@@ -42,9 +43,11 @@ fn im2col_kernel<T: Float>(g: Geom, x: &[T]) -> Vec<T> {
     let mut out = vec![zero; rows * cols];
     let hw_out = ho * wo;
     // One chunk = one (row, image) pair: Ho·Wo contiguous outputs.
-    out.par_chunks_mut(hw_out.max(1))
-        .enumerate()
-        .for_each(|(idx, dst)| {
+    for_each_chunk_mut(
+        &mut out,
+        hw_out.max(1),
+        || (),
+        |_, idx, dst| {
             let row = idx / g.n;
             let n = idx % g.n;
             let c = row / (g.k * g.k);
@@ -65,7 +68,8 @@ fn im2col_kernel<T: Float>(g: Geom, x: &[T]) -> Vec<T> {
                     }
                 }
             }
-        });
+        },
+    );
     out
 }
 
@@ -76,9 +80,11 @@ fn col2im_kernel<T: Float>(g: Geom, col: &[T]) -> Vec<T> {
     let mut out = vec![zero; g.c * g.n * g.h * g.w];
     let hw_out = ho * wo;
     // One chunk = one (channel, image) plane of the input gradient.
-    out.par_chunks_mut((g.h * g.w).max(1))
-        .enumerate()
-        .for_each(|(idx, dst)| {
+    for_each_chunk_mut(
+        &mut out,
+        (g.h * g.w).max(1),
+        || (),
+        |_, idx, dst| {
             let c = idx / g.n;
             let n = idx % g.n;
             for ki in 0..g.k {
@@ -101,7 +107,8 @@ fn col2im_kernel<T: Float>(g: Geom, col: &[T]) -> Vec<T> {
                     }
                 }
             }
-        });
+        },
+    );
     out
 }
 
@@ -242,7 +249,7 @@ impl Conv2d {
         };
         let col = x.apply_op1(Im2Col(g))?;
         let wm = self.weight.reshape((o, c * self.kernel * self.kernel))?;
-        let y = wm.matmul(&col)?.reshape((o, n, ho, wo))?;
+        let y = ssl_linalg::matmul(&wm, &col)?.reshape((o, n, ho, wo))?;
         match &self.bias {
             Some(b) => y.broadcast_add(&b.reshape((o, 1, 1, 1))?),
             None => Ok(y),

@@ -65,15 +65,14 @@ pub fn coding_rate_of_normalized(
         candle_core::bail!("total coding rate: the batch is empty");
     }
     let scale = d as f64 / (n as f64 * eps);
-    let zt = z_hat.transpose(1, 2)?;
     let dimension = match form {
         GramForm::Smaller => d <= n,
         GramForm::Dimension => true,
         GramForm::Sample => false,
     };
     let gram = match dimension {
-        true => zt.matmul(z_hat)?,
-        false => z_hat.matmul(&zt)?,
+        true => ssl_linalg::gram_of_columns(z_hat)?,
+        false => ssl_linalg::gram(z_hat)?,
     };
     logdet_spd_batched(&(gram * scale)?, 1.0)? * -0.5
 }
