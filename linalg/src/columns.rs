@@ -228,6 +228,18 @@ impl CustomOp2 for ScaleColumnsBackward {
     }
 }
 
+/// The mean over the leading axis of `z`: `[V, …]` → `[…]` (the mean view), as a sum of the
+/// contiguous `[…]` slices: Candle reduces a leading axis strided, on one thread, which cost
+/// FroSSL's and MMCR's losses a fifth of their time.
+pub fn mean_of_views(z: &Tensor) -> Result<Tensor> {
+    let v = z.dim(0)?;
+    let mut sum = z.get(0)?;
+    for view in 1..v {
+        sum = (sum + z.get(view)?)?;
+    }
+    sum / v as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +275,14 @@ mod tests {
             let difference = max_difference(&gradient(&fused)?, &gradient(&composed)?)?;
             assert!(difference < tolerance, "{scale:?}: {difference}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn mean_of_views_matches_candle_mean() -> Result<()> {
+        let z = Tensor::randn(0f64, 1., (3, 4, 5), &Device::Cpu)?;
+        let diff = (mean_of_views(&z)? - z.mean(0)?)?.abs()?.max_all()?;
+        assert!(diff.to_scalar::<f64>()? < 1e-15);
         Ok(())
     }
 

@@ -11,7 +11,7 @@ pub mod norm;
 pub mod parallel;
 pub mod spectral;
 
-pub use columns::{centre_and_scale_columns, ColumnScale};
+pub use columns::{centre_and_scale_columns, mean_of_views, ColumnScale};
 pub use gram::{gram, gram_of_columns};
 pub use norm::{l2_norm_keepdim, l2_normalize, logsumexp_rows, normalize_columns, normalize_rows};
 pub use parallel::{

@@ -43,9 +43,9 @@ pub fn standardize_columns(z: &Tensor) -> candle_core::Result<Tensor> {
 pub fn frobenius_regularizers(z_hat: &Tensor) -> candle_core::Result<Tensor> {
     let (_, n, d) = z_hat.dims3()?;
     let gram = if n > d {
-        z_hat.t()?.matmul(z_hat)?
+        ssl_linalg::gram_of_columns(z_hat)?
     } else {
-        z_hat.matmul(&z_hat.t()?)?
+        ssl_linalg::gram(z_hat)?
     };
     let frobenius_sq = gram.sqr()?.sum((1, 2))?;
     let trace = z_hat.sqr()?.sum((1, 2))?.detach();
@@ -62,7 +62,7 @@ pub fn frobenius_regularizer(z_hat: &Tensor) -> candle_core::Result<Tensor> {
 /// `z_hat`: `[V, N, D]` → `[V]`, with `Z̄` the mean view.
 pub fn invariance(z_hat: &Tensor, lambda: f64) -> candle_core::Result<Tensor> {
     let (v, n, _) = z_hat.dims3()?;
-    let mean = z_hat.mean_keepdim(0)?;
+    let mean = ssl_linalg::mean_of_views(z_hat)?.unsqueeze(0)?;
     z_hat.broadcast_sub(&mean)?.sqr()?.sum((1, 2))? * (lambda * v as f64 / n as f64)
 }
 

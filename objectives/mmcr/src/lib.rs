@@ -28,7 +28,7 @@ pub use ssl_linalg::normalize_rows;
 
 /// Centroids `C`: `[N, d]` of the row-normalised views of `z`: `[V, N, d]`.
 pub fn centroids(z: &Tensor) -> candle_core::Result<Tensor> {
-    normalize_rows(z)?.mean(0)
+    ssl_linalg::mean_of_views(&normalize_rows(z)?)
 }
 
 /// `‖C‖_*`, the nuclear norm of the centroid matrix of `z`: `[V, N, d]`.

@@ -88,7 +88,7 @@ pub fn total_coding_rate(z: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
 /// `−(1/V) Σ_v mean_i cos(ẑ_{v,i}, z̄_i)` with `z̄_i = (1/V) Σ_v ẑ_{v,i}` (gradient flows through
 /// `z̄` too, as in the reference).
 pub fn invariance(z_hat: &Tensor) -> candle_core::Result<Tensor> {
-    let mean = normalize_rows(&z_hat.mean(0)?)?;
+    let mean = normalize_rows(&ssl_linalg::mean_of_views(z_hat)?)?;
     z_hat
         .broadcast_mul(&mean)?
         .sum(D::Minus1)?
