@@ -1,4 +1,4 @@
-//! `ssl generalise RECIPE`: the generalisation protocol of SAG-VICReg (Stegmüller et al.;
+//! `ssl generalise RECIPE`: the generalisation protocol of SAG-VICReg (Simai, Talmon & Shaham;
 //! spec objectives §1.5, data §5.4, metrics §10). For every objective and seed, encoder A trains
 //! on one class half and encoder B on the other (each an `ssl compare` cell, reused when
 //! finished); both embed the held-out images of half A in eval mode, and the two embeddings'
