@@ -49,14 +49,25 @@ pub fn sinkhorn(scores: &Tensor, epsilon: f64, iterations: usize) -> candle_core
     let scores = scores.detach().to_device(&cpu)?.flatten_all()?;
     // Widened in Rust: Candle's own f32 → f64 conversion is several times slower.
     let mut q: Vec<f64> = match scores.dtype() {
-        DType::F32 => scores.to_vec1::<f32>()?.into_iter().map(f64::from).collect(),
+        DType::F32 => scores
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f64::from)
+            .collect(),
         _ => scores.to_dtype(DType::F64)?.to_vec1::<f64>()?,
     };
     let max = q.iter().copied().fold(f64::NEG_INFINITY, f64::max) / epsilon;
     // The `exp` pass is most of the time: rows in blocks on Candle's CPU workers.
-    ssl_linalg::for_each_chunk_mut(&mut q, 16 * k, || (), |_, _, block| {
-        block.iter_mut().for_each(|x| *x = (*x / epsilon - max).exp());
-    });
+    ssl_linalg::for_each_chunk_mut(
+        &mut q,
+        16 * k,
+        || (),
+        |_, _, block| {
+            block
+                .iter_mut()
+                .for_each(|x| *x = (*x / epsilon - max).exp());
+        },
+    );
     let inverse_total = 1.0 / q.iter().sum::<f64>();
     q.iter_mut().for_each(|x| *x *= inverse_total);
     let mut per_prototype = vec![0f64; k];
