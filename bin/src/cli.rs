@@ -184,10 +184,15 @@ pub struct RunArgs {
     /// Override any config key, e.g. `--set train.lr=0.01 --set objective.params.mu=10`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
-    /// Data set: digits, gmm or a MedMNIST flag (bloodmnist, …; the files from data.root)
+    /// Data set: digits, gmm, a MedMNIST flag (bloodmnist, …; the files from data.root) or
+    /// folder (an ImageNet-style image folder at --root)
     #[arg(long)]
     pub data: Option<String>,
-    /// Image side: the digits' upsampled size, or the MedMNIST file's (28, 64, 128, 224)
+    /// Where the data live (data.root): MedMNIST files, or the image folder
+    #[arg(long, value_name = "PATH")]
+    pub root: Option<PathBuf>,
+    /// Image side: the digits' upsampled size, the MedMNIST file's (28, 64, 128, 224), or the
+    /// side folder images are resized and centre-cropped to
     #[arg(long)]
     pub size: Option<usize>,
     #[arg(long)]
@@ -591,9 +596,13 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig> {
     for s in &args.set {
         apply_set(&mut root, s)?;
     }
-    let flags: [(&str, Option<String>); 11] = [
+    let flags: [(&str, Option<String>); 12] = [
         ("objective.name", args.objective.clone()),
         ("data.name", args.data.clone()),
+        (
+            "data.root",
+            args.root.as_ref().map(|p| format!("'{}'", p.display())),
+        ),
         ("data.size", args.size.map(|v| v.to_string())),
         ("train.epochs", args.epochs.map(|v| v.to_string())),
         ("train.batch_size", args.batch_size.map(|v| v.to_string())),

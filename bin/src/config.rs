@@ -36,13 +36,15 @@ impl Default for RunConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// `digits` (embedded scikit-learn digits), `gmm` (IConE's 2-D Gaussian mixture) or a
-    /// MedMNIST dataset (`bloodmnist`, `organmnist3d`, …) read from `root`.
+    /// `digits` (embedded scikit-learn digits), `gmm` (IConE's 2-D Gaussian mixture), a
+    /// MedMNIST dataset (`bloodmnist`, `organmnist3d`, …) read from `root`, or `folder`: an
+    /// ImageNet-style image folder at `root`.
     pub name: String,
-    /// Side length the digits are upsampled to; the MedMNIST file's size (28, 64, 128, 224).
+    /// Side length the digits are upsampled to; the MedMNIST file's size (28, 64, 128, 224);
+    /// the side a folder's images are resized (shorter side) and centre-cropped to.
     pub size: usize,
     /// Directory of MedMNIST `.npz` files (or one file); absent: `~/.medmnist`, the official
-    /// package's cache.
+    /// package's cache. For `folder`, the folder (`root/train` + `root/val`, or `root/<class>`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub root: Option<PathBuf>,
     /// Held-out fraction (stratified); MedMNIST keeps its official test split instead.
@@ -63,6 +65,10 @@ pub struct DataConfig {
     /// disjoint class halves (data.md §5.4); labels keep their original values.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub classes: Vec<u32>,
+    /// For `folder`: keep only these class directories (labels follow their sorted order);
+    /// `[imagenet100]` is CMC's ImageNet-100 list. Empty: every class.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub folder_classes: Vec<String>,
 }
 
 fn is_zero(v: &usize) -> bool {
@@ -83,6 +89,7 @@ impl Default for DataConfig {
             train_size: 0,
             imbalance: 1,
             classes: Vec::new(),
+            folder_classes: Vec::new(),
         }
     }
 }

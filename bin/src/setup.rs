@@ -59,10 +59,27 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
                 ssl_data::stratified_split(&dataset.labels, cfg.data.test_fraction, seed)?;
             (dataset, train, test)
         }
+        "folder" => {
+            let folder = image_folder(cfg)?;
+            match folder.train_len {
+                Some(n) => {
+                    let len = folder.dataset.len();
+                    (folder.dataset, (0..n).collect(), (n..len).collect())
+                }
+                None => {
+                    let (train, test) = ssl_data::stratified_split(
+                        &folder.dataset.labels,
+                        cfg.data.test_fraction,
+                        seed,
+                    )?;
+                    (folder.dataset, train, test)
+                }
+            }
+        }
         name => {
             let m = medmnist(cfg).with_context(|| match ssl_data::medmnist_info(name) {
                 Ok(_) => format!("data set `{name}`"),
-                Err(_) => format!("unknown data set `{name}`; built in: digits, gmm"),
+                Err(_) => format!("unknown data set `{name}`; built in: digits, gmm, folder"),
             })?;
             let [train, _, test] = m.splits;
             (m.dataset, train.collect(), test.collect())
@@ -100,6 +117,19 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
         test,
         minority_classes,
     })
+}
+
+/// The image folder at `data.root` (required), decoded at `data.size`.
+fn image_folder(cfg: &RunConfig) -> Result<ssl_data::ImageFolder> {
+    let Some(root) = &cfg.data.root else {
+        bail!("data set `folder` needs its directory: set data.root (or --root PATH)");
+    };
+    let keep: Vec<String> = match cfg.data.folder_classes.as_slice() {
+        [one] if one == "imagenet100" => ssl_data::IMAGENET100.map(String::from).to_vec(),
+        names => names.to_vec(),
+    };
+    ssl_data::load_image_folder(root, cfg.data.size, (!keep.is_empty()).then_some(&keep[..]))
+        .with_context(|| format!("image folder {}", root.display()))
 }
 
 /// Where MedMNIST files are looked for: `data.root`, else the official package's `~/.medmnist`.

@@ -3,6 +3,7 @@
 //! * [`dataset`]: the in-memory [`Dataset`] container (flat `f32` samples plus labels).
 //! * [`digits`](mod@digits): the vendored UCI 8x8 handwritten digits, bilinearly upsampled.
 //! * [`gmm`]: the synthetic 2D Gaussian mixture of IConE Appendix E.
+//! * [`folder`]: ImageNet-style image folders (torchvision `ImageFolder` order), decoded to RGB.
 //! * [`split`]: deterministic stratified train/test splits.
 //! * [`augment`]: per-view stochastic transforms ([`ViewTransform`]).
 //! * [`crop`]: multi-crop local views (torchvision's random resized crop box).
@@ -14,6 +15,7 @@ pub mod augment;
 pub mod crop;
 pub mod dataset;
 pub mod digits;
+pub mod folder;
 pub mod gmm;
 pub mod loader;
 pub mod medmnist;
@@ -26,6 +28,7 @@ pub use augment::{
 pub use crop::{random_resized_crop_box, resized_crop, CropBox, LocalCrop};
 pub use dataset::{Dataset, Samples};
 pub use digits::{bilinear_resize, digits, DEFAULT_DIGITS_SIZE};
+pub use folder::{load_image_folder, ImageFolder, IMAGENET100};
 pub use gmm::gaussian_mixture;
 pub use loader::{clean_batch, mix_seed, ViewBatch, ViewLoader};
 pub use medmnist::{

@@ -868,3 +868,52 @@ fn generalise_trains_both_halves_and_tabulates_tree_similarity() {
     let again = ssl(&["generalise", recipe.to_str().unwrap()]);
     assert_eq!(stdout(&again), table);
 }
+
+#[test]
+fn trains_from_an_image_folder_and_needs_its_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("digits-folder");
+    // The digits as greyscale PNGs in the ImageNet layout: 24 train and 8 val images per class.
+    let digits = ssl_data::digits(16).unwrap();
+    let mut seen = [0usize; 10];
+    for i in 0..digits.len() {
+        let label = digits.labels[i] as usize;
+        let split = match seen[label] {
+            0..24 => "train",
+            24..32 => "val",
+            _ => continue,
+        };
+        seen[label] += 1;
+        let pixels: Vec<u8> = digits
+            .sample(i)
+            .iter()
+            .map(|v| (v * 255.0).round() as u8)
+            .collect();
+        let path = root.join(format!("{split}/digit{label}/{i:04}.png"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        image::GrayImage::from_raw(16, 16, pixels)
+            .unwrap()
+            .save(&path)
+            .unwrap();
+    }
+    let out = dir.path().join("run");
+    let root_arg = root.to_str().unwrap();
+    let o = quick(
+        &out,
+        "vicreg",
+        &["--data", "folder", "--root", root_arg, "--size", "16"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert!(results.to_string().contains("probe"), "{results}");
+    let split: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("split.json")).unwrap()).unwrap();
+    // The folder's own split: 240 training images, then its 80 val images as the test set.
+    assert_eq!(split["train"].as_array().unwrap().len(), 240);
+    assert_eq!(split["test"].as_array().unwrap()[0], 240);
+
+    let o = ssl(&["run", "--data", "folder", "--epochs", "1"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("needs its directory: set data.root (or --root PATH)"));
+}

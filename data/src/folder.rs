@@ -1,0 +1,372 @@
+//! ImageNet-style image folders (`../shared/spec/data.md` §2): `root/<class>/…/<image>` with
+//! torchvision `ImageFolder` semantics, decoded once into fixed-size 8-bit RGB samples.
+//!
+//! * **Classes** are the immediate sub-directories of the split root, sorted by byte order;
+//!   the class index is the position in that list (§2.1).
+//! * **Samples** are found by walking each class directory recursively (symlinks followed), the
+//!   directories in sorted order and each one's files sorted, as torchvision's `os.walk` loop
+//!   does; files are kept when their lower-cased name ends with one of [`IMAGE_EXTENSIONS`].
+//! * **Decoding** sniffs the content, not the extension (ILSVRC-2012 has a PNG named `.JPEG`),
+//!   and converts every mode to RGB: greyscale replicated, alpha dropped, CMYK JPEGs converted
+//!   by the `image` crate's decoder (§2.2).
+//! * **Size:** the torchvision evaluation convention: `Resize(S)` (shorter side to `S`, the
+//!   longer to `int(S·long/short)`), then `CenterCrop(S)` with offsets rounded half to even.
+//!   The resize is the `image` crate's separable triangle filter, widened by the scale factor
+//!   when shrinking (antialiased like PIL's bilinear); it is not checked bit for bit against PIL.
+//! * **Layouts:** `root/train/<class>` + `root/val/<class>` (ImageNet, Imagenette; `val` is the
+//!   test split, and the two must list the same classes) or a single `root/<class>`.
+//!
+//! Samples are stored HWC as [`Samples::U8`] with `channels_last = Some(3)`, read as `[3, S, S]`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, ensure, Context, Result};
+use image::imageops::FilterType;
+use rayon::prelude::*;
+
+use crate::dataset::{Dataset, Samples};
+
+/// File endings torchvision's `IMG_EXTENSIONS` accepts (compared lower-cased).
+pub const IMAGE_EXTENSIONS: [&str; 9] = [
+    ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
+];
+
+/// The 100 ImageNet classes of CMC's ImageNet-100 list (solo-learn, FroSSL), sorted (spec §2.3).
+pub const IMAGENET100: [&str; 100] = [
+    "n01558993",
+    "n01692333",
+    "n01729322",
+    "n01735189",
+    "n01749939",
+    "n01773797",
+    "n01820546",
+    "n01855672",
+    "n01978455",
+    "n01980166",
+    "n01983481",
+    "n02009229",
+    "n02018207",
+    "n02085620",
+    "n02086240",
+    "n02086910",
+    "n02087046",
+    "n02089867",
+    "n02089973",
+    "n02090622",
+    "n02091831",
+    "n02093428",
+    "n02099849",
+    "n02100583",
+    "n02104029",
+    "n02105505",
+    "n02106550",
+    "n02107142",
+    "n02108089",
+    "n02109047",
+    "n02113799",
+    "n02113978",
+    "n02114855",
+    "n02116738",
+    "n02119022",
+    "n02123045",
+    "n02138441",
+    "n02172182",
+    "n02231487",
+    "n02259212",
+    "n02326432",
+    "n02396427",
+    "n02483362",
+    "n02488291",
+    "n02701002",
+    "n02788148",
+    "n02804414",
+    "n02859443",
+    "n02869837",
+    "n02877765",
+    "n02974003",
+    "n03017168",
+    "n03032252",
+    "n03062245",
+    "n03085013",
+    "n03259280",
+    "n03379051",
+    "n03424325",
+    "n03492542",
+    "n03494278",
+    "n03530642",
+    "n03584829",
+    "n03594734",
+    "n03637318",
+    "n03642806",
+    "n03764736",
+    "n03775546",
+    "n03777754",
+    "n03785016",
+    "n03787032",
+    "n03794056",
+    "n03837869",
+    "n03891251",
+    "n03903868",
+    "n03930630",
+    "n03947888",
+    "n04026417",
+    "n04067472",
+    "n04099969",
+    "n04111531",
+    "n04127249",
+    "n04136333",
+    "n04229816",
+    "n04238763",
+    "n04336792",
+    "n04418357",
+    "n04429376",
+    "n04435653",
+    "n04485082",
+    "n04493381",
+    "n04517823",
+    "n04589890",
+    "n04592741",
+    "n07714571",
+    "n07715103",
+    "n07753275",
+    "n07831146",
+    "n07836838",
+    "n13037406",
+    "n13040303",
+];
+
+/// The classes and samples of one split root.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FolderIndex {
+    /// Class directory names, sorted; a label is an index into this list.
+    pub classes: Vec<String>,
+    /// `(file, label)` in torchvision's order: by class, then directory walk, then file name.
+    pub samples: Vec<(PathBuf, u32)>,
+}
+
+/// Whether `name` ends with one of [`IMAGE_EXTENSIONS`], ignoring case.
+pub fn has_image_extension(name: &str) -> bool {
+    let lower = name.to_lowercase();
+    IMAGE_EXTENSIONS.iter().any(|ext| lower.ends_with(ext))
+}
+
+/// Sorted names of the sub-directories of `dir` (symlinks followed).
+fn sorted_subdirectories(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let entry = entry?;
+        if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Image files under `dir`, walked as `sorted(os.walk(dir, followlinks=True))` then sorted file
+/// names per directory.
+fn image_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut directories = vec![dir.to_path_buf()];
+    let mut next = 0;
+    while next < directories.len() {
+        let current = directories[next].clone();
+        for sub in sorted_subdirectories(&current)? {
+            directories.push(current.join(sub));
+        }
+        next += 1;
+        // Guard against symlink cycles, which os.walk(followlinks=True) would also loop on.
+        ensure!(
+            directories.len() < 1_000_000,
+            "{} holds more than a million directories (a symlink cycle?)",
+            dir.display()
+        );
+    }
+    directories.sort();
+    let mut files = Vec::new();
+    for directory in directories {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&directory)
+            .with_context(|| format!("reading {}", directory.display()))?
+        {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if has_image_extension(&name)
+                && std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file())
+            {
+                names.push(name);
+            }
+        }
+        names.sort();
+        files.extend(names.into_iter().map(|name| directory.join(name)));
+    }
+    Ok(files)
+}
+
+/// Scans one split root (`root/<class>/…`), keeping only the classes in `keep` when given
+/// (indices then follow the sorted kept classes).
+pub fn scan_image_folder(root: &Path, keep: Option<&[String]>) -> Result<FolderIndex> {
+    ensure!(
+        root.is_dir(),
+        "image folder {} does not exist or is not a directory; point data.root at a directory \
+         of class sub-directories (root/<class>/<image>) or of train/ and val/",
+        root.display()
+    );
+    let mut classes = sorted_subdirectories(root)?;
+    ensure!(
+        !classes.is_empty(),
+        "image folder {} has no class sub-directories; images go in root/<class>/",
+        root.display()
+    );
+    if let Some(keep) = keep {
+        let missing: Vec<&str> = keep
+            .iter()
+            .filter(|c| !classes.contains(c))
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            bail!(
+                "image folder {} has no class director{} {}; it has {} classes (e.g. {})",
+                root.display(),
+                if missing.len() == 1 { "y" } else { "ies" },
+                missing.join(", "),
+                classes.len(),
+                classes
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        classes.retain(|c| keep.contains(c));
+    }
+    let mut samples = Vec::new();
+    for (label, class) in classes.iter().enumerate() {
+        let files = image_files(&root.join(class))?;
+        ensure!(
+            !files.is_empty(),
+            "class `{class}` in {} has no image files (kept endings: {}); remove the directory \
+             or add images",
+            root.display(),
+            IMAGE_EXTENSIONS.join(" ")
+        );
+        samples.extend(files.into_iter().map(|f| (f, label as u32)));
+    }
+    Ok(FolderIndex { classes, samples })
+}
+
+/// Round half to even of `x / 2` for a non-negative integer `x` (torchvision's centre-crop
+/// offset `round((H − S)/2)`).
+fn half_rounded_even(x: u32) -> u32 {
+    let (half, odd) = (x / 2, x % 2 == 1);
+    if odd && half % 2 == 1 {
+        half + 1
+    } else {
+        half
+    }
+}
+
+/// The file at `path` as `[size, size, 3]` RGB bytes (HWC): decoded by content, converted to
+/// RGB, shorter side resized to `size`, centre-cropped.
+pub fn decode_resized(path: &Path, size: usize) -> Result<Vec<u8>> {
+    let image = image::io::Reader::open(path)
+        .with_context(|| format!("opening {}", path.display()))?
+        .with_guessed_format()
+        .with_context(|| format!("reading {}", path.display()))?
+        .decode()
+        .with_context(|| {
+            format!(
+                "decoding {}: not a readable image (JPEG, PNG, BMP, PNM, TIFF or WebP); remove \
+                 or replace the file",
+                path.display()
+            )
+        })?
+        .to_rgb8();
+    let (w, h) = image.dimensions();
+    ensure!(w > 0 && h > 0, "{} is an empty image", path.display());
+    let s = size as u32;
+    let (nw, nh) = if w <= h {
+        (s, (s as u64 * h as u64 / w as u64) as u32)
+    } else {
+        ((s as u64 * w as u64 / h as u64) as u32, s)
+    };
+    let resized = match (nw, nh) == (w, h) {
+        true => image,
+        false => image::imageops::resize(&image, nw, nh, FilterType::Triangle),
+    };
+    let (left, top) = (half_rounded_even(nw - s), half_rounded_even(nh - s));
+    let cropped = image::imageops::crop_imm(&resized, left, top, s, s).to_image();
+    Ok(cropped.into_raw())
+}
+
+/// Decodes every sample of `index` at `size` (in parallel, in order) into a [`Dataset`] named
+/// `name`: `[3, size, size]` samples, stored HWC.
+pub fn decode_folder(index: &FolderIndex, size: usize, name: &str) -> Result<Dataset> {
+    ensure!(size > 0, "the image size must be positive");
+    let per_sample = size * size * 3;
+    let mut bytes = vec![0u8; index.samples.len() * per_sample];
+    bytes
+        .par_chunks_mut(per_sample)
+        .zip(&index.samples)
+        .try_for_each(|(out, (path, _))| -> Result<()> {
+            out.copy_from_slice(&decode_resized(path, size)?);
+            Ok(())
+        })?;
+    Ok(Dataset {
+        name: name.to_string(),
+        samples: Samples::U8 {
+            bytes: Arc::new(bytes),
+            channels_last: Some(3),
+        },
+        labels: index.samples.iter().map(|(_, label)| *label).collect(),
+        shape: vec![3, size, size],
+        num_classes: index.classes.len(),
+    })
+}
+
+/// An image folder decoded at one size, with its split.
+pub struct ImageFolder {
+    /// Training samples first, then (for the train/val layout) the validation samples.
+    pub dataset: Dataset,
+    /// Class directory names, in label order.
+    pub classes: Vec<String>,
+    /// The number of training samples when the folder has `train/` and `val/`: samples
+    /// `0..n` are `train`, the rest `val`. `None` for a single `root/<class>` folder.
+    pub train_len: Option<usize>,
+}
+
+/// Loads `root` (either `root/train` + `root/val`, or `root/<class>`), keeping the classes in
+/// `keep` when given, at `size × size`.
+pub fn load_image_folder(root: &Path, size: usize, keep: Option<&[String]>) -> Result<ImageFolder> {
+    let (train, val) = (root.join("train"), root.join("val"));
+    if !(train.is_dir() && val.is_dir()) {
+        let index = scan_image_folder(root, keep)?;
+        return Ok(ImageFolder {
+            dataset: decode_folder(&index, size, "folder")?,
+            classes: index.classes,
+            train_len: None,
+        });
+    }
+    let mut index = scan_image_folder(&train, keep)?;
+    let val_index = scan_image_folder(&val, keep)?;
+    ensure!(
+        index.classes == val_index.classes,
+        "{} and {} list different classes ({} against {}); both splits need the same class \
+         directories",
+        train.display(),
+        val.display(),
+        index.classes.len(),
+        val_index.classes.len()
+    );
+    let train_len = index.samples.len();
+    index.samples.extend(val_index.samples);
+    Ok(ImageFolder {
+        dataset: decode_folder(&index, size, "folder")?,
+        classes: index.classes,
+        train_len: Some(train_len),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,178 @@
+use super::*;
+use image::{GrayImage, ImageFormat, Luma, Rgb, RgbImage};
+
+/// A `w × h` RGB image whose red channel is the column index, green the row index.
+fn gradient(w: u32, h: u32) -> RgbImage {
+    RgbImage::from_fn(w, h, |x, y| Rgb([x as u8, y as u8, 7]))
+}
+
+fn write(path: &Path, image: &RgbImage, format: ImageFormat) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    image.save_with_format(path, format).unwrap();
+}
+
+#[test]
+fn classes_and_samples_follow_torchvision_order() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    let img = gradient(8, 8);
+    write(&root.join("b/1.png"), &img, ImageFormat::Png);
+    write(&root.join("a/x.png"), &img, ImageFormat::Png);
+    write(&root.join("a/Y.JPG"), &img, ImageFormat::Jpeg);
+    write(&root.join("a/sub/z.png"), &img, ImageFormat::Png);
+    std::fs::write(root.join("a/notes.txt"), "not an image")?;
+    std::fs::write(
+        root.join("stray.png"),
+        "a file beside the classes is not a class",
+    )?;
+    let index = scan_image_folder(root, None)?;
+    assert_eq!(index.classes, ["a", "b"]);
+    let names: Vec<String> = index
+        .samples
+        .iter()
+        .map(|(p, l)| format!("{}:{l}", p.strip_prefix(root).unwrap().display()))
+        .collect();
+    // os.walk order: a's own files (byte order: 'Y' < 'x'), then a/sub, then b.
+    assert_eq!(
+        names,
+        ["a/Y.JPG:0", "a/x.png:0", "a/sub/z.png:0", "b/1.png:1"]
+    );
+    let kept = scan_image_folder(root, Some(&["b".to_string()]))?;
+    assert_eq!(
+        (kept.classes.as_slice(), kept.samples[0].1),
+        (&["b".to_string()][..], 0)
+    );
+    Ok(())
+}
+
+#[test]
+fn content_is_sniffed_and_greyscale_becomes_rgb() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("c/png_named.JPEG");
+    std::fs::create_dir_all(path.parent().unwrap())?;
+    GrayImage::from_fn(6, 6, |x, y| Luma([(10 * x + y) as u8]))
+        .save_with_format(&path, ImageFormat::Png)?;
+    let rgb = decode_resized(&path, 6)?;
+    assert_eq!(rgb.len(), 6 * 6 * 3);
+    for (i, px) in rgb.chunks_exact(3).enumerate() {
+        let (x, y) = (i % 6, i / 6);
+        assert_eq!(px, [(10 * x + y) as u8; 3], "pixel ({x}, {y})");
+    }
+    Ok(())
+}
+
+#[test]
+fn centre_crop_offsets_round_half_to_even() -> Result<()> {
+    assert_eq!(
+        [0, 1, 2, 3, 21, 23].map(half_rounded_even),
+        [0, 0, 1, 2, 10, 12]
+    );
+    let dir = tempfile::tempdir()?;
+    // Shorter side already 20: no resize, a crop of columns [left, left + 20).
+    for (w, left) in [(40, 10), (41, 10), (43, 12)] {
+        let path = dir.path().join(format!("{w}.png"));
+        write(&path, &gradient(w, 20), ImageFormat::Png);
+        let rgb = decode_resized(&path, 20)?;
+        let first_row: Vec<u8> = rgb.chunks_exact(3).take(20).map(|p| p[0]).collect();
+        let expected: Vec<u8> = (left..left + 20).map(|x| x as u8).collect();
+        assert_eq!(first_row, expected, "width {w}");
+    }
+    // A tall image resized to a shorter side of 10 keeps its height ratio before the crop.
+    let path = dir.path().join("tall.png");
+    write(
+        &path,
+        &RgbImage::from_pixel(20, 60, Rgb([200, 100, 50])),
+        ImageFormat::Png,
+    );
+    let rgb = decode_resized(&path, 10)?;
+    assert!(rgb.chunks_exact(3).all(|p| p == [200, 100, 50]));
+    Ok(())
+}
+
+#[test]
+fn train_and_val_layout_decodes_both_splits() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    for (split, count) in [("train", 3), ("val", 2)] {
+        for class in ["n01", "n02"] {
+            for i in 0..count {
+                write(
+                    &root.join(format!("{split}/{class}/{i}.png")),
+                    &gradient(12, 9),
+                    ImageFormat::Png,
+                );
+            }
+        }
+    }
+    let folder = load_image_folder(root, 8, None)?;
+    assert_eq!(folder.train_len, Some(6));
+    assert_eq!(folder.classes, ["n01", "n02"]);
+    assert_eq!(folder.dataset.labels, [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]);
+    assert_eq!(folder.dataset.shape, [3, 8, 8]);
+    assert_eq!(folder.dataset.sample(0).len(), 3 * 8 * 8);
+    Ok(())
+}
+
+#[test]
+fn bad_folders_are_clear_errors() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path();
+    let err = |r: Result<ImageFolder>| format!("{:#}", r.err().expect("an error"));
+    let missing = err(load_image_folder(&root.join("nope"), 8, None));
+    assert!(
+        missing.contains("does not exist") && missing.contains("data.root"),
+        "{missing}"
+    );
+    std::fs::create_dir_all(root.join("flat"))?;
+    let no_classes = err(load_image_folder(&root.join("flat"), 8, None));
+    assert!(
+        no_classes.contains("no class sub-directories"),
+        "{no_classes}"
+    );
+    write(
+        &root.join("flat/a/1.png"),
+        &gradient(4, 4),
+        ImageFormat::Png,
+    );
+    std::fs::create_dir_all(root.join("flat/empty"))?;
+    let empty = err(load_image_folder(&root.join("flat"), 8, None));
+    assert!(
+        empty.contains("class `empty`") && empty.contains("no image files"),
+        "{empty}"
+    );
+    std::fs::remove_dir(root.join("flat/empty"))?;
+    std::fs::write(root.join("flat/a/broken.png"), "not a png")?;
+    let broken = err(load_image_folder(&root.join("flat"), 8, None));
+    assert!(
+        broken.contains("broken.png") && broken.contains("not a readable image"),
+        "{broken}"
+    );
+    let unknown = err(load_image_folder(
+        &root.join("flat"),
+        8,
+        Some(&["zebra".to_string()]),
+    ));
+    assert!(unknown.contains("no class directory zebra"), "{unknown}");
+    write(
+        &root.join("split/train/a/1.png"),
+        &gradient(4, 4),
+        ImageFormat::Png,
+    );
+    write(
+        &root.join("split/val/b/1.png"),
+        &gradient(4, 4),
+        ImageFormat::Png,
+    );
+    let mismatch = err(load_image_folder(&root.join("split"), 8, None));
+    assert!(mismatch.contains("different classes"), "{mismatch}");
+    Ok(())
+}
+
+#[test]
+fn imagenet100_is_sorted_and_unique() {
+    assert!(IMAGENET100.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(
+        (IMAGENET100[0], IMAGENET100[99]),
+        ("n01558993", "n13040303")
+    );
+}
