@@ -256,7 +256,19 @@ impl BatchNorm {
         momentum: Option<f64>,
         vb: VarBuilder,
     ) -> Result<Self> {
-        let weight = vb.get_with_hints(num_features, "weight", Init::Const(1.0))?;
+        Self::with_weight(num_features, eps, momentum, 1.0, vb)
+    }
+
+    /// As [`BatchNorm::new`] with `weight` initialised to `weight_init` (0 for the last BN of a
+    /// residual block under zero-init-residual).
+    pub fn with_weight(
+        num_features: usize,
+        eps: f64,
+        momentum: Option<f64>,
+        weight_init: f64,
+        vb: VarBuilder,
+    ) -> Result<Self> {
+        let weight = vb.get_with_hints(num_features, "weight", Init::Const(weight_init))?;
         let bias = vb.get_with_hints(num_features, "bias", Init::Const(0.0))?;
         let rm = vb.get_with_hints(num_features, "running_mean", Init::Const(0.0))?;
         let rv = vb.get_with_hints(num_features, "running_var", Init::Const(1.0))?;
@@ -323,6 +335,30 @@ impl BatchNorm {
         if m < 2 {
             candle_core::bail!("batch norm in train mode needs more than one value per channel");
         }
+        let (y, mean, var) = match x.device().is_cpu() {
+            true => self.train_fused(x, relu)?,
+            false => self.train_composed(x, relu)?,
+        };
+        // Running statistics (no gradient), with the unbiased batch variance as PyTorch.
+        let factor = {
+            let mut count = self.count.lock().expect("bn count lock");
+            *count += 1;
+            self.momentum.unwrap_or(1.0 / *count as f64)
+        };
+        let rdt = self.running_mean.dtype();
+        let var = (var.to_dtype(rdt)? * (m as f64 / (m as f64 - 1.0)))?;
+        let mean = mean.to_dtype(rdt)?.reshape(c)?;
+        let rm = ((self.running_mean.as_tensor() * (1.0 - factor))? + (mean * factor)?)?;
+        let rv = ((self.running_var.as_tensor() * (1.0 - factor))? + (var.reshape(c)? * factor)?)?;
+        self.running_mean.set(&rm.detach())?;
+        self.running_var.set(&rv.detach())?;
+        Ok(y)
+    }
+
+    /// Train-mode output of `[C, M]` rows with the fused CPU op, and the batch mean and
+    /// population variance `[C]` (f64).
+    fn train_fused(&self, x: &Tensor, relu: bool) -> Result<(Tensor, Tensor, Tensor)> {
+        let c = x.dim(0)?;
         let dt = match x.dtype() {
             DType::F64 => DType::F64,
             _ => DType::F32,
@@ -338,28 +374,26 @@ impl BatchNorm {
             &self.bias.to_dtype(dt)?.contiguous()?,
             op,
         )?;
-        // Running statistics (no gradient).
-        let factor = {
-            let mut count = self.count.lock().expect("bn count lock");
-            *count += 1;
-            self.momentum.unwrap_or(1.0 / *count as f64)
-        };
         let saved = saved.lock().expect("bn stats lock");
-        let unbiased = m as f64 / (m as f64 - 1.0);
-        let rdev = self.running_mean.device();
-        let rdt = self.running_mean.dtype();
-        let mean = Tensor::from_vec(saved.mean.clone(), c, rdev)?.to_dtype(rdt)?;
-        let var = Tensor::from_vec(
-            saved.var.iter().map(|v| v * unbiased).collect::<Vec<_>>(),
-            c,
-            rdev,
-        )?
-        .to_dtype(rdt)?;
-        let rm = ((self.running_mean.as_tensor() * (1.0 - factor))? + (mean * factor)?)?;
-        let rv = ((self.running_var.as_tensor() * (1.0 - factor))? + (var * factor)?)?;
-        self.running_mean.set(&rm.detach())?;
-        self.running_var.set(&rv.detach())?;
-        Ok(y)
+        let dev = x.device();
+        let mean = Tensor::from_vec(saved.mean.clone(), c, dev)?;
+        let var = Tensor::from_vec(saved.var.clone(), c, dev)?;
+        Ok((y, mean, var))
+    }
+
+    /// [`BatchNorm::train_fused`] composed of Candle ops, for devices other than the CPU.
+    fn train_composed(&self, x: &Tensor, relu: bool) -> Result<(Tensor, Tensor, Tensor)> {
+        let c = x.dim(0)?;
+        let dt = x.dtype();
+        let mean = x.mean_keepdim(1)?;
+        let centred = x.broadcast_sub(&mean)?;
+        let var = centred.sqr()?.mean_keepdim(1)?;
+        let y = centred
+            .broadcast_div(&(&var + self.eps)?.sqrt()?)?
+            .broadcast_mul(&self.weight.to_dtype(dt)?.reshape((c, 1))?)?
+            .broadcast_add(&self.bias.to_dtype(dt)?.reshape((c, 1))?)?;
+        let y = if relu { y.relu()? } else { y };
+        Ok((y, mean.detach().reshape(c)?, var.detach().reshape(c)?))
     }
 }
 
@@ -374,6 +408,26 @@ mod tests {
         let vb = store.var_builder(&Device::Cpu);
         let bn = BatchNorm::new(4, 1e-5, momentum, vb.pp("bn")).unwrap();
         (store, bn)
+    }
+
+    #[test]
+    fn the_composed_path_of_other_devices_equals_the_fused_op() {
+        let (_store, bn) = store_bn(Some(0.1));
+        let x = candle_core::Var::from_tensor(&rand_tensor(30, &[4, 9], DType::F64)).unwrap();
+        let r = rand_tensor(31, &[4, 9], DType::F64);
+        for relu in [false, true] {
+            let (yf, mf, vf) = bn.train_fused(x.as_tensor(), relu).unwrap();
+            let (yc, mc, vc) = bn.train_composed(x.as_tensor(), relu).unwrap();
+            assert!(max_abs_diff(&yf, &yc) < 1e-12);
+            assert!(max_abs_diff(&mf, &mc) < 1e-12);
+            assert!(max_abs_diff(&vf, &vc) < 1e-12);
+            let gf = (&yf * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            let gc = (&yc * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            for t in [x.as_tensor(), &bn.weight, &bn.bias] {
+                let d = max_abs_diff(gf.get(t).unwrap(), gc.get(t).unwrap());
+                assert!(d < 1e-10, "relu {relu}: gradient diff {d}");
+            }
+        }
     }
 
     #[test]

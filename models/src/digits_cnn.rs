@@ -8,7 +8,7 @@ use candle_core::{Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
 
 use crate::batch_norm::BatchNorm;
-use crate::conv::{conv2d, Conv2d};
+use crate::conv::{conv, Conv};
 use crate::{linear, Encoder};
 
 const OUT_DIM: usize = 128;
@@ -16,7 +16,7 @@ const OUT_DIM: usize = 128;
 /// Digits CNN; keys `conv{1,2,3}.weight`, `bn{1,2,3}.*`, `fc.weight`, `fc.bias`.
 #[derive(Debug, Clone)]
 pub struct DigitsCnn {
-    convs: Vec<Conv2d>,
+    convs: Vec<Conv>,
     bns: Vec<BatchNorm>,
     fc: Linear,
 }
@@ -39,9 +39,10 @@ impl DigitsCnn {
         let mut bns = Vec::new();
         let mut c_in = in_channels;
         for (i, (c_out, stride)) in spec.into_iter().enumerate() {
-            convs.push(conv2d(
+            convs.push(conv(
                 c_in,
                 c_out,
+                2,
                 3,
                 stride,
                 1,
@@ -64,7 +65,7 @@ impl DigitsCnn {
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         let mut h = x.transpose(0, 1)?.contiguous()?;
         for (conv, bn) in self.convs.iter().zip(&self.bns) {
-            h = conv.forward_cnhw(&h)?;
+            h = conv.forward_channel_major(&h)?;
             h = bn.forward_channel_major(&h, true, train)?;
         }
         // Global average pool: [C, N, H, W] → [C, N] → [N, C].

@@ -1,22 +1,27 @@
 //! Candle encoders and heads for candle-ssl, with fast CPU convolution and batch norm.
 //!
-//! - [`conv`]: im2col + GEMM convolution on channel-major activations.
+//! - [`conv`]: 2D/3D im2col + GEMM convolution on channel-major activations.
+//! - [`pool`]: 2D/3D max pooling with padding.
 //! - [`batch_norm`]: fused train-mode batch norm (+ReLU) custom op.
-//! - [`DigitsCnn`], [`Mlp`]: encoders implementing [`Encoder`].
+//! - [`DigitsCnn`], [`Mlp`], [`ResNet`] (2D/3D), [`VisionTransformer`]: encoders implementing
+//!   [`Encoder`].
 //! - [`Projector`]: Linear–BN–ReLU projection head.
 
 pub mod batch_norm;
 pub mod conv;
 pub mod digits_cnn;
 pub mod mlp;
+pub mod pool;
 pub mod projector;
+pub mod resnet;
 mod util;
 
 pub use batch_norm::BatchNorm;
-pub use conv::Conv2d;
+pub use conv::Conv;
 pub use digits_cnn::DigitsCnn;
 pub use mlp::Mlp;
 pub use projector::Projector;
+pub use resnet::{ResNet, ResNetConfig, Stem};
 
 use candle_core::{Result, Tensor};
 use candle_nn::{Init, Linear, VarBuilder};

@@ -47,9 +47,13 @@ pub(crate) mod testing {
             .unwrap()
     }
 
-    /// Central finite difference of `f` at flat index `i` of `x` (f64).
+    /// Central finite difference of `f` at flat index `i` of `x` (f64), step 1e-5.
     pub fn finite_diff(x: &Tensor, i: usize, f: &dyn Fn(&Tensor) -> f64) -> f64 {
-        let h = 1e-5;
+        finite_diff_step(x, i, 1e-5, f)
+    }
+
+    /// Central finite difference with step `h`.
+    pub fn finite_diff_step(x: &Tensor, i: usize, h: f64, f: &dyn Fn(&Tensor) -> f64) -> f64 {
         let mut v: Vec<f64> = x.flatten_all().unwrap().to_vec1().unwrap();
         let orig = v[i];
         v[i] = orig + h;

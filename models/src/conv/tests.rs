@@ -1,0 +1,263 @@
+use candle_core::{Device, Var};
+
+use super::*;
+use crate::util::testing::{finite_diff, max_abs_diff, rand_tensor};
+
+const CASES: [(usize, usize); 4] = [(1, 0), (1, 1), (2, 0), (2, 1)];
+
+#[test]
+fn forward_2d_matches_candle_conv2d() {
+    for (stride, pad) in CASES {
+        let x = rand_tensor(1, &[2, 3, 7, 8], DType::F32);
+        let w = rand_tensor(2, &[4, 3, 3, 3], DType::F32);
+        let b = rand_tensor(3, &[4], DType::F32);
+        let conv = Conv::new(w.clone(), Some(b.clone()), stride, pad).unwrap();
+        let ours = conv.forward(&x).unwrap();
+        let reference = x
+            .conv2d(&w, pad, stride, 1, 1)
+            .unwrap()
+            .broadcast_add(&b.reshape((1, 4, 1, 1)).unwrap())
+            .unwrap();
+        assert_eq!(ours.dims(), reference.dims());
+        let d = max_abs_diff(&ours, &reference);
+        assert!(d < 1e-5, "stride {stride} pad {pad}: diff {d}");
+    }
+}
+
+#[test]
+fn gradients_2d_match_candle_conv2d() {
+    for (stride, pad) in CASES {
+        // Sizes with (H + 2p - k) % s == 0: candle's own conv2d backward mis-shapes the rest.
+        let x = Var::from_tensor(&rand_tensor(4, &[3, 2, 7, 9], DType::F32)).unwrap();
+        let w = Var::from_tensor(&rand_tensor(5, &[5, 2, 3, 3], DType::F32)).unwrap();
+        let b = Var::from_tensor(&rand_tensor(6, &[5], DType::F32)).unwrap();
+        let conv = Conv::new(
+            w.as_tensor().clone(),
+            Some(b.as_tensor().clone()),
+            stride,
+            pad,
+        )
+        .unwrap();
+        let y = conv.forward(x.as_tensor()).unwrap();
+        let r = rand_tensor(7, y.dims(), DType::F32);
+        let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        let yr = x
+            .as_tensor()
+            .conv2d(w.as_tensor(), pad, stride, 1, 1)
+            .unwrap()
+            .broadcast_add(&b.as_tensor().reshape((1, 5, 1, 1)).unwrap())
+            .unwrap();
+        let gr = (&yr * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        for v in [&x, &w, &b] {
+            let d = max_abs_diff(g.get(v).unwrap(), gr.get(v).unwrap());
+            assert!(d < 1e-4, "stride {stride} pad {pad}: grad diff {d}");
+        }
+    }
+}
+
+/// A direct 3D convolution of `x`: `[N, C, D, H, W]` with `w`: `[O, C, k, k, k]` (f64 loops).
+fn conv3d_reference(x: &Tensor, w: &Tensor, stride: usize, pad: usize) -> Tensor {
+    let (n, c, d, h, wd) = x.dims5().unwrap();
+    let (o, _, k, _, _) = w.dims5().unwrap();
+    let xv: Vec<f64> = x.flatten_all().unwrap().to_vec1().unwrap();
+    let wv: Vec<f64> = w.flatten_all().unwrap().to_vec1().unwrap();
+    let out = |s: usize| (s + 2 * pad - k) / stride + 1;
+    let (od, oh, ow) = (out(d), out(h), out(wd));
+    let mut y = vec![0.0; n * o * od * oh * ow];
+    let at = |i: usize, p: usize, s: usize| (i * stride + p).checked_sub(pad).filter(|&v| v < s);
+    for ni in 0..n {
+        for oi in 0..o {
+            for (zi, yi, xi) in
+                (0..od).flat_map(|z| (0..oh).flat_map(move |y| (0..ow).map(move |x| (z, y, x))))
+            {
+                let mut acc = 0.0;
+                for ci in 0..c {
+                    for (a, b, e) in (0..k)
+                        .flat_map(|a| (0..k).flat_map(move |b| (0..k).map(move |e| (a, b, e))))
+                    {
+                        if let (Some(iz), Some(iy), Some(ix)) =
+                            (at(zi, a, d), at(yi, b, h), at(xi, e, wd))
+                        {
+                            acc += xv[(((ni * c + ci) * d + iz) * h + iy) * wd + ix]
+                                * wv[(((oi * c + ci) * k + a) * k + b) * k + e];
+                        }
+                    }
+                }
+                y[(((ni * o + oi) * od + zi) * oh + yi) * ow + xi] = acc;
+            }
+        }
+    }
+    Tensor::from_vec(y, (n, o, od, oh, ow), &Device::Cpu).unwrap()
+}
+
+/// (kernel, stride, padding) of the 3D ResNet: stem, 3×3×3 convolutions, 1×1×1 projections.
+const CASES_3D: [(usize, usize, usize); 6] = [
+    (7, 2, 3),
+    (3, 1, 1),
+    (3, 2, 1),
+    (1, 2, 0),
+    (1, 1, 0),
+    (2, 3, 0),
+];
+
+#[test]
+fn forward_3d_matches_a_direct_convolution() {
+    for (k, stride, pad) in CASES_3D {
+        let x = rand_tensor(11, &[2, 3, 5, 6, 7], DType::F64);
+        let w = rand_tensor(12, &[4, 3, k, k, k], DType::F64);
+        let b = rand_tensor(13, &[4], DType::F64);
+        let conv = Conv::new(w.clone(), Some(b.clone()), stride, pad).unwrap();
+        assert_eq!(conv.spatial_rank(), 3);
+        let ours = conv.forward(&x).unwrap();
+        let reference = conv3d_reference(&x, &w, stride, pad)
+            .broadcast_add(&b.reshape((1, 4, 1, 1, 1)).unwrap())
+            .unwrap();
+        assert_eq!(ours.dims(), reference.dims(), "k {k} s {stride} p {pad}");
+        let d = max_abs_diff(&ours, &reference);
+        assert!(d < 1e-12, "k {k} s {stride} p {pad}: diff {d}");
+    }
+}
+
+#[test]
+fn gradients_3d_match_finite_differences() {
+    for (k, stride, pad) in CASES_3D {
+        let x0 = rand_tensor(14, &[2, 2, 4, 5, 4], DType::F64);
+        let w0 = rand_tensor(15, &[3, 2, k, k, k], DType::F64);
+        let shape_y = Conv::new(w0.clone(), None, stride, pad)
+            .unwrap()
+            .forward(&x0)
+            .unwrap()
+            .dims()
+            .to_vec();
+        let r = rand_tensor(16, &shape_y, DType::F64);
+        let loss = |x: &Tensor, w: &Tensor| -> Tensor {
+            let c = Conv::new(w.clone(), None, stride, pad).unwrap();
+            (c.forward(x).unwrap() * &r).unwrap().sum_all().unwrap()
+        };
+        let x = Var::from_tensor(&x0).unwrap();
+        let w = Var::from_tensor(&w0).unwrap();
+        let g = loss(x.as_tensor(), w.as_tensor()).backward().unwrap();
+        let gx: Vec<f64> = g.get(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let gw: Vec<f64> = g.get(&w).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        for i in (0..gx.len()).step_by(5) {
+            let fd = finite_diff(&x0, i, &|xp| loss(xp, &w0).to_scalar::<f64>().unwrap());
+            assert!(
+                (fd - gx[i]).abs() < 1e-6,
+                "k {k}: dx[{i}]: {fd} vs {}",
+                gx[i]
+            );
+        }
+        for i in (0..gw.len()).step_by(7) {
+            let fd = finite_diff(&w0, i, &|wp| loss(&x0, wp).to_scalar::<f64>().unwrap());
+            assert!(
+                (fd - gw[i]).abs() < 1e-6,
+                "k {k}: dw[{i}]: {fd} vs {}",
+                gw[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn gradients_2d_match_finite_differences_f64() {
+    for (stride, pad) in CASES {
+        let x0 = rand_tensor(8, &[2, 2, 5, 5], DType::F64);
+        let w0 = rand_tensor(9, &[3, 2, 3, 3], DType::F64);
+        let shape_y = {
+            let c = Conv::new(w0.clone(), None, stride, pad).unwrap();
+            c.forward_channel_major(&x0).unwrap().dims().to_vec()
+        };
+        let r = rand_tensor(10, &shape_y, DType::F64);
+        let loss = |x: &Tensor, w: &Tensor| -> Tensor {
+            let c = Conv::new(w.clone(), None, stride, pad).unwrap();
+            (c.forward_channel_major(x).unwrap() * &r)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+        };
+        let x = Var::from_tensor(&x0).unwrap();
+        let w = Var::from_tensor(&w0).unwrap();
+        let g = loss(x.as_tensor(), w.as_tensor()).backward().unwrap();
+        let gx: Vec<f64> = g.get(&x).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let gw: Vec<f64> = g.get(&w).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        for i in (0..gx.len()).step_by(7) {
+            let fd = finite_diff(&x0, i, &|xp| loss(xp, &w0).to_scalar::<f64>().unwrap());
+            assert!((fd - gx[i]).abs() < 1e-6, "dx[{i}]: {fd} vs {}", gx[i]);
+        }
+        for (i, &gwi) in gw.iter().enumerate() {
+            let fd = finite_diff(&w0, i, &|wp| loss(&x0, wp).to_scalar::<f64>().unwrap());
+            assert!((fd - gwi).abs() < 1e-6, "dw[{i}]: {fd} vs {gwi}");
+        }
+    }
+}
+
+#[test]
+fn the_composed_columns_of_other_devices_equal_the_im2col_op() {
+    for (k, stride, pad) in CASES_3D {
+        let x = Var::from_tensor(&rand_tensor(17, &[2, 3, 4, 5, 6], DType::F64)).unwrap();
+        let g = Geom {
+            c: 2,
+            n: 3,
+            size: [4, 5, 6],
+            k: [k; 3],
+            stride: [stride; 3],
+            pad: [pad; 3],
+        };
+        let op = x.as_tensor().apply_op1(Im2Col(g)).unwrap();
+        let composed = im2col_composed(x.as_tensor(), g).unwrap();
+        assert_eq!(op.dims(), composed.dims());
+        assert_eq!(
+            max_abs_diff(&op, &composed),
+            0.0,
+            "k {k} s {stride} p {pad}"
+        );
+        let r = rand_tensor(18, op.dims(), DType::F64);
+        let g_op = (&op * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        let g_composed = (&composed * &r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let d = max_abs_diff(g_op.get(&x).unwrap(), g_composed.get(&x).unwrap());
+        assert!(
+            d < 1e-12,
+            "k {k} s {stride} p {pad}: col2im vs autograd {d}"
+        );
+    }
+}
+
+#[test]
+fn bad_shapes_are_clear_errors() {
+    let w = rand_tensor(19, &[4, 3, 3, 3, 3], DType::F32);
+    let conv = Conv::new(w, None, 1, 1).unwrap();
+    let err = conv
+        .forward_channel_major(&rand_tensor(20, &[3, 2, 8, 8], DType::F32))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("[C, N, D, H, W]"), "{err}");
+    let err = conv
+        .forward_channel_major(&rand_tensor(20, &[2, 2, 4, 4, 4], DType::F32))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("expects 3 input channels"), "{err}");
+    assert!(Conv::new(rand_tensor(21, &[4, 3, 3, 2], DType::F32), None, 1, 0).is_err());
+    assert!(Conv::new(rand_tensor(21, &[4, 3, 3], DType::F32), None, 1, 0).is_err());
+}
+
+#[test]
+fn init_is_pytorch_uniform() {
+    let store = ssl_core::ParamStore::new(0);
+    let vb = store.var_builder(&Device::Cpu);
+    let c = conv(8, 16, 2, 3, 1, 1, true, vb.pp("c")).unwrap();
+    assert_eq!(c.weight().dims(), &[16, 8, 3, 3]);
+    let bound = 1.0 / 72f64.sqrt();
+    let w: Vec<f32> = c.weight().flatten_all().unwrap().to_vec1().unwrap();
+    assert!(w.iter().all(|v| (*v as f64).abs() <= bound + 1e-6));
+    assert!(w.iter().any(|v| (*v as f64).abs() > bound * 0.5));
+    assert!(c.bias().is_some());
+    let c3 = conv(2, 4, 3, 3, 1, 1, false, vb.pp("d")).unwrap();
+    assert_eq!(c3.weight().dims(), &[4, 2, 3, 3, 3]);
+    let names: Vec<String> = store.vars().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(names, vec!["c.bias", "c.weight", "d.weight"]);
+}
