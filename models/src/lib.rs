@@ -3,6 +3,7 @@
 //! - [`conv`]: 2D/3D im2col + GEMM convolution on channel-major activations.
 //! - [`pool`]: 2D/3D max pooling with padding.
 //! - [`batch_norm`]: fused train-mode batch norm (+ReLU) custom op.
+//! - [`layer_norm`]: fused layer norm with its backward (Candle's fused one has none).
 //! - [`DigitsCnn`], [`Mlp`], [`ResNet`] (2D/3D), [`VisionTransformer`]: encoders implementing
 //!   [`Encoder`].
 //! - [`Projector`]: Linear–BN–ReLU projection head.
@@ -10,11 +11,13 @@
 pub mod batch_norm;
 pub mod conv;
 pub mod digits_cnn;
+pub mod layer_norm;
 pub mod mlp;
 pub mod pool;
 pub mod projector;
 pub mod resnet;
 mod util;
+pub mod vit;
 
 pub use batch_norm::BatchNorm;
 pub use conv::Conv;
@@ -22,6 +25,7 @@ pub use digits_cnn::DigitsCnn;
 pub use mlp::Mlp;
 pub use projector::Projector;
 pub use resnet::{ResNet, ResNetConfig, Stem};
+pub use vit::{VisionTransformer, VitConfig};
 
 use candle_core::{Result, Tensor};
 use candle_nn::{Init, Linear, VarBuilder};

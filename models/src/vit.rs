@@ -1,0 +1,309 @@
+//! Vision Transformer: Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for
+//! Image Recognition at Scale", ICLR 2021 (Eq. 1–4: patch embedding, class token, learned
+//! positional embedding, pre-norm blocks of multi-head self-attention and a GELU MLP, final
+//! LayerNorm), in timm's layout: the keys are those of `timm.create_model(
+//! 'vit_small_patch16_224')` without its `head`, so converted timm weights load unchanged.
+//!
+//! `[N, C, H, W]` → `[N, D]`, the class token after the final norm. The 16×16 stride-16 patch
+//! convolution is a reshape into patches and one matmul. Inputs of another size than
+//! [`VitConfig::img_size`] (multi-crop's local views) get the positional embedding of the patch
+//! grid resampled as timm's `resample_abs_pos_embed` does (PyTorch's antialiased bicubic), as
+//! one differentiable matrix product. Initialisation
+//! as timm: positional embedding N(0, 0.02²) (timm truncates at ±2, i.e. ±100σ: the same
+//! draw), class token N(0, 10⁻¹²), linear weights N(0, 0.02²) with zero biases, the patch
+//! projection PyTorch's default convolution init. No dropout or drop-path (timm's defaults), so
+//! train and eval modes compute the same function.
+
+use candle_core::{Module, Result, Tensor, D};
+use candle_nn::{Init, Linear, VarBuilder};
+
+use crate::layer_norm::{layer_norm, LayerNorm};
+use crate::Encoder;
+
+/// Size of a ViT.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VitConfig {
+    pub patch_size: usize,
+    /// Token width `D`.
+    pub embed_dim: usize,
+    /// Transformer blocks.
+    pub depth: usize,
+    pub num_heads: usize,
+    /// MLP hidden width / `D`.
+    pub mlp_ratio: usize,
+    pub in_channels: usize,
+    /// Side of the images the positional embedding is learned for.
+    pub img_size: usize,
+}
+
+impl VitConfig {
+    fn with(embed_dim: usize, num_heads: usize) -> Self {
+        Self {
+            patch_size: 16,
+            embed_dim,
+            depth: 12,
+            num_heads,
+            mlp_ratio: 4,
+            in_channels: 3,
+            img_size: 224,
+        }
+    }
+
+    /// ViT-T/16: width 192, 3 heads.
+    pub fn tiny() -> Self {
+        Self::with(192, 3)
+    }
+
+    /// ViT-S/16: width 384, 6 heads (IConE's 2D encoder).
+    pub fn small() -> Self {
+        Self::with(384, 6)
+    }
+
+    /// ViT-B/16: width 768, 12 heads.
+    pub fn base() -> Self {
+        Self::with(768, 12)
+    }
+
+    fn grid(&self) -> usize {
+        self.img_size / self.patch_size
+    }
+}
+
+/// A linear layer with timm's ViT init: weight N(0, 0.02²), bias 0.
+fn vit_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+    let w = vb.get_with_hints(
+        (out_dim, in_dim),
+        "weight",
+        Init::Randn {
+            mean: 0.0,
+            stdev: 0.02,
+        },
+    )?;
+    let b = vb.get_with_hints(out_dim, "bias", Init::Const(0.0))?;
+    Ok(Linear::new(w, Some(b)))
+}
+
+/// `blocks.{i}`: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`.
+#[derive(Debug, Clone)]
+struct Block {
+    norm1: LayerNorm,
+    qkv: Linear,
+    proj: Linear,
+    norm2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+    heads: usize,
+}
+
+impl Block {
+    fn new(cfg: &VitConfig, vb: VarBuilder) -> Result<Self> {
+        let d = cfg.embed_dim;
+        let hidden = d * cfg.mlp_ratio;
+        Ok(Self {
+            norm1: layer_norm(d, 1e-6, vb.pp("norm1"))?,
+            qkv: vit_linear(d, 3 * d, vb.pp("attn").pp("qkv"))?,
+            proj: vit_linear(d, d, vb.pp("attn").pp("proj"))?,
+            norm2: layer_norm(d, 1e-6, vb.pp("norm2"))?,
+            fc1: vit_linear(d, hidden, vb.pp("mlp").pp("fc1"))?,
+            fc2: vit_linear(hidden, d, vb.pp("mlp").pp("fc2"))?,
+            heads: cfg.num_heads,
+        })
+    }
+
+    /// Multi-head self-attention of `x`: `[N, T, D]` (softmax(QKᵀ/√d_head) V per head).
+    fn attention(&self, x: &Tensor) -> Result<Tensor> {
+        let (n, t, d) = x.dims3()?;
+        let hd = d / self.heads;
+        // [N, T, 3, H, hd] → [3, N, H, T, hd]
+        let qkv = self
+            .qkv
+            .forward(x)?
+            .reshape((n, t, 3, self.heads, hd))?
+            .permute((2, 0, 3, 1, 4))?;
+        let part = |i: usize| -> Result<Tensor> {
+            qkv.get(i)?.contiguous()?.reshape((n * self.heads, t, hd))
+        };
+        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+        let scores = (q.matmul(&k.t()?)? * (hd as f64).powf(-0.5))?;
+        let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let out = weights
+            .matmul(&v)?
+            .reshape((n, self.heads, t, hd))?
+            .transpose(1, 2)?
+            .reshape((n, t, d))?;
+        self.proj.forward(&out)
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = (x + self.attention(&self.norm1.forward(x)?)?)?;
+        let h = self.fc1.forward(&self.norm2.forward(&x)?)?.gelu_erf()?;
+        x + self.fc2.forward(&h)?
+    }
+}
+
+/// The weights `[n_out, n_in]` with which timm's `resample_abs_pos_embed` (PyTorch's
+/// `interpolate(mode='bicubic', antialias=True, align_corners=False)`) resamples `n_in`
+/// positions to `n_out`: the cubic filter with `a = −0.5`, widened by `n_in/n_out` when
+/// shrinking, truncated at the borders and normalised to sum 1 per output.
+pub fn resample_matrix(n_in: usize, n_out: usize) -> Vec<f64> {
+    const A: f64 = -0.5;
+    let filter = |x: f64| {
+        let x = x.abs();
+        if x < 1.0 {
+            ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+        } else if x < 2.0 {
+            (((x - 5.0) * x + 8.0) * x - 4.0) * A
+        } else {
+            0.0
+        }
+    };
+    let scale = n_in as f64 / n_out as f64;
+    let (support, inv) = match scale >= 1.0 {
+        true => (2.0 * scale, 1.0 / scale),
+        false => (2.0, 1.0),
+    };
+    let mut m = vec![0.0; n_out * n_in];
+    for (i, row) in m.chunks_mut(n_in).enumerate() {
+        let centre = scale * (i as f64 + 0.5);
+        // PyTorch truncates towards zero before clamping.
+        let first = ((centre - support + 0.5) as i64).max(0) as usize;
+        let end = ((centre + support + 0.5) as i64).min(n_in as i64) as usize;
+        for (j, w) in row.iter_mut().enumerate().take(end).skip(first) {
+            *w = filter((j as f64 - centre + 0.5) * inv);
+        }
+        let total: f64 = row.iter().sum();
+        row.iter_mut().for_each(|w| *w /= total);
+    }
+    m
+}
+
+/// ViT encoder with keys `cls_token`, `pos_embed`, `patch_embed.proj.*`, `blocks.{i}.*`,
+/// `norm.*`.
+#[derive(Debug, Clone)]
+pub struct VisionTransformer {
+    cfg: VitConfig,
+    /// The patch projection as a matrix `[D, C·p·p]` (the conv weight `[D, C, p, p]` reshaped).
+    patch_weight: Tensor,
+    patch_bias: Tensor,
+    cls_token: Tensor,
+    pos_embed: Tensor,
+    blocks: Vec<Block>,
+    norm: LayerNorm,
+}
+
+impl VisionTransformer {
+    pub fn new(cfg: &VitConfig, vb: VarBuilder) -> Result<Self> {
+        if !cfg.embed_dim.is_multiple_of(cfg.num_heads) || cfg.patch_size == 0 || cfg.grid() == 0 {
+            candle_core::bail!(
+                "ViT: width {} must split into {} heads, and the image side {} hold a patch of {}",
+                cfg.embed_dim,
+                cfg.num_heads,
+                cfg.img_size,
+                cfg.patch_size
+            );
+        }
+        let (d, p, c) = (cfg.embed_dim, cfg.patch_size, cfg.in_channels);
+        let normal = |stdev: f64| Init::Randn { mean: 0.0, stdev };
+        let bound = 1.0 / ((c * p * p) as f64).sqrt();
+        let uniform = Init::Uniform {
+            lo: -bound,
+            up: bound,
+        };
+        let pe = vb.pp("patch_embed").pp("proj");
+        let patch_weight = pe
+            .get_with_hints((d, c, p, p), "weight", uniform)?
+            .reshape((d, c * p * p))?;
+        let patch_bias = pe.get_with_hints(d, "bias", uniform)?;
+        let tokens = 1 + cfg.grid() * cfg.grid();
+        Ok(Self {
+            cls_token: vb.get_with_hints((1, 1, d), "cls_token", normal(1e-6))?,
+            pos_embed: vb.get_with_hints((1, tokens, d), "pos_embed", normal(0.02))?,
+            blocks: (0..cfg.depth)
+                .map(|i| Block::new(cfg, vb.pp("blocks").pp(i.to_string())))
+                .collect::<Result<_>>()?,
+            norm: layer_norm(d, 1e-6, vb.pp("norm"))?,
+            patch_weight,
+            patch_bias,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// Patch tokens `[N, gh·gw, D]` of `x`: `[N, C, H, W]`.
+    fn embed_patches(&self, x: &Tensor) -> Result<(Tensor, usize, usize)> {
+        let (n, c, h, w) = x.dims4()?;
+        let p = self.cfg.patch_size;
+        if c != self.cfg.in_channels || h % p != 0 || w % p != 0 {
+            candle_core::bail!(
+                "ViT/{p} takes [N, {}, H, W] images with H and W multiples of {p}, got {:?}; \
+                 resize or crop the images (e.g. --size {})",
+                self.cfg.in_channels,
+                x.dims(),
+                (h.max(p) / p) * p
+            );
+        }
+        let (gh, gw) = (h / p, w / p);
+        // [N, C, gh, p, gw, p] → [N, gh, gw, C, p, p] → [N·gh·gw, C·p·p]
+        let patches = x
+            .reshape((n, c, gh, p, gw, p))?
+            .permute((0, 2, 4, 1, 3, 5))?
+            .contiguous()?
+            .reshape((n * gh * gw, c * p * p))?;
+        let tokens = ssl_linalg::matmul(&patches, &self.patch_weight.t()?)?
+            .broadcast_add(&self.patch_bias)?
+            .reshape((n, gh * gw, self.cfg.embed_dim))?;
+        Ok((tokens, gh, gw))
+    }
+
+    /// The positional embedding for a `gh × gw` patch grid: `[1, 1 + gh·gw, D]`.
+    fn positions(&self, gh: usize, gw: usize) -> Result<Tensor> {
+        let g = self.cfg.grid();
+        if (gh, gw) == (g, g) {
+            return Ok(self.pos_embed.clone());
+        }
+        let d = self.cfg.embed_dim;
+        let cls = self.pos_embed.narrow(1, 0, 1)?;
+        let grid = self.pos_embed.narrow(1, 1, g * g)?.reshape((g * g, d))?;
+        // Separable resampling as one Kronecker-product matrix [gh·gw, g·g].
+        let (mh, mw) = (resample_matrix(g, gh), resample_matrix(g, gw));
+        let mut kron = vec![0f32; gh * gw * g * g];
+        for (i, j, a, b) in (0..gh).flat_map(|i| {
+            (0..gw).flat_map(move |j| (0..g).flat_map(move |a| (0..g).map(move |b| (i, j, a, b))))
+        }) {
+            kron[(i * gw + j) * g * g + a * g + b] = (mh[i * g + a] * mw[j * g + b]) as f32;
+        }
+        let kron =
+            Tensor::from_vec(kron, (gh * gw, g * g), grid.device())?.to_dtype(grid.dtype())?;
+        let resampled = kron.matmul(&grid)?.reshape((1, gh * gw, d))?;
+        Tensor::cat(&[&cls, &resampled], 1)
+    }
+
+    /// `[N, C, H, W]` → `[N, D]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (tokens, gh, gw) = self.embed_patches(x)?;
+        let n = tokens.dim(0)?;
+        let cls = self.cls_token.broadcast_as((n, 1, self.cfg.embed_dim))?;
+        let mut h = Tensor::cat(&[&cls, &tokens], 1)?.broadcast_add(&self.positions(gh, gw)?)?;
+        for block in &self.blocks {
+            h = block.forward(&h)?;
+        }
+        self.norm.forward(&h.narrow(1, 0, 1)?.squeeze(1)?)
+    }
+
+    /// Token width `D`.
+    pub fn output_dim(&self) -> usize {
+        self.cfg.embed_dim
+    }
+}
+
+impl Encoder for VisionTransformer {
+    /// Train and eval modes are the same function (no dropout, no batch norm).
+    fn forward_t(&self, x: &Tensor, _train: bool) -> Result<Tensor> {
+        self.forward(x)
+    }
+    fn output_dim(&self) -> usize {
+        self.cfg.embed_dim
+    }
+}
+
+#[cfg(test)]
+mod tests;
