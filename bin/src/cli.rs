@@ -202,6 +202,15 @@ pub struct RunArgs {
     /// Views per instance (global crops).
     #[arg(long)]
     pub views: Option<usize>,
+    /// Encoder (model.encoder): digits_cnn, mlp, resnet18, resnet34, resnet50, resnet18_3d,
+    /// vit_t16, vit_s16 or vit_b16
+    #[arg(long)]
+    pub encoder: Option<String>,
+    /// Initial encoder weights (model.init): a safetensors file with PyTorch state-dict keys,
+    /// or `torchvision:resnet50`, `timm:vit_small_patch16_224`, … for a converted file in
+    /// $SSL_WEIGHTS (default ~/.cache/candle-ssl/weights), e.g. torchvision/resnet50.safetensors
+    #[arg(long, value_name = "FILE|FRAMEWORK:NAME")]
+    pub init: Option<String>,
     /// Multi-crop: extra low-resolution local views per instance, seen by the student only.
     #[arg(long)]
     pub local_views: Option<usize>,
@@ -596,7 +605,7 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig> {
     for s in &args.set {
         apply_set(&mut root, s)?;
     }
-    let flags: [(&str, Option<String>); 12] = [
+    let flags: [(&str, Option<String>); 14] = [
         ("objective.name", args.objective.clone()),
         ("data.name", args.data.clone()),
         (
@@ -607,6 +616,8 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig> {
         ("train.epochs", args.epochs.map(|v| v.to_string())),
         ("train.batch_size", args.batch_size.map(|v| v.to_string())),
         ("train.views", args.views.map(|v| v.to_string())),
+        ("model.encoder", args.encoder.clone()),
+        ("model.init", args.init.as_ref().map(|v| format!("'{v}'"))),
         ("train.local_views", args.local_views.map(|v| v.to_string())),
         ("train.seed", args.seed.map(|v| v.to_string())),
         (

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use ssl_models::Stem;
 
 /// Everything a run needs; written resolved to `RUN_DIR/config.yaml`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -97,19 +98,44 @@ impl Default for DataConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// `digits_cnn` or `mlp`.
+    /// One of [`ENCODERS`].
     pub encoder: String,
     /// MLP widths (hidden…, output) when `encoder: mlp`.
     pub mlp: Vec<usize>,
+    /// Stem of the 2D ResNets: `imagenet` (7×7 stride-2 conv + max-pool) or `cifar` (3×3
+    /// stride-1 conv, no pool; for images of 32 px and less).
+    pub stem: Stem,
+    /// Start the last batch norm of every residual block at weight 0 (Goyal et al. 2017).
+    pub zero_init_residual: bool,
+    /// Initial encoder weights: a safetensors file with PyTorch state-dict keys, or
+    /// `torchvision:resnet50` / `timm:vit_small_patch16_224` for a converted file in the weights
+    /// directory (see `ssl run --help`).
+    pub init: Option<String>,
     /// Projector widths: Linear–BN–ReLU for all but the last, then Linear.
     pub projector: Vec<usize>,
 }
+
+/// The encoders `model.encoder` can name.
+pub const ENCODERS: &[&str] = &[
+    "digits_cnn",
+    "mlp",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet18_3d",
+    "vit_t16",
+    "vit_s16",
+    "vit_b16",
+];
 
 impl Default for ModelConfig {
     fn default() -> Self {
         Self {
             encoder: "digits_cnn".into(),
             mlp: vec![64, 64, 2],
+            stem: Stem::Imagenet,
+            zero_init_residual: false,
+            init: None,
             projector: vec![512, 512],
         }
     }
@@ -322,6 +348,13 @@ impl RunConfig {
             bail!(
                 "data.test_fraction must be in (0, 1), got {}",
                 self.data.test_fraction
+            );
+        }
+        if !ENCODERS.contains(&self.model.encoder.as_str()) {
+            bail!(
+                "unknown model.encoder `{}`; built in: {}",
+                self.model.encoder,
+                ENCODERS.join(", ")
             );
         }
         if self.model.projector.is_empty() {

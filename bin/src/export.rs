@@ -15,7 +15,7 @@ use candle_core::Tensor;
 
 use crate::checkpoint;
 use crate::config::RunConfig;
-use crate::trainer::Model;
+use ssl_core::ParamStore;
 
 /// Prefix of the encoder's tensors in a run's checkpoint.
 pub const ENCODER_PREFIX: &str = "encoder.";
@@ -95,12 +95,12 @@ pub fn export_encoder(run_dir: &Path, out: &Path) -> Result<Exported> {
     })
 }
 
-/// Loads encoder weights into `model`: a run checkpoint (keys `encoder.*`, other tensors
+/// Loads encoder weights into the `encoder.*` variables of `store`: a run checkpoint (keys `encoder.*`, other tensors
 /// ignored) or an export (keys without the prefix). Every encoder tensor of the model must be
 /// present with its shape.
-pub fn load_encoder(model: &Model, tensors: &HashMap<String, Tensor>) -> Result<()> {
+pub fn load_encoder(store: &ParamStore, tensors: &HashMap<String, Tensor>) -> Result<()> {
     let exported = !tensors.keys().any(|k| k.starts_with(ENCODER_PREFIX));
-    for (name, var) in model.store.vars_with_prefix(ENCODER_PREFIX) {
+    for (name, var) in store.vars_with_prefix(ENCODER_PREFIX) {
         let key = &name[ENCODER_PREFIX.len()..];
         let source = if exported { key } else { name.as_str() };
         let t = tensors.get(source).with_context(|| {

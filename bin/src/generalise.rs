@@ -148,7 +148,7 @@ fn embed(cell: &Cell, images: &Tensor) -> Result<ssl_eval::Features> {
     let model = trainer::build_model(&cell.config, &setup::data(&cell.config)?, device)?;
     let weights =
         checkpoint::load_tensors(&cell.config.out.join("checkpoint").join(checkpoint::MODEL))?;
-    export::load_encoder(&model, &weights)?;
+    export::load_encoder(&model.store, &weights)?;
     to_features(&model.features(images)?)
 }
 

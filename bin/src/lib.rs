@@ -19,6 +19,7 @@ pub mod hub;
 pub mod offline;
 pub mod optim;
 pub mod plot;
+pub mod pretrained;
 pub mod progress;
 pub mod publish;
 pub mod setup;

@@ -164,7 +164,7 @@ pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<R
         let data = setup::data(&source.cfg)?;
         let model = trainer::build_model(&source.cfg, &data, &device)?;
         let weights = crate::checkpoint::load_tensors(&source.weights)?;
-        crate::export::load_encoder(&model, &weights)?;
+        crate::export::load_encoder(&model.store, &weights)?;
         let has_probe = load_online_probe(&model, &weights)?;
         let features = cached_features(source, &data, &model, &device)?;
         let mut column = column(source, &features, &data, &model, &device, suite)?;

@@ -7,7 +7,9 @@ use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
 use ssl_data::Dataset;
-use ssl_models::{DigitsCnn, Encoder, Mlp, Projector};
+use ssl_models::{
+    DigitsCnn, Encoder, Mlp, Projector, ResNet, ResNetConfig, VisionTransformer, VitConfig,
+};
 
 use crate::config::RunConfig;
 
@@ -212,23 +214,57 @@ fn encoder_with_bn_momentum(
     bn_momentum: Option<f64>,
     vb: VarBuilder,
 ) -> Result<Box<dyn Encoder>> {
-    Ok(match cfg.model.encoder.as_str() {
-        "digits_cnn" => {
-            if dataset.shape.len() != 3 {
-                bail!(
-                    "encoder digits_cnn needs images [C, H, W], data set `{}` has samples of shape {:?}; use `--set model.encoder=mlp`",
-                    dataset.name,
-                    dataset.shape
-                );
-            }
-            Box::new(DigitsCnn::with_bn_momentum(
-                dataset.shape[0],
-                bn_momentum,
-                vb,
-            )?)
+    let name = cfg.model.encoder.as_str();
+    let shape = &dataset.shape;
+    let needs = |rank: usize, what: &str| -> Result<usize> {
+        match shape.len() == rank {
+            true => Ok(shape[0]),
+            false => bail!(
+                "encoder {name} needs {what}, data set `{}` has samples of shape {shape:?}; \
+                 use an encoder for its shape (`--set model.encoder=...`: {})",
+                dataset.name,
+                match shape.len() {
+                    3 => "digits_cnn, resnet18, resnet34, resnet50, vit_s16, …",
+                    4 => "resnet18_3d",
+                    _ => "mlp",
+                }
+            ),
         }
+    };
+    let resnet = |depth: usize| -> Result<Box<dyn Encoder>> {
+        let mut rc = ResNetConfig::new(depth, cfg.model.stem, needs(3, "images [C, H, W]")?)?;
+        rc.zero_init_residual = cfg.model.zero_init_residual;
+        rc.bn_momentum = bn_momentum;
+        Ok(Box::new(ResNet::new(&rc, vb.clone())?))
+    };
+    let vit = |mut vc: VitConfig| -> Result<Box<dyn Encoder>> {
+        vc.in_channels = needs(3, "images [C, H, W]")?;
+        Ok(Box::new(VisionTransformer::new(&vc, vb.clone())?))
+    };
+    Ok(match name {
+        "digits_cnn" => Box::new(DigitsCnn::with_bn_momentum(
+            needs(3, "images [C, H, W]")?,
+            bn_momentum,
+            vb,
+        )?),
         "mlp" => Box::new(Mlp::new(dataset.sample_len(), &cfg.model.mlp, vb)?),
-        other => bail!("unknown encoder `{other}`; built in: digits_cnn, mlp"),
+        "resnet18" => resnet(18)?,
+        "resnet34" => resnet(34)?,
+        "resnet50" => resnet(50)?,
+        "resnet18_3d" => {
+            let mut rc = ResNetConfig::resnet18_3d();
+            rc.in_channels = needs(4, "volumes [C, D, H, W]")?;
+            rc.zero_init_residual = cfg.model.zero_init_residual;
+            rc.bn_momentum = bn_momentum;
+            Box::new(ResNet::new(&rc, vb)?)
+        }
+        "vit_t16" => vit(VitConfig::tiny())?,
+        "vit_s16" => vit(VitConfig::small())?,
+        "vit_b16" => vit(VitConfig::base())?,
+        other => bail!(
+            "unknown encoder `{other}`; built in: {}",
+            crate::config::ENCODERS.join(", ")
+        ),
     })
 }
 

@@ -88,10 +88,7 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
                 true => Some(setup::projector(cfg, feature_dim, tvb.pp("projector"))?),
                 false => None,
             };
-            let student = store.tensors();
-            for (name, var) in store.vars_with_prefix("teacher.") {
-                var.set(&student[&name["teacher.".len()..]])?;
-            }
+            copy_student_to_teacher(&store)?;
             Some((enc, proj))
         }
         None => None,
@@ -112,6 +109,37 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
         probe,
         objective,
     })
+}
+
+/// Sets every `teacher.*` variable to its student counterpart (an EMA teacher starts as a copy).
+fn copy_student_to_teacher(store: &ParamStore) -> Result<()> {
+    let student = store.tensors();
+    for (name, var) in store.vars_with_prefix("teacher.") {
+        var.set(&student[&name["teacher.".len()..]])?;
+    }
+    Ok(())
+}
+
+/// Sets the encoder (and its EMA teacher) from the weights `model.init` names, if any.
+fn apply_init(cfg: &RunConfig, model: &Model) -> Result<()> {
+    let Some(spec) = &cfg.model.init else {
+        return Ok(());
+    };
+    let loaded = crate::pretrained::load(&model.store, spec, &cfg.model.encoder)?;
+    copy_student_to_teacher(&model.store)?;
+    eprintln!(
+        "initialised {} encoder tensors from {}{}",
+        loaded.tensors,
+        loaded.path.display(),
+        match loaded.skipped.len() {
+            0 => String::new(),
+            n => format!(
+                " (skipped {n} it has and the encoder lacks: {})",
+                loaded.skipped.join(", ")
+            ),
+        }
+    );
+    Ok(())
 }
 
 /// The projector's hidden layers use batch norm, which is undefined on one sample (spec §0):
@@ -167,6 +195,7 @@ pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
     let device = setup::device(&cfg.train.device)?;
     let data = setup::data(cfg)?;
     let mut model = build_model(cfg, &data, &device)?;
+    apply_init(cfg, &model)?;
     let dir = cfg.out.clone();
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create run directory {}", dir.display()))?;

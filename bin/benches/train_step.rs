@@ -1,0 +1,266 @@
+//! One full training step (forward + loss + backward + AdamW) of the seed papers' encoders, the
+//! Rust side of `train_step.py`, which runs the same four steps in PyTorch:
+//!
+//! 1. `resnet18_cifar_vicreg`: ResNet-18, CIFAR stem, projector 512-2048-2048, VICReg,
+//!    32×32×3, B = 64 instances × 2 views (lr 1e-3);
+//! 2. `resnet18_cifar_frossl_v8`: the same with FroSSL at V = 8;
+//! 3. `vit_s16_icone`: ViT-S/16 at 224×224×3, B = 16 × 2 views, IConE on the 384-d class token
+//!    (table of 1024 instances, lr 1e-4);
+//! 4. `resnet3d18_icone`: the IConE paper's 3D ResNet-18 at 64³ × 1 channel, B = 4 × 2 views,
+//!    IConE on its 512-d output (table of 1024 instances, lr 1e-4).
+//!
+//! AdamW (betas 0.9/0.999, weight decay 0.05 on weights, none on biases and norm parameters;
+//! the IConE table decayed), no online probe. Inputs are N(0, 1) images drawn once; the step is
+//! the trainer's own `training_step`, encoder forwarded view by view in train mode. Each row
+//! prints one JSON line: median / min / max milliseconds over `--steps` steps after `--warmup`,
+//! and the process's peak RSS (MiB). `--row all` runs every row in a fresh process, so each
+//! peak RSS is the row's own.
+//!
+//! `cargo bench -p ssl --bench train_step -- --row all --threads 2 [--steps 10] [--warmup 2]`
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor};
+use ssl::config::{apply_set, RunConfig};
+use ssl::optim::Optimizer;
+use ssl::setup::DataSplit;
+use ssl::trainer::{self, StepInput};
+use ssl_core::{ParamStore, Progress};
+use ssl_data::{Dataset, Samples};
+
+/// Instances in the training set (IConE's table rows).
+const INSTANCES: usize = 1024;
+
+struct Row {
+    name: &'static str,
+    /// `--set` assignments onto the defaults.
+    sets: &'static [&'static str],
+    /// Per-sample shape.
+    shape: &'static [usize],
+}
+
+const ROWS: [Row; 4] = [
+    Row {
+        name: "resnet18_cifar_vicreg",
+        sets: &[
+            "model.encoder=resnet18",
+            "model.stem=cifar",
+            "model.projector=[2048,2048]",
+            "objective.name=vicreg",
+            "train.batch_size=64",
+            "train.views=2",
+            "train.lr=1e-3",
+        ],
+        shape: &[3, 32, 32],
+    },
+    Row {
+        name: "resnet18_cifar_frossl_v8",
+        sets: &[
+            "model.encoder=resnet18",
+            "model.stem=cifar",
+            "model.projector=[2048,2048]",
+            "objective.name=frossl",
+            "train.batch_size=64",
+            "train.views=8",
+            "train.lr=1e-3",
+        ],
+        shape: &[3, 32, 32],
+    },
+    Row {
+        name: "vit_s16_icone",
+        sets: &[
+            "model.encoder=vit_s16",
+            "objective.name=icone",
+            "train.batch_size=16",
+            "train.views=2",
+            "train.lr=1e-4",
+        ],
+        shape: &[3, 224, 224],
+    },
+    Row {
+        name: "resnet3d18_icone",
+        sets: &[
+            "model.encoder=resnet18_3d",
+            "objective.name=icone",
+            "train.batch_size=4",
+            "train.views=2",
+            "train.lr=1e-4",
+        ],
+        shape: &[1, 64, 64, 64],
+    },
+];
+
+struct Args {
+    row: String,
+    threads: usize,
+    steps: usize,
+    warmup: usize,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        row: "all".into(),
+        threads: 2,
+        steps: 10,
+        warmup: 2,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--row" => args.row = value()?,
+            "--threads" => args.threads = value()?.parse()?,
+            "--steps" => args.steps = value()?.parse()?,
+            "--warmup" => args.warmup = value()?.parse()?,
+            // cargo bench passes --bench to every bench binary.
+            "--bench" => {}
+            other => {
+                bail!("unknown argument `{other}`; use --row N|all, --threads, --steps, --warmup")
+            }
+        }
+    }
+    Ok(args)
+}
+
+fn config(row: &Row) -> Result<RunConfig> {
+    let mut root = serde_yaml::Value::Mapping(Default::default());
+    for s in row.sets {
+        apply_set(&mut root, s)?;
+    }
+    for s in [
+        "train.weight_decay=0.05",
+        "train.probe_lr=0",
+        "train.warmup_epochs=0",
+    ] {
+        apply_set(&mut root, s)?;
+    }
+    RunConfig::from_yaml_value(root)
+}
+
+/// A training set of [`INSTANCES`] samples of `shape`: only its shape, size and labels are
+/// read (the step's images are drawn here), so it holds no pixels.
+fn split(shape: &[usize]) -> DataSplit {
+    let dataset = Dataset {
+        name: "bench".into(),
+        samples: Samples::F32(Vec::new()),
+        labels: (0..INSTANCES as u32).map(|i| i % 10).collect(),
+        shape: shape.to_vec(),
+        num_classes: 10,
+    };
+    DataSplit {
+        dataset: Arc::new(dataset),
+        train: (0..INSTANCES).collect(),
+        test: Vec::new(),
+        minority_classes: Vec::new(),
+    }
+}
+
+fn peak_rss_mib() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    usage.ru_maxrss as f64 / 1024.0 // KiB on Linux
+}
+
+fn run_row(index: usize, args: &Args) -> Result<()> {
+    let row = &ROWS[index];
+    let cfg = config(row)?;
+    let device = Device::Cpu;
+    let data = split(row.shape);
+    let mut model = trainer::build_model(&cfg, &data, &device)?;
+    let params = model
+        .store
+        .vars()
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
+        .map(|(n, v)| (n, v, 1.0))
+        .collect();
+    let mut optimizer = Optimizer::new(&cfg.train, params, &["probe."]);
+    let (b, v) = (cfg.train.batch_size, cfg.train.views);
+    let mut shape = vec![v * b];
+    shape.extend(row.shape);
+    let images = Tensor::randn(0f32, 1.0, shape, &device)?;
+    let labels: Vec<u32> = vec![0; b];
+    let mut times = Vec::new();
+    for step in 0..args.warmup + args.steps {
+        // Different table rows every step, as an epoch would touch them.
+        let first = (step * b) % INSTANCES;
+        let ids: Vec<u32> = (first..first + b).map(|i| i as u32).collect();
+        let input = StepInput {
+            images: images.clone(),
+            views: v,
+            local_images: None,
+            instance_ids: &ids,
+            labels: &labels,
+            progress: Progress {
+                step,
+                epoch: 0,
+                steps_per_epoch: 1000,
+                total_steps: 1000,
+                seed: 0,
+            },
+            lr: cfg.train.lr,
+        };
+        let t = Instant::now();
+        trainer::training_step(&mut model, &mut optimizer, &input)?;
+        if step >= args.warmup {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let median = match times.len() % 2 {
+        1 => times[times.len() / 2],
+        _ => (times[times.len() / 2 - 1] + times[times.len() / 2]) / 2.0,
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "row": index + 1,
+            "name": row.name,
+            "framework": "candle-ssl",
+            "threads": args.threads,
+            "median_ms": median,
+            "min_ms": times[0],
+            "max_ms": times[times.len() - 1],
+            "peak_rss_mib": peak_rss_mib(),
+        })
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    if args.steps == 0 {
+        bail!("--steps must be ≥ 1");
+    }
+    if args.row == "all" {
+        let exe = std::env::current_exe()?;
+        for row in 1..=ROWS.len() {
+            let status = std::process::Command::new(&exe)
+                .args(["--row", &row.to_string()])
+                .args(["--threads", &args.threads.to_string()])
+                .args(["--steps", &args.steps.to_string()])
+                .args(["--warmup", &args.warmup.to_string()])
+                .status()?;
+            if !status.success() {
+                bail!("row {row} failed");
+            }
+        }
+        return Ok(());
+    }
+    let row: usize = args
+        .row
+        .parse()
+        .ok()
+        .filter(|r| (1..=ROWS.len()).contains(r))
+        .with_context(|| format!("--row {}: use 1..={} or all", args.row, ROWS.len()))?;
+    // Candle's CPU kernels read RAYON_NUM_THREADS when they first run; our ops use Candle's
+    // workers and rayon's global pool.
+    std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string());
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build_global()?;
+    run_row(row - 1, &args)
+}
