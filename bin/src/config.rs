@@ -237,6 +237,10 @@ pub struct TrainConfig {
     pub checkpoint_every: usize,
     /// Stop after this many epochs of this invocation (0 = run to the end); for tests of resume.
     pub stop_after_epochs: usize,
+    /// Gradient accumulation: one optimiser step per this many batches, on their mean gradient
+    /// (effective batch `accumulate × batch_size`; the objective still sees `batch_size`
+    /// instances at a time, so batch statistics are the smaller batch's).
+    pub accumulate: usize,
 }
 
 impl Default for TrainConfig {
@@ -264,6 +268,7 @@ impl Default for TrainConfig {
             probe_lr: 0.1,
             checkpoint_every: 10,
             stop_after_epochs: 0,
+            accumulate: 1,
         }
     }
 }
@@ -340,6 +345,9 @@ impl RunConfig {
         }
         if t.views == 0 {
             bail!("train.views must be ≥ 1");
+        }
+        if t.accumulate == 0 {
+            bail!("train.accumulate must be ≥ 1 (1: no gradient accumulation)");
         }
         if !(t.lr.is_finite() && t.lr > 0.0) {
             bail!("train.lr must be > 0, got {}", t.lr);

@@ -194,7 +194,9 @@ pub const CHUNK_VALUES: usize = 1 << 21;
 pub fn forward_in_chunks(encoder: &dyn Encoder, x: &Tensor, train: bool) -> Result<Tensor> {
     let n = x.dim(0)?;
     let per_sample = x.elem_count() / n.max(1);
-    let chunk = (CHUNK_VALUES / per_sample.max(1)).max(1);
+    let most = (CHUNK_VALUES / per_sample.max(1)).max(1);
+    // Equal chunks, so that no train-mode batch norm sees a lone leftover sample.
+    let chunk = n.div_ceil(n.div_ceil(most).max(1)).max(1);
     let mut parts = Vec::new();
     for start in (0..n).step_by(chunk) {
         let len = chunk.min(n - start);

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, D};
 use candle_nn::{Linear, Module};
 use serde_json::json;
@@ -275,10 +276,12 @@ fn train(
     )?
     .with_local_views(t.local_views, local_crop(cfg, &data.dataset.shape))
     .context("invalid train.local_views for this data")?;
-    let steps_per_epoch = loader.steps_per_epoch();
+    let steps_per_epoch = loader.steps_per_epoch() / t.accumulate;
     if steps_per_epoch == 0 {
         bail!(
-            "batch size {} is larger than the {} training instances with drop_last; lower --batch-size",
+            "an optimiser step takes {} batch(es) of {} (train.accumulate × --batch-size), more than the \
+             {} training instances give per epoch with drop_last; lower --batch-size or train.accumulate",
+            t.accumulate,
             t.batch_size,
             data.train.len()
         );
@@ -354,8 +357,13 @@ fn train(
     let mut epochs_this_call = 0;
     for epoch in state.epochs_done..t.epochs {
         bar.set_prefix(format!("{}/{}", epoch + 1, t.epochs));
-        for view_batch in loader.epoch(epoch) {
-            let started = Instant::now();
+        // Batches of this optimiser step so far, and their summed gradients.
+        let mut accumulated: Vec<StepOutput> = Vec::new();
+        let mut grads: Option<GradStore> = None;
+        let mut started = Instant::now();
+        let mut images = 0;
+        // Batches beyond the last whole group of `accumulate` are dropped, as drop_last does.
+        for view_batch in loader.epoch(epoch).take(steps_per_epoch * t.accumulate) {
             let progress = Progress {
                 step: state.step,
                 epoch,
@@ -393,7 +401,7 @@ fn train(
             let log_spectrum = spectrum
                 .as_ref()
                 .is_some_and(|_| state.step.is_multiple_of(cfg.eval.spectrum_every));
-            let out = training_step(model, &mut optimizer, &input).with_context(|| {
+            let (out, batch_grads) = forward_backward(model, &input).with_context(|| {
                 format!(
                     "at step {} (epoch {}); training stopped and the last good checkpoint in {} is kept. Lower --set train.lr or check the data",
                     state.step,
@@ -401,6 +409,21 @@ fn train(
                     ckpt_dir.display()
                 )
             })?;
+            images += v * input.instance_ids.len();
+            grads = Some(match grads.take() {
+                None => batch_grads,
+                Some(sum) => add_grads(&model.store, sum, &batch_grads)?,
+            });
+            accumulated.push(out);
+            if accumulated.len() < t.accumulate {
+                continue;
+            }
+            let mut sum = grads.take().expect("at least one batch");
+            if t.accumulate > 1 {
+                scale_grads(&model.store, &mut sum, 1.0 / t.accumulate as f64)?;
+            }
+            optimizer.step(&sum, lr)?;
+            let out = mean_output(std::mem::take(&mut accumulated));
             if let (Some(log), true) = (spectrum.as_mut(), log_spectrum) {
                 log.record(state.step, &out.projections)?;
             }
@@ -409,8 +432,8 @@ fn train(
                 student: &student,
                 teacher: teacher.as_deref(),
             })?;
-            let images_per_s =
-                (v * input.instance_ids.len()) as f64 / started.elapsed().as_secs_f64();
+            let images_per_s = images as f64 / started.elapsed().as_secs_f64();
+            (images, started) = (0, Instant::now());
             let mut record = json!({"step": state.step, "epoch": epoch, "loss": out.loss, "lr": lr, "images_per_s": images_per_s});
             for (name, value) in &out.terms {
                 record[name.as_str()] = json!(value);
@@ -516,6 +539,64 @@ pub fn training_step(
     optimizer: &mut Optimizer,
     input: &StepInput<'_>,
 ) -> Result<StepOutput> {
+    let (out, grads) = forward_backward(model, input)?;
+    optimizer.step(&grads, input.lr)?;
+    Ok(out)
+}
+
+/// `sum + other` for every variable of `store` with a gradient in either.
+pub fn add_grads(store: &ParamStore, mut sum: GradStore, other: &GradStore) -> Result<GradStore> {
+    for (_, var) in store.vars() {
+        let t = var.as_tensor();
+        if let Some(g) = other.get(t) {
+            let total = match sum.get(t) {
+                Some(s) => (s + g)?,
+                None => g.clone(),
+            };
+            sum.insert(t, total);
+        }
+    }
+    Ok(sum)
+}
+
+/// Multiplies every gradient of `store`'s variables in `grads` by `factor`.
+pub fn scale_grads(store: &ParamStore, grads: &mut GradStore, factor: f64) -> Result<()> {
+    for (_, var) in store.vars() {
+        let t = var.as_tensor();
+        if let Some(g) = grads.get(t) {
+            let scaled = (g * factor)?;
+            grads.insert(t, scaled);
+        }
+    }
+    Ok(())
+}
+
+/// The accumulated batches' outputs as one: mean loss, terms and probe loss; the last
+/// batch's projections.
+fn mean_output(mut outs: Vec<StepOutput>) -> StepOutput {
+    let k = outs.len() as f64;
+    let mean = |f: &dyn Fn(&StepOutput) -> f64| outs.iter().map(f).sum::<f64>() / k;
+    let loss = mean(&|o| o.loss);
+    let terms = (0..outs[0].terms.len())
+        .map(|i| (outs[0].terms[i].0.clone(), mean(&|o| o.terms[i].1)))
+        .collect();
+    let probe_ce = outs[0]
+        .probe_ce
+        .map(|_| mean(&|o| o.probe_ce.unwrap_or(f64::NAN)));
+    let last = outs.pop().expect("at least one batch");
+    StepOutput {
+        loss,
+        terms,
+        probe_ce,
+        projections: last.projections,
+    }
+}
+
+/// Forward, loss and backward of one batch (no optimiser step): its outputs and gradients.
+pub fn forward_backward(
+    model: &mut Model,
+    input: &StepInput<'_>,
+) -> Result<(StepOutput, GradStore)> {
     let device = input.images.device();
     let (v, b) = (input.views, input.instance_ids.len());
     let views = input.images.chunk(v, 0)?;
@@ -582,13 +663,13 @@ pub fn training_step(
         total = (total + ce)?;
     }
     let grads = total.backward()?;
-    optimizer.step(&grads, input.lr)?;
-    Ok(StepOutput {
+    let out = StepOutput {
         loss,
         terms,
         probe_ce,
         projections: projections_v.narrow(0, 0, v)?.detach(),
-    })
+    };
+    Ok((out, grads))
 }
 
 impl Model {
@@ -605,5 +686,110 @@ impl Model {
             )),
             None => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model and optimiser of the GMM study (MLP encoder, IConE): no batch norm, and a loss
+    /// whose batch terms are means over instances, so accumulating two half batches must give
+    /// the full batch's update.
+    fn gmm_model(cfg: &RunConfig, data: &DataSplit) -> (Model, Optimizer) {
+        let model = build_model(cfg, data, &Device::Cpu).unwrap();
+        let params = model
+            .store
+            .vars()
+            .into_iter()
+            .filter(|(n, _)| !ParamStore::is_buffer(n))
+            .map(|(n, v)| (n, v, 1.0))
+            .collect();
+        let optimizer = Optimizer::new(&cfg.train, params, &[]);
+        (model, optimizer)
+    }
+
+    #[test]
+    fn accumulating_two_half_batches_equals_one_full_batch_step() {
+        let mut root = serde_yaml::Value::Mapping(Default::default());
+        for s in [
+            "data.name=gmm",
+            "model.encoder=mlp",
+            "objective.name=icone",
+            "train.probe_lr=0",
+            // Plain SGD: the update is proportional to the gradient (Adam's first step is
+            // about its sign), so a wrongly summed or scaled gradient shows.
+            "train.optimizer=sgd",
+            "train.momentum=0",
+            "train.weight_decay=0",
+        ] {
+            crate::config::apply_set(&mut root, s).unwrap();
+        }
+        let cfg = RunConfig::from_yaml_value(root).unwrap();
+        let data = setup::data(&cfg).unwrap();
+        let (b, v) = (8, 2);
+        let positions: Vec<usize> = data.train[..b].to_vec();
+        let clean = setup::samples(&data.dataset, &positions, &Device::Cpu).unwrap();
+        let views: Vec<Tensor> = (0..v)
+            .map(|i| (&clean + (i as f64 + 1.0) * 0.1).unwrap())
+            .collect();
+        let ids: Vec<u32> = (0..b as u32).collect();
+        let labels = setup::labels(&data.dataset, &positions);
+        let progress = Progress {
+            step: 0,
+            epoch: 0,
+            steps_per_epoch: 1,
+            total_steps: 1,
+            seed: 0,
+        };
+        let input = |range: std::ops::Range<usize>| StepInput {
+            images: Tensor::cat(
+                &views
+                    .iter()
+                    .map(|x| x.narrow(0, range.start, range.len()).unwrap())
+                    .collect::<Vec<_>>(),
+                0,
+            )
+            .unwrap(),
+            views: v,
+            local_images: None,
+            instance_ids: &ids[range.clone()],
+            labels: &labels[range.clone()],
+            progress,
+            lr: 0.1,
+        };
+        let (mut full, mut full_opt) = gmm_model(&cfg, &data);
+        training_step(&mut full, &mut full_opt, &input(0..b)).unwrap();
+
+        let (mut halves, mut halves_opt) = gmm_model(&cfg, &data);
+        let (_, first) = forward_backward(&mut halves, &input(0..b / 2)).unwrap();
+        let (_, second) = forward_backward(&mut halves, &input(b / 2..b)).unwrap();
+        let mut sum = add_grads(&halves.store, first, &second).unwrap();
+        scale_grads(&halves.store, &mut sum, 0.5).unwrap();
+        halves_opt.step(&sum, 0.1).unwrap();
+
+        let before = gmm_model(&cfg, &data).0.store.tensors();
+        let (after_full, after_halves) = (full.store.tensors(), halves.store.tensors());
+        let mut moved = 0.0f64;
+        for (name, t) in &after_full {
+            let diff = |a: &Tensor, b: &Tensor| -> f64 {
+                (a - b)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap() as f64
+            };
+            assert!(diff(t, &after_halves[name]) < 1e-7, "{name}");
+            moved = moved.max(diff(t, &before[name]));
+        }
+        assert!(
+            moved > 1e-4,
+            "the step must move the weights, moved {moved}"
+        );
     }
 }

@@ -143,7 +143,9 @@ impl ViewLoader {
     /// Adds `count` multi-crop local views per instance, made by `crop`; their random streams
     /// continue the view index after the global views, so global views are unchanged.
     pub fn with_local_views(mut self, count: usize, crop: LocalCrop) -> Result<Self> {
-        crop.output_shape(&self.dataset.shape)?;
+        if count > 0 {
+            crop.output_shape(&self.dataset.shape)?;
+        }
         self.local = (count > 0).then_some((count, crop));
         Ok(self)
     }

@@ -917,3 +917,121 @@ fn trains_from_an_image_folder_and_needs_its_root() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("needs its directory: set data.root (or --root PATH)"));
 }
+
+/// Names (without shapes) of a committed state-dict listing of `models/tests/fixtures`.
+fn fixture_keys(file: &str) -> Vec<String> {
+    let path = format!(
+        "{}/../../models/tests/fixtures/{file}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let mut keys: Vec<String> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once('\t').map(|(k, _)| k.to_string()))
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// Every encoder family trains an objective end to end on the CPU: ResNet-18 (CIFAR stem, with
+/// gradient accumulation) on digits, ViT-T/16 on digits upsampled to 32 px, the 3D ResNet-18
+/// on digit volumes. The ResNet's export carries torchvision's keys, and `--init` starts a
+/// run from it or refuses it for another architecture.
+#[test]
+fn resnet_vit_and_3d_resnet_train_end_to_end_and_init_loads_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = ["--set", "data.train_size=96", "--batch-size", "32"];
+    let resnet = ["--encoder", "resnet18", "--set", "model.stem=cifar"];
+    let run = dir.path().join("resnet");
+    let o = quick(
+        &run,
+        "vicreg",
+        &[&resnet[..], &small, &["--set", "train.accumulate=2"]].concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    // 96 instances in batches of 32, two per optimiser step: one step in each of 2 epochs.
+    let steps = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"loss\""))
+        .count();
+    assert_eq!(steps, 2);
+
+    let o = ssl(&["export", run.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let exported = run.join("export/model.safetensors");
+    let bytes = std::fs::read(&exported).unwrap();
+    let mut keys: Vec<String> = safetensors::SafeTensors::deserialize(&bytes)
+        .unwrap()
+        .names()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    keys.sort();
+    let mut torchvision = fixture_keys("torchvision_resnet18.tsv");
+    torchvision.retain(|k| !k.starts_with("fc."));
+    assert_eq!(keys, torchvision);
+
+    let init = ["--init", exported.to_str().unwrap()];
+    let o = quick(
+        &dir.path().join("init"),
+        "vicreg",
+        &[&resnet[..], &small, &init].concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("initialised 100 encoder tensors") && stderr(&o).contains("skipped 20"),
+        "{}",
+        stderr(&o)
+    );
+    let o = quick(
+        &dir.path().join("refused"),
+        "vicreg",
+        &[
+            &["--encoder", "resnet34", "--set", "model.stem=cifar"][..],
+            &init,
+        ]
+        .concat(),
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("does not fit the resnet34 encoder"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = quick(
+        &dir.path().join("vit"),
+        "icone",
+        &[&["--encoder", "vit_t16", "--size", "32"][..], &small].concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let root = dir.path().join("medmnist");
+    std::fs::create_dir(&root).unwrap();
+    ssl_data::write_digits_as_medmnist(&root.join("organmnist3d.npz"), "organmnist3d", 28).unwrap();
+    let root_set = format!("data.root={}", root.display());
+    let o = quick(
+        &dir.path().join("volumes"),
+        "icone",
+        &[
+            &["--data", "organmnist3d", "--size", "28", "--set", &root_set][..],
+            &["--encoder", "resnet18_3d"],
+            &small,
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A 2D encoder on volumes names the one that fits.
+    let o = quick(
+        &dir.path().join("wrong"),
+        "icone",
+        &[
+            &["--data", "organmnist3d", "--size", "28", "--set", &root_set][..],
+            &["--encoder", "resnet18"],
+        ]
+        .concat(),
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("resnet18_3d"), "{}", stderr(&o));
+}
