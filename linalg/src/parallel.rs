@@ -42,6 +42,23 @@ pub fn for_each_chunk_mut<T, S>(
     });
 }
 
+/// `f(&mut scratch, index)` for every `index` in `0..count`, spread over Candle's CPU workers in
+/// contiguous ranges; `init` makes each task's scratch. As for [`for_each_chunk_mut`], `f` must
+/// not run Candle ops, and whatever it writes through shared pointers must be disjoint per
+/// index.
+pub fn for_each_index<S>(
+    count: usize,
+    init: impl Fn() -> S + Sync,
+    f: impl Fn(&mut S, usize) + Sync,
+) {
+    barrier_pool().execute_chunked(count, |range| {
+        let mut scratch = init();
+        for index in range {
+            f(&mut scratch, index);
+        }
+    });
+}
+
 /// [`for_each_chunk_mut`] whose `f(index, chunk)` also returns a value per chunk: the values in
 /// chunk order.
 pub fn map_chunks_mut<T, R>(

@@ -1,18 +1,22 @@
 //! 2D and 3D convolution as im2col (vol2col) + one GEMM on channel-major activations.
 //!
 //! Candle's own CPU conv2d is slow (especially its backward) and Candle has no 3D convolution,
-//! so [`Conv::forward_channel_major`] lowers a convolution of spatial rank 2 or 3 to a custom
-//! im2col op (whose backward is a col2im op) followed by a single matmul
-//! `W[O, C·kᴿ] × col[C·kᴿ, N·S_out]`, which yields the output directly in `[O, N, *S_out]`.
-//! A 2D convolution is the 3D one with depth 1 and kernel depth 1, so one pair of kernels
-//! serves both; a 1×1 stride-1 convolution needs no im2col (its input is the column matrix).
-//! Both ops are parallel over disjoint output chunks on Candle's CPU workers, so they are
-//! deterministic. On other devices the columns are gathered with Candle ops (zero padding and
-//! `index_select` per kernel offset), whose autograd gives the same gradients.
+//! so [`Conv::forward_channel_major`] computes a convolution of spatial rank 2 or 3 as im2col
+//! + GEMM, `W[O, C·kᴿ] × col[C·kᴿ, N·S_out]`, which yields the output directly in
+//! `[O, N, *S_out]`. One custom op does it chunk by chunk of images (about 4 MiB of columns
+//! each, on Candle's CPU workers), and its backward recomputes each chunk's columns for
+//! `dW += dy·colᵀ` and `dx = col2im(Wᵀ·dy)`: the column matrix of the batch, 9–27× the input,
+//! is never stored, neither for the GEMM nor for the backward. A 2D convolution is the 3D one
+//! with depth 1 and kernel depth 1, so one set of kernels serves both; a 1×1 stride-1
+//! convolution needs no im2col (its input is the column matrix). Chunks are fixed by the
+//! shapes alone and the weight gradient's partial sums are added in a fixed order, so results
+//! do not depend on the thread count. On other devices the columns are gathered with Candle
+//! ops (zero padding and `index_select` per kernel offset), whose autograd gives the same
+//! gradients.
 
 use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Tensor};
 use candle_nn::{Init, VarBuilder};
-use ssl_linalg::for_each_chunk_mut;
+use ssl_linalg::for_each_index;
 
 use crate::util::{contiguous_slice, Float};
 
@@ -121,28 +125,40 @@ fn for_each_row(g: &Geom, [kd, kh, _]: [usize; 3], mut f: impl FnMut(usize, usiz
     }
 }
 
-fn im2col_kernel<T: Float>(g: Geom, x: &[T]) -> Vec<T> {
+/// Column-matrix values per chunk of images (4 MiB of f32): the chunk's columns stay in the
+/// cache between im2col and the GEMM, and no column matrix of the whole batch is ever made.
+const CHUNK_VALUES: usize = 1 << 20;
+/// Weight-gradient partial sums of the backward: a fixed count, so the result does not depend
+/// on the number of threads.
+const WEIGHT_GRAD_GROUPS: usize = 4;
+
+impl Geom {
+    /// Images per chunk: about [`CHUNK_VALUES`] column values, and at least 8 chunks when the
+    /// batch allows (work for every thread); independent of the thread count.
+    fn images_per_chunk(&self) -> usize {
+        let (rows, _) = self.col_shape();
+        let per_image = rows * self.out().iter().product::<usize>();
+        (CHUNK_VALUES / per_image.max(1)).clamp(1, self.n.div_ceil(8).max(1))
+    }
+}
+
+/// The columns `[C·k_vol, nb·S_out]` of images `n0..n0 + nb` of `x`: `[C, N, D, H, W]`.
+fn im2col_chunk<T: Float>(g: &Geom, x: &[T], n0: usize, nb: usize, col: &mut [T]) {
     let volume = g.size.iter().product::<usize>();
     let per_image = g.out().iter().product::<usize>();
-    let (rows, cols) = g.col_shape();
-    let mut out = vec![T::from_f64(0.0); rows * cols];
     let sw = g.stride[2];
-    // One chunk = one (row, image) pair: D_out·H_out·W_out contiguous outputs.
-    for_each_chunk_mut(
-        &mut out,
-        per_image.max(1),
-        || (),
-        |_, idx, dst| {
-            let (row, n) = (idx / g.n, idx % g.n);
-            let c = row / g.kernel_volume();
-            let offsets = g.offsets(row);
-            let kw = offsets[2];
-            let src = &x[(c * g.n + n) * volume..][..volume];
-            let ows = g.valid_outputs(2, kw);
-            let Some(iw0) = (ows.start * sw + kw).checked_sub(g.pad[2]) else {
-                return;
-            };
-            for_each_row(&g, offsets, |o, i| {
+    col.fill(T::from_f64(0.0));
+    for (row, dst_row) in col.chunks_mut(nb * per_image).enumerate() {
+        let c = row / g.kernel_volume();
+        let offsets = g.offsets(row);
+        let kw = offsets[2];
+        let ows = g.valid_outputs(2, kw);
+        let Some(iw0) = (ows.start * sw + kw).checked_sub(g.pad[2]) else {
+            continue;
+        };
+        for (j, dst) in dst_row.chunks_mut(per_image).enumerate() {
+            let src = &x[(c * g.n + n0 + j) * volume..][..volume];
+            for_each_row(g, offsets, |o, i| {
                 let (drow, srow) = (&mut dst[o..], &src[i + iw0..]);
                 if sw == 1 {
                     drow[ows.clone()].copy_from_slice(&srow[..ows.len()]);
@@ -152,86 +168,278 @@ fn im2col_kernel<T: Float>(g: Geom, x: &[T]) -> Vec<T> {
                     }
                 }
             });
-        },
-    );
-    out
+        }
+    }
 }
 
-fn col2im_kernel<T: Float>(g: Geom, col: &[T]) -> Vec<T> {
+/// Adds the column gradient `dcol`: `[C·k_vol, nb·S_out]` of images `n0..n0 + nb` into their
+/// volumes of `dx`: `[C, N, D, H, W]`.
+///
+/// # Safety
+/// `dx` points to `C·N·D·H·W` values, and no other thread touches images `n0..n0 + nb`.
+unsafe fn col2im_chunk<T: Float>(g: &Geom, dcol: &[T], n0: usize, nb: usize, dx: *mut T) {
     let volume = g.size.iter().product::<usize>();
     let per_image = g.out().iter().product::<usize>();
-    let (_, cols) = g.col_shape();
-    let mut out = vec![T::from_f64(0.0); g.c * g.n * volume];
     let sw = g.stride[2];
-    // One chunk = one (channel, image) volume of the input gradient.
-    for_each_chunk_mut(
-        &mut out,
-        volume.max(1),
-        || (),
-        |_, idx, dst| {
-            let (c, n) = (idx / g.n, idx % g.n);
-            for r in 0..g.kernel_volume() {
-                let row = c * g.kernel_volume() + r;
-                let offsets = g.offsets(row);
-                let kw = offsets[2];
-                let src = &col[row * cols + n * per_image..][..per_image];
-                let ows = g.valid_outputs(2, kw);
-                let Some(iw0) = (ows.start * sw + kw).checked_sub(g.pad[2]) else {
-                    continue;
-                };
-                for_each_row(&g, offsets, |o, i| {
-                    let (srow, drow) = (&src[o..], &mut dst[i + iw0..]);
-                    for (j, ow) in ows.clone().enumerate() {
-                        drow[j * sw] += srow[ow];
-                    }
-                });
-            }
+    for (row, src_row) in dcol.chunks(nb * per_image).enumerate() {
+        let c = row / g.kernel_volume();
+        let offsets = g.offsets(row);
+        let kw = offsets[2];
+        let ows = g.valid_outputs(2, kw);
+        let Some(iw0) = (ows.start * sw + kw).checked_sub(g.pad[2]) else {
+            continue;
+        };
+        for (j, src) in src_row.chunks(per_image).enumerate() {
+            // SAFETY: this volume lies inside `dx` and belongs to this chunk alone.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(dx.add((c * g.n + n0 + j) * volume), volume)
+            };
+            for_each_row(g, offsets, |o, i| {
+                let (srow, drow) = (&src[o..], &mut dst[i + iw0..]);
+                for (j, ow) in ows.clone().enumerate() {
+                    drow[j * sw] += srow[ow];
+                }
+            });
+        }
+    }
+}
+
+/// A pointer handed to the tasks of one op, each writing a disjoint part.
+struct Shared<T>(*mut T);
+unsafe impl<T: Send> Sync for Shared<T> {}
+
+/// A matrix in memory: pointer, row stride, column stride (in elements).
+type Mat<T> = (*const T, usize, usize);
+
+/// `dst (+)= a b` for `[m, k]` × `[k, n]`, single-threaded (`gemm` crate).
+///
+/// # Safety
+/// Every matrix lies in memory valid for its strides, and nothing else writes `dst`.
+unsafe fn gemm_into<T: Float>(
+    (m, n, k): (usize, usize, usize),
+    dst: (*mut T, usize, usize),
+    a: Mat<T>,
+    b: Mat<T>,
+    accumulate: bool,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.0,
+            dst.2 as isize,
+            dst.1 as isize,
+            accumulate,
+            a.0,
+            a.2 as isize,
+            a.1 as isize,
+            b.0,
+            b.2 as isize,
+            b.1 as isize,
+            T::from_f64(1.0),
+            T::from_f64(1.0),
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// `y = W · im2col(x)`: `[O, N·S_out]`, chunk by chunk of images on Candle's workers.
+fn conv_forward<T: Float>(g: Geom, x: &[T], w: &[T], o: usize) -> Vec<T> {
+    let (rows, cols) = g.col_shape();
+    let per_image = g.out().iter().product::<usize>();
+    let nb = g.images_per_chunk();
+    let mut y = vec![T::from_f64(0.0); o * cols];
+    let out = Shared(y.as_mut_ptr());
+    for_each_index(
+        g.n.div_ceil(nb),
+        || Vec::new(),
+        |col: &mut Vec<T>, chunk| {
+            let out = &out;
+            let n0 = chunk * nb;
+            let count = nb.min(g.n - n0);
+            col.resize(rows * count * per_image, T::from_f64(0.0));
+            im2col_chunk(&g, x, n0, count, col);
+            let width = count * per_image;
+            // SAFETY: `y` is [O, N·S_out]; this chunk writes its own columns of every row.
+            unsafe {
+                gemm_into(
+                    (o, width, rows),
+                    (out.0.add(n0 * per_image), cols, 1),
+                    (w.as_ptr(), rows, 1),
+                    (col.as_ptr(), width, 1),
+                    false,
+                )
+            };
         },
     );
-    out
+    y
 }
 
-/// im2col: `[C, N, D, H, W]` → `[C·kd·kh·kw, N·D_out·H_out·W_out]`.
-struct Im2Col(Geom);
-/// col2im (adjoint of im2col): `[C·kd·kh·kw, N·D_out·H_out·W_out]` → `[C, N, D, H, W]`.
-struct Col2Im(Geom);
+/// Gradients of [`conv_forward`]: `dx` (`[C, N, D, H, W]`) and `dW` (`[O, C·k_vol]`) from `dy`,
+/// recomputing each chunk's columns; the weight gradient sums [`WEIGHT_GRAD_GROUPS`] partial
+/// sums in a fixed order.
+fn conv_backward<T: Float>(g: Geom, x: &[T], w: &[T], dy: &[T], o: usize) -> (Vec<T>, Vec<T>) {
+    let (rows, cols) = g.col_shape();
+    let per_image = g.out().iter().product::<usize>();
+    let nb = g.images_per_chunk();
+    let chunks = g.n.div_ceil(nb);
+    let groups = WEIGHT_GRAD_GROUPS.min(chunks);
+    let mut dx = vec![T::from_f64(0.0); x.len()];
+    let mut partials: Vec<Vec<T>> = vec![Vec::new(); groups];
+    let (dx_ptr, partial_ptr) = (Shared(dx.as_mut_ptr()), Shared(partials.as_mut_ptr()));
+    for_each_index(
+        groups,
+        || (Vec::new(), Vec::new()),
+        |(col, dcol): &mut (Vec<T>, Vec<T>), group| {
+            let (dx_ptr, partial_ptr) = (&dx_ptr, &partial_ptr);
+            let mut dw = vec![T::from_f64(0.0); o * rows];
+            for chunk in (group * chunks / groups)..((group + 1) * chunks / groups) {
+                let n0 = chunk * nb;
+                let count = nb.min(g.n - n0);
+                let width = count * per_image;
+                col.resize(rows * width, T::from_f64(0.0));
+                dcol.resize(rows * width, T::from_f64(0.0));
+                im2col_chunk(&g, x, n0, count, col);
+                let dy_block = (dy[n0 * per_image..].as_ptr(), cols, 1);
+                // SAFETY: dW and dcol are this task's own; dy and W are read in bounds; the
+                // chunk's images of dx are written by this task alone.
+                unsafe {
+                    // dW += dy_chunk · colᵀ
+                    gemm_into(
+                        (o, rows, width),
+                        (dw.as_mut_ptr(), rows, 1),
+                        dy_block,
+                        (col.as_ptr(), 1, width),
+                        true,
+                    );
+                    // dcol = Wᵀ · dy_chunk
+                    gemm_into(
+                        (rows, width, o),
+                        (dcol.as_mut_ptr(), width, 1),
+                        (w.as_ptr(), 1, rows),
+                        dy_block,
+                        false,
+                    );
+                    col2im_chunk(&g, dcol, n0, count, dx_ptr.0);
+                }
+            }
+            // SAFETY: one slot per group, each written by its own task.
+            unsafe { *partial_ptr.0.add(group) = dw };
+        },
+    );
+    let mut partials = partials.into_iter();
+    let mut dw = partials
+        .next()
+        .unwrap_or_else(|| vec![T::from_f64(0.0); o * rows]);
+    for partial in partials {
+        for (d, p) in dw.iter_mut().zip(&partial) {
+            *d += *p;
+        }
+    }
+    (dx, dw)
+}
 
-impl candle_core::CustomOp1 for Im2Col {
+/// The convolution `x`: `[C, N, D, H, W]`, `W`: `[O, C·k_vol]` → `[O, N·S_out]` as one op,
+/// whose backward ([`ConvBwd`]) recomputes the columns instead of keeping them.
+struct ConvOp(Geom);
+
+/// Backward of [`ConvOp`]: inputs (x, W, dy), output flat `[dx (C·N·V), dW (O·C·k_vol)]`.
+struct ConvBwd(Geom);
+
+impl candle_core::CustomOp2 for ConvOp {
     fn name(&self) -> &'static str {
-        "ssl-im2col"
+        "ssl-conv"
     }
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let g = self.0;
-        let shape = Shape::from(g.col_shape());
-        let out = match s {
-            CpuStorage::F32(_) => CpuStorage::F32(im2col_kernel(g, contiguous_slice(s, l)?)),
-            CpuStorage::F64(_) => CpuStorage::F64(im2col_kernel(g, contiguous_slice(s, l)?)),
-            _ => candle_core::bail!("im2col supports f32 and f64 only"),
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (g, o) = (self.0, l2.dims()[0]);
+        let y = match (s1, s2) {
+            (CpuStorage::F32(_), CpuStorage::F32(_)) => CpuStorage::F32(conv_forward(
+                g,
+                contiguous_slice(s1, l1)?,
+                contiguous_slice(s2, l2)?,
+                o,
+            )),
+            (CpuStorage::F64(_), CpuStorage::F64(_)) => CpuStorage::F64(conv_forward(
+                g,
+                contiguous_slice(s1, l1)?,
+                contiguous_slice(s2, l2)?,
+                o,
+            )),
+            _ => {
+                candle_core::bail!("the convolution takes f32 or f64 input and weight of one dtype")
+            }
         };
-        Ok((out, shape))
+        Ok((y, Shape::from((o, g.col_shape().1))))
     }
-    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(grad.contiguous()?.apply_op1(Col2Im(self.0))?))
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &ConvBwd(self.0))?;
+        let n = x.elem_count();
+        let dx = all.narrow(0, 0, n)?.reshape(x.shape())?;
+        let dw = all.narrow(0, n, w.elem_count())?.reshape(w.shape())?;
+        Ok((Some(dx), Some(dw)))
     }
 }
 
-impl candle_core::CustomOp1 for Col2Im {
+impl candle_core::CustomOp3 for ConvBwd {
     fn name(&self) -> &'static str {
-        "ssl-col2im"
+        "ssl-conv-bwd"
     }
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let g = self.0;
-        let mut dims = vec![g.c, g.n];
-        dims.extend(g.size);
-        let out = match s {
-            CpuStorage::F32(_) => CpuStorage::F32(col2im_kernel(g, contiguous_slice(s, l)?)),
-            CpuStorage::F64(_) => CpuStorage::F64(col2im_kernel(g, contiguous_slice(s, l)?)),
-            _ => candle_core::bail!("col2im supports f32 and f64 only"),
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (g, o) = (self.0, l2.dims()[0]);
+        fn join<T>(mut dx: Vec<T>, dw: Vec<T>) -> Vec<T> {
+            dx.extend(dw);
+            dx
+        }
+        let out = match s1 {
+            CpuStorage::F32(_) => {
+                let (dx, dw) = conv_backward::<f32>(
+                    g,
+                    contiguous_slice(s1, l1)?,
+                    contiguous_slice(s2, l2)?,
+                    contiguous_slice(s3, l3)?,
+                    o,
+                );
+                CpuStorage::F32(join(dx, dw))
+            }
+            CpuStorage::F64(_) => {
+                let (dx, dw) = conv_backward::<f64>(
+                    g,
+                    contiguous_slice(s1, l1)?,
+                    contiguous_slice(s2, l2)?,
+                    contiguous_slice(s3, l3)?,
+                    o,
+                );
+                CpuStorage::F64(join(dx, dw))
+            }
+            _ => candle_core::bail!("the convolution supports f32 and f64 only"),
         };
-        Ok((out, Shape::from(dims)))
-    }
-    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(grad.contiguous()?.apply_op1(Im2Col(self.0))?))
+        let len = l1.shape().elem_count() + l2.shape().elem_count();
+        Ok((out, Shape::from(len)))
     }
 }
 
@@ -390,15 +598,16 @@ impl Conv {
         };
         let (rows, cols) = g.col_shape();
         let volumes = x.reshape((g.c, g.n, g.size[0], g.size[1], g.size[2]))?;
-        let col = if self.kernel == 1 && self.stride == 1 && self.padding == 0 {
-            x.reshape((rows, cols))?
-        } else if x.device().is_cpu() {
-            volumes.apply_op1(Im2Col(g))?
-        } else {
-            im2col_composed(&volumes, g)?
-        };
         let wm = self.weight.reshape((o, rows))?;
-        let y = ssl_linalg::matmul(&wm, &col)?.reshape(g.out_dims(o, rank))?;
+        let y = if self.kernel == 1 && self.stride == 1 && self.padding == 0 {
+            // The input already is the column matrix.
+            ssl_linalg::matmul(&wm, &x.reshape((rows, cols))?)?
+        } else if x.device().is_cpu() {
+            volumes.apply_op2(&wm.to_dtype(x.dtype())?.contiguous()?, ConvOp(g))?
+        } else {
+            wm.matmul(&im2col_composed(&volumes, g)?)?
+        };
+        let y = y.reshape(g.out_dims(o, rank))?;
         match &self.bias {
             Some(b) => {
                 let mut bshape = vec![o];
