@@ -2,7 +2,7 @@
 //!
 //! Candle's own CPU conv2d is slow (especially its backward) and Candle has no 3D convolution,
 //! so [`Conv::forward_channel_major`] computes a convolution of spatial rank 2 or 3 as im2col
-//! + GEMM, `W[O, C·kᴿ] × col[C·kᴿ, N·S_out]`, which yields the output directly in
+//! and one GEMM, `W[O, C·kᴿ] × col[C·kᴿ, N·S_out]`, which yields the output directly in
 //! `[O, N, *S_out]`. One custom op does it chunk by chunk of images (about 4 MiB of columns
 //! each, on Candle's CPU workers), and its backward recomputes each chunk's columns for
 //! `dW += dy·colᵀ` and `dx = col2im(Wᵀ·dy)`: the column matrix of the batch, 9–27× the input,
