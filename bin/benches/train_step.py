@@ -18,7 +18,7 @@ same grouping as candle-ssl's optimiser. Inputs are N(0, 1) images drawn once; t
 move by B every step. The losses follow `shared/spec/objectives.md` §2.1, §2.3, §2.11; `--check`
 prints each on fixed inputs to compare with candle-ssl's known-answer tests.
 
-    python3 bin/benches/train_step.py --row all --threads 2 [--steps 10] [--warmup 2]
+    python3 bin/benches/train_step.py --row all --threads 2 [--steps 10] [--warmup 2] [--device cuda]
 
 Each row prints one JSON line: median / min / max milliseconds over `--steps` steps after
 `--warmup`, and the process's peak RSS (`ru_maxrss`, KiB on Linux, as MiB). `--row all` runs
@@ -142,22 +142,22 @@ ROWS = {
 }
 
 
-def run_row(row, threads, steps, warmup):
+def run_row(row, threads, steps, warmup, device):
     name, build, with_projector, loss_name, b, v, shape, lr = ROWS[row]
     torch.manual_seed(0)
-    encoder = build().train()
+    encoder = build().train().to(device)
     modules = [encoder]
     projector = None
     if with_projector:
         projector = nn.Sequential(
             nn.Linear(512, 2048), nn.BatchNorm1d(2048), nn.ReLU(), nn.Linear(2048, 2048)
-        ).train()
+        ).train().to(device)
         modules.append(projector)
     params = [p for m in modules for p in m.parameters()]
     table = None
     if loss_name == "icone":
         d = 384 if row == 3 else 512
-        table = nn.Parameter(0.02 * torch.randn(INSTANCES, d))
+        table = nn.Parameter(0.02 * torch.randn(INSTANCES, d, device=device))
         params.append(table)
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
@@ -165,11 +165,11 @@ def run_row(row, threads, steps, warmup):
         [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
         lr=lr, betas=(0.9, 0.999), eps=1e-8,
     )
-    views = torch.randn(v, b, *shape)
+    views = torch.randn(v, b, *shape, device=device)
     times = []
     for step in range(warmup + steps):
         first = (step * b) % INSTANCES
-        ids = torch.arange(first, first + b)
+        ids = torch.arange(first, first + b, device=device)
         t = time.perf_counter()
         out = []
         for x in views:
@@ -185,11 +185,14 @@ def run_row(row, threads, steps, warmup):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if device != "cpu":
+            torch.cuda.synchronize()
         if step >= warmup:
             times.append((time.perf_counter() - t) * 1e3)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({
         "row": row, "name": name, "framework": "pytorch", "torch": torch.__version__,
+        "device": device,
         "threads": threads, "median_ms": statistics.median(times), "min_ms": min(times),
         "max_ms": max(times), "peak_rss_mib": peak,
     }), flush=True)
@@ -209,6 +212,7 @@ def check():
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--row", default="all")
+    p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
@@ -219,12 +223,12 @@ def main():
     if a.row == "all":
         for row in ROWS:
             subprocess.run([sys.executable, __file__, "--row", str(row), "--threads",
-                            str(a.threads), "--steps", str(a.steps), "--warmup", str(a.warmup)],
-                           check=True)
+                            str(a.threads), "--steps", str(a.steps), "--warmup", str(a.warmup),
+                            "--device", a.device], check=True)
         return
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
-    run_row(int(a.row), a.threads, a.steps, a.warmup)
+    run_row(int(a.row), a.threads, a.steps, a.warmup, a.device)
 
 
 if __name__ == "__main__":

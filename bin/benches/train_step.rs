@@ -16,13 +16,14 @@
 //! and the process's peak RSS (MiB). `--row all` runs every row in a fresh process, so each
 //! peak RSS is the row's own.
 //!
-//! `cargo bench -p ssl --bench train_step -- --row all --threads 2 [--steps 10] [--warmup 2]`
+//! `cargo bench -p ssl --bench train_step -- --row all --threads 2 [--steps 10] [--warmup 2]
+//! [--device cuda]` (a GPU run needs `--features cuda`; the peak RSS is then host memory only).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use ssl::config::{apply_set, RunConfig};
 use ssl::optim::Optimizer;
 use ssl::setup::DataSplit;
@@ -94,6 +95,7 @@ const ROWS: [Row; 4] = [
 
 struct Args {
     row: String,
+    device: String,
     threads: usize,
     steps: usize,
     warmup: usize,
@@ -102,6 +104,7 @@ struct Args {
 fn parse_args() -> Result<Args> {
     let mut args = Args {
         row: "all".into(),
+        device: "cpu".into(),
         threads: 2,
         steps: 10,
         warmup: 2,
@@ -111,13 +114,14 @@ fn parse_args() -> Result<Args> {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--row" => args.row = value()?,
+            "--device" => args.device = value()?,
             "--threads" => args.threads = value()?.parse()?,
             "--steps" => args.steps = value()?.parse()?,
             "--warmup" => args.warmup = value()?.parse()?,
             // cargo bench passes --bench to every bench binary.
             "--bench" => {}
             other => {
-                bail!("unknown argument `{other}`; use --row N|all, --threads, --steps, --warmup")
+                bail!("unknown argument `{other}`; use --row N|all, --device, --threads, --steps, --warmup")
             }
         }
     }
@@ -167,7 +171,7 @@ fn peak_rss_mib() -> f64 {
 fn run_row(index: usize, args: &Args) -> Result<()> {
     let row = &ROWS[index];
     let cfg = config(row)?;
-    let device = Device::Cpu;
+    let device = ssl::setup::device(&args.device)?;
     let data = split(row.shape);
     let mut model = trainer::build_model(&cfg, &data, &device)?;
     let params = model
@@ -205,6 +209,7 @@ fn run_row(index: usize, args: &Args) -> Result<()> {
         };
         let t = Instant::now();
         trainer::training_step(&mut model, &mut optimizer, &input)?;
+        device.synchronize()?;
         if step >= args.warmup {
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
@@ -220,6 +225,7 @@ fn run_row(index: usize, args: &Args) -> Result<()> {
             "row": index + 1,
             "name": row.name,
             "framework": "candle-ssl",
+            "device": args.device,
             "threads": args.threads,
             "median_ms": median,
             "min_ms": times[0],
@@ -242,6 +248,7 @@ fn main() -> Result<()> {
         for row in 1..=ROWS.len() {
             let status = std::process::Command::new(&exe)
                 .args(["--row", &row.to_string()])
+                .args(["--device", &args.device])
                 .args(["--threads", &args.threads.to_string()])
                 .args(["--steps", &args.steps.to_string()])
                 .args(["--warmup", &args.warmup.to_string()])

@@ -73,9 +73,11 @@ pub fn resolve(spec: &str, encoder: &str) -> Result<PathBuf> {
             "torchvision" => format!("torchvision.models.{name}(weights='DEFAULT')"),
             _ => format!("timm.create_model('{name}', pretrained=True)"),
         };
+        let dir = path.parent().unwrap_or(&path).display();
         bail!(
             "--init {spec}: {} does not exist. Convert the published weights once (needs PyTorch):\n  \
-             python3 -c \"import {framework}, torchvision, safetensors.torch as st; \
+             python3 -c \"import os, {framework}, safetensors.torch as st; \
+             os.makedirs('{dir}', exist_ok=True); \
              st.save_file({constructor}.state_dict(), '{}')\"\n\
              or set SSL_WEIGHTS to the directory that holds {framework}/{name}.safetensors",
             path.display(),

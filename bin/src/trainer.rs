@@ -128,6 +128,14 @@ fn apply_init(cfg: &RunConfig, model: &Model) -> Result<()> {
     };
     let loaded = crate::pretrained::load(&model.store, spec, &cfg.model.encoder)?;
     copy_student_to_teacher(&model.store)?;
+    let (counters, named): (Vec<_>, Vec<_>) = loaded
+        .skipped
+        .iter()
+        .partition(|k| k.ends_with("num_batches_tracked"));
+    let mut skipped: Vec<String> = named.into_iter().cloned().collect();
+    if !counters.is_empty() {
+        skipped.push(format!("{} num_batches_tracked", counters.len()));
+    }
     eprintln!(
         "initialised {} encoder tensors from {}{}",
         loaded.tensors,
@@ -136,7 +144,7 @@ fn apply_init(cfg: &RunConfig, model: &Model) -> Result<()> {
             0 => String::new(),
             n => format!(
                 " (skipped {n} it has and the encoder lacks: {})",
-                loaded.skipped.join(", ")
+                skipped.join(", ")
             ),
         }
     );
