@@ -27,6 +27,7 @@ every row in a fresh process so that each peak RSS is the row's own.
 
 import argparse
 import json
+import math
 import resource
 import statistics
 import subprocess
@@ -198,15 +199,40 @@ def run_row(row, threads, steps, warmup, device):
     }), flush=True)
 
 
+def formula(*shape, a=0.37, c=0.1):
+    """`x[k] = sin(a·k + c)` over the row-major flat index `k` of `shape`, in float64: inputs
+    the Rust side can rebuild without sharing a random stream."""
+    k = torch.arange(math.prod(shape), dtype=torch.float64)
+    return torch.sin(a * k + c).reshape(shape)
+
+
 def check():
-    """Each loss on the spec's known-answer inputs."""
+    """Each loss on fixed float64 inputs, to compare with candle-ssl's losses.
+
+    1. The spec's known-answer inputs (§2.3 `Z_a, Z_b`; §2.11 adds `Z_c`; §2.1's IConE example).
+    2. Multi-view inputs the spec has no example for, built by `formula`:
+       `z = formula(3, 6, 4)` (`[V, B, D]`, B > D: FroSSL's D×D Gram) and
+       `z = formula(3, 4, 6)` (B < D: FroSSL's B×B Gram) for VICReg and FroSSL;
+       IConE with `f = formula(3, 4, 6)`, table `E = formula(5, 6, a=0.53, c=0.2)` and ids
+       `[4, 0, 2, 1]`.
+    """
     za = torch.tensor([[1, 0, 2], [0, 1, 1], [2, 1, 0], [1, 3, 1]], dtype=torch.float64)
     zb = torch.tensor([[1, 1, 2], [0, 0, 1], [2, 2, 1], [0, 3, 0]], dtype=torch.float64)
-    print("vicreg", vicreg(torch.stack([za, zb])).item(), "(spec 15.5072337985)")
-    print("frossl", frossl(torch.stack([za, zb])).item(), "(spec -1.0128998163)")
+    zc = torch.tensor([[2, 0, 1], [1, 1, 0], [1, 0, 1], [0, 2, 2]], dtype=torch.float64)
+    print("vicreg spec", vicreg(torch.stack([za, zb])).item(), "(spec 15.5072337985)")
+    print("frossl spec", frossl(torch.stack([za, zb])).item(), "(spec -1.0128998163)")
+    print("frossl spec3", frossl(torch.stack([za, zb, zc])).item(), "(spec -0.7891713671)")
     f = torch.tensor([[[1, 2, 2], [0, 3, 4]], [[2, 1, 2], [0, 4, 3]]], dtype=torch.float64)
     table = torch.tensor([[1, 0, 1], [0, 1, 0], [1, 1, 0]], dtype=torch.float64)
-    print("icone", icone(f, table, torch.tensor([0, 2])).item(), "(spec 0.6655892264)")
+    print("icone spec", icone(f, table, torch.tensor([0, 2])).item(), "(spec 0.6655892264)")
+    for shape in [(3, 6, 4), (3, 4, 6)]:
+        z = formula(*shape)
+        tag = "x".join(map(str, shape))
+        print(f"vicreg formula({tag})", vicreg(z).item())
+        print(f"frossl formula({tag})", frossl(z).item())
+    ids = torch.tensor([4, 0, 2, 1])
+    loss = icone(formula(3, 4, 6), formula(5, 6, a=0.53, c=0.2), ids)
+    print("icone formula(3x4x6) table formula(5x6) ids [4,0,2,1]", loss.item())
 
 
 def main():
