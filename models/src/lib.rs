@@ -4,6 +4,8 @@
 //! - [`pool`]: 2D/3D max pooling with padding.
 //! - [`batch_norm`]: fused train-mode batch norm (+ReLU) custom op.
 //! - [`layer_norm`]: fused layer norm with its backward (Candle's fused one has none).
+//! - [`softmax`]: fused last-axis softmax with its backward.
+//! - [`gelu`]: the erf GELU with a one-pass backward.
 //! - [`DigitsCnn`], [`Mlp`], [`ResNet`] (2D/3D), [`VisionTransformer`]: encoders implementing
 //!   [`Encoder`].
 //! - [`Projector`]: Linear–BN–ReLU projection head.
@@ -11,11 +13,13 @@
 pub mod batch_norm;
 pub mod conv;
 pub mod digits_cnn;
+pub mod gelu;
 pub mod layer_norm;
 pub mod mlp;
 pub mod pool;
 pub mod projector;
 pub mod resnet;
+pub mod softmax;
 mod util;
 pub mod vit;
 

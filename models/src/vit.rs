@@ -14,10 +14,12 @@
 //! projection PyTorch's default convolution init. No dropout or drop-path (timm's defaults), so
 //! train and eval modes compute the same function.
 
-use candle_core::{Module, Result, Tensor, D};
-use candle_nn::{Init, Linear, VarBuilder};
+use candle_core::{Result, Tensor};
+use candle_nn::{Init, VarBuilder};
 
+use crate::gelu::gelu_erf;
 use crate::layer_norm::{layer_norm, LayerNorm};
+use crate::softmax::softmax_last_dim;
 use crate::Encoder;
 
 /// Size of a ViT.
@@ -69,8 +71,30 @@ impl VitConfig {
     }
 }
 
+/// `x W^T + b` applied to every token: one `[N·T, D_in] × [D_in, D_out]` product. (Candle's
+/// `Linear` multiplies a `[N, T, D]` input by a weight broadcast to `[N, D_out, D_in]`, so its
+/// weight gradient is `N` products summed over a `[N, D_out, D_in]` temporary.)
+#[derive(Debug, Clone)]
+struct TokenLinear {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl TokenLinear {
+    /// `x`: `[…, D_in]` → `[…, D_out]`.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (out_dim, in_dim) = self.weight.dims2()?;
+        let mut shape = x.dims().to_vec();
+        let rows = x.elem_count() / in_dim.max(1);
+        *shape.last_mut().expect("token input has an axis") = out_dim;
+        ssl_linalg::matmul(&x.reshape((rows, in_dim))?, &self.weight.t()?)?
+            .broadcast_add(&self.bias)?
+            .reshape(shape)
+    }
+}
+
 /// A linear layer with timm's ViT init: weight N(0, 0.02²), bias 0.
-fn vit_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
+fn vit_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<TokenLinear> {
     let w = vb.get_with_hints(
         (out_dim, in_dim),
         "weight",
@@ -80,18 +104,18 @@ fn vit_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
         },
     )?;
     let b = vb.get_with_hints(out_dim, "bias", Init::Const(0.0))?;
-    Ok(Linear::new(w, Some(b)))
+    Ok(TokenLinear { weight: w, bias: b })
 }
 
 /// `blocks.{i}`: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`.
 #[derive(Debug, Clone)]
 struct Block {
     norm1: LayerNorm,
-    qkv: Linear,
-    proj: Linear,
+    qkv: TokenLinear,
+    proj: TokenLinear,
     norm2: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
+    fc1: TokenLinear,
+    fc2: TokenLinear,
     heads: usize,
 }
 
@@ -124,8 +148,8 @@ impl Block {
             qkv.get(i)?.contiguous()?.reshape((n * self.heads, t, hd))
         };
         let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-        let scores = (q.matmul(&k.t()?)? * (hd as f64).powf(-0.5))?;
-        let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let scores = (q * (hd as f64).powf(-0.5))?.matmul(&k.t()?)?;
+        let weights = softmax_last_dim(&scores)?;
         let out = weights
             .matmul(&v)?
             .reshape((n, self.heads, t, hd))?
@@ -136,7 +160,7 @@ impl Block {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = (x + self.attention(&self.norm1.forward(x)?)?)?;
-        let h = self.fc1.forward(&self.norm2.forward(&x)?)?.gelu_erf()?;
+        let h = gelu_erf(&self.fc1.forward(&self.norm2.forward(&x)?)?)?;
         x + self.fc2.forward(&h)?
     }
 }
