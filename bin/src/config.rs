@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use ssl_models::autocast::Precision;
 use ssl_models::Stem;
 
 /// Everything a run needs; written resolved to `RUN_DIR/config.yaml`.
@@ -241,6 +242,10 @@ pub struct TrainConfig {
     /// (effective batch `accumulate × batch_size`; the objective still sees `batch_size`
     /// instances at a time, so batch statistics are the smaller batch's).
     pub accumulate: usize,
+    /// `f32`, or `bf16`: the encoder's and projector's matrix products take bf16 operands and
+    /// accumulate in f32, everything else stays f32 (as `torch.autocast(dtype=torch.bfloat16)`;
+    /// emulated on the CPU, where it is a check, not a speed-up).
+    pub precision: Precision,
 }
 
 impl Default for TrainConfig {
@@ -269,6 +274,7 @@ impl Default for TrainConfig {
             checkpoint_every: 10,
             stop_after_epochs: 0,
             accumulate: 1,
+            precision: Precision::F32,
         }
     }
 }

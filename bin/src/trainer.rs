@@ -17,6 +17,7 @@ use candle_nn::{Linear, Module};
 use serde_json::json;
 use ssl_core::{Batch, BuildContext, Objective, ParamStore, Progress, SingleProcess, StepContext};
 use ssl_data::{LocalCrop, ViewLoader, ViewTransform};
+use ssl_models::autocast::{autocast, Precision};
 use ssl_models::{Encoder, Projector};
 
 use crate::checkpoint::{self, TrainerState};
@@ -35,6 +36,8 @@ pub struct Model {
     pub teacher: Option<(Box<dyn Encoder>, Option<Projector>)>,
     pub probe: Option<Linear>,
     pub objective: Box<dyn Objective>,
+    /// Precision of the training step's matrix products (evaluation is f32).
+    pub precision: Precision,
 }
 
 /// Builds every module of `cfg` in a fresh store seeded by the run seed.
@@ -109,6 +112,7 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
         teacher,
         probe,
         objective,
+        precision: cfg.train.precision,
     })
 }
 
@@ -205,6 +209,12 @@ pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
     let data = setup::data(cfg)?;
     let mut model = build_model(cfg, &data, &device)?;
     apply_init(cfg, &model)?;
+    if model.precision == Precision::Bf16 && device.is_cpu() {
+        eprintln!(
+            "train.precision bf16 on the CPU is emulated (bf16-rounded operands, f32 products): \
+             it checks a recipe in bf16 but is slower than f32; use it for speed on cuda or metal"
+        );
+    }
     let dir = cfg.out.clone();
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create run directory {}", dir.display()))?;
@@ -605,6 +615,7 @@ pub fn forward_backward(
     model: &mut Model,
     input: &StepInput<'_>,
 ) -> Result<(StepOutput, GradStore)> {
+    let _precision = autocast(model.precision);
     let device = input.images.device();
     let (v, b) = (input.views, input.instance_ids.len());
     let views = input.images.chunk(v, 0)?;
@@ -717,23 +728,82 @@ mod tests {
         (model, optimizer)
     }
 
-    #[test]
-    fn accumulating_two_half_batches_equals_one_full_batch_step() {
+    /// The GMM study's config (MLP encoder, IConE, no probe) with `sets` applied.
+    fn gmm_config(sets: &[&str]) -> RunConfig {
         let mut root = serde_yaml::Value::Mapping(Default::default());
         for s in [
             "data.name=gmm",
             "model.encoder=mlp",
             "objective.name=icone",
             "train.probe_lr=0",
-            // Plain SGD: the update is proportional to the gradient (Adam's first step is
-            // about its sign), so a wrongly summed or scaled gradient shows.
+        ]
+        .iter()
+        .chain(sets)
+        {
+            crate::config::apply_set(&mut root, s).unwrap();
+        }
+        RunConfig::from_yaml_value(root).unwrap()
+    }
+
+    #[test]
+    fn bf16_training_follows_f32_within_bf16_precision() {
+        let losses = |precision: &str| -> Vec<f64> {
+            let cfg = gmm_config(&[&format!("train.precision={precision}")]);
+            let data = setup::data(&cfg).unwrap();
+            let (mut model, mut optimizer) = gmm_model(&cfg, &data);
+            let b = 16;
+            let positions: Vec<usize> = data.train[..b].to_vec();
+            let clean = setup::samples(&data.dataset, &positions, &Device::Cpu).unwrap();
+            let images =
+                Tensor::cat(&[(&clean + 0.1).unwrap(), (&clean - 0.1).unwrap()], 0).unwrap();
+            let ids: Vec<u32> = (0..b as u32).collect();
+            let labels = setup::labels(&data.dataset, &positions);
+            (0..5)
+                .map(|step| {
+                    let input = StepInput {
+                        images: images.clone(),
+                        views: 2,
+                        local_images: None,
+                        instance_ids: &ids,
+                        labels: &labels,
+                        progress: Progress {
+                            step,
+                            epoch: 0,
+                            steps_per_epoch: 5,
+                            total_steps: 5,
+                            seed: 0,
+                        },
+                        lr: 1e-2,
+                    };
+                    training_step(&mut model, &mut optimizer, &input)
+                        .unwrap()
+                        .loss
+                })
+                .collect()
+        };
+        let (full, bf16) = (losses("f32"), losses("bf16"));
+        assert!(full[4] < full[0], "training lowers the loss: {full:?}");
+        let mut largest = 0.0f64;
+        for (a, b) in full.iter().zip(&bf16) {
+            let relative = (a - b).abs() / a.abs();
+            assert!(relative < 1e-2, "f32 {full:?} vs bf16 {bf16:?}");
+            largest = largest.max(relative);
+        }
+        assert!(
+            largest > 0.0,
+            "bf16 operands must change the numbers: {bf16:?}"
+        );
+    }
+
+    #[test]
+    fn accumulating_two_half_batches_equals_one_full_batch_step() {
+        // Plain SGD: the update is proportional to the gradient (Adam's first step is about its
+        // sign), so a wrongly summed or scaled gradient shows.
+        let cfg = gmm_config(&[
             "train.optimizer=sgd",
             "train.momentum=0",
             "train.weight_decay=0",
-        ] {
-            crate::config::apply_set(&mut root, s).unwrap();
-        }
-        let cfg = RunConfig::from_yaml_value(root).unwrap();
+        ]);
         let data = setup::data(&cfg).unwrap();
         let (b, v) = (8, 2);
         let positions: Vec<usize> = data.train[..b].to_vec();

@@ -18,6 +18,7 @@ use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Tensor};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::for_each_index;
 
+use crate::autocast::matrix_product;
 use crate::util::{contiguous_slice, Float};
 
 /// Geometry of a convolution on a `[C, N, D, H, W]` input (`D = 1`, kernel depth 1 in 2D).
@@ -597,16 +598,18 @@ impl Conv {
             _ => x.to_dtype(DType::F32)?.contiguous()?,
         };
         let (rows, cols) = g.col_shape();
-        let volumes = x.reshape((g.c, g.n, g.size[0], g.size[1], g.size[2]))?;
-        let wm = self.weight.reshape((o, rows))?;
-        let y = if self.kernel == 1 && self.stride == 1 && self.padding == 0 {
-            // The input already is the column matrix.
-            ssl_linalg::matmul(&wm, &x.reshape((rows, cols))?)?
-        } else if x.device().is_cpu() {
-            volumes.apply_op2(&wm.to_dtype(x.dtype())?.contiguous()?, ConvOp(g))?
-        } else {
-            wm.matmul(&im2col_composed(&volumes, g)?)?
-        };
+        let wm = self.weight.reshape((o, rows))?.to_dtype(x.dtype())?;
+        let y = matrix_product(&x, &wm, |x, wm| {
+            let volumes = x.reshape((g.c, g.n, g.size[0], g.size[1], g.size[2]))?;
+            if self.kernel == 1 && self.stride == 1 && self.padding == 0 {
+                // The input already is the column matrix.
+                ssl_linalg::matmul(wm, &x.reshape((rows, cols))?)
+            } else if x.device().is_cpu() {
+                volumes.apply_op2(&wm.contiguous()?, ConvOp(g))
+            } else {
+                wm.matmul(&im2col_composed(&volumes, g)?)
+            }
+        })?;
         let y = y.reshape(g.out_dims(o, rank))?;
         match &self.bias {
             Some(b) => {

@@ -5,11 +5,11 @@
 //! ([`crate::conv`]) and each batch norm is a fused per-row op ([`crate::batch_norm`]).
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder};
+use candle_nn::VarBuilder;
 
 use crate::batch_norm::BatchNorm;
 use crate::conv::{conv, Conv};
-use crate::{linear, Encoder};
+use crate::{linear, Encoder, Linear};
 
 const OUT_DIM: usize = 128;
 

@@ -1,9 +1,9 @@
 //! A plain multi-layer perceptron: Linear–ReLU blocks, with no ReLU after the last layer.
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder};
+use candle_nn::VarBuilder;
 
-use crate::{linear, Encoder};
+use crate::{linear, Encoder, Linear};
 
 /// MLP with keys `layers.{i}.weight` / `layers.{i}.bias`.
 #[derive(Debug, Clone)]

@@ -2,10 +2,10 @@
 //! `nn.Sequential` (`0.weight`, `0.bias`, `1.weight`, `1.running_mean`, …, `3.weight`, …).
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder};
+use candle_nn::VarBuilder;
 
 use crate::batch_norm::{batch_norm, BatchNorm};
-use crate::linear;
+use crate::{linear, Linear};
 
 /// Projector for dims `[h1, …, out]`.
 #[derive(Debug, Clone)]

@@ -1,6 +1,6 @@
 //! ResNet-18/34/50 in 2D and 3D: He, Zhang, Ren & Sun, "Deep Residual Learning for Image
-//! Recognition", CVPR 2016 (Table 1: BasicBlock stages [2,2,2,2] and [3,4,6,3], Bottleneck
-//! [3,4,6,3]; stride-2 convolution opening stages 2–4, 1×1 projection shortcuts where the shape
+//! Recognition", CVPR 2016 (Table 1: BasicBlock stages `[2,2,2,2]` and `[3,4,6,3]`, Bottleneck
+//! `[3,4,6,3]`; stride-2 convolution opening stages 2–4, 1×1 projection shortcuts where the shape
 //! changes).
 //!
 //! The layout and initialisation are torchvision's `resnet.py` (v1.5: the stride of a Bottleneck
@@ -21,13 +21,13 @@
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::init::{FanInOut, NonLinearity, NormalOrUniform};
-use candle_nn::{Init, Linear, VarBuilder};
+use candle_nn::{Init, VarBuilder};
 use serde::{Deserialize, Serialize};
 
 use crate::batch_norm::BatchNorm;
 use crate::conv::Conv;
 use crate::pool::max_pool_channel_major;
-use crate::{linear, Encoder};
+use crate::{linear, Encoder, Linear};
 
 /// The first layers before the residual stages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

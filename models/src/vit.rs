@@ -14,13 +14,14 @@
 //! projection PyTorch's default convolution init. No dropout or drop-path (timm's defaults), so
 //! train and eval modes compute the same function.
 
-use candle_core::{Result, Tensor};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
+use crate::autocast::matrix_product;
 use crate::gelu::gelu_erf;
 use crate::layer_norm::{layer_norm, LayerNorm};
 use crate::softmax::softmax_last_dim;
-use crate::Encoder;
+use crate::{Encoder, Linear};
 
 /// Size of a ViT.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,30 +72,8 @@ impl VitConfig {
     }
 }
 
-/// `x W^T + b` applied to every token: one `[N·T, D_in] × [D_in, D_out]` product. (Candle's
-/// `Linear` multiplies a `[N, T, D]` input by a weight broadcast to `[N, D_out, D_in]`, so its
-/// weight gradient is `N` products summed over a `[N, D_out, D_in]` temporary.)
-#[derive(Debug, Clone)]
-struct TokenLinear {
-    weight: Tensor,
-    bias: Tensor,
-}
-
-impl TokenLinear {
-    /// `x`: `[…, D_in]` → `[…, D_out]`.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (out_dim, in_dim) = self.weight.dims2()?;
-        let mut shape = x.dims().to_vec();
-        let rows = x.elem_count() / in_dim.max(1);
-        *shape.last_mut().expect("token input has an axis") = out_dim;
-        ssl_linalg::matmul(&x.reshape((rows, in_dim))?, &self.weight.t()?)?
-            .broadcast_add(&self.bias)?
-            .reshape(shape)
-    }
-}
-
 /// A linear layer with timm's ViT init: weight N(0, 0.02²), bias 0.
-fn vit_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<TokenLinear> {
+fn vit_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
     let w = vb.get_with_hints(
         (out_dim, in_dim),
         "weight",
@@ -104,18 +83,18 @@ fn vit_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<TokenLine
         },
     )?;
     let b = vb.get_with_hints(out_dim, "bias", Init::Const(0.0))?;
-    Ok(TokenLinear { weight: w, bias: b })
+    Ok(Linear::new(w, Some(b)))
 }
 
 /// `blocks.{i}`: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`.
 #[derive(Debug, Clone)]
 struct Block {
     norm1: LayerNorm,
-    qkv: TokenLinear,
-    proj: TokenLinear,
+    qkv: Linear,
+    proj: Linear,
     norm2: LayerNorm,
-    fc1: TokenLinear,
-    fc2: TokenLinear,
+    fc1: Linear,
+    fc2: Linear,
     heads: usize,
 }
 
@@ -148,10 +127,9 @@ impl Block {
             qkv.get(i)?.contiguous()?.reshape((n * self.heads, t, hd))
         };
         let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-        let scores = (q * (hd as f64).powf(-0.5))?.matmul(&k.t()?)?;
+        let scores = matrix_product(&(q * (hd as f64).powf(-0.5))?, &k.t()?, |a, b| a.matmul(b))?;
         let weights = softmax_last_dim(&scores)?;
-        let out = weights
-            .matmul(&v)?
+        let out = matrix_product(&weights, &v, |a, b| a.matmul(b))?
             .reshape((n, self.heads, t, hd))?
             .transpose(1, 2)?
             .reshape((n, t, d))?;
@@ -272,7 +250,7 @@ impl VisionTransformer {
             .permute((0, 2, 4, 1, 3, 5))?
             .contiguous()?
             .reshape((n * gh * gw, c * p * p))?;
-        let tokens = ssl_linalg::matmul(&patches, &self.patch_weight.t()?)?
+        let tokens = matrix_product(&patches, &self.patch_weight.t()?, ssl_linalg::matmul)?
             .broadcast_add(&self.patch_bias)?
             .reshape((n, gh * gw, self.cfg.embed_dim))?;
         Ok((tokens, gh, gw))

@@ -265,3 +265,35 @@ fn init_is_pytorch_uniform() {
     let names: Vec<String> = store.vars().into_iter().map(|(k, _)| k).collect();
     assert_eq!(names, vec!["c.bias", "c.weight", "d.weight"]);
 }
+
+#[test]
+fn bf16_autocast_convolves_the_rounded_operands() {
+    use crate::autocast::{autocast, Precision};
+    let round = |t: &Tensor| {
+        t.to_dtype(DType::BF16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+    };
+    let x = rand_tensor(8, &[2, 3, 7, 8], DType::F32);
+    let w = rand_tensor(9, &[4, 3, 3, 3], DType::F32);
+    let full = Conv::new(w.clone(), None, 1, 1)
+        .unwrap()
+        .forward(&x)
+        .unwrap();
+    let bf16 = {
+        let _bf16 = autocast(Precision::Bf16);
+        Conv::new(w.clone(), None, 1, 1)
+            .unwrap()
+            .forward(&x)
+            .unwrap()
+    };
+    let rounded = Conv::new(round(&w), None, 1, 1)
+        .unwrap()
+        .forward(&round(&x))
+        .unwrap();
+    assert_eq!(bf16.dtype(), DType::F32);
+    assert_eq!(max_abs_diff(&bf16, &rounded), 0.0);
+    let error = max_abs_diff(&bf16, &full);
+    assert!(error > 0.0 && error < 0.05, "bf16 vs f32: {error}");
+}
