@@ -5,8 +5,8 @@
 //! The crop box follows torchvision's `RandomResizedCrop.get_params` (spec data §3): up to ten
 //! draws of area fraction `U(scale)` and log-uniform aspect ratio, sides rounded half to even as
 //! Python's `round`, and the centre-crop fallback.
-//! The crop is resampled bilinearly as `F.interpolate(..., align_corners=False)` without
-//! antialiasing; torchvision's PIL-exact antialiased resize belongs to the augmentation pipelines.
+//! The crop is resampled as torchvision's `resized_crop` does ([`crate::resample`]: antialiased
+//! bilinear by default, bicubic for DINO).
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::augment::ViewTransform;
-use crate::digits::bilinear_resize;
+use crate::resample::{resized_crop, Interpolation};
 
 /// A crop box in pixels: rows `top..top+height`, columns `left..left+width`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,21 +72,6 @@ pub fn random_resized_crop_box(
     }
 }
 
-/// Crops `input` (`[C, H, W]` or `[H, W]`) to `crop` and resizes each channel to `size × size`.
-pub fn resized_crop(input: &[f32], shape: &[usize], crop: CropBox, size: usize) -> Vec<f32> {
-    let (h, w) = (shape[shape.len() - 2], shape[shape.len() - 1]);
-    let mut out = Vec::with_capacity(input.len() / (h * w) * size * size);
-    let mut patch = Vec::with_capacity(crop.height * crop.width);
-    for plane in input.chunks_exact(h * w) {
-        patch.clear();
-        for row in crop.top..crop.top + crop.height {
-            patch.extend_from_slice(&plane[row * w + crop.left..row * w + crop.left + crop.width]);
-        }
-        out.extend(bilinear_resize(&patch, crop.height, crop.width, size, size));
-    }
-    out
-}
-
 /// Local views of multi-crop: a random resized crop of area fraction in `scale`, resized to
 /// `size × size`, then `then` (the run's per-view transform) at that size.
 #[derive(Clone)]
@@ -97,6 +82,8 @@ pub struct LocalCrop {
     pub scale: (f64, f64),
     /// Range of the crop's aspect ratio (torchvision: `(3/4, 4/3)`).
     pub ratio: (f64, f64),
+    /// Resampling filter of the crop's resize.
+    pub interpolation: Interpolation,
     /// Applied to the resized crop.
     pub then: Arc<dyn ViewTransform>,
 }
@@ -108,6 +95,7 @@ impl LocalCrop {
             size,
             scale,
             ratio: (3.0 / 4.0, 4.0 / 3.0),
+            interpolation: Interpolation::Bilinear,
             then,
         }
     }
@@ -142,7 +130,17 @@ impl LocalCrop {
     pub fn apply(&self, input: &[f32], shape: &[usize], out: &mut [f32], rng: &mut ChaCha8Rng) {
         let (h, w) = (shape[shape.len() - 2], shape[shape.len() - 1]);
         let crop = random_resized_crop_box(h, w, self.scale, self.ratio, rng);
-        let resized = resized_crop(input, shape, crop, self.size);
+        let mut resized = vec![0f32; input.len() / (h * w) * self.size * self.size];
+        resized_crop(
+            input,
+            h,
+            w,
+            crop,
+            self.size,
+            self.size,
+            self.interpolation,
+            &mut resized,
+        );
         let mut local_shape = shape.to_vec();
         let n = local_shape.len();
         local_shape[n - 2] = self.size;
@@ -204,15 +202,31 @@ mod tests {
             height: 5,
             width: 5,
         };
-        assert_eq!(resized_crop(&img, &[2, 5, 5], full, 5), img);
+        let resize = |crop: CropBox, size: usize| {
+            let mut out = vec![0f32; 2 * size * size];
+            resized_crop(
+                &img,
+                5,
+                5,
+                crop,
+                size,
+                size,
+                Interpolation::Bilinear,
+                &mut out,
+            );
+            out
+        };
+        assert_eq!(resize(full, 5), img);
         let corner = CropBox {
             top: 1,
             left: 2,
             height: 2,
             width: 2,
         };
-        let out = resized_crop(&img, &[2, 5, 5], corner, 2);
-        assert_eq!(out, vec![7.0, 8.0, 12.0, 13.0, 32.0, 33.0, 37.0, 38.0]);
+        assert_eq!(
+            resize(corner, 2),
+            vec![7.0, 8.0, 12.0, 13.0, 32.0, 33.0, 37.0, 38.0]
+        );
     }
 
     #[test]

@@ -6,12 +6,18 @@
 //! * [`folder`]: ImageNet-style image folders (torchvision `ImageFolder` order), decoded to RGB.
 //! * [`split`]: deterministic stratified train/test splits.
 //! * [`augment`]: per-view stochastic transforms ([`ViewTransform`]).
+//! * [`pipeline`]: torchvision-style 2D augmentations and the seeds' named recipes, built on
+//!   [`resample`] (antialiased resize), [`color`] (jitter, grayscale, solarise, normalise)
+//!   and [`blur`].
+//! * [`volume`]: IConE's 3D augmentations.
 //! * [`crop`]: multi-crop local views (torchvision's random resized crop box).
 //! * [`loader`]: the deterministic, rayon-parallel multi-view batch loader ([`ViewLoader`]).
 //! * [`medmnist`]: the 18 MedMNIST datasets' facts and their `.npz` files as a [`Dataset`].
 //! * [`npy`]: NumPy `.npy` arrays and `.npz` archives.
 
 pub mod augment;
+pub mod blur;
+pub mod color;
 pub mod crop;
 pub mod dataset;
 pub mod digits;
@@ -20,12 +26,16 @@ pub mod gmm;
 pub mod loader;
 pub mod medmnist;
 pub mod npy;
+pub mod pipeline;
+pub mod resample;
 pub mod split;
+pub mod volume;
 
 pub use augment::{
     apply_affine, AffineParams, DigitsAugment, GaussianJitter, Identity, ViewTransform,
 };
-pub use crop::{random_resized_crop_box, resized_crop, CropBox, LocalCrop};
+pub use color::Normalization;
+pub use crop::{random_resized_crop_box, CropBox, LocalCrop};
 pub use dataset::{Dataset, Samples};
 pub use digits::{bilinear_resize, digits, DEFAULT_DIGITS_SIZE};
 pub use folder::{load_image_folder, ImageFolder, IMAGENET100};
@@ -34,4 +44,7 @@ pub use loader::{clean_batch, mix_seed, ViewBatch, ViewLoader};
 pub use medmnist::{
     load_medmnist, medmnist_info, write_digits_as_medmnist, MedMnist, MedMnistInfo,
 };
+pub use pipeline::{ImageAugment, ImageViewParams, JitterOp, Pipeline, PipelineName};
+pub use resample::Interpolation;
 pub use split::{imbalanced_subset, stratified_split, stratified_subset};
+pub use volume::{VolumeAugment, VolumeViewParams};

@@ -605,6 +605,10 @@ fn decode_labels(
             .chunks_exact(8)
             .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
             .collect(),
+        Dtype::F32 => bail!(
+            "{}: {split}_labels are float32; MedMNIST labels are integers (u8, i32 or i64)",
+            info.flag
+        ),
     };
     let bound = match info.is_multi_label() {
         true => 2,

@@ -13,12 +13,14 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
 
-/// Element types found in MedMNIST files (labels may be wider than images).
+/// Element types found in MedMNIST files (labels may be wider than images), and `f32` arrays
+/// (golden test data).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dtype {
     U8,
     I32,
     I64,
+    F32,
 }
 
 impl Dtype {
@@ -26,7 +28,7 @@ impl Dtype {
     pub fn size(self) -> usize {
         match self {
             Dtype::U8 => 1,
-            Dtype::I32 => 4,
+            Dtype::I32 | Dtype::F32 => 4,
             Dtype::I64 => 8,
         }
     }
@@ -36,7 +38,8 @@ impl Dtype {
             "|u1" | "<u1" | "u1" => Dtype::U8,
             "<i4" => Dtype::I32,
             "<i8" => Dtype::I64,
-            other => bail!("unsupported dtype `{other}` (expected |u1, <i4 or <i8)"),
+            "<f4" => Dtype::F32,
+            other => bail!("unsupported dtype `{other}` (expected |u1, <i4, <i8 or <f4)"),
         })
     }
 
@@ -45,6 +48,7 @@ impl Dtype {
             Dtype::U8 => "|u1",
             Dtype::I32 => "<i4",
             Dtype::I64 => "<i8",
+            Dtype::F32 => "<f4",
         }
     }
 }
@@ -307,7 +311,7 @@ mod tests {
     #[test]
     fn bad_headers_are_clear_errors() {
         let err = |text: &str| format!("{:#}", parse_dict(text).unwrap_err());
-        assert!(err("{'descr': '<f4', 'fortran_order': False, 'shape': (2,)}").contains("<f4"));
+        assert!(err("{'descr': '<f8', 'fortran_order': False, 'shape': (2,)}").contains("<f8"));
         assert!(err("{'descr': '|u1', 'fortran_order': True, 'shape': (2,)}").contains("Fortran"));
         assert!(err("{'descr': '|u1', 'fortran_order': False}").contains("shape"));
         let e = read_header(&mut b"PK\x03\x04 not npy".as_slice()).unwrap_err();
