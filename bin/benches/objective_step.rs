@@ -66,7 +66,7 @@ impl Bench {
     /// `views` noisy copies of the first `B` training images, one tensor per view.
     fn views(&self, views: usize) -> Result<Vec<Tensor>> {
         let positions: Vec<usize> = self.data.train[..self.batch].to_vec();
-        let clean = setup::samples(&self.data.dataset, &positions, &self.device)?;
+        let clean = setup::samples(&self.data, &positions, &self.device)?;
         (0..views)
             .map(|v| Ok((&clean + (Tensor::randn_like(&clean, 0.0, 0.1)? * (v as f64 + 1.0))?)?))
             .collect()

@@ -155,9 +155,11 @@ fn split(shape: &[usize]) -> DataSplit {
     };
     DataSplit {
         dataset: Arc::new(dataset),
+        seed: 0,
         train: (0..INSTANCES).collect(),
         test: Vec::new(),
         minority_classes: Vec::new(),
+        normalize: ssl_data::Normalization::None,
     }
 }
 

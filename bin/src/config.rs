@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use ssl_data::{ImageAugment, Normalization, Recipe};
 use ssl_models::autocast::Precision;
 use ssl_models::Stem;
 
@@ -59,6 +60,12 @@ pub struct DataConfig {
     /// (0: all of it).
     #[serde(skip_serializing_if = "is_zero")]
     pub train_size: usize,
+    /// Partition the training (sub)set itself, stratified, into train and test by this test
+    /// fraction, replacing the test partition (IConE's 80/20 of each N-subset of the official
+    /// train split, data.md §5.2: `0.2`); 0: keep the official test split (MedMNIST, folders
+    /// with `val/`) or the `test_fraction` split.
+    #[serde(skip_serializing_if = "is_zero_f64")]
+    pub subset_test_fraction: f64,
     /// Class imbalance factor k: half of the classes keep `ceil(n/k)` of their training
     /// instances (data.md §5.3); 1 = balanced. The test partition is untouched.
     #[serde(skip_serializing_if = "is_one")]
@@ -71,10 +78,57 @@ pub struct DataConfig {
     /// `[imagenet100]` is CMC's ImageNet-100 list. Empty: every class.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub folder_classes: Vec<String>,
+    /// Augmentation recipe: digits, noise, none, icone, simclr, frossl, moco-v2, byol, vicreg,
+    /// dino, swav (2D, torchvision semantics) or icone3d (volumes). Absent: by data set —
+    /// digits → digits, gmm → noise, MedMNIST 2D → icone, MedMNIST 3D → icone3d,
+    /// folder → simclr; the run's `config.yaml` records the choice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub augment: Option<Recipe>,
+    /// Input normalisation of training views and evaluation inputs alike: none, imagenet,
+    /// cifar10, cifar100, stl10 or medmnist. Absent: the recipe's (ImageNet's for the 2D
+    /// photo recipes, none otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normalize: Option<Normalization>,
+    /// Explicit 2D view types replacing the recipe's (view `v` uses entry `v mod n`), each a
+    /// mapping of `ImageAugment` fields over torchvision's defaults, e.g.
+    /// `[{crop_scale: [0.2, 1.0], jitter: [0.4, 0.4, 0.4, 0.1], jitter_p: 0.8, blur: 1.0}]`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub augment_views: Vec<ImageAugment>,
+}
+
+impl DataConfig {
+    /// Fills `augment` and `normalize` with the data set's defaults, so the run's
+    /// `config.yaml` names the recipe it trained with.
+    pub fn resolve(&mut self) {
+        self.augment = Some(self.recipe());
+        self.normalize = Some(self.normalization());
+    }
+
+    /// `augment`, or the data set's recipe.
+    pub fn recipe(&self) -> Recipe {
+        self.augment.unwrap_or(match self.name.as_str() {
+            "digits" => Recipe::Digits,
+            "gmm" => Recipe::Noise,
+            "folder" => Recipe::Simclr,
+            name => match ssl_data::medmnist_info(name) {
+                Ok(info) if info.volumetric => Recipe::Icone3d,
+                _ => Recipe::Icone,
+            },
+        })
+    }
+
+    /// `normalize`, or the recipe's.
+    pub fn normalization(&self) -> Normalization {
+        self.normalize
+            .unwrap_or_else(|| self.recipe().default_normalization())
+    }
 }
 
 fn is_zero(v: &usize) -> bool {
     *v == 0
+}
+fn is_zero_f64(v: &f64) -> bool {
+    *v == 0.0
 }
 fn is_one(v: &usize) -> bool {
     *v == 1
@@ -89,9 +143,13 @@ impl Default for DataConfig {
             test_fraction: 0.2,
             split_seed: None,
             train_size: 0,
+            subset_test_fraction: 0.0,
             imbalance: 1,
             classes: Vec::new(),
             folder_classes: Vec::new(),
+            augment: None,
+            normalize: None,
+            augment_views: Vec::new(),
         }
     }
 }
@@ -317,6 +375,7 @@ impl RunConfig {
         let mut config: RunConfig =
             serde_yaml::from_value(value).map_err(|e| anyhow::anyhow!("{e}"))?;
         config.objective.resolve()?;
+        config.data.resolve();
         config.validate()?;
         Ok(config)
     }
@@ -357,6 +416,12 @@ impl RunConfig {
         }
         if !(t.lr.is_finite() && t.lr > 0.0) {
             bail!("train.lr must be > 0, got {}", t.lr);
+        }
+        if !(0.0..1.0).contains(&self.data.subset_test_fraction) {
+            bail!(
+                "data.subset_test_fraction must be in [0, 1) (0: keep the test split; IConE: 0.2), got {}",
+                self.data.subset_test_fraction
+            );
         }
         if !(0.0..1.0).contains(&self.data.test_fraction) || self.data.test_fraction == 0.0 {
             bail!(

@@ -48,7 +48,7 @@ pub struct Inputs {
 pub fn clean_inputs(data: &DataSplit, device: &Device) -> Result<(Inputs, Inputs)> {
     let make = |positions: &[usize]| -> Result<Inputs> {
         Ok(Inputs {
-            x: setup::samples(&data.dataset, positions, device)?,
+            x: setup::samples(data, positions, device)?,
             y: setup::labels(&data.dataset, positions),
         })
     };

@@ -403,7 +403,7 @@ fn augmented_views(
         1,
         false,
         source.cfg.train.seed,
-        trainer::augmentation(&source.cfg),
+        trainer::view_types(&source.cfg, &data.dataset.shape)?.views,
     )?;
     let ids: Vec<u32> = (0..n as u32).collect();
     let mut shape = vec![n];

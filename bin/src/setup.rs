@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
-use ssl_data::Dataset;
+use ssl_data::{Dataset, Normalization};
 use ssl_models::{
     DigitsCnn, Encoder, Mlp, Projector, ResNet, ResNetConfig, VisionTransformer, VitConfig,
 };
@@ -35,20 +35,28 @@ pub fn device(name: &str) -> Result<Device> {
     }
 }
 
-/// The data set and its stratified train/test split (positions into the data set).
+/// The data set and its stratified train/test split (positions into the data set; for MedMNIST
+/// the official train, val and test splits follow each other, so training positions are indices
+/// into the official train split). A run records it as `split.json`, the manifest that
+/// reproduces its subsets; `seed` redraws the same ones.
 #[derive(serde::Serialize)]
 pub struct DataSplit {
     #[serde(skip)]
     pub dataset: Arc<Dataset>,
+    /// The seed that drew the split and subsets (`data.split_seed`, else the run seed).
+    pub seed: u64,
     pub train: Vec<usize>,
     pub test: Vec<usize>,
     /// Classes subsampled by `data.imbalance` (empty when balanced).
     pub minority_classes: Vec<u32>,
+    /// Normalisation of the encoder's inputs (the training views get it from their recipe).
+    pub normalize: Normalization,
 }
 
 /// Loads the configured data set, splits it (by `data.split_seed`, else the run seed; the seed
 /// also draws the synthetic mixture; MedMNIST keeps its official train and test splits) and
-/// narrows the training partition to the configured subset.
+/// narrows the partitions as configured, in this order: classes, the stratified N-subset of
+/// the training partition, its own train/test partition, class imbalance (training only).
 pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
     let seed = cfg.data.split_seed.unwrap_or(cfg.train.seed);
     let (dataset, mut train, mut test) = match cfg.data.name.as_str() {
@@ -110,14 +118,24 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
         train = ssl_data::stratified_subset(&dataset.labels, &train, cfg.data.train_size, seed)
             .context("data.train_size")?;
     }
+    if cfg.data.subset_test_fraction > 0.0 {
+        let labels: Vec<u32> = train.iter().map(|&i| dataset.labels[i]).collect();
+        let (inner_train, inner_test) =
+            ssl_data::stratified_split(&labels, cfg.data.subset_test_fraction, seed)
+                .context("data.subset_test_fraction")?;
+        test = inner_test.iter().map(|&k| train[k]).collect();
+        train = inner_train.iter().map(|&k| train[k]).collect();
+    }
     let (train, minority_classes) =
         ssl_data::imbalanced_subset(&dataset.labels, &train, cfg.data.imbalance, seed)
             .context("data.imbalance")?;
     Ok(DataSplit {
         dataset: Arc::new(dataset),
+        seed,
         train,
         test,
         minority_classes,
+        normalize: cfg.data.normalization(),
     })
 }
 
@@ -275,12 +293,18 @@ pub fn projector(cfg: &RunConfig, in_dim: usize, vb: VarBuilder) -> Result<Proje
     Ok(Projector::new(in_dim, &cfg.model.projector, vb)?)
 }
 
-/// Samples at `positions` as one tensor `[n, sample shape…]`.
-pub fn samples(dataset: &Dataset, positions: &[usize], device: &Device) -> Result<Tensor> {
+/// Un-augmented samples at `positions`, normalised as the training views are, as one tensor
+/// `[n, sample shape…]`.
+pub fn samples(data: &DataSplit, positions: &[usize], device: &Device) -> Result<Tensor> {
+    let dataset = &data.dataset;
     let mut shape = vec![positions.len()];
     shape.extend(&dataset.shape);
-    let data = ssl_data::clean_batch(dataset, positions);
-    Ok(Tensor::from_vec(data, shape, device)?)
+    let mut values = ssl_data::clean_batch(dataset, positions);
+    let channels = dataset.shape.first().copied().unwrap_or(1);
+    for sample in values.chunks_mut(dataset.sample_len().max(1)) {
+        data.normalize.apply(sample, channels);
+    }
+    Ok(Tensor::from_vec(values, shape, device)?)
 }
 
 /// Labels at `positions` as u32.

@@ -16,7 +16,7 @@ use candle_core::{Device, Tensor, D};
 use candle_nn::{Linear, Module};
 use serde_json::json;
 use ssl_core::{Batch, BuildContext, Objective, ParamStore, Progress, SingleProcess, StepContext};
-use ssl_data::{LocalCrop, ViewLoader, ViewTransform};
+use ssl_data::{ImageAugment, Interpolation, LocalCrop, ViewLoader, ViewTransform, ViewTypes};
 use ssl_models::autocast::{autocast, Precision};
 use ssl_models::{Encoder, Projector};
 
@@ -254,23 +254,46 @@ pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
     })
 }
 
-/// The training augmentation of `cfg`'s data set.
-pub fn augmentation(cfg: &RunConfig) -> Arc<dyn ViewTransform> {
-    match cfg.data.name.as_str() {
-        "gmm" => Arc::new(ssl_data::GaussianJitter::default()),
-        _ => Arc::new(ssl_data::DigitsAugment::default()),
-    }
+/// The training view types of `cfg` for samples of `shape`: `data.augment_views` if given,
+/// else the recipe's (`data.augment`), normalised as `data.normalize` says.
+pub fn view_types(cfg: &RunConfig, shape: &[usize]) -> Result<ViewTypes> {
+    let normalize = cfg.data.normalization();
+    let types = match cfg.data.augment_views.is_empty() {
+        true => cfg.data.recipe().view_types(normalize, shape),
+        false => ssl_data::Pipeline {
+            views: cfg
+                .data
+                .augment_views
+                .iter()
+                .map(|v| ImageAugment {
+                    normalize,
+                    ..v.clone()
+                })
+                .collect(),
+            local: None,
+        }
+        .view_types(shape),
+    };
+    types.context("data.augment / data.augment_views do not fit this data")
 }
 
-/// The multi-crop local views of `cfg` for samples of `shape` (`[C, H, W]`).
-pub fn local_crop(cfg: &RunConfig, shape: &[usize]) -> LocalCrop {
+/// The multi-crop local views of `cfg` for samples of `shape` (`[C, H, W]`), made by `local`
+/// (the view types' local transform and crop filter).
+pub fn local_crop(
+    cfg: &RunConfig,
+    shape: &[usize],
+    (then, interpolation): (Arc<dyn ViewTransform>, Interpolation),
+) -> LocalCrop {
     let t = &cfg.train;
     let side = shape.last().copied().unwrap_or(0);
     let size = match t.local_size {
         0 => (side * 96).div_ceil(224).max(1),
         s => s,
     };
-    LocalCrop::new(size, t.local_scale, augmentation(cfg))
+    LocalCrop {
+        interpolation,
+        ..LocalCrop::new(size, t.local_scale, then)
+    }
 }
 
 /// The training loop. Returns whether the run reached its last epoch.
@@ -283,6 +306,7 @@ fn train(
     resume: bool,
 ) -> Result<bool> {
     let t = &cfg.train;
+    let types = view_types(cfg, &data.dataset.shape)?;
     let loader = ViewLoader::new(
         data.dataset.clone(),
         data.train.clone(),
@@ -290,9 +314,12 @@ fn train(
         t.views,
         t.drop_last,
         t.seed,
-        augmentation(cfg),
+        types.views,
     )?
-    .with_local_views(t.local_views, local_crop(cfg, &data.dataset.shape))
+    .with_local_views(
+        t.local_views,
+        local_crop(cfg, &data.dataset.shape, types.local),
+    )
     .context("invalid train.local_views for this data")?;
     let steps_per_epoch = loader.steps_per_epoch() / t.accumulate;
     if steps_per_epoch == 0 {
@@ -753,7 +780,7 @@ mod tests {
             let (mut model, mut optimizer) = gmm_model(&cfg, &data);
             let b = 16;
             let positions: Vec<usize> = data.train[..b].to_vec();
-            let clean = setup::samples(&data.dataset, &positions, &Device::Cpu).unwrap();
+            let clean = setup::samples(&data, &positions, &Device::Cpu).unwrap();
             let images =
                 Tensor::cat(&[(&clean + 0.1).unwrap(), (&clean - 0.1).unwrap()], 0).unwrap();
             let ids: Vec<u32> = (0..b as u32).collect();
@@ -807,7 +834,7 @@ mod tests {
         let data = setup::data(&cfg).unwrap();
         let (b, v) = (8, 2);
         let positions: Vec<usize> = data.train[..b].to_vec();
-        let clean = setup::samples(&data.dataset, &positions, &Device::Cpu).unwrap();
+        let clean = setup::samples(&data, &positions, &Device::Cpu).unwrap();
         let views: Vec<Tensor> = (0..v)
             .map(|i| (&clean + (i as f64 + 1.0) * 0.1).unwrap())
             .collect();

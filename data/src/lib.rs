@@ -44,7 +44,7 @@ pub use loader::{clean_batch, mix_seed, ViewBatch, ViewLoader};
 pub use medmnist::{
     load_medmnist, medmnist_info, write_digits_as_medmnist, MedMnist, MedMnistInfo,
 };
-pub use pipeline::{ImageAugment, ImageViewParams, JitterOp, Pipeline, PipelineName};
+pub use pipeline::{ImageAugment, ImageViewParams, JitterOp, Pipeline, Recipe, ViewTypes};
 pub use resample::Interpolation;
 pub use split::{imbalanced_subset, stratified_split, stratified_subset};
 pub use volume::{VolumeAugment, VolumeViewParams};

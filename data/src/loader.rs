@@ -80,7 +80,7 @@ pub struct ViewLoader {
     views: usize,
     drop_last: bool,
     seed: u64,
-    transform: Arc<dyn ViewTransform>,
+    view_types: Vec<Arc<dyn ViewTransform>>,
     local: Option<(usize, LocalCrop)>,
 }
 
@@ -99,10 +99,11 @@ impl std::fmt::Debug for ViewLoader {
 }
 
 impl ViewLoader {
-    /// Builds a loader; `indices` are positions in `dataset` (instance `k` is `indices[k]`).
+    /// Builds a loader; `indices` are positions in `dataset` (instance `k` is `indices[k]`);
+    /// view `v` of every instance is made by `view_types[v % view_types.len()]`.
     ///
-    /// Errors if `batch_size` or `views` is 0, an index is out of range, or the subset has more
-    /// than `u32::MAX` instances.
+    /// Errors if `batch_size`, `views` or `view_types` is empty, an index is out of range, or
+    /// the subset has more than `u32::MAX` instances.
     pub fn new(
         dataset: Arc<Dataset>,
         indices: Vec<usize>,
@@ -110,8 +111,11 @@ impl ViewLoader {
         views: usize,
         drop_last: bool,
         seed: u64,
-        transform: Arc<dyn ViewTransform>,
+        view_types: Vec<Arc<dyn ViewTransform>>,
     ) -> Result<Self> {
+        if view_types.is_empty() {
+            bail!("ViewLoader: at least one view transform is needed");
+        }
         if batch_size == 0 {
             bail!("ViewLoader: batch_size must be at least 1");
         }
@@ -135,7 +139,7 @@ impl ViewLoader {
             views,
             drop_last,
             seed,
-            transform,
+            view_types,
             local: None,
         })
     }
@@ -229,8 +233,12 @@ impl ViewLoader {
                 let (v, row) = (j / bs, j % bs);
                 let id = ids[row];
                 let input = self.dataset.sample(self.indices[id as usize]);
-                self.transform
-                    .apply(&input, shape, out, &mut view_rng(id, v));
+                self.view_types[v % self.view_types.len()].apply(
+                    &input,
+                    shape,
+                    out,
+                    &mut view_rng(id, v),
+                );
             });
         }
         let (local_views, local_count, local_shape) = match &self.local {
@@ -290,7 +298,7 @@ mod tests {
             4,
             drop_last,
             42,
-            Arc::new(GaussianJitter::default()),
+            vec![Arc::new(GaussianJitter::default())],
         )
         .unwrap()
     }
@@ -310,8 +318,16 @@ mod tests {
 
         let d = Arc::new(crate::digits(16).unwrap());
         let idx: Vec<usize> = (0..200).collect();
-        let loader =
-            ViewLoader::new(d, idx, 50, 2, true, 9, Arc::new(DigitsAugment::default())).unwrap();
+        let loader = ViewLoader::new(
+            d,
+            idx,
+            50,
+            2,
+            true,
+            9,
+            vec![Arc::new(DigitsAugment::default())],
+        )
+        .unwrap();
         let a = collect(&loader, 0, 1);
         assert_eq!(a, collect(&loader, 0, 2));
         assert_eq!(a[0].views.len(), 2 * 50 * 256);
@@ -322,9 +338,10 @@ mod tests {
         let d = Arc::new(crate::digits(16).unwrap());
         let idx: Vec<usize> = (0..200).collect();
         let aug = Arc::new(DigitsAugment::default());
-        let plain = ViewLoader::new(d.clone(), idx.clone(), 50, 2, true, 9, aug.clone()).unwrap();
+        let plain =
+            ViewLoader::new(d.clone(), idx.clone(), 50, 2, true, 9, vec![aug.clone()]).unwrap();
         let crop = LocalCrop::new(7, (0.05, 0.4), aug.clone());
-        let multi = ViewLoader::new(d, idx, 50, 2, true, 9, aug)
+        let multi = ViewLoader::new(d, idx, 50, 2, true, 9, vec![aug])
             .unwrap()
             .with_local_views(3, crop)
             .unwrap();
@@ -387,11 +404,29 @@ mod tests {
         assert_eq!(ids.len(), 192);
         // Exact multiple: nothing dropped.
         let d = Arc::new(crate::gaussian_mixture(0));
-        let l = ViewLoader::new(d, (0..128).collect(), 64, 1, true, 0, Arc::new(Identity)).unwrap();
+        let l = ViewLoader::new(
+            d,
+            (0..128).collect(),
+            64,
+            1,
+            true,
+            0,
+            vec![Arc::new(Identity)],
+        )
+        .unwrap();
         assert_eq!(l.steps_per_epoch(), 2);
         // Fewer instances than a batch: no batches at all.
         let d = Arc::new(crate::gaussian_mixture(0));
-        let l = ViewLoader::new(d, (0..10).collect(), 64, 1, true, 0, Arc::new(Identity)).unwrap();
+        let l = ViewLoader::new(
+            d,
+            (0..10).collect(),
+            64,
+            1,
+            true,
+            0,
+            vec![Arc::new(Identity)],
+        )
+        .unwrap();
         assert_eq!(l.epoch(0).count(), 0);
     }
 
@@ -411,8 +446,16 @@ mod tests {
     fn identity_views_and_clean_batch() {
         let d = Arc::new(crate::gaussian_mixture(0));
         let idx = vec![5, 900, 17];
-        let l =
-            ViewLoader::new(d.clone(), idx.clone(), 3, 2, false, 0, Arc::new(Identity)).unwrap();
+        let l = ViewLoader::new(
+            d.clone(),
+            idx.clone(),
+            3,
+            2,
+            false,
+            0,
+            vec![Arc::new(Identity)],
+        )
+        .unwrap();
         let b = l.epoch(0).next().unwrap();
         let positions: Vec<usize> = b.instance_ids.iter().map(|&i| idx[i as usize]).collect();
         let clean = clean_batch(&d, &positions);
@@ -424,8 +467,33 @@ mod tests {
     #[test]
     fn rejects_bad_configuration() {
         let d = Arc::new(crate::gaussian_mixture(0));
-        assert!(ViewLoader::new(d.clone(), vec![0], 0, 1, false, 0, Arc::new(Identity)).is_err());
-        assert!(ViewLoader::new(d.clone(), vec![0], 1, 0, false, 0, Arc::new(Identity)).is_err());
-        assert!(ViewLoader::new(d, vec![1750], 1, 1, false, 0, Arc::new(Identity)).is_err());
+        assert!(
+            ViewLoader::new(d.clone(), vec![0], 0, 1, false, 0, vec![Arc::new(Identity)]).is_err()
+        );
+        assert!(
+            ViewLoader::new(d.clone(), vec![0], 1, 0, false, 0, vec![Arc::new(Identity)]).is_err()
+        );
+        assert!(ViewLoader::new(d, vec![1750], 1, 1, false, 0, vec![Arc::new(Identity)]).is_err());
+    }
+
+    /// Writes a constant: marks which view type made a view.
+    struct Fill(f32);
+
+    impl ViewTransform for Fill {
+        fn apply(&self, _: &[f32], _: &[usize], out: &mut [f32], _: &mut ChaCha8Rng) {
+            out.fill(self.0);
+        }
+    }
+
+    #[test]
+    fn views_cycle_through_the_view_types() {
+        let d = Arc::new(crate::gaussian_mixture(0));
+        let types: Vec<Arc<dyn ViewTransform>> = vec![Arc::new(Fill(1.0)), Arc::new(Fill(2.0))];
+        let l = ViewLoader::new(d, (0..8).collect(), 4, 5, false, 0, types).unwrap();
+        let batch = l.epoch(0).next().unwrap();
+        let marks: Vec<f32> = (0..5).map(|v| batch.view(v)[0]).collect();
+        assert_eq!(marks, [1.0, 2.0, 1.0, 2.0, 1.0]);
+        let none = ViewLoader::new(l.dataset().clone(), vec![0], 1, 1, false, 0, Vec::new());
+        assert!(none.is_err());
     }
 }

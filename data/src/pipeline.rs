@@ -9,9 +9,11 @@
 //! to compare against torchvision (`data/tests/torchvision.rs`). The flip commutes with every
 //! other op, so its place in the order does not change the distribution (§3.9).
 //!
-//! A [`Pipeline`] names the view types of a recipe: view `v` of an instance uses view type
-//! `v mod n` (BYOL's asymmetric pair gives V/2 views of each type, as FroSSL does for V > 2),
-//! and multi-crop recipes add the local views' type and crop scale.
+//! A [`Recipe`] names every augmentation a run can select (`data.augment`): the seeds' 2D
+//! recipes as a [`Pipeline`] of view types — view `v` of an instance uses view type `v mod n`
+//! (BYOL's asymmetric pair gives V/2 views of each type, as FroSSL does for V > 2), and
+//! multi-crop recipes add the local views' type — IConE's 3D pipeline, and the simple
+//! transforms of the digits and the Gaussian mixture.
 
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -19,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use crate::augment::ViewTransform;
+use crate::augment::{DigitsAugment, GaussianJitter, Identity, ViewTransform};
 use crate::blur::{blur_kernel_size, gaussian_blur};
 use crate::color::{
     adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation, grayscale, solarize,
@@ -27,6 +29,7 @@ use crate::color::{
 };
 use crate::crop::{random_resized_crop_box, CropBox};
 use crate::resample::{resized_crop, Interpolation};
+use crate::volume::VolumeAugment;
 
 /// One view type of a 2D pipeline; defaults are torchvision's (`RandomResizedCrop` scale
 /// `(0.08, 1)`, ratio `(3/4, 4/3)`, bilinear; flip 0.5) with every colour op off.
@@ -261,29 +264,36 @@ impl ViewTransform for ImageAugment {
     }
 }
 
-/// The view types of a recipe.
+/// The view types of a 2D recipe.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pipeline {
     /// View `v` uses `views[v % views.len()]`.
     pub views: Vec<ImageAugment>,
-    /// Multi-crop local views: their crop scale and view type (applied after the crop).
-    pub local: Option<((f64, f64), ImageAugment)>,
+    /// Multi-crop local views' type, applied after the local crop (whose scale is the run's
+    /// `train.local_scale`), and the crop's resampling filter.
+    pub local: Option<ImageAugment>,
 }
 
-impl Pipeline {
-    /// The view transforms, one per view type.
-    pub fn transforms(&self) -> Vec<Arc<dyn ViewTransform>> {
-        self.views
-            .iter()
-            .map(|v| Arc::new(v.clone()) as Arc<dyn ViewTransform>)
-            .collect()
-    }
+/// The transforms of a run: one per view type, and the local views' (if any).
+#[derive(Clone)]
+pub struct ViewTypes {
+    /// View `v` uses `views[v % views.len()]`.
+    pub views: Vec<Arc<dyn ViewTransform>>,
+    /// Applied to multi-crop local views after their crop, with the crop's filter.
+    pub local: (Arc<dyn ViewTransform>, Interpolation),
 }
 
-/// The seeds' 2D recipes by name (spec data §3.10).
+/// Every augmentation a run can select by name (`data.augment`); the 2D recipes follow spec
+/// data §3.10.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum PipelineName {
+pub enum Recipe {
+    /// The digits' random affine (rotation, scale, translation) and pixel noise.
+    Digits,
+    /// Additive Gaussian noise, σ = 0.15 (IConE's 2-D mixture, App. E).
+    Noise,
+    /// No augmentation: every view is the input.
+    None,
     /// IConE App. A.2: crop scale (0.2, 1), flip, jitter (0.4, 0.4, 0.4, 0.1) p 0.8,
     /// grayscale 0.2, blur p 0.5 (k 23 at 224), bilinear.
     Icone,
@@ -306,11 +316,54 @@ pub enum PipelineName {
     /// SwAV's multi-crop: globals scale (0.14, 1), locals (0.05, 0.14); jitter
     /// (0.8, 0.8, 0.8, 0.2) p 0.8, grayscale 0.2, blur 0.5; bilinear.
     Swav,
+    /// IConE's 3D pipeline (App. A.2, [`VolumeAugment`]'s defaults) for `[C, D, H, W]` volumes.
+    Icone3d,
 }
 
-impl PipelineName {
-    /// The recipe, normalising with `normalize`.
-    pub fn pipeline(self, normalize: Normalization) -> Pipeline {
+impl Recipe {
+    /// Every name, as configs spell them.
+    pub const NAMES: [&'static str; 12] = [
+        "digits", "noise", "none", "icone", "simclr", "frossl", "moco-v2", "byol", "vicreg",
+        "dino", "swav", "icone3d",
+    ];
+
+    /// The normalisation the recipe's papers use: ImageNet's for the photo recipes, none for
+    /// the digits, the mixture and volumes.
+    pub fn default_normalization(self) -> Normalization {
+        match self.pipeline(Normalization::None) {
+            Some(_) => Normalization::Imagenet,
+            None => Normalization::None,
+        }
+    }
+
+    /// The recipe's transforms for samples of `shape`, or an error naming why they do not fit
+    /// (a 2D recipe on volumes, a blur larger than the image, …).
+    pub fn view_types(
+        self,
+        normalize: Normalization,
+        shape: &[usize],
+    ) -> anyhow::Result<ViewTypes> {
+        if let Some(pipeline) = self.pipeline(normalize) {
+            return pipeline.view_types(shape);
+        }
+        let one = |t: Arc<dyn ViewTransform>| ViewTypes {
+            views: vec![t.clone()],
+            local: (t, Interpolation::Bilinear),
+        };
+        Ok(match self {
+            Self::Digits => one(Arc::new(DigitsAugment::default())),
+            Self::Noise => one(Arc::new(GaussianJitter::default())),
+            Self::Icone3d => {
+                let volume = VolumeAugment::default();
+                volume.validate(shape)?;
+                one(Arc::new(volume))
+            }
+            _ => one(Arc::new(Identity)),
+        })
+    }
+
+    /// The 2D recipe's view types normalising with `normalize`; `None` for the others.
+    pub fn pipeline(self, normalize: Normalization) -> Option<Pipeline> {
         let base = ImageAugment {
             normalize,
             ..ImageAugment::default()
@@ -337,7 +390,8 @@ impl PipelineName {
             };
             vec![first, second]
         };
-        match self {
+        Some(match self {
+            Self::Digits | Self::Noise | Self::None | Self::Icone3d => return None,
             Self::Icone => Pipeline {
                 views: vec![ImageAugment {
                     crop_scale: Some((0.2, 1.0)),
@@ -367,13 +421,10 @@ impl PipelineName {
             },
             Self::Dino => Pipeline {
                 views: asymmetric((0.4, 1.0)),
-                local: Some((
-                    (0.05, 0.4),
-                    ImageAugment {
-                        crop_scale: None,
-                        ..colour([0.4, 0.4, 0.2, 0.1], Interpolation::Bicubic)
-                    },
-                )),
+                local: Some(ImageAugment {
+                    crop_scale: None,
+                    ..colour([0.4, 0.4, 0.2, 0.1], Interpolation::Bicubic)
+                }),
             },
             Self::Swav => {
                 let view = ImageAugment {
@@ -386,10 +437,34 @@ impl PipelineName {
                 };
                 Pipeline {
                     views: vec![view],
-                    local: Some(((0.05, 0.14), local)),
+                    local: Some(local),
                 }
             }
+        })
+    }
+}
+
+impl Pipeline {
+    /// The view types as transforms, checked against samples of `shape`.
+    pub fn view_types(&self, shape: &[usize]) -> anyhow::Result<ViewTypes> {
+        for view in self.views.iter().chain(&self.local) {
+            view.validate(shape)?;
         }
+        let local = self.local.as_ref().unwrap_or(&self.views[0]);
+        Ok(ViewTypes {
+            views: self
+                .views
+                .iter()
+                .map(|v| Arc::new(v.clone()) as Arc<dyn ViewTransform>)
+                .collect(),
+            local: (
+                Arc::new(ImageAugment {
+                    crop_scale: None,
+                    ..local.clone()
+                }),
+                local.interpolation,
+            ),
+        })
     }
 }
 
@@ -400,7 +475,7 @@ mod tests {
 
     #[test]
     fn sampled_parameters_follow_the_probabilities_and_ranges() {
-        let aug = PipelineName::Icone.pipeline(Normalization::None).views[0].clone();
+        let aug = Recipe::Icone.pipeline(Normalization::None).unwrap().views[0].clone();
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let n = 4000;
         let (mut flips, mut jitters, mut greys, mut blurs) = (0, 0, 0, 0);
@@ -453,7 +528,7 @@ mod tests {
 
     #[test]
     fn asymmetric_recipes_alternate_their_view_types() {
-        let byol = PipelineName::Byol.pipeline(Normalization::Imagenet);
+        let byol = Recipe::Byol.pipeline(Normalization::Imagenet).unwrap();
         assert_eq!(byol.views.len(), 2);
         assert_eq!((byol.views[0].blur, byol.views[1].blur), (1.0, 0.1));
         assert_eq!((byol.views[0].solarize, byol.views[1].solarize), (0.0, 0.2));
@@ -461,8 +536,26 @@ mod tests {
             .views
             .iter()
             .all(|v| v.validate(&[3, 224, 224]).is_ok()));
-        let dino = PipelineName::Dino.pipeline(Normalization::Imagenet);
-        assert_eq!(dino.local.as_ref().unwrap().0, (0.05, 0.4));
+        let dino = Recipe::Dino
+            .view_types(Normalization::Imagenet, &[3, 32, 32])
+            .unwrap();
+        assert_eq!(
+            (dino.views.len(), dino.local.1),
+            (2, Interpolation::Bicubic)
+        );
+        let err = Recipe::Dino
+            .view_types(Normalization::Imagenet, &[1, 8, 8, 8])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("[C, H, W]"), "{err}");
+        assert!(Recipe::Icone3d
+            .view_types(Normalization::None, &[1, 8, 8, 8])
+            .is_ok());
+        for name in Recipe::NAMES {
+            let recipe: Recipe = serde_yaml::from_str(name).unwrap();
+            assert_eq!(serde_yaml::to_string(&recipe).unwrap().trim(), name);
+        }
     }
 
     #[test]

@@ -560,6 +560,11 @@ fn medmnist_files_train_and_evaluate_with_the_official_metrics() {
         &[&args[..], &["--set", "train.epochs=1"]].concat(),
     );
     assert!(o.status.success(), "{}", stderr(&o));
+    let config = std::fs::read_to_string(run.join("config.yaml")).unwrap();
+    assert!(
+        config.contains("augment: icone") && config.contains("normalize: imagenet"),
+        "MedMNIST 2D trains with IConE's pipeline and ImageNet's statistics:\n{config}"
+    );
     let out = dir.path().join("eval");
     let o = ssl(&[
         "eval",
@@ -603,6 +608,10 @@ fn medmnist_files_train_and_evaluate_with_the_official_metrics() {
         &["not 16", "--size 28"],
     );
     refused(&["--data", "chestmnist", "--size", "28"], &["multi-label"]);
+    refused(
+        &["--set", "data.augment=simclr2"],
+        &["unknown variant `simclr2`", "icone3d"],
+    );
     refused(
         &["--data", "bloodmnst"],
         &["did you mean `bloodmnist`", "digits, gmm"],
@@ -1022,6 +1031,27 @@ fn resnet_vit_and_3d_resnet_train_end_to_end_and_init_loads_exports() {
         .concat(),
     );
     assert!(o.status.success(), "{}", stderr(&o));
+    let config = std::fs::read_to_string(dir.path().join("volumes/config.yaml")).unwrap();
+    assert!(
+        config.contains("augment: icone3d") && config.contains("normalize: none"),
+        "MedMNIST 3D trains with IConE's 3D pipeline:\n{config}"
+    );
+    // A 2D recipe on volumes is refused by name.
+    let o = quick(
+        &dir.path().join("simclr3d"),
+        "icone",
+        &[
+            &["--data", "organmnist3d", "--size", "28", "--set", &root_set][..],
+            &["--encoder", "resnet18_3d", "--set", "data.augment=simclr"],
+        ]
+        .concat(),
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("data.augment") && stderr(&o).contains("[C, H, W]"),
+        "{}",
+        stderr(&o)
+    );
     // A 2D encoder on volumes names the one that fits.
     let o = quick(
         &dir.path().join("wrong"),
