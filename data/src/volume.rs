@@ -132,20 +132,15 @@ impl VolumeAugment {
         let (_, size) = volume_dims(shape);
         let n: usize = size.iter().product();
         let mut scratch = vec![0f32; n];
+        let orientation = Orientation::new(size, params.flips, params.rotation);
         for (src, dst) in input.chunks(n).zip(out.chunks_mut(n)) {
             resized_crop_trilinear(src, size, params.crop_corner, params.crop_size, dst);
-            for axis in 0..3 {
-                if params.flips[axis] {
-                    flip(dst, size, axis, &mut scratch);
-                }
-            }
-            if let Some((plane, k)) = params.rotation {
-                for _ in 0..k {
-                    rot90(dst, size, plane, &mut scratch);
-                }
-            }
-            for x in dst.iter_mut() {
-                *x = params.contrast * (*x + params.shift);
+            let affine = |x: f32| params.contrast * (x + params.shift);
+            if orientation.is_identity() {
+                dst.iter_mut().for_each(|x| *x = affine(*x));
+            } else {
+                scratch.copy_from_slice(dst);
+                orientation.gather(&scratch, dst, affine);
             }
         }
         if let Some(seed) = params.noise_seed {
@@ -260,59 +255,119 @@ fn resized_crop_trilinear(
     }
 }
 
-fn strides(size: [usize; 3]) -> [usize; 3] {
-    [size[1] * size[2], size[2], 1]
+/// The flips and quarter turns of one view composed into a single gather: output voxel
+/// `(z, y, x)` reads source voxel `base + z·step[0] + y·step[1] + x·step[2]`, since flips and
+/// rotations map coordinates affinely.
+struct Orientation {
+    size: [usize; 3],
+    base: isize,
+    step: [isize; 3],
 }
 
-/// Reverses one volume along `axis`.
-fn flip(x: &mut [f32], size: [usize; 3], axis: usize, scratch: &mut [f32]) {
-    scratch.copy_from_slice(x);
-    let st = strides(size);
-    for (i, v) in x.iter_mut().enumerate() {
-        let c = [i / st[0], i / st[1] % size[1], i % size[2]];
+impl Orientation {
+    /// The source coordinate of output coordinate `c` after `flips` (along D, H, W) and then
+    /// `rotation` (`k` quarter turns in `plane`, as `torch.rot90(x, k, dims=plane)`).
+    fn source(
+        c: [isize; 3],
+        size: [usize; 3],
+        flips: [bool; 3],
+        rotation: Option<([usize; 2], usize)>,
+    ) -> [isize; 3] {
+        let last = size.map(|n| n as isize - 1);
         let mut s = c;
-        s[axis] = size[axis] - 1 - c[axis];
-        *v = scratch[s[0] * st[0] + s[1] * st[1] + s[2]];
+        match rotation {
+            // A half turn flips both axes, whatever their extents.
+            Some(([a, b], 2)) => {
+                s[a] = last[a] - s[a];
+                s[b] = last[b] - s[b];
+            }
+            // Quarter turns (square planes only): out[…, i_a, …, i_b, …] = x[…, i_b, …, n − 1 − i_a, …].
+            Some(([a, b], k)) => {
+                for _ in 0..k {
+                    let t = s;
+                    s[a] = t[b];
+                    s[b] = last[b] - t[a];
+                }
+            }
+            None => {}
+        }
+        for axis in 0..3 {
+            if flips[axis] {
+                s[axis] = last[axis] - s[axis];
+            }
+        }
+        s
     }
-}
 
-/// One quarter turn in `plane` (`[a, b]`, equal extents) as `torch.rot90(x, 1, dims)`:
-/// `out[…, i_a, …, i_b, …] = x[…, i_b, …, n − 1 − i_a, …]`.
-fn rot90(x: &mut [f32], size: [usize; 3], plane: [usize; 2], scratch: &mut [f32]) {
-    let [a, b] = plane;
-    debug_assert_eq!(size[a], size[b]);
-    scratch.copy_from_slice(x);
-    let st = strides(size);
-    for (i, v) in x.iter_mut().enumerate() {
-        let c = [i / st[0], i / st[1] % size[1], i % size[2]];
-        let mut s = c;
-        s[a] = c[b];
-        s[b] = size[b] - 1 - c[a];
-        *v = scratch[s[0] * st[0] + s[1] * st[1] + s[2]];
+    fn new(size: [usize; 3], flips: [bool; 3], rotation: Option<([usize; 2], usize)>) -> Self {
+        let linear = |s: [isize; 3]| (s[0] * size[1] as isize + s[1]) * size[2] as isize + s[2];
+        let base = linear(Self::source([0; 3], size, flips, rotation));
+        let step = [[1, 0, 0], [0, 1, 0], [0, 0, 1]]
+            .map(|unit| linear(Self::source(unit, size, flips, rotation)) - base);
+        Self { size, base, step }
+    }
+
+    fn is_identity(&self) -> bool {
+        let [_, h, w] = self.size.map(|n| n as isize);
+        self.base == 0 && self.step == [h * w, w, 1]
+    }
+
+    /// `out[z, y, x] = f(src[source(z, y, x)])`.
+    fn gather(&self, src: &[f32], out: &mut [f32], f: impl Fn(f32) -> f32) {
+        let [_, h, w] = self.size;
+        for (z, slab) in out.chunks_mut(h * w).enumerate() {
+            for (y, row) in slab.chunks_mut(w).enumerate() {
+                let start = self.base + z as isize * self.step[0] + y as isize * self.step[1];
+                if self.step[2] == 1 {
+                    let run = &src[start as usize..][..w];
+                    row.iter_mut().zip(run).for_each(|(o, &v)| *o = f(v));
+                } else {
+                    for (x, o) in row.iter_mut().enumerate() {
+                        *o = f(src[(start + x as isize * self.step[2]) as usize]);
+                    }
+                }
+            }
+        }
     }
 }
 
 /// `F.avg_pool3d(kernel 3, stride 1, padding 1, count_include_pad=True)` on one volume: the
-/// box sum of each 3 × 3 × 3 neighbourhood (zeros outside) over 27, separably.
+/// box sum of each 3 × 3 × 3 neighbourhood (zeros outside) over 27, separably (W, H, D).
 fn average_pool3(x: &mut [f32], size: [usize; 3], scratch: &mut [f32]) {
-    let st = strides(size);
-    for axis in [2, 1, 0] {
-        scratch.copy_from_slice(x);
-        let (n, step) = (size[axis], st[axis]);
-        for (i, v) in x.iter_mut().enumerate() {
-            let pos = i / step % n;
-            let mut sum = scratch[i];
-            if pos > 0 {
-                sum += scratch[i - step];
+    let [_, h, w] = size;
+    for (row, sums) in x.chunks(w).zip(scratch.chunks_mut(w)) {
+        for (i, s) in sums.iter_mut().enumerate() {
+            *s = row[i];
+            if i > 0 {
+                *s += row[i - 1];
             }
-            if pos + 1 < n {
-                sum += scratch[i + step];
+            if i + 1 < w {
+                *s += row[i + 1];
             }
-            *v = sum;
         }
     }
-    for v in x.iter_mut() {
-        *v /= 27.0;
+    box_sum_of_blocks(scratch, x, w, h);
+    box_sum_of_blocks(x, scratch, h * w, size[0]);
+    for (v, &s) in x.iter_mut().zip(scratch.iter()) {
+        *v = s / 27.0;
+    }
+}
+
+/// `out[i] = x[i] + x[i − 1] + x[i + 1]` over consecutive blocks of `len` values, in groups of
+/// `count` blocks (neighbours outside a group count as zero).
+fn box_sum_of_blocks(x: &[f32], out: &mut [f32], len: usize, count: usize) {
+    for (group_in, group_out) in x.chunks(len * count).zip(out.chunks_mut(len * count)) {
+        for (i, dst) in group_out.chunks_mut(len).enumerate() {
+            dst.copy_from_slice(&group_in[i * len..][..len]);
+            if i > 0 {
+                let prev = &group_in[(i - 1) * len..][..len];
+                dst.iter_mut().zip(prev).for_each(|(d, &p)| *d += p);
+            }
+            if i + 1 < count {
+                let next = &group_in[(i + 1) * len..][..len];
+                dst.iter_mut().zip(next).for_each(|(d, &p)| *d += p);
+            }
+        }
     }
 }
 
@@ -337,19 +392,81 @@ mod tests {
         }
     }
 
+    /// The one-pass gather against the ops one at a time on a non-cubic volume: flips along
+    /// each axis, then `k` turns, read off `torch.rot90`'s definition.
     #[test]
-    fn four_quarter_turns_and_two_flips_are_the_identity() {
-        let size = [3, 3, 3];
-        let x: Vec<f32> = (0..27).map(|v| v as f32).collect();
-        let mut y = x.clone();
-        let mut scratch = vec![0f32; 27];
-        for _ in 0..4 {
-            rot90(&mut y, size, [0, 2], &mut scratch);
+    fn composed_orientation_equals_flips_then_turns() {
+        let size = [2, 3, 3];
+        let x: Vec<f32> = (0..18).map(|v| v as f32).collect();
+        let at = |v: &[f32], c: [usize; 3]| v[(c[0] * 3 + c[1]) * 3 + c[2]];
+        for flips in [
+            [false; 3],
+            [true, false, false],
+            [false, true, true],
+            [true; 3],
+        ] {
+            for rotation in [
+                None,
+                Some(([1, 2], 1)),
+                Some(([1, 2], 3)),
+                Some(([0, 1], 2)),
+            ] {
+                let mut expected = x.clone();
+                for (axis, &on) in flips.iter().enumerate() {
+                    if on {
+                        let prev = expected.clone();
+                        for (i, e) in expected.iter_mut().enumerate() {
+                            let mut c = [i / 9, i / 3 % 3, i % 3];
+                            c[axis] = size[axis] - 1 - c[axis];
+                            *e = at(&prev, c);
+                        }
+                    }
+                }
+                if let Some(([a, b], k)) = rotation {
+                    // torch.rot90: k = 2 flips both axes; odd k turns a square plane k times.
+                    let turns = if k == 2 { 0 } else { k };
+                    for _ in 0..turns {
+                        let prev = expected.clone();
+                        for (i, e) in expected.iter_mut().enumerate() {
+                            let c = [i / 9, i / 3 % 3, i % 3];
+                            let mut s = c;
+                            s[a] = c[b];
+                            s[b] = size[b] - 1 - c[a];
+                            *e = at(&prev, s);
+                        }
+                    }
+                    if k == 2 {
+                        expected = expected
+                            .iter()
+                            .enumerate()
+                            .map(|(i, _)| {
+                                let mut c = [i / 9, i / 3 % 3, i % 3];
+                                c[a] = size[a] - 1 - c[a];
+                                c[b] = size[b] - 1 - c[b];
+                                at(&expected, c)
+                            })
+                            .collect();
+                    }
+                }
+                let orientation = Orientation::new(size, flips, rotation);
+                let mut got = vec![0f32; 18];
+                orientation.gather(&x, &mut got, |v| v);
+                assert_eq!(got, expected, "flips {flips:?}, rotation {rotation:?}");
+                assert_eq!(orientation.is_identity(), got == x);
+            }
         }
-        assert_eq!(y, x);
-        flip(&mut y, size, 1, &mut scratch);
-        assert_ne!(y, x);
-        flip(&mut y, size, 1, &mut scratch);
-        assert_eq!(y, x);
+    }
+
+    #[test]
+    fn average_pool_of_a_constant_counts_the_zero_padding() {
+        let size = [3, 4, 5];
+        let mut x = vec![27f32; 60];
+        let mut scratch = vec![0f32; 60];
+        average_pool3(&mut x, size, &mut scratch);
+        // A corner sees 2·2·2 voxels, an edge-of-face voxel 2·3·3 and so on; the centre all 27.
+        let at = |z: usize, y: usize, w: usize| x[(z * 4 + y) * 5 + w];
+        assert_eq!(at(0, 0, 0), 8.0);
+        assert_eq!(at(1, 1, 1), 27.0);
+        assert_eq!(at(1, 0, 2), 18.0);
     }
 }
