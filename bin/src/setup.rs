@@ -311,3 +311,32 @@ pub fn samples(data: &DataSplit, positions: &[usize], device: &Device) -> Result
 pub fn labels(dataset: &Dataset, positions: &[usize]) -> Vec<u32> {
     positions.iter().map(|&i| dataset.labels[i]).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The IConE protocol: a stratified N-subset of the train split, partitioned 80/20 by class,
+    /// replacing the test split; the same seed draws the same manifest.
+    #[test]
+    fn the_subset_partition_is_disjoint_stratified_and_seeded() -> Result<()> {
+        let mut cfg = RunConfig::default();
+        cfg.data.train_size = 100;
+        cfg.data.subset_test_fraction = 0.2;
+        let split = data(&cfg)?;
+        let full = data(&RunConfig::default())?;
+        assert_eq!((split.train.len(), split.test.len()), (80, 20));
+        let labels = &split.dataset.labels;
+        for class in 0..10 {
+            let count = |part: &[usize]| part.iter().filter(|&&i| labels[i] == class).count();
+            assert_eq!((count(&split.train), count(&split.test)), (8, 2));
+        }
+        for i in split.train.iter().chain(&split.test) {
+            assert!(full.train.contains(i), "{i} is not from the train split");
+        }
+        assert!(split.test.iter().all(|i| !split.train.contains(i)));
+        let again = data(&cfg)?;
+        assert_eq!((again.train, again.test), (split.train, split.test));
+        Ok(())
+    }
+}
