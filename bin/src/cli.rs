@@ -79,6 +79,22 @@ pub enum DataCommand {
     /// Download a MedMNIST `.npz` into the data directory, MD5-verified; a broken download
     /// resumes when run again.
     Download(DownloadArgs),
+    /// Write the embedded digits in a MedMNIST file's exact layout and split sizes (upsampled,
+    /// tinted for RGB, stacked for 3D), to try a pipeline without the official files.
+    Sample(SampleArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SampleArgs {
+    /// MedMNIST flag whose layout to copy, e.g. bloodmnist.
+    pub flag: String,
+    /// Image size: 28, 64, 128 or 224 (3D data sets: 28 or 64).
+    #[arg(long, default_value_t = 28)]
+    pub size: usize,
+    /// Directory to write into; train on it with `--root DIR`. Kept apart from ~/.medmnist so
+    /// that a stand-in is never taken for the official file.
+    #[arg(long, default_value = "medmnist-digits")]
+    pub dir: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -480,6 +496,23 @@ pub fn execute(cli: Cli) -> Result<()> {
                 false => "downloaded",
             };
             println!("{what}: {} (MD5 verified)", got.path.display());
+            Ok(())
+        }
+        Command::Data(DataCommand::Sample(args)) => {
+            let info = ssl_data::medmnist_info(&args.flag)?;
+            info.md5_at(args.size)?;
+            std::fs::create_dir_all(&args.dir)
+                .with_context(|| format!("cannot create {}", args.dir.display()))?;
+            let path = args.dir.join(info.file_name(args.size));
+            ssl_data::write_digits_as_medmnist(&path, info.flag, args.size)?;
+            println!(
+                "wrote {} (digits in {}'s layout); train on it with --data {} --size {} --root {}",
+                path.display(),
+                info.flag,
+                info.flag,
+                args.size,
+                args.dir.display()
+            );
             Ok(())
         }
     }

@@ -157,7 +157,7 @@ impl Default for DataConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// One of [`ENCODERS`].
+    /// One of [`ENCODERS`] (default: `digits_cnn`; `resnet18_3d` for MedMNIST volumes).
     pub encoder: String,
     /// MLP widths (hidden…, output) when `encoder: mlp`.
     pub mlp: Vec<usize>,
@@ -372,10 +372,16 @@ impl RunConfig {
     /// The objective's parameters are resolved against its defaults (see
     /// [`ObjectiveSection::resolve`]).
     pub fn from_yaml_value(value: serde_yaml::Value) -> Result<Self> {
+        let encoder_given = value.get("model").and_then(|m| m.get("encoder")).is_some();
         let mut config: RunConfig =
             serde_yaml::from_value(value).map_err(|e| anyhow::anyhow!("{e}"))?;
         config.objective.resolve()?;
         config.data.resolve();
+        // Volumes get IConE's 3D ResNet-18 unless an encoder is named (the digits CNN is 2D).
+        let volumes = ssl_data::medmnist_info(&config.data.name).is_ok_and(|i| i.volumetric);
+        if !encoder_given && volumes {
+            config.model.encoder = "resnet18_3d".into();
+        }
         config.validate()?;
         Ok(config)
     }

@@ -13,7 +13,7 @@ use serde::Serialize;
 use ssl_eval::{Features, LinearProbeConfig};
 
 use crate::config::RunConfig;
-use crate::setup::{self, DataSplit};
+use crate::setup::{self, CleanSamples, DataSplit};
 use crate::trainer::Model;
 
 /// One row of the result table.
@@ -38,22 +38,24 @@ pub struct Evaluation {
     pub minority_balanced_accuracy: Option<f64>,
 }
 
-/// Clean train and test inputs with labels.
-pub struct Inputs {
-    pub x: Tensor,
+/// Clean train or test samples with their labels.
+pub struct Inputs<'a> {
+    pub x: CleanSamples<'a>,
     pub y: Vec<u32>,
 }
 
-/// The un-augmented train and test sets as tensors.
-pub fn clean_inputs(data: &DataSplit, device: &Device) -> Result<(Inputs, Inputs)> {
-    let make = |positions: &[usize]| -> Result<Inputs> {
-        Ok(Inputs {
-            x: setup::samples(data, positions, device)?,
-            y: setup::labels(&data.dataset, positions),
-        })
+/// The un-augmented train and test sets, read from the data set when encoded.
+pub fn clean_inputs<'a>(data: &'a DataSplit, device: &Device) -> (Inputs<'a>, Inputs<'a>) {
+    let make = |positions: &'a [usize]| Inputs {
+        x: CleanSamples::new(data, positions, device),
+        y: setup::labels(&data.dataset, positions),
     };
-    Ok((make(&data.train)?, make(&data.test)?))
+    (make(&data.train), make(&data.test))
 }
+
+/// Most bytes of raw pixels (train and test together) the raw-inputs baseline takes as
+/// features: beyond it (e.g. MedMNIST at 128 or 224 px) that row is left out with a note.
+pub const RAW_INPUT_BYTES: usize = 1 << 30;
 
 /// A `[n, …]` tensor as an `n × d` f32 feature matrix.
 pub fn to_features(t: &Tensor) -> Result<Features> {
@@ -145,8 +147,8 @@ pub fn monitor(
     train: &Inputs,
     test: &Inputs,
 ) -> Result<(f64, Option<f64>)> {
-    let f_train = model.features(&train.x)?;
-    let f_test = model.features(&test.x)?;
+    let f_train = model.embed(&train.x)?;
+    let f_test = model.embed(&test.x)?;
     let knn = ssl_eval::knn_accuracy(
         &to_features(&f_train)?,
         &train.y,
@@ -169,15 +171,34 @@ pub fn with_baselines(
     model: &Model,
     device: &Device,
 ) -> Result<Vec<(String, Evaluation)>> {
-    let (train, test) = clean_inputs(data, device)?;
+    let (train, test) = clean_inputs(data, device);
     let minority = data.minority_classes.as_slice();
     let bar = crate::progress::bar(3, "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}");
     bar.set_message("raw inputs");
     let mut rows = Vec::new();
-    rows.push((
-        "raw inputs".to_string(),
-        evaluate_features(cfg, &train.x, &train.y, &test.x, &test.y, minority)?,
-    ));
+    let raw_bytes = train.x.tensor_bytes() + test.x.tensor_bytes();
+    if raw_bytes <= RAW_INPUT_BYTES {
+        rows.push((
+            "raw inputs".to_string(),
+            evaluate_features(
+                cfg,
+                &train.x.tensor()?,
+                &train.y,
+                &test.x.tensor()?,
+                &test.y,
+                minority,
+            )?,
+        ));
+    } else {
+        bar.suspend(|| {
+            eprintln!(
+                "note: no raw-inputs row: its features would be {:.1} GiB of pixels (the limit \
+                 is {} GiB); the random-init row is the baseline",
+                raw_bytes as f64 / (1u64 << 30) as f64,
+                RAW_INPUT_BYTES >> 30
+            )
+        });
+    }
     bar.inc(1);
     bar.set_message("random init");
     let random = setup::calibrated_random_encoder(cfg, &data.dataset, &train.x, device)?;
@@ -185,9 +206,9 @@ pub fn with_baselines(
         "random init".to_string(),
         evaluate_features(
             cfg,
-            &eval_features(random.as_ref(), &train.x)?,
+            &train.x.encode(random.as_ref(), false)?,
             &train.y,
-            &eval_features(random.as_ref(), &test.x)?,
+            &test.x.encode(random.as_ref(), false)?,
             &test.y,
             minority,
         )?,
@@ -198,9 +219,9 @@ pub fn with_baselines(
         format!("{} (ours)", cfg.objective.name),
         evaluate_features(
             cfg,
-            &model.features(&train.x)?,
+            &model.embed(&train.x)?,
             &train.y,
-            &model.features(&test.x)?,
+            &model.embed(&test.x)?,
             &test.y,
             minority,
         )?,
@@ -217,8 +238,8 @@ pub fn write_embedding(
     model: &Model,
     device: &Device,
 ) -> Result<()> {
-    let (_, test) = clean_inputs(data, device)?;
-    let z = ssl_linalg::normalize_rows(&model.features(&test.x)?)?.to_vec2::<f32>()?;
+    let (_, test) = clean_inputs(data, device);
+    let z = ssl_linalg::normalize_rows(&model.embed(&test.x)?)?.to_vec2::<f32>()?;
     let mut csv = String::new();
     for (row, label) in z.iter().zip(&test.y) {
         for v in row {
@@ -227,11 +248,6 @@ pub fn write_embedding(
         csv.push_str(&format!("{label}\n"));
     }
     crate::checkpoint::write_atomic(path, csv.as_bytes())
-}
-
-/// Eval-mode features of any encoder.
-pub fn eval_features(encoder: &dyn ssl_models::Encoder, x: &Tensor) -> Result<Tensor> {
-    setup::forward_in_chunks(encoder, x, false)
 }
 
 /// The result table as Markdown.

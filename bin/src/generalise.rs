@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_core::Tensor;
 use serde::Deserialize;
 
 use crate::compare::{self, Cell, Grid, Outcome};
 use crate::evaluate::{clean_inputs, to_features};
+use crate::setup::CleanSamples;
 use crate::{checkpoint, export, progress, setup, trainer};
 
 /// A generalisation recipe (`configs/generalise-*.yaml`).
@@ -143,19 +143,20 @@ pub fn run(recipe: &Recipe, command_line: &str) -> Result<String> {
 }
 
 /// Eval-mode backbone features of `images` under the encoder trained in `cell`.
-fn embed(cell: &Cell, images: &Tensor) -> Result<ssl_eval::Features> {
+fn embed(cell: &Cell, images: &CleanSamples) -> Result<ssl_eval::Features> {
     let device = images.device();
     let model = trainer::build_model(&cell.config, &setup::data(&cell.config)?, device)?;
     let weights =
         checkpoint::load_tensors(&cell.config.out.join("checkpoint").join(checkpoint::MODEL))?;
     export::load_encoder(&model.store, &weights)?;
-    to_features(&model.features(images)?)
+    to_features(&model.embed(images)?)
 }
 
 /// The five similarities of one A/B pair, in [`COLUMNS`] order, on half A's test images.
 fn similarities(a: &Cell, b: &Cell) -> Result<[f64; 5]> {
     let device = setup::device(&a.config.train.device)?;
-    let (_, test) = clean_inputs(&setup::data(&a.config)?, &device)?;
+    let data = setup::data(&a.config)?;
+    let (_, test) = clean_inputs(&data, &device);
     let t = ssl_eval::tree_similarity(&embed(a, &test.x)?, &embed(b, &test.x)?)?;
     Ok([
         t.lca_pearson,

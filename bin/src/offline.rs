@@ -431,11 +431,11 @@ fn cached_features(
             return Ok(embedded);
         }
     }
-    let (train, test) = crate::evaluate::clean_inputs(data, device)?;
+    let (train, test) = crate::evaluate::clean_inputs(data, device);
     let embedded = Embedded {
-        train: to_features(&model.features(&train.x)?)?,
+        train: to_features(&model.embed(&train.x)?)?,
         train_y: train.y,
-        test: to_features(&model.features(&test.x)?)?,
+        test: to_features(&model.embed(&test.x)?)?,
         test_y: test.y,
     };
     // Where the weights' directory is read-only, nothing is cached: the next evaluation embeds

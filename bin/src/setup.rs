@@ -191,13 +191,13 @@ pub fn encoder(cfg: &RunConfig, dataset: &Dataset, vb: VarBuilder) -> Result<Box
 pub fn calibrated_random_encoder(
     cfg: &RunConfig,
     dataset: &Dataset,
-    x: &Tensor,
+    x: &CleanSamples,
     device: &Device,
 ) -> Result<Box<dyn Encoder>> {
     let store = ssl_core::ParamStore::new(cfg.train.seed);
     let encoder =
         encoder_with_bn_momentum(cfg, dataset, None, store.var_builder(device).pp("encoder"))?;
-    forward_in_chunks(encoder.as_ref(), x, true)?;
+    x.encode(encoder.as_ref(), true)?;
     Ok(encoder)
 }
 
@@ -207,25 +207,80 @@ pub fn calibrated_random_encoder(
 pub const CHUNK_VALUES: usize = 1 << 21;
 
 /// `encoder` over `x`: `[n, …]` in chunks of at most [`CHUNK_VALUES`] input values, detached
-/// (no gradient flows back), so memory does not grow with the data set. In train mode the batch-norm statistics see one chunk at a
-/// time (the calibration pass uses a cumulative average over them).
+/// (no gradient flows back), so memory does not grow with the data set. In train mode the
+/// batch-norm statistics see one chunk at a time (the calibration pass uses a cumulative
+/// average over them).
 pub fn forward_in_chunks(encoder: &dyn Encoder, x: &Tensor, train: bool) -> Result<Tensor> {
     let n = x.dim(0)?;
     let per_sample = x.elem_count() / n.max(1);
+    encode_chunks(encoder, n, per_sample, train, |start, len| {
+        Ok(x.narrow(0, start, len)?)
+    })
+}
+
+/// `encoder` over `n` samples of `per_sample` values, chunk `(start, len)` made by `chunk`.
+fn encode_chunks(
+    encoder: &dyn Encoder,
+    n: usize,
+    per_sample: usize,
+    train: bool,
+    chunk: impl Fn(usize, usize) -> Result<Tensor>,
+) -> Result<Tensor> {
     let most = (CHUNK_VALUES / per_sample.max(1)).max(1);
     // Equal chunks, so that no train-mode batch norm sees a lone leftover sample.
-    let chunk = n.div_ceil(n.div_ceil(most).max(1)).max(1);
+    let step = n.div_ceil(n.div_ceil(most).max(1)).max(1);
     let mut parts = Vec::new();
-    for start in (0..n).step_by(chunk) {
-        let len = chunk.min(n - start);
+    for start in (0..n).step_by(step) {
+        let x = chunk(start, step.min(n - start))?;
         // Detached: an output keeps its whole graph (every activation of the chunk) alive.
-        parts.push(
-            encoder
-                .forward_t(&x.narrow(0, start, len)?, train)?
-                .detach(),
-        );
+        parts.push(encoder.forward_t(&x, train)?.detach());
     }
     Ok(Tensor::cat(&parts, 0)?)
+}
+
+/// The clean (un-augmented, normalised) samples at `positions` of a split, read from the data
+/// set a chunk at a time when encoded: a 224-px MedMNIST set stays in its memory-mapped
+/// cache instead of being copied whole into `f32` tensors (four times its size).
+pub struct CleanSamples<'a> {
+    data: &'a DataSplit,
+    positions: &'a [usize],
+    device: Device,
+}
+
+impl<'a> CleanSamples<'a> {
+    pub fn new(data: &'a DataSplit, positions: &'a [usize], device: &Device) -> Self {
+        Self {
+            data,
+            positions,
+            device: device.clone(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes of the samples as one `f32` tensor.
+    pub fn tensor_bytes(&self) -> usize {
+        self.len() * self.data.dataset.sample_len() * 4
+    }
+
+    /// All the samples as one tensor `[n, sample shape…]`.
+    pub fn tensor(&self) -> Result<Tensor> {
+        samples(self.data, self.positions, &self.device)
+    }
+
+    /// `encoder`'s outputs `[n, F]`, detached, over chunks of at most [`CHUNK_VALUES`] values.
+    pub fn encode(&self, encoder: &dyn Encoder, train: bool) -> Result<Tensor> {
+        let per_sample = self.data.dataset.sample_len();
+        encode_chunks(encoder, self.len(), per_sample, train, |start, len| {
+            samples(self.data, &self.positions[start..start + len], &self.device)
+        })
+    }
 }
 
 fn encoder_with_bn_momentum(

@@ -393,7 +393,7 @@ fn train(
             .map(|(n, v)| (n["teacher.".len()..].to_string(), v))
             .collect()
     });
-    let (eval_train, eval_test) = evaluate::clean_inputs(data, device)?;
+    let (eval_train, eval_test) = evaluate::clean_inputs(data, device);
     let bar = progress::bar(
         total_steps as u64,
         "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} steps {msg} ({eta})",
@@ -722,6 +722,11 @@ impl Model {
     /// Backbone features in eval mode, `[n, F]`, computed in chunks.
     pub fn features(&self, x: &Tensor) -> Result<Tensor> {
         setup::forward_in_chunks(self.encoder.as_ref(), x, false)
+    }
+
+    /// Backbone features in eval mode of clean samples, `[n, F]`, read and encoded in chunks.
+    pub fn embed(&self, x: &setup::CleanSamples) -> Result<Tensor> {
+        x.encode(self.encoder.as_ref(), false)
     }
 
     /// Online-probe predictions for eval-mode features.

@@ -1025,7 +1025,6 @@ fn resnet_vit_and_3d_resnet_train_end_to_end_and_init_loads_exports() {
         "icone",
         &[
             &["--data", "organmnist3d", "--size", "28", "--set", &root_set][..],
-            &["--encoder", "resnet18_3d"],
             &small,
         ]
         .concat(),
@@ -1033,8 +1032,10 @@ fn resnet_vit_and_3d_resnet_train_end_to_end_and_init_loads_exports() {
     assert!(o.status.success(), "{}", stderr(&o));
     let config = std::fs::read_to_string(dir.path().join("volumes/config.yaml")).unwrap();
     assert!(
-        config.contains("augment: icone3d") && config.contains("normalize: none"),
-        "MedMNIST 3D trains with IConE's 3D pipeline:\n{config}"
+        config.contains("encoder: resnet18_3d")
+            && config.contains("augment: icone3d")
+            && config.contains("normalize: none"),
+        "MedMNIST 3D trains IConE's 3D ResNet-18 under its 3D pipeline:\n{config}"
     );
     // A 2D recipe on volumes is refused by name.
     let o = quick(
