@@ -160,6 +160,7 @@ fn split(shape: &[usize]) -> DataSplit {
         test: Vec::new(),
         minority_classes: Vec::new(),
         normalize: ssl_data::Normalization::None,
+        findings: None,
     }
 }
 

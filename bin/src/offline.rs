@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 use ssl_eval::Features;
@@ -22,7 +22,7 @@ use ssl_eval::Features;
 use crate::config::RunConfig;
 use crate::evaluate::to_features;
 use crate::plot::{scatter_panels, ScatterPanel};
-use crate::setup::{self, DataSplit};
+use crate::setup::{self, DataSplit, Findings};
 use crate::trainer::{self, Model};
 
 /// The per-checkpoint metrics `--metrics` accepts, in table order.
@@ -255,8 +255,19 @@ fn column(
         metrics.insert("probe C".into(), c);
         if let Ok(info) = ssl_data::medmnist_info(&source.cfg.data.name) {
             let task = ssl_eval::MedMnistTask::from_official(info.task)?;
-            let scores = class_scores(&probe, info.classes);
-            let official = ssl_eval::medmnist_metrics(task, &f.test_y, &scores, info.classes)
+            let (labels, scores, columns) = match &data.findings {
+                Some(findings) => (
+                    findings.rows(&data.test),
+                    finding_scores(f, findings, data, c)?,
+                    findings.columns,
+                ),
+                None => (
+                    f.test_y.clone(),
+                    class_scores(&probe, info.classes),
+                    info.classes,
+                ),
+            };
+            let official = ssl_eval::medmnist_metrics(task, &labels, &scores, columns)
                 .context("MedMNIST ACC/AUC of the probe")?;
             metrics.insert("MedMNIST ACC (probe)".into(), official.acc);
             metrics.insert("MedMNIST AUC (probe)".into(), official.auc);
@@ -568,6 +579,42 @@ fn class_scores(probe: &ssl_eval::ProbeResult, classes: usize) -> Vec<f64> {
         }
     }
     scores
+}
+
+/// Scores of a multi-label data set, `n_test × findings`: for each finding, a binary linear
+/// probe (at the single-label probe's C) trained on its train flags, and its P(finding) on the
+/// test features, as MedMNIST scores ChestMNIST (mean per-finding AUC, ACC at 0.5).
+fn finding_scores(f: &Embedded, findings: &Findings, data: &DataSplit, c: f64) -> Result<Vec<f64>> {
+    let (train, test) = (findings.rows(&data.train), findings.rows(&data.test));
+    let k = findings.columns;
+    let mut scores = vec![0.0; f.test_y.len() * k];
+    for j in 0..k {
+        let flag = |rows: &[u32]| -> Vec<u32> { rows.iter().skip(j).step_by(k).copied().collect() };
+        let y = flag(&train);
+        ensure!(
+            y.contains(&0) && y.contains(&1),
+            "finding {j} is {} in every training image, so its probe cannot be fitted; train on \
+             more images (data.train_size)",
+            y.first().copied().unwrap_or(0)
+        );
+        let probe = ssl_eval::linear_probe(
+            &f.train,
+            &y,
+            &f.test,
+            &flag(&test),
+            &ssl_eval::LinearProbeConfig {
+                c,
+                ..Default::default()
+            },
+        )?;
+        for (row, p) in scores
+            .chunks_exact_mut(k)
+            .zip(class_scores(&probe, 2).chunks_exact(2))
+        {
+            row[j] = p[1];
+        }
+    }
+    Ok(scores)
 }
 
 /// Sets the model's online probe from a run checkpoint's `probe.*` weights; `false` when the

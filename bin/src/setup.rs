@@ -51,6 +51,27 @@ pub struct DataSplit {
     pub minority_classes: Vec<u32>,
     /// Normalisation of the encoder's inputs (the training views get it from their recipe).
     pub normalize: Normalization,
+    /// A multi-label data set's flags (ChestMNIST's 14 findings), whose `dataset.labels` say
+    /// only whether an image has any.
+    #[serde(skip)]
+    pub findings: Option<Arc<Findings>>,
+}
+
+/// The 0/1 flags of a multi-label data set, row `i` for sample `i`, row-major.
+pub struct Findings {
+    pub columns: usize,
+    pub matrix: Vec<u32>,
+}
+
+impl Findings {
+    /// The rows of the samples at `positions`, row-major `positions.len() × columns`.
+    pub fn rows(&self, positions: &[usize]) -> Vec<u32> {
+        positions
+            .iter()
+            .flat_map(|&i| &self.matrix[i * self.columns..(i + 1) * self.columns])
+            .copied()
+            .collect()
+    }
 }
 
 /// Loads the configured data set, splits it (by `data.split_seed`, else the run seed; the seed
@@ -59,6 +80,7 @@ pub struct DataSplit {
 /// the training partition, its own train/test partition, class imbalance (training only).
 pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
     let seed = cfg.data.split_seed.unwrap_or(cfg.train.seed);
+    let mut findings = None;
     let (dataset, mut train, mut test) = match cfg.data.name.as_str() {
         "digits" | "gmm" => {
             let dataset = match cfg.data.name.as_str() {
@@ -92,6 +114,12 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
                 Err(_) => format!("unknown data set `{name}`; built in: digits, gmm, folder"),
             })?;
             let [train, _, test] = m.splits;
+            if m.info.is_multi_label() {
+                findings = Some(Arc::new(Findings {
+                    columns: m.info.label_columns(),
+                    matrix: m.label_matrix,
+                }));
+            }
             (m.dataset, train.collect(), test.collect())
         }
     };
@@ -136,6 +164,7 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
         test,
         minority_classes,
         normalize: cfg.data.normalization(),
+        findings,
     })
 }
 
@@ -162,18 +191,10 @@ pub fn medmnist_root(cfg: &RunConfig) -> PathBuf {
     })
 }
 
-/// The configured MedMNIST dataset, refusing the multi-label ChestMNIST: the probe, k-NN and
-/// balanced accuracy here take one class per image, and its first finding alone is not one.
+/// The configured MedMNIST dataset. ChestMNIST's images are labelled by whether they have any
+/// finding, the class that training and the run's table use; `ssl eval` scores its 14 findings.
 fn medmnist(cfg: &RunConfig) -> Result<ssl_data::MedMnist> {
     let info = ssl_data::medmnist_info(&cfg.data.name)?;
-    if info.is_multi_label() {
-        bail!(
-            "{} is multi-label ({} findings per image); training and evaluation here take one \
-             class per image, so it is not supported yet",
-            info.flag,
-            info.classes
-        );
-    }
     info.md5_at(cfg.data.size)
         .with_context(|| format!("set the image size with --size {}", info.sizes()[0]))?;
     ssl_data::load_medmnist(&medmnist_root(cfg), info.flag, cfg.data.size)

@@ -429,8 +429,8 @@ pub const SPLITS: [&str; 3] = ["train", "val", "test"];
 pub struct MedMnist {
     pub info: &'static MedMnistInfo,
     pub size: usize,
-    /// All three splits; `labels` holds label column 0 (the class; for ChestMNIST the first
-    /// finding, see `label_matrix`).
+    /// All three splits; `labels` holds the class, and for ChestMNIST whether the image has
+    /// any finding (0 = none of the 14, 1 = at least one; the flags are in `label_matrix`).
     pub dataset: Dataset,
     /// Positions of the train, val and test images in `dataset`.
     pub splits: [Range<usize>; 3],
@@ -476,9 +476,12 @@ pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
         start += n;
     }
     let pixels = cached_images(&mut npz, &path, info, size)?;
-    let first_column = label_matrix
+    let labels = label_matrix
         .chunks_exact(info.label_columns())
-        .map(|row| row[0])
+        .map(|row| match info.is_multi_label() {
+            true => u32::from(row.contains(&1)),
+            false => row[0],
+        })
         .collect();
     Ok(MedMnist {
         info,
@@ -489,7 +492,7 @@ pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
                 bytes: Arc::new(pixels),
                 channels_last: (!info.volumetric && info.channels > 1).then_some(info.channels),
             },
-            labels: first_column,
+            labels,
             shape: info.sample_shape(size),
             num_classes: match info.is_multi_label() {
                 true => 2,
@@ -673,7 +676,7 @@ pub fn write_medmnist_npz(
 
 /// The embedded digits packed in the exact layout and split sizes of MedMNIST dataset `flag` at
 /// `size` (digits cycled; label = digit mod the classes, ChestMNIST's flag j = whether
-/// `(digit + j) mod 3 = 0`; RGB tints the grey image per channel; a volume stacks the image
+/// the digit is odd and `(digit + j) mod 3 = 0`, so even digits have no finding; RGB tints the grey image per channel; a volume stacks the image
 /// `size` times, fading towards the ends), written to `path`: real images through the same code
 /// path as the official files, for tests and for trying the pipeline without them.
 pub fn write_digits_as_medmnist(path: &Path, flag: &str, size: usize) -> Result<()> {
@@ -705,8 +708,10 @@ pub fn write_digits_as_medmnist(path: &Path, flag: &str, size: usize) -> Result<
             }
             let digit = digits.labels[i] as usize;
             match info.is_multi_label() {
-                true => labels
-                    .extend((0..info.classes).map(|j| u8::from((digit + j).is_multiple_of(3)))),
+                true => labels.extend(
+                    (0..info.classes)
+                        .map(|j| u8::from(digit % 2 == 1 && (digit + j).is_multiple_of(3))),
+                ),
                 false => labels.push((digit % info.classes) as u8),
             }
         }
