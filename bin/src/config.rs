@@ -265,7 +265,8 @@ pub struct TrainConfig {
     pub local_views: usize,
     /// Side of a local view in pixels (0: `⌈side · 96/224⌉`, DINO's 96 px at 224).
     pub local_size: usize,
-    /// Area fraction range of a local crop (DINO: `[0.05, 0.4]`).
+    /// Area fraction range of a local crop (default: the recipe's, SwAV `[0.05, 0.14]`, else
+    /// DINO's `[0.05, 0.4]`).
     pub local_scale: (f64, f64),
     pub optimizer: OptimizerKind,
     /// Peak learning rate (after warm-up).
@@ -372,7 +373,10 @@ impl RunConfig {
     /// The objective's parameters are resolved against its defaults (see
     /// [`ObjectiveSection::resolve`]).
     pub fn from_yaml_value(value: serde_yaml::Value) -> Result<Self> {
-        let encoder_given = value.get("model").and_then(|m| m.get("encoder")).is_some();
+        let given =
+            |section: &str, key: &str| value.get(section).and_then(|m| m.get(key)).is_some();
+        let (encoder_given, local_scale_given) =
+            (given("model", "encoder"), given("train", "local_scale"));
         let mut config: RunConfig =
             serde_yaml::from_value(value).map_err(|e| anyhow::anyhow!("{e}"))?;
         config.objective.resolve()?;
@@ -381,6 +385,9 @@ impl RunConfig {
         let volumes = ssl_data::medmnist_info(&config.data.name).is_ok_and(|i| i.volumetric);
         if !encoder_given && volumes {
             config.model.encoder = "resnet18_3d".into();
+        }
+        if !local_scale_given {
+            config.train.local_scale = config.data.recipe().local_crop_scale();
         }
         config.validate()?;
         Ok(config)
@@ -508,6 +515,35 @@ mod tests {
         );
         assert_eq!(c.objective.name, "vicreg");
         assert_eq!(c.data.name, "digits");
+    }
+
+    /// What the data and recipe imply fills what is not given, and a given value wins.
+    #[test]
+    fn recipe_and_data_defaults_yield_to_given_values() -> Result<()> {
+        let resolve = |sets: &[&str]| -> Result<RunConfig> {
+            let mut root = serde_yaml::Value::Mapping(Default::default());
+            for set in sets {
+                apply_set(&mut root, set)?;
+            }
+            RunConfig::from_yaml_value(root)
+        };
+        let swav = resolve(&["data.augment=swav"])?;
+        assert_eq!(swav.train.local_scale, (0.05, 0.14));
+        let dino = resolve(&["data.augment=dino"])?;
+        assert_eq!(dino.train.local_scale, (0.05, 0.4));
+        let given = resolve(&["data.augment=swav", "train.local_scale=[0.1, 0.3]"])?;
+        assert_eq!(given.train.local_scale, (0.1, 0.3));
+        let volumes = resolve(&["data.name=organmnist3d", "data.size=28"])?;
+        assert_eq!(
+            (volumes.model.encoder.as_str(), volumes.data.recipe()),
+            ("resnet18_3d", Recipe::Icone3d)
+        );
+        let named = resolve(&["data.name=organmnist3d", "model.encoder=mlp"])?;
+        assert_eq!(named.model.encoder, "mlp");
+        // A resolved config read back is unchanged.
+        let again = RunConfig::from_yaml_value(serde_yaml::to_value(&swav)?)?;
+        assert_eq!(again.train.local_scale, swav.train.local_scale);
+        Ok(())
     }
 
     #[test]

@@ -209,6 +209,7 @@ pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
     let data = setup::data(cfg)?;
     let mut model = build_model(cfg, &data, &device)?;
     apply_init(cfg, &model)?;
+    let loader = training_loader(cfg, &data)?;
     if model.precision == Precision::Bf16 && device.is_cpu() {
         eprintln!(
             "train.precision bf16 on the CPU is emulated (bf16-rounded operands, f32 products): \
@@ -226,7 +227,7 @@ pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
         &dir.join("split.json"),
         serde_json::to_string(&data)?.as_bytes(),
     )?;
-    let finished = train(cfg, &data, &mut model, &device, &dir, resume)?;
+    let finished = train(cfg, &data, loader, &mut model, &device, &dir, resume)?;
     if !finished {
         return Ok(RunOutcome {
             dir,
@@ -296,15 +297,9 @@ pub fn local_crop(
     }
 }
 
-/// The training loop. Returns whether the run reached its last epoch.
-fn train(
-    cfg: &RunConfig,
-    data: &DataSplit,
-    model: &mut Model,
-    device: &Device,
-    dir: &Path,
-    resume: bool,
-) -> Result<bool> {
+/// The training views of `cfg` over the train split, checked against the data (before a run
+/// writes anything).
+fn training_loader(cfg: &RunConfig, data: &DataSplit) -> Result<ViewLoader> {
     let t = &cfg.train;
     let types = view_types(cfg, &data.dataset.shape)?;
     let loader = ViewLoader::new(
@@ -321,8 +316,7 @@ fn train(
         local_crop(cfg, &data.dataset.shape, types.local),
     )
     .context("invalid train.local_views for this data")?;
-    let steps_per_epoch = loader.steps_per_epoch() / t.accumulate;
-    if steps_per_epoch == 0 {
+    if loader.steps_per_epoch() / t.accumulate == 0 {
         bail!(
             "an optimiser step takes {} batch(es) of {} (train.accumulate × --batch-size), more than the \
              {} training instances give per epoch with drop_last; lower --batch-size or train.accumulate",
@@ -331,6 +325,21 @@ fn train(
             data.train.len()
         );
     }
+    Ok(loader)
+}
+
+/// The training loop. Returns whether the run reached its last epoch.
+fn train(
+    cfg: &RunConfig,
+    data: &DataSplit,
+    loader: ViewLoader,
+    model: &mut Model,
+    device: &Device,
+    dir: &Path,
+    resume: bool,
+) -> Result<bool> {
+    let t = &cfg.train;
+    let steps_per_epoch = loader.steps_per_epoch() / t.accumulate;
     let total_steps = steps_per_epoch * t.epochs;
     let probe_scale = t.probe_lr / t.lr;
     let params: Vec<_> = model

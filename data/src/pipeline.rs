@@ -270,7 +270,7 @@ pub struct Pipeline {
     /// View `v` uses `views[v % views.len()]`.
     pub views: Vec<ImageAugment>,
     /// Multi-crop local views' type, applied after the local crop (whose scale is the run's
-    /// `train.local_scale`), and the crop's resampling filter.
+    /// `train.local_scale`, by default [`Recipe::local_crop_scale`]).
     pub local: Option<ImageAugment>,
 }
 
@@ -360,6 +360,15 @@ impl Recipe {
             }
             _ => one(Arc::new(Identity)),
         })
+    }
+
+    /// Area range of multi-crop local crops under this recipe (the run's `train.local_scale`
+    /// unless set): SwAV's `[0.05, 0.14]`, else DINO's `[0.05, 0.4]`.
+    pub fn local_crop_scale(self) -> (f64, f64) {
+        match self {
+            Self::Swav => (0.05, 0.14),
+            _ => (0.05, 0.4),
+        }
     }
 
     /// The 2D recipe's view types normalising with `normalize`; `None` for the others.
