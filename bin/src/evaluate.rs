@@ -97,6 +97,7 @@ pub fn evaluate_features(
         cfg.eval.knn_t,
     )?;
     let standardized = ssl_eval::standardize(&test);
+    let (rankme, effective_rank) = ssl_eval::centred_ranks(&standardized, ssl_eval::RANKME_EPS)?;
     let mut classes = train_y.to_vec();
     classes.sort_unstable();
     classes.dedup();
@@ -113,8 +114,8 @@ pub fn evaluate_features(
     Ok(Evaluation {
         probe_balanced_accuracy: probe.balanced_accuracy,
         knn_accuracy: knn,
-        rankme: ssl_eval::rankme(&standardized, 1e-7)?,
-        effective_rank: ssl_eval::effective_rank(&standardized)?,
+        rankme,
+        effective_rank,
         class_alignment: ssl_eval::class_conditional_alignment(&test, test_y)?,
         uniformity: ssl_eval::uniformity(&test)?,
         silhouette: ssl_eval::silhouette(&test, test_y)?,

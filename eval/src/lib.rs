@@ -60,6 +60,6 @@ pub use linear_probe::{
 pub use medmnist::{medmnist_metrics, roc_auc, MedMnistScores, MedMnistTask, MEDMNIST_THRESHOLD};
 pub use pca::pca_2d;
 pub use spectrum::{
-    covariance_spectrum, effective_rank, rankme, singular_values, standardize, CovarianceSpectrum,
-    RANKME_EPS,
+    centred_ranks, covariance_spectrum, effective_rank, rankme, singular_values, standardize,
+    CovarianceSpectrum, RANKME_EPS,
 };
