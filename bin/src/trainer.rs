@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use candle_core::backprop::GradStore;
@@ -299,7 +299,7 @@ pub fn local_crop(
 
 /// The training views of `cfg` over the train split, checked against the data (before a run
 /// writes anything).
-fn training_loader(cfg: &RunConfig, data: &DataSplit) -> Result<ViewLoader> {
+fn training_loader(cfg: &RunConfig, data: &DataSplit) -> Result<Arc<ViewLoader>> {
     let t = &cfg.train;
     let types = view_types(cfg, &data.dataset.shape)?;
     let loader = ViewLoader::new(
@@ -325,14 +325,17 @@ fn training_loader(cfg: &RunConfig, data: &DataSplit) -> Result<ViewLoader> {
             data.train.len()
         );
     }
-    Ok(loader)
+    Ok(Arc::new(loader))
 }
+
+/// Batches the loader builds ahead of the training step.
+const PREFETCH: usize = 2;
 
 /// The training loop. Returns whether the run reached its last epoch.
 fn train(
     cfg: &RunConfig,
     data: &DataSplit,
-    loader: ViewLoader,
+    loader: Arc<ViewLoader>,
     model: &mut Model,
     device: &Device,
     dir: &Path,
@@ -416,8 +419,16 @@ fn train(
         let mut grads: Option<GradStore> = None;
         let mut started = Instant::now();
         let mut images = 0;
+        // Time this optimiser step spent waiting for its views (0 while the loader keeps ahead).
+        let mut data_wait = Duration::ZERO;
         // Batches beyond the last whole group of `accumulate` are dropped, as drop_last does.
-        for view_batch in loader.epoch(epoch).take(steps_per_epoch * t.accumulate) {
+        let mut batches = loader.prefetch(epoch, steps_per_epoch * t.accumulate, PREFETCH);
+        loop {
+            let asked = Instant::now();
+            let Some(view_batch) = batches.next() else {
+                break;
+            };
+            data_wait += asked.elapsed();
             let progress = Progress {
                 step: state.step,
                 epoch,
@@ -487,8 +498,10 @@ fn train(
                 teacher: teacher.as_deref(),
             })?;
             let images_per_s = images as f64 / started.elapsed().as_secs_f64();
-            (images, started) = (0, Instant::now());
-            let mut record = json!({"step": state.step, "epoch": epoch, "loss": out.loss, "lr": lr, "images_per_s": images_per_s});
+            let data_wait_ms = 1e3 * data_wait.as_secs_f64();
+            (images, started, data_wait) = (0, Instant::now(), Duration::ZERO);
+            let mut record = json!({"step": state.step, "epoch": epoch, "loss": out.loss, "lr": lr,
+                "images_per_s": images_per_s, "data_wait_ms": data_wait_ms});
             for (name, value) in &out.terms {
                 record[name.as_str()] = json!(value);
             }

@@ -40,7 +40,7 @@ pub use dataset::{Dataset, Samples};
 pub use digits::{bilinear_resize, digits, DEFAULT_DIGITS_SIZE};
 pub use folder::{load_image_folder, ImageFolder, IMAGENET100};
 pub use gmm::gaussian_mixture;
-pub use loader::{clean_batch, mix_seed, ViewBatch, ViewLoader};
+pub use loader::{clean_batch, mix_seed, Prefetch, ViewBatch, ViewLoader};
 pub use medmnist::{
     load_medmnist, medmnist_info, write_digits_as_medmnist, MedMnist, MedMnistInfo,
 };

@@ -7,9 +7,12 @@
 //!
 //! Determinism: the epoch's order is a shuffle seeded from `(seed, epoch)`, and each view's RNG is
 //! seeded from `(seed, epoch, instance id, view)`, so the output does not depend on the rayon
-//! thread count or scheduling. Views are augmented in parallel with rayon on the current pool.
+//! thread count or scheduling. Views are augmented in parallel with rayon on the current pool;
+//! [`ViewLoader::prefetch`] builds an epoch's batches ahead on a background thread.
 
+use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
@@ -213,6 +216,26 @@ impl ViewLoader {
         })
     }
 
+    /// The first `steps` batches of `epoch`, the same as [`Self::epoch`]'s, built on a background
+    /// thread up to `depth` batches ahead of the consumer (augmenting on the global rayon pool),
+    /// so a training step does not wait for its views.
+    pub fn prefetch(self: &Arc<Self>, epoch: usize, steps: usize, depth: usize) -> Prefetch {
+        let (sender, batches) = sync_channel(depth);
+        let loader = Arc::clone(self);
+        let worker = std::thread::spawn(move || {
+            for batch in loader.epoch(epoch).take(steps) {
+                // The consumer stopped early: nothing more is wanted.
+                if sender.send(batch).is_err() {
+                    break;
+                }
+            }
+        });
+        Prefetch {
+            batches,
+            worker: Some(worker),
+        }
+    }
+
     /// Builds the batch for the given instance ids (augmentations seeded as in [`Self::epoch`]).
     pub fn make_batch(&self, epoch: usize, ids: &[u32]) -> ViewBatch {
         let sl = self.dataset.sample_len();
@@ -270,6 +293,49 @@ impl ViewLoader {
                 .collect(),
             batch_size: bs,
             views_count: self.views,
+        }
+    }
+}
+
+/// An epoch's batches from [`ViewLoader::prefetch`], in order.
+pub struct Prefetch {
+    batches: Receiver<ViewBatch>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl Prefetch {
+    /// Waits for the worker; a panic in it (an augmentation bug) is re-raised here rather than
+    /// ending the epoch early.
+    fn join(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            if let Err(panic) = worker.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+}
+
+impl Iterator for Prefetch {
+    type Item = ViewBatch;
+
+    fn next(&mut self) -> Option<ViewBatch> {
+        match self.batches.recv() {
+            Ok(batch) => Some(batch),
+            Err(_) => {
+                self.join();
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        // Closing the channel stops the worker at its next batch.
+        let (_, closed) = sync_channel(0);
+        drop(std::mem::replace(&mut self.batches, closed));
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
         }
     }
 }
@@ -440,6 +506,23 @@ mod tests {
         assert_ne!(e0[0].view(0), e0[0].view(1));
         // Same epoch twice is identical.
         assert_eq!(e0, loader.epoch(0).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn prefetched_batches_equal_the_lazy_ones_and_stopping_early_ends_the_worker() {
+        let loader = Arc::new(gmm_loader(32, true));
+        let steps = loader.steps_per_epoch();
+        let lazy: Vec<ViewBatch> = loader.epoch(3).collect();
+        let ahead: Vec<ViewBatch> = loader.prefetch(3, steps, 2).collect();
+        assert_eq!(ahead.len(), steps);
+        for (a, b) in lazy.iter().zip(&ahead) {
+            assert_eq!((&a.views, &a.instance_ids), (&b.views, &b.instance_ids));
+        }
+        assert_eq!(loader.prefetch(3, 2, 1).count(), 2);
+        // Dropped after one batch, with the worker blocked on a full channel: no hang.
+        let mut early = loader.prefetch(4, steps, 1);
+        assert!(early.next().is_some());
+        drop(early);
     }
 
     #[test]
