@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use ssl_data::{ImageAugment, Normalization, Recipe};
+use ssl_data::{ImageAugment, Normalization, Recipe, VolumeAugment};
 use ssl_models::autocast::Precision;
 use ssl_models::Stem;
 
@@ -94,6 +94,10 @@ pub struct DataConfig {
     /// `[{crop_scale: [0.2, 1.0], jitter: [0.4, 0.4, 0.4, 0.1], jitter_p: 0.8, blur: 1.0}]`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub augment_views: Vec<ImageAugment>,
+    /// IConE's 3D view type with your values replacing the `icone3d` recipe (volumes only), a
+    /// mapping of `VolumeAugment` fields over the paper's, e.g. `{rotate: 0.0, noise: 0.5}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub augment_volume: Option<VolumeAugment>,
 }
 
 impl DataConfig {
@@ -150,6 +154,7 @@ impl Default for DataConfig {
             augment: None,
             normalize: None,
             augment_views: Vec::new(),
+            augment_volume: None,
         }
     }
 }
@@ -540,6 +545,23 @@ mod tests {
         );
         let named = resolve(&["data.name=organmnist3d", "model.encoder=mlp"])?;
         assert_eq!(named.model.encoder, "mlp");
+        let tuned = resolve(&[
+            "data.name=organmnist3d",
+            "data.augment_volume={rotate: 0.0, noise: 0.5}",
+        ])?;
+        let volume = tuned.data.augment_volume.clone().expect("given");
+        assert_eq!((volume.rotate, volume.noise, volume.flip), (0.0, 0.5, 0.5));
+        let types = crate::trainer::view_types(&tuned, &[1, 8, 8, 8])?;
+        assert_eq!(types.views.len(), 1);
+        let flat = crate::trainer::view_types(&tuned, &[3, 8, 8])
+            .err()
+            .expect("2D");
+        assert!(format!("{flat:#}").contains("[C, D, H, W]"), "{flat:#}");
+        let typo = resolve(&["data.augment_volume={rotation: 0.0}"]).unwrap_err();
+        assert!(
+            typo.to_string().contains("unknown field `rotation`"),
+            "{typo}"
+        );
         // A resolved config read back is unchanged.
         let again = RunConfig::from_yaml_value(serde_yaml::to_value(&swav)?)?;
         assert_eq!(again.train.local_scale, swav.train.local_scale);

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, D};
 use candle_nn::{Linear, Module};
@@ -259,6 +259,13 @@ pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
 /// else the recipe's (`data.augment`), normalised as `data.normalize` says.
 pub fn view_types(cfg: &RunConfig, shape: &[usize]) -> Result<ViewTypes> {
     let normalize = cfg.data.normalization();
+    if let Some(volume) = &cfg.data.augment_volume {
+        ensure!(
+            cfg.data.augment_views.is_empty(),
+            "data.augment_volume and data.augment_views both replace the recipe; keep one"
+        );
+        return volume.view_types(shape).context("data.augment_volume");
+    }
     let types = match cfg.data.augment_views.is_empty() {
         true => cfg.data.recipe().view_types(normalize, shape),
         false => ssl_data::Pipeline {

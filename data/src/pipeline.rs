@@ -283,6 +283,16 @@ pub struct ViewTypes {
     pub local: (Arc<dyn ViewTransform>, Interpolation),
 }
 
+impl ViewTypes {
+    /// Every view, local ones included, from the one transform `t`.
+    pub fn single(t: Arc<dyn ViewTransform>) -> Self {
+        Self {
+            views: vec![t.clone()],
+            local: (t, Interpolation::Bilinear),
+        }
+    }
+}
+
 /// Every augmentation a run can select by name (`data.augment`); the 2D recipes follow spec
 /// data §3.10.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -346,18 +356,11 @@ impl Recipe {
         if let Some(pipeline) = self.pipeline(normalize) {
             return pipeline.view_types(shape);
         }
-        let one = |t: Arc<dyn ViewTransform>| ViewTypes {
-            views: vec![t.clone()],
-            local: (t, Interpolation::Bilinear),
-        };
+        let one = ViewTypes::single;
         Ok(match self {
             Self::Digits => one(Arc::new(DigitsAugment::default())),
             Self::Noise => one(Arc::new(GaussianJitter::default())),
-            Self::Icone3d => {
-                let volume = VolumeAugment::default();
-                volume.validate(shape)?;
-                one(Arc::new(volume))
-            }
+            Self::Icone3d => VolumeAugment::default().view_types(shape)?,
             _ => one(Arc::new(Identity)),
         })
     }

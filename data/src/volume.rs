@@ -157,6 +157,12 @@ impl VolumeAugment {
         }
     }
 
+    /// This view type for every view of samples of `shape`, checked.
+    pub fn view_types(&self, shape: &[usize]) -> anyhow::Result<crate::ViewTypes> {
+        self.validate(shape)?;
+        Ok(crate::ViewTypes::single(std::sync::Arc::new(self.clone())))
+    }
+
     /// Checks the ranges.
     pub fn validate(&self, shape: &[usize]) -> anyhow::Result<()> {
         use anyhow::bail;
