@@ -177,8 +177,25 @@ fn image_folder(cfg: &RunConfig) -> Result<ssl_data::ImageFolder> {
         [one] if one == "imagenet100" => ssl_data::IMAGENET100.map(String::from).to_vec(),
         names => names.to_vec(),
     };
-    ssl_data::load_image_folder(root, cfg.data.size, (!keep.is_empty()).then_some(&keep[..]))
-        .with_context(|| format!("image folder {}", root.display()))
+    let cache = cache_dir().join("folders");
+    ssl_data::load_image_folder(
+        root,
+        cfg.data.size,
+        (!keep.is_empty()).then_some(&keep[..]),
+        Some(&cache),
+    )
+    .with_context(|| format!("image folder {}", root.display()))
+}
+
+/// Where decoded image folders are cached: `$SSL_CACHE`, else `~/.cache/candle-ssl`.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("SSL_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default()
+            .join(".cache/candle-ssl"),
+    }
 }
 
 /// Where MedMNIST files are looked for: `data.root`, else the official package's `~/.medmnist`.

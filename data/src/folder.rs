@@ -17,12 +17,20 @@
 //!   test split, and the two must list the same classes) or a single `root/<class>`.
 //!
 //! Samples are stored HWC as [`Samples::U8`] with `channels_last = Some(3)`, read as `[3, S, S]`.
+//! Given a cache directory, the decoded bytes are written there once (streamed, a temporary
+//! file renamed into place) and memory-mapped on every later load, under a name digesting the
+//! size and every file's path, length and modification time, so a changed folder decodes anew.
 
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::UNIX_EPOCH;
 
 use anyhow::{bail, ensure, Context, Result};
 use image::imageops::FilterType;
+use md5::{Digest, Md5};
+use memmap2::Mmap;
 use rayon::prelude::*;
 
 use crate::dataset::{Dataset, Samples};
@@ -301,28 +309,125 @@ pub fn decode_resized(path: &Path, size: usize) -> Result<Vec<u8>> {
 }
 
 /// Decodes every sample of `index` at `size` (in parallel, in order) into a [`Dataset`] named
-/// `name`: `[3, size, size]` samples, stored HWC.
-pub fn decode_folder(index: &FolderIndex, size: usize, name: &str) -> Result<Dataset> {
+/// `name`: `[3, size, size]` samples, stored HWC; in memory, or through the cache file in
+/// `cache` (see the module docs).
+pub fn decode_folder(
+    index: &FolderIndex,
+    size: usize,
+    name: &str,
+    cache: Option<&Path>,
+) -> Result<Dataset> {
     ensure!(size > 0, "the image size must be positive");
     let per_sample = size * size * 3;
-    let mut bytes = vec![0u8; index.samples.len() * per_sample];
-    bytes
-        .par_chunks_mut(per_sample)
-        .zip(&index.samples)
-        .try_for_each(|(out, (path, _))| -> Result<()> {
-            out.copy_from_slice(&decode_resized(path, size)?);
-            Ok(())
-        })?;
+    let bytes: Arc<dyn AsRef<[u8]> + Send + Sync> = match cache {
+        None => {
+            let mut bytes = vec![0u8; index.samples.len() * per_sample];
+            decode_into(&index.samples, size, &mut bytes)?;
+            Arc::new(bytes)
+        }
+        Some(dir) => Arc::new(cached_decode(index, size, dir)?),
+    };
     Ok(Dataset {
         name: name.to_string(),
         samples: Samples::U8 {
-            bytes: Arc::new(bytes),
+            bytes,
             channels_last: Some(3),
         },
         labels: index.samples.iter().map(|(_, label)| *label).collect(),
         shape: vec![3, size, size],
         num_classes: index.classes.len(),
     })
+}
+
+fn decode_into(samples: &[(PathBuf, u32)], size: usize, out: &mut [u8]) -> Result<()> {
+    out.par_chunks_mut(size * size * 3)
+        .zip(samples)
+        .try_for_each(|(out, (path, _))| -> Result<()> {
+            out.copy_from_slice(&decode_resized(path, size)?);
+            Ok(())
+        })
+}
+
+/// Images decoded per write while filling a cache file.
+const CACHE_CHUNK: usize = 512;
+
+/// The cache file of `index` at `size` in `dir`: `folder-{size}px-{digest}.u8`, the MD5 of the
+/// size and each sample's path, label, length and modification time.
+pub fn folder_cache_path(index: &FolderIndex, size: usize, dir: &Path) -> Result<PathBuf> {
+    let stamps: Vec<(u64, u128)> = index
+        .samples
+        .par_iter()
+        .map(|(path, _)| {
+            let meta = std::fs::metadata(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let modified = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            Ok((meta.len(), modified))
+        })
+        .collect::<Result<_>>()?;
+    let mut digest = Md5::new();
+    digest.update(format!("candle-ssl image folder v1, {size} px\n"));
+    for ((path, label), (len, modified)) in index.samples.iter().zip(stamps) {
+        digest.update(path.as_os_str().as_encoded_bytes());
+        digest.update(format!("\0{label} {len} {modified}\n"));
+    }
+    let hex: String = digest
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(dir.join(format!("folder-{size}px-{hex}.u8")))
+}
+
+/// The decoded bytes of `index` memory-mapped from their cache file in `dir`, decoded into it
+/// first (a chunk of images at a time) when it is missing.
+fn cached_decode(index: &FolderIndex, size: usize, dir: &Path) -> Result<Mmap> {
+    let per_sample = size * size * 3;
+    let total = index.samples.len() * per_sample;
+    let path = folder_cache_path(index, size, dir)?;
+    let complete = std::fs::metadata(&path).is_ok_and(|m| m.len() == total as u64);
+    if !complete {
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "cannot create the image cache directory {} (set SSL_CACHE to a writable one)",
+                dir.display()
+            )
+        })?;
+        let tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| {
+            format!(
+                "cannot write into the image cache directory {} (set SSL_CACHE to a writable one)",
+                dir.display()
+            )
+        })?;
+        let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file());
+        let mut chunk = vec![0u8; CACHE_CHUNK * per_sample];
+        for samples in index.samples.chunks(CACHE_CHUNK) {
+            let bytes = &mut chunk[..samples.len() * per_sample];
+            decode_into(samples, size, bytes)?;
+            out.write_all(bytes)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        out.flush()
+            .with_context(|| format!("writing {}", path.display()))?;
+        drop(out);
+        tmp.persist(&path)
+            .with_context(|| format!("cannot rename into {}", path.display()))?;
+    }
+    let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: the cache file is complete (renamed into place whole) and only read; one truncated
+    // under the map by another process would fault, as with any mapped file.
+    let map = unsafe { Mmap::map(&file) }
+        .with_context(|| format!("cannot memory-map {}", path.display()))?;
+    ensure!(
+        map.len() == total,
+        "{} holds {} bytes, expected {total}; delete it to decode again",
+        path.display(),
+        map.len()
+    );
+    Ok(map)
 }
 
 /// An image folder decoded at one size, with its split.
@@ -337,13 +442,20 @@ pub struct ImageFolder {
 }
 
 /// Loads `root` (either `root/train` + `root/val`, or `root/<class>`), keeping the classes in
-/// `keep` when given, at `size × size`.
-pub fn load_image_folder(root: &Path, size: usize, keep: Option<&[String]>) -> Result<ImageFolder> {
+/// `keep` when given, at `size × size`, decoded into memory or through a file in `cache`.
+pub fn load_image_folder(
+    root: &Path,
+    size: usize,
+    keep: Option<&[String]>,
+    cache: Option<&Path>,
+) -> Result<ImageFolder> {
+    // One cache file whatever path the folder is reached by.
+    let root = &root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
     let (train, val) = (root.join("train"), root.join("val"));
     if !(train.is_dir() && val.is_dir()) {
         let index = scan_image_folder(root, keep)?;
         return Ok(ImageFolder {
-            dataset: decode_folder(&index, size, "folder")?,
+            dataset: decode_folder(&index, size, "folder", cache)?,
             classes: index.classes,
             train_len: None,
         });
@@ -362,7 +474,7 @@ pub fn load_image_folder(root: &Path, size: usize, keep: Option<&[String]>) -> R
     let train_len = index.samples.len();
     index.samples.extend(val_index.samples);
     Ok(ImageFolder {
-        dataset: decode_folder(&index, size, "folder")?,
+        dataset: decode_folder(&index, size, "folder", cache)?,
         classes: index.classes,
         train_len: Some(train_len),
     })

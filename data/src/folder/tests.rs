@@ -104,7 +104,7 @@ fn train_and_val_layout_decodes_both_splits() -> Result<()> {
             }
         }
     }
-    let folder = load_image_folder(root, 8, None)?;
+    let folder = load_image_folder(root, 8, None, None)?;
     assert_eq!(folder.train_len, Some(6));
     assert_eq!(folder.classes, ["n01", "n02"]);
     assert_eq!(folder.dataset.labels, [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]);
@@ -118,13 +118,13 @@ fn bad_folders_are_clear_errors() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let root = dir.path();
     let err = |r: Result<ImageFolder>| format!("{:#}", r.err().expect("an error"));
-    let missing = err(load_image_folder(&root.join("nope"), 8, None));
+    let missing = err(load_image_folder(&root.join("nope"), 8, None, None));
     assert!(
         missing.contains("does not exist") && missing.contains("data.root"),
         "{missing}"
     );
     std::fs::create_dir_all(root.join("flat"))?;
-    let no_classes = err(load_image_folder(&root.join("flat"), 8, None));
+    let no_classes = err(load_image_folder(&root.join("flat"), 8, None, None));
     assert!(
         no_classes.contains("no class sub-directories"),
         "{no_classes}"
@@ -135,14 +135,14 @@ fn bad_folders_are_clear_errors() -> Result<()> {
         ImageFormat::Png,
     );
     std::fs::create_dir_all(root.join("flat/empty"))?;
-    let empty = err(load_image_folder(&root.join("flat"), 8, None));
+    let empty = err(load_image_folder(&root.join("flat"), 8, None, None));
     assert!(
         empty.contains("class `empty`") && empty.contains("no image files"),
         "{empty}"
     );
     std::fs::remove_dir(root.join("flat/empty"))?;
     std::fs::write(root.join("flat/a/broken.png"), "not a png")?;
-    let broken = err(load_image_folder(&root.join("flat"), 8, None));
+    let broken = err(load_image_folder(&root.join("flat"), 8, None, None));
     assert!(
         broken.contains("broken.png") && broken.contains("not a readable image"),
         "{broken}"
@@ -151,6 +151,7 @@ fn bad_folders_are_clear_errors() -> Result<()> {
         &root.join("flat"),
         8,
         Some(&["zebra".to_string()]),
+        None,
     ));
     assert!(unknown.contains("no class directory zebra"), "{unknown}");
     write(
@@ -163,7 +164,7 @@ fn bad_folders_are_clear_errors() -> Result<()> {
         &gradient(4, 4),
         ImageFormat::Png,
     );
-    let mismatch = err(load_image_folder(&root.join("split"), 8, None));
+    let mismatch = err(load_image_folder(&root.join("split"), 8, None, None));
     assert!(mismatch.contains("different classes"), "{mismatch}");
     Ok(())
 }
@@ -175,4 +176,56 @@ fn imagenet100_is_sorted_and_unique() {
         (IMAGENET100[0], IMAGENET100[99]),
         ("n01558993", "n13040303")
     );
+}
+
+/// Through a cache directory: the first load decodes into one file, later loads map it (the
+/// same bytes as an in-memory decode), and a changed image gets a new file.
+#[test]
+fn a_cached_folder_is_decoded_once_and_mapped_after() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (root, cache) = (dir.path().join("images"), dir.path().join("cache"));
+    for (class, count) in [("a", 3), ("b", 2)] {
+        for i in 0..count {
+            write(
+                &root.join(format!("{class}/{i}.png")),
+                &gradient(10 + i, 9),
+                ImageFormat::Png,
+            );
+        }
+    }
+    let plain = load_image_folder(&root, 6, None, None)?.dataset;
+    let cached = load_image_folder(&root, 6, None, Some(&cache))?.dataset;
+    let files = |dir: &Path| -> Result<Vec<PathBuf>> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<std::io::Result<_>>()?;
+        files.sort();
+        Ok(files)
+    };
+    let first = files(&cache)?;
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(std::fs::metadata(&first[0])?.len(), 5 * 6 * 6 * 3);
+    assert_eq!(cached.labels, plain.labels);
+    for i in 0..plain.len() {
+        assert_eq!(cached.sample(i), plain.sample(i));
+    }
+    // A later load reads the file: marking its first byte shows in the samples.
+    let mut bytes = std::fs::read(&first[0])?;
+    bytes[0] = 255;
+    std::fs::write(&first[0], &bytes)?;
+    let again = load_image_folder(&root, 6, None, Some(&cache))?.dataset;
+    assert_eq!(again.sample(0)[0], 1.0);
+    assert_ne!(plain.sample(0)[0], 1.0);
+    // A rewritten image (new length) is a different folder.
+    write(&root.join("b/1.png"), &gradient(30, 9), ImageFormat::Png);
+    load_image_folder(&root, 6, None, Some(&cache))?;
+    assert_eq!(files(&cache)?.len(), 2);
+    // An unwritable cache is a clear error naming the fix.
+    let blocked = dir.path().join("blocked");
+    std::fs::write(&blocked, "a file, not a directory")?;
+    let e = load_image_folder(&root, 6, None, Some(&blocked.join("sub")))
+        .err()
+        .expect("an error");
+    assert!(format!("{e:#}").contains("SSL_CACHE"), "{e:#}");
+    Ok(())
 }

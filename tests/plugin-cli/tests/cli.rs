@@ -8,6 +8,7 @@ fn ssl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ssl-plugin"))
         .args(args)
         .env("RAYON_NUM_THREADS", "2")
+        .env("SSL_CACHE", env!("CARGO_TARGET_TMPDIR"))
         .output()
         .expect("the fixture binary runs")
 }
