@@ -145,6 +145,23 @@ pub fn medmnist_metrics(
     scores: &[f64],
     k: usize,
 ) -> Result<MedMnistScores> {
+    let (acc, auc) = acc_and_auc(task, labels, scores, k)?;
+    Ok(MedMnistScores { acc, auc: auc? })
+}
+
+/// `getACC` alone, with [`medmnist_metrics`]'s shape rules: defined where the AUC is not (a
+/// class or label column with only one class present in `labels`).
+pub fn medmnist_acc(task: MedMnistTask, labels: &[u32], scores: &[f64], k: usize) -> Result<f64> {
+    Ok(acc_and_auc(task, labels, scores, k)?.0)
+}
+
+/// ACC, and the AUC or why it is undefined, after the shape checks.
+fn acc_and_auc(
+    task: MedMnistTask,
+    labels: &[u32],
+    scores: &[f64],
+    k: usize,
+) -> Result<(f64, Result<f64>)> {
     ensure!(k > 0, "{task} task: scores need at least one column");
     let n = scores.len() / k;
     ensure!(
@@ -173,7 +190,6 @@ pub fn medmnist_metrics(
         labels.len(),
         n * label_cols
     );
-
     match task {
         MedMnistTask::MultiClass | MedMnistTask::Ordinal => multi_class(task, labels, scores, k),
         MedMnistTask::Binary => binary(labels, scores, k),
@@ -214,7 +230,7 @@ fn multi_class(
     labels: &[u32],
     scores: &[f64],
     k: usize,
-) -> Result<MedMnistScores> {
+) -> Result<(f64, Result<f64>)> {
     ensure!(
         k >= 2,
         "{task} task: scores have {k} column; expected one column per class (at least 2)"
@@ -234,19 +250,18 @@ fn multi_class(
             argmax == label as usize
         })
         .count();
-    let mut auc = 0.0;
-    for class in 0..k {
-        let y: Vec<bool> = labels.iter().map(|&v| v as usize == class).collect();
-        auc += roc_auc(&y, &column(scores, k, class))
-            .map_err(|e| anyhow!("{task} task, class {class} (one-vs-rest): {e}"))?;
-    }
-    Ok(MedMnistScores {
-        acc: correct as f64 / labels.len() as f64,
-        auc: auc / k as f64,
-    })
+    let auc = (0..k)
+        .map(|class| {
+            let y: Vec<bool> = labels.iter().map(|&v| v as usize == class).collect();
+            roc_auc(&y, &column(scores, k, class))
+                .map_err(|e| anyhow!("{task} task, class {class} (one-vs-rest): {e}"))
+        })
+        .sum::<Result<f64>>()
+        .map(|sum| sum / k as f64);
+    Ok((correct as f64 / labels.len() as f64, auc))
 }
 
-fn binary(labels: &[u32], scores: &[f64], k: usize) -> Result<MedMnistScores> {
+fn binary(labels: &[u32], scores: &[f64], k: usize) -> Result<(f64, Result<f64>)> {
     let task = MedMnistTask::Binary;
     ensure!(
         k <= 2,
@@ -254,25 +269,30 @@ fn binary(labels: &[u32], scores: &[f64], k: usize) -> Result<MedMnistScores> {
     );
     let y = binary_labels(task, labels, 1)?;
     let p = column(scores, k, k - 1);
-    Ok(MedMnistScores {
-        acc: threshold_accuracy(&y, &p),
-        auc: roc_auc(&y, &p).map_err(|e| anyhow!("{task} task: {e}"))?,
-    })
+    Ok((
+        threshold_accuracy(&y, &p),
+        roc_auc(&y, &p).map_err(|e| anyhow!("{task} task: {e}")),
+    ))
 }
 
-fn multi_label(labels: &[u32], scores: &[f64], k: usize) -> Result<MedMnistScores> {
+fn multi_label(labels: &[u32], scores: &[f64], k: usize) -> Result<(f64, Result<f64>)> {
     let task = MedMnistTask::MultiLabel;
     let y = binary_labels(task, labels, k)?;
-    let (mut acc, mut auc) = (0.0, 0.0);
-    for label in 0..k {
-        let (y, p) = (column(&y, k, label), column(scores, k, label));
-        acc += threshold_accuracy(&y, &p);
-        auc += roc_auc(&y, &p).map_err(|e| anyhow!("{task} task, label {label}: {e}"))?;
-    }
-    Ok(MedMnistScores {
-        acc: acc / k as f64,
-        auc: auc / k as f64,
-    })
+    let columns = |label| (column(&y, k, label), column(scores, k, label));
+    let acc: f64 = (0..k)
+        .map(|label| {
+            let (y, p) = columns(label);
+            threshold_accuracy(&y, &p)
+        })
+        .sum();
+    let auc = (0..k)
+        .map(|label| {
+            let (y, p) = columns(label);
+            roc_auc(&y, &p).map_err(|e| anyhow!("{task} task, label {label}: {e}"))
+        })
+        .sum::<Result<f64>>()
+        .map(|sum| sum / k as f64);
+    Ok((acc / k as f64, auc))
 }
 
 #[cfg(test)]
@@ -552,5 +572,17 @@ mod tests {
         assert!(e.contains("label 0: roc_auc: only one class"), "{e}");
         let e = err(Binary, &[1, 1], &[0.4, 0.6], 1);
         assert!(e.contains("only one class"), "{e}");
+        // ACC stays defined there, and equals medmnist_metrics' wherever both are.
+        assert!(medmnist_metrics(MultiClass, &[2, 1], &s3, 3).is_err());
+        assert_eq!(medmnist_acc(MultiClass, &[2, 1], &s3, 3).unwrap(), 0.5);
+        assert_eq!(medmnist_acc(Binary, &[1, 1], &[0.4, 0.6], 1).unwrap(), 0.5);
+        let s3_full = [&s3[..], &[0.1, 0.8, 0.1]].concat();
+        let full = medmnist_metrics(MultiClass, &[2, 1, 0], &s3_full, 3).unwrap();
+        assert_eq!(
+            medmnist_acc(MultiClass, &[2, 1, 0], &s3_full, 3).unwrap(),
+            full.acc
+        );
+        // The shape rules still hold.
+        assert!(medmnist_acc(MultiClass, &[0, 1], &s3[..5], 3).is_err());
     }
 }

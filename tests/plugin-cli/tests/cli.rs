@@ -1101,6 +1101,27 @@ fn resnet_vit_and_3d_resnet_train_end_to_end_and_init_loads_exports() {
             && config.contains("normalize: none"),
         "MedMNIST 3D trains IConE's 3D ResNet-18 under its 3D pipeline:\n{config}"
     );
+    // The stand-in's labels (digit mod 11) leave class 10 empty: no AUC, said so; ACC stands.
+    let eval_dir = dir.path().join("volumes-eval");
+    let o = ssl(&[
+        "eval",
+        dir.path().join("volumes").to_str().unwrap(),
+        "--metrics",
+        "probe",
+        "--out",
+        eval_dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no MedMNIST AUC") && stderr(&o).contains("class 10"));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(eval_dir.join("eval.json")).unwrap())
+            .unwrap();
+    let metrics = &report["columns"][0]["metrics"];
+    assert!(
+        metrics["MedMNIST ACC (probe)"].as_f64().is_some(),
+        "{metrics}"
+    );
+    assert!(metrics.get("MedMNIST AUC (probe)").is_none(), "{metrics}");
     // A 2D recipe on volumes is refused by name.
     let o = quick(
         &dir.path().join("simclr3d"),
