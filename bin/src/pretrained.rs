@@ -29,13 +29,8 @@ const PUBLISHED: &[(&str, &str, &str)] = &[
 /// The directory `FRAMEWORK:NAME` files live in: `$SSL_WEIGHTS`, else
 /// `~/.cache/candle-ssl/weights`.
 pub fn weights_dir() -> PathBuf {
-    match std::env::var_os("SSL_WEIGHTS") {
-        Some(dir) => PathBuf::from(dir),
-        None => std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_default()
-            .join(".cache/candle-ssl/weights"),
-    }
+    std::env::var_os("SSL_WEIGHTS")
+        .map_or_else(|| crate::setup::user_cache().join("weights"), PathBuf::from)
 }
 
 /// The file `spec` names for `encoder`: a path, or `FRAMEWORK:NAME` in [`weights_dir`].

@@ -187,15 +187,17 @@ fn image_folder(cfg: &RunConfig) -> Result<ssl_data::ImageFolder> {
     .with_context(|| format!("image folder {}", root.display()))
 }
 
-/// Where decoded image folders are cached: `$SSL_CACHE`, else `~/.cache/candle-ssl`.
+/// Where decoded image folders are cached: `$SSL_CACHE`, else [`user_cache`].
 pub fn cache_dir() -> PathBuf {
-    match std::env::var_os("SSL_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_default()
-            .join(".cache/candle-ssl"),
-    }
+    std::env::var_os("SSL_CACHE").map_or_else(user_cache, PathBuf::from)
+}
+
+/// `~/.cache/candle-ssl`.
+pub fn user_cache() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default()
+        .join(".cache/candle-ssl")
 }
 
 /// Where MedMNIST files are looked for: `data.root`, else the official package's `~/.medmnist`.

@@ -49,20 +49,16 @@ pub fn gaussian_blur(image: &mut [f32], height: usize, width: usize, size: usize
     let plane = height * width;
     let mut rows = vec![0f32; plane];
     // Interior columns need no reflection; precompute the reflected indices of the borders.
-    let column_taps: Vec<Vec<usize>> = (0..width)
-        .map(|x| {
-            (0..size)
-                .map(|t| reflect(x as isize + t as isize - half as isize, width))
-                .collect()
-        })
-        .collect();
-    let row_taps: Vec<Vec<usize>> = (0..height)
-        .map(|y| {
-            (0..size)
-                .map(|t| reflect(y as isize + t as isize - half as isize, height))
-                .collect()
-        })
-        .collect();
+    let taps = |n: usize| -> Vec<Vec<usize>> {
+        (0..n)
+            .map(|i| {
+                (0..size)
+                    .map(|t| reflect(i as isize + t as isize - half as isize, n))
+                    .collect()
+            })
+            .collect()
+    };
+    let (column_taps, row_taps) = (taps(width), taps(height));
     for channel in image.chunks_mut(plane) {
         // Horizontal pass into `rows`.
         for y in 0..height {

@@ -21,8 +21,6 @@
 //! file renamed into place) and memory-mapped on every later load, under a name digesting the
 //! size and every file's path, length and modification time, so a changed folder decodes anew.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
@@ -390,44 +388,18 @@ fn cached_decode(index: &FolderIndex, size: usize, dir: &Path) -> Result<Mmap> {
     let path = folder_cache_path(index, size, dir)?;
     let complete = std::fs::metadata(&path).is_ok_and(|m| m.len() == total as u64);
     if !complete {
-        std::fs::create_dir_all(dir).with_context(|| {
-            format!(
-                "cannot create the image cache directory {} (set SSL_CACHE to a writable one)",
-                dir.display()
-            )
+        crate::cache::write_cache(&path, "set SSL_CACHE to a writable directory", |out| {
+            let mut chunk = vec![0u8; CACHE_CHUNK * per_sample];
+            for samples in index.samples.chunks(CACHE_CHUNK) {
+                let bytes = &mut chunk[..samples.len() * per_sample];
+                decode_into(samples, size, bytes)?;
+                out.write_all(bytes)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
         })?;
-        let tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| {
-            format!(
-                "cannot write into the image cache directory {} (set SSL_CACHE to a writable one)",
-                dir.display()
-            )
-        })?;
-        let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file());
-        let mut chunk = vec![0u8; CACHE_CHUNK * per_sample];
-        for samples in index.samples.chunks(CACHE_CHUNK) {
-            let bytes = &mut chunk[..samples.len() * per_sample];
-            decode_into(samples, size, bytes)?;
-            out.write_all(bytes)
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
-        out.flush()
-            .with_context(|| format!("writing {}", path.display()))?;
-        drop(out);
-        tmp.persist(&path)
-            .with_context(|| format!("cannot rename into {}", path.display()))?;
     }
-    let file = File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
-    // SAFETY: the cache file is complete (renamed into place whole) and only read; one truncated
-    // under the map by another process would fault, as with any mapped file.
-    let map = unsafe { Mmap::map(&file) }
-        .with_context(|| format!("cannot memory-map {}", path.display()))?;
-    ensure!(
-        map.len() == total,
-        "{} holds {} bytes, expected {total}; delete it to decode again",
-        path.display(),
-        map.len()
-    );
-    Ok(map)
+    crate::cache::map_cache(&path, total)
 }
 
 /// An image folder decoded at one size, with its split.

@@ -17,6 +17,7 @@
 
 pub mod augment;
 pub mod blur;
+mod cache;
 pub mod color;
 pub mod crop;
 pub mod dataset;

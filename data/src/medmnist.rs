@@ -10,8 +10,6 @@
 //! split's size is checked against the table, so an older release or a wrong file is an error,
 //! not a silently different benchmark.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -524,40 +522,21 @@ fn cached_images(npz: &mut Npz, path: &Path, info: &MedMnistInfo, size: usize) -
         Ok(c.len() == total as u64 && c.modified()? >= source.modified()?)
     };
     if !fresh(&cache)? {
-        let dir = cache.parent().unwrap_or(Path::new("."));
-        let tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| {
-            format!(
-                "cannot write the decoded-image cache into {} (it goes beside the .npz); \
-                 copy the file into a writable directory and point data.root there",
-                dir.display()
-            )
+        let fix = "it goes beside the .npz: copy the file into a writable directory and point \
+                   data.root there";
+        crate::cache::write_cache(&cache, fix, |out| {
+            for (s, split) in SPLITS.iter().enumerate() {
+                let header = npz.stream(&format!("{split}_images"), |h, chunk| {
+                    check_images(info, size, s, h)?;
+                    out.write_all(chunk)
+                        .with_context(|| format!("writing {}", cache.display()))
+                })?;
+                check_images(info, size, s, &header)?;
+            }
+            Ok(())
         })?;
-        let mut out = BufWriter::with_capacity(1 << 20, tmp.as_file());
-        for (s, split) in SPLITS.iter().enumerate() {
-            let header = npz.stream(&format!("{split}_images"), |h, chunk| {
-                check_images(info, size, s, h)?;
-                out.write_all(chunk)
-                    .with_context(|| format!("writing {}", cache.display()))
-            })?;
-            check_images(info, size, s, &header)?;
-        }
-        out.flush()?;
-        drop(out);
-        tmp.persist(&cache)
-            .with_context(|| format!("cannot rename into {}", cache.display()))?;
     }
-    let file = File::open(&cache).with_context(|| format!("cannot open {}", cache.display()))?;
-    // SAFETY: the cache is ours, complete (renamed into place whole) and only read; a file
-    // truncated under the map by another process would fault, as with any mapped file.
-    let map = unsafe { Mmap::map(&file) }
-        .with_context(|| format!("cannot memory-map {}", cache.display()))?;
-    ensure!(
-        map.len() == total,
-        "{} holds {} bytes, expected {total}; delete it to decode again",
-        cache.display(),
-        map.len()
-    );
-    Ok(map)
+    crate::cache::map_cache(&cache, total)
 }
 
 fn check_images(info: &MedMnistInfo, size: usize, split: usize, h: &NpyHeader) -> Result<()> {

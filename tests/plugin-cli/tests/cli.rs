@@ -40,6 +40,22 @@ fn quick(out: &Path, objective: &str, extra: &[&str]) -> Output {
     ssl(&args)
 }
 
+/// `ssl eval RUN --metrics probe --out OUT`: its stderr and the run's metrics in eval.json.
+fn probe_metrics(run: &Path, out: &Path) -> (String, serde_json::Value) {
+    let o = ssl(&[
+        "eval",
+        run.to_str().unwrap(),
+        "--metrics",
+        "probe",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("eval.json")).unwrap()).unwrap();
+    (stderr(&o), report["columns"][0]["metrics"].clone())
+}
+
 #[test]
 fn lists_builtin_and_out_of_tree_objectives() {
     let o = ssl(&["list"]);
@@ -566,19 +582,7 @@ fn medmnist_files_train_and_evaluate_with_the_official_metrics() {
         config.contains("augment: icone") && config.contains("normalize: imagenet"),
         "MedMNIST 2D trains with IConE's pipeline and ImageNet's statistics:\n{config}"
     );
-    let out = dir.path().join("eval");
-    let o = ssl(&[
-        "eval",
-        run.to_str().unwrap(),
-        "--metrics",
-        "probe",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("eval.json")).unwrap()).unwrap();
-    let metrics = &report["columns"][0]["metrics"];
+    let (_, metrics) = probe_metrics(&run, &dir.path().join("eval"));
     let (acc, auc) = (
         metrics["MedMNIST ACC (probe)"].as_f64().unwrap(),
         metrics["MedMNIST AUC (probe)"].as_f64().unwrap(),
@@ -656,19 +660,7 @@ fn chestmnist_trains_on_any_finding_and_evaluates_every_finding() {
     let balanced = raw["metrics"]["probe_balanced_accuracy"].as_f64().unwrap();
     assert!(balanced > 0.7, "{balanced}");
 
-    let out = dir.path().join("eval");
-    let o = ssl(&[
-        "eval",
-        run.to_str().unwrap(),
-        "--metrics",
-        "probe",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("eval.json")).unwrap()).unwrap();
-    let metrics = &report["columns"][0]["metrics"];
+    let (_, metrics) = probe_metrics(&run, &dir.path().join("eval"));
     let (acc, auc) = (
         metrics["MedMNIST ACC (probe)"].as_f64().unwrap(),
         metrics["MedMNIST AUC (probe)"].as_f64().unwrap(),
@@ -1102,21 +1094,14 @@ fn resnet_vit_and_3d_resnet_train_end_to_end_and_init_loads_exports() {
         "MedMNIST 3D trains IConE's 3D ResNet-18 under its 3D pipeline:\n{config}"
     );
     // The stand-in's labels (digit mod 11) leave class 10 empty: no AUC, said so; ACC stands.
-    let eval_dir = dir.path().join("volumes-eval");
-    let o = ssl(&[
-        "eval",
-        dir.path().join("volumes").to_str().unwrap(),
-        "--metrics",
-        "probe",
-        "--out",
-        eval_dir.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("no MedMNIST AUC") && stderr(&o).contains("class 10"));
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(eval_dir.join("eval.json")).unwrap())
-            .unwrap();
-    let metrics = &report["columns"][0]["metrics"];
+    let (notes, metrics) = probe_metrics(
+        &dir.path().join("volumes"),
+        &dir.path().join("volumes-eval"),
+    );
+    assert!(
+        notes.contains("no MedMNIST AUC") && notes.contains("class 10"),
+        "{notes}"
+    );
     assert!(
         metrics["MedMNIST ACC (probe)"].as_f64().is_some(),
         "{metrics}"
