@@ -22,3 +22,21 @@ pub fn bar(len: u64, template: &str) -> ProgressBar {
 pub fn println(line: impl AsRef<str>) {
     let _ = area().println(line);
 }
+
+/// A ticking spinner with `message` in the shared area, for work of unknown length (e.g.
+/// decoding a data set into its cache on first use); cleared when dropped.
+pub fn spinner(message: impl Into<std::borrow::Cow<'static, str>>) -> Spinner {
+    let bar = bar(0, "{spinner} {msg} ({elapsed})");
+    bar.set_message(message);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    Spinner(bar)
+}
+
+/// See [`spinner`].
+pub struct Spinner(ProgressBar);
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}

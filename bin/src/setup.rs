@@ -92,6 +92,9 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
             (dataset, train, test)
         }
         "folder" => {
+            let _loading = crate::progress::spinner(
+                "reading the image folder (decoded into the cache on first use)",
+            );
             let folder = image_folder(cfg)?;
             match folder.train_len {
                 Some(n) => {
@@ -109,6 +112,9 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
             }
         }
         name => {
+            let _loading = crate::progress::spinner(format!(
+                "reading {name} (inflated into its image cache on first use)"
+            ));
             let m = medmnist(cfg).with_context(|| match ssl_data::medmnist_info(name) {
                 Ok(_) => format!("data set `{name}`"),
                 Err(_) => format!("unknown data set `{name}`; built in: digits, gmm, folder"),
