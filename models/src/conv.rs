@@ -5,8 +5,10 @@
 //! and one GEMM, `W[O, C·kᴿ] × col[C·kᴿ, N·S_out]`, which yields the output directly in
 //! `[O, N, *S_out]`. One custom op does it chunk by chunk of images (about 4 MiB of columns
 //! each, on Candle's CPU workers), and its backward recomputes each chunk's columns for
-//! `dW += dy·colᵀ` and `dx = col2im(Wᵀ·dy)`: the column matrix of the batch, 9–27× the input,
-//! is never stored, neither for the GEMM nor for the backward. A 2D convolution is the 3D one
+//! `dW += dy·colᵀ`: the column matrix of the batch, 9–27× the input, is never stored, neither
+//! for the GEMM nor for the backward. The input gradient of a stride-1 convolution is the
+//! forward convolution of `dy` with the flipped kernel (one GEMM of depth `O·kᴿ`); with a
+//! stride it is `dx = col2im(Wᵀ·dy)`. A 2D convolution is the 3D one
 //! with depth 1 and kernel depth 1, so one set of kernels serves both; a 1×1 stride-1
 //! convolution needs no im2col (its input is the column matrix). Chunks are fixed by the
 //! shapes alone and the weight gradient's partial sums are added in a fixed order, so results
@@ -143,23 +145,30 @@ impl Geom {
     }
 }
 
-/// The columns `[C·k_vol, nb·S_out]` of images `n0..n0 + nb` of `x`: `[C, N, D, H, W]`.
+/// The columns `[C·k_vol, nb·S_out]` of images `n0..n0 + nb` of `x`: `[C, N, D, H, W]`. Every
+/// value is written once: a copy where the window lies inside the input, a zero in the padding.
 fn im2col_chunk<T: Float>(g: &Geom, x: &[T], n0: usize, nb: usize, col: &mut [T]) {
+    let zero = T::from_f64(0.0);
     let volume = g.size.iter().product::<usize>();
     let per_image = g.out().iter().product::<usize>();
+    let w_out = g.out()[2];
     let sw = g.stride[2];
-    col.fill(T::from_f64(0.0));
     for (row, dst_row) in col.chunks_mut(nb * per_image).enumerate() {
         let c = row / g.kernel_volume();
         let offsets = g.offsets(row);
         let kw = offsets[2];
         let ows = g.valid_outputs(2, kw);
-        let Some(iw0) = (ows.start * sw + kw).checked_sub(g.pad[2]) else {
+        let iw0 = (ows.start * sw + kw).checked_sub(g.pad[2]);
+        let Some(iw0) = iw0.filter(|_| !ows.is_empty()) else {
+            dst_row.fill(zero);
             continue;
         };
         for (j, dst) in dst_row.chunks_mut(per_image).enumerate() {
             let src = &x[(c * g.n + n0 + j) * volume..][..volume];
+            // Output rows before `next` are written; rows the window misses are zero.
+            let mut next = 0;
             for_each_row(g, offsets, |o, i| {
+                dst[next..o + ows.start].fill(zero);
                 let (drow, srow) = (&mut dst[o..], &src[i + iw0..]);
                 if sw == 1 {
                     drow[ows.clone()].copy_from_slice(&srow[..ows.len()]);
@@ -168,7 +177,10 @@ fn im2col_chunk<T: Float>(g: &Geom, x: &[T], n0: usize, nb: usize, col: &mut [T]
                         drow[ow] = srow[j * sw];
                     }
                 }
+                drow[ows.end..w_out].fill(zero);
+                next = o + w_out;
             });
+            dst[next..].fill(zero);
         }
     }
 }
@@ -281,68 +293,147 @@ fn conv_forward<T: Float>(g: Geom, x: &[T], w: &[T], o: usize) -> Vec<T> {
     y
 }
 
-/// Gradients of [`conv_forward`]: `dx` (`[C, N, D, H, W]`) and `dW` (`[O, C·k_vol]`) from `dy`,
-/// recomputing each chunk's columns; the weight gradient sums [`WEIGHT_GRAD_GROUPS`] partial
-/// sums in a fixed order.
+/// Gradients of [`conv_forward`]: `dx` (`[C, N, D, H, W]`) and `dW` (`[O, C·k_vol]`) from `dy`.
 fn conv_backward<T: Float>(g: Geom, x: &[T], w: &[T], dy: &[T], o: usize) -> (Vec<T>, Vec<T>) {
+    let dx = match g.input_grad_geometry(o) {
+        Some(dual) => conv_forward(dual, dy, &flipped_transpose(w, o, g), g.c),
+        None => input_grad_scattered(g, w, dy, o),
+    };
+    (dx, weight_grad(g, x, dy, o))
+}
+
+impl Geom {
+    /// For a stride-1 convolution with padding `p ≤ k − 1` on every axis, the input gradient is
+    /// itself a stride-1 convolution of `dy`: `[O, N, *S_out]` with the kernel flipped on every
+    /// axis and its channels swapped, at padding `k − 1 − p`; this is its geometry. (With a
+    /// stride, the gradient is a transposed convolution, which [`input_grad_scattered`] computes.)
+    fn input_grad_geometry(&self, o: usize) -> Option<Geom> {
+        let fits = (0..3).all(|a| self.stride[a] == 1 && self.pad[a] < self.k[a]);
+        fits.then(|| Geom {
+            c: o,
+            n: self.n,
+            size: self.out(),
+            k: self.k,
+            stride: [1; 3],
+            pad: std::array::from_fn(|a| self.k[a] - 1 - self.pad[a]),
+        })
+    }
+}
+
+/// `W̃[c, o, r] = W[o, c, k_vol − 1 − r]`: `[C, O·k_vol]` from `W`: `[O, C·k_vol]`, the kernel
+/// of [`Geom::input_grad_geometry`] (reversing the flat offset flips every axis).
+fn flipped_transpose<T: Float>(w: &[T], o: usize, g: Geom) -> Vec<T> {
+    let kv = g.kernel_volume();
+    let mut flipped = vec![T::from_f64(0.0); w.len()];
+    for (oc, taps) in w.chunks(kv).enumerate() {
+        let (oi, c) = (oc / g.c, oc % g.c);
+        let dst = &mut flipped[(c * o + oi) * kv..][..kv];
+        for (d, &t) in dst.iter_mut().zip(taps.iter().rev()) {
+            *d = t;
+        }
+    }
+    flipped
+}
+
+/// `dx = col2im(Wᵀ·dy)`, chunk by chunk of images on Candle's workers: the input gradient of
+/// any stride and padding.
+fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize) -> Vec<T> {
+    let (rows, cols) = g.col_shape();
+    let per_image = g.out().iter().product::<usize>();
+    let nb = g.images_per_chunk();
+    let mut dx = vec![T::from_f64(0.0); g.c * g.n * g.size.iter().product::<usize>()];
+    let dx_ptr = Shared(dx.as_mut_ptr());
+    for_each_index(g.n.div_ceil(nb), Vec::new, |dcol: &mut Vec<T>, chunk| {
+        let dx_ptr = &dx_ptr;
+        let n0 = chunk * nb;
+        let count = nb.min(g.n - n0);
+        let width = count * per_image;
+        dcol.resize(rows * width, T::from_f64(0.0));
+        // SAFETY: dcol is this task's own; dy and W are read in bounds; the chunk's images of
+        // dx are written by this task alone.
+        unsafe {
+            gemm_into(
+                (rows, width, o),
+                (dcol.as_mut_ptr(), width, 1),
+                (w.as_ptr(), 1, rows),
+                (dy[n0 * per_image..].as_ptr(), cols, 1),
+                false,
+            );
+            col2im_chunk(&g, dcol, n0, count, dx_ptr.0);
+        }
+    });
+    dx
+}
+
+/// `dW = Σ_chunks dy_chunk · col_chunkᵀ`, recomputing each chunk's columns; the sum is taken as
+/// [`WEIGHT_GRAD_GROUPS`] partial sums added in a fixed order.
+///
+/// Where `C·k_vol ≥ O` the partial sums are `dWᵀ = col · dyᵀ`, `[C·k_vol, O]`, transposed once at
+/// the end: the `gemm` crate packs its right operand only when the product has many rows, and
+/// reading the unpacked `colᵀ` is 1.5–3× slower (64 to 256 channels at 32² to 8², 128 images:
+/// 33–69 GFLOP/s against 91–100 on one core).
+fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], o: usize) -> Vec<T> {
     let (rows, cols) = g.col_shape();
     let per_image = g.out().iter().product::<usize>();
     let nb = g.images_per_chunk();
     let chunks = g.n.div_ceil(nb);
     let groups = WEIGHT_GRAD_GROUPS.min(chunks);
-    let mut dx = vec![T::from_f64(0.0); x.len()];
+    let transposed = rows >= o;
     let mut partials: Vec<Vec<T>> = vec![Vec::new(); groups];
-    let (dx_ptr, partial_ptr) = (Shared(dx.as_mut_ptr()), Shared(partials.as_mut_ptr()));
-    for_each_index(
-        groups,
-        || (Vec::new(), Vec::new()),
-        |(col, dcol): &mut (Vec<T>, Vec<T>), group| {
-            let (dx_ptr, partial_ptr) = (&dx_ptr, &partial_ptr);
-            let mut dw = vec![T::from_f64(0.0); o * rows];
-            for chunk in (group * chunks / groups)..((group + 1) * chunks / groups) {
-                let n0 = chunk * nb;
-                let count = nb.min(g.n - n0);
-                let width = count * per_image;
-                col.resize(rows * width, T::from_f64(0.0));
-                dcol.resize(rows * width, T::from_f64(0.0));
-                im2col_chunk(&g, x, n0, count, col);
-                let dy_block = (dy[n0 * per_image..].as_ptr(), cols, 1);
-                // SAFETY: dW and dcol are this task's own; dy and W are read in bounds; the
-                // chunk's images of dx are written by this task alone.
-                unsafe {
-                    // dW += dy_chunk · colᵀ
+    let partial_ptr = Shared(partials.as_mut_ptr());
+    for_each_index(groups, Vec::new, |col: &mut Vec<T>, group| {
+        let partial_ptr = &partial_ptr;
+        let mut dw = vec![T::from_f64(0.0); o * rows];
+        for chunk in (group * chunks / groups)..((group + 1) * chunks / groups) {
+            let n0 = chunk * nb;
+            let count = nb.min(g.n - n0);
+            let width = count * per_image;
+            col.resize(rows * width, T::from_f64(0.0));
+            im2col_chunk(&g, x, n0, count, col);
+            let dy_chunk = dy[n0 * per_image..].as_ptr();
+            // SAFETY: dW is this task's own; dy and col are read in bounds.
+            unsafe {
+                if transposed {
+                    gemm_into(
+                        (rows, o, width),
+                        (dw.as_mut_ptr(), o, 1),
+                        (col.as_ptr(), width, 1),
+                        (dy_chunk, 1, cols),
+                        true,
+                    );
+                } else {
                     gemm_into(
                         (o, rows, width),
                         (dw.as_mut_ptr(), rows, 1),
-                        dy_block,
+                        (dy_chunk, cols, 1),
                         (col.as_ptr(), 1, width),
                         true,
                     );
-                    // dcol = Wᵀ · dy_chunk
-                    gemm_into(
-                        (rows, width, o),
-                        (dcol.as_mut_ptr(), width, 1),
-                        (w.as_ptr(), 1, rows),
-                        dy_block,
-                        false,
-                    );
-                    col2im_chunk(&g, dcol, n0, count, dx_ptr.0);
                 }
             }
-            // SAFETY: one slot per group, each written by its own task.
-            unsafe { *partial_ptr.0.add(group) = dw };
-        },
-    );
+        }
+        // SAFETY: one slot per group, each written by its own task.
+        unsafe { *partial_ptr.0.add(group) = dw };
+    });
     let mut partials = partials.into_iter();
-    let mut dw = partials
+    let mut sum = partials
         .next()
         .unwrap_or_else(|| vec![T::from_f64(0.0); o * rows]);
     for partial in partials {
-        for (d, p) in dw.iter_mut().zip(&partial) {
+        for (d, p) in sum.iter_mut().zip(&partial) {
             *d += *p;
         }
     }
-    (dx, dw)
+    if !transposed {
+        return sum;
+    }
+    let mut dw = vec![T::from_f64(0.0); o * rows];
+    for (r, from) in sum.chunks(o).enumerate() {
+        for (oi, &v) in from.iter().enumerate() {
+            dw[oi * rows + r] = v;
+        }
+    }
+    dw
 }
 
 /// The convolution `x`: `[C, N, D, H, W]`, `W`: `[O, C·k_vol]` → `[O, N·S_out]` as one op,

@@ -297,3 +297,48 @@ fn bf16_autocast_convolves_the_rounded_operands() {
     let error = max_abs_diff(&bf16, &full);
     assert!(error > 0.0 && error < 0.05, "bf16 vs f32: {error}");
 }
+
+/// im2col writes every value of its buffer (a copy or a padding zero), so a reused buffer's old
+/// values never leak into the columns.
+#[test]
+fn im2col_overwrites_a_reused_buffer() {
+    for (k, stride, pad) in CASES_3D.into_iter().chain([(3, 1, 2), (1, 1, 1)]) {
+        let x = rand_tensor(20, &[2, 3, 4, 5, 6], DType::F64);
+        let g = Geom::new("test", x.dims(), k, stride, pad).unwrap();
+        let (rows, cols) = g.col_shape();
+        let mut col = vec![f64::NAN; rows * cols];
+        let values = x.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        im2col_chunk(&g, &values, 0, g.n, &mut col);
+        let composed = im2col_composed(&x, g).unwrap();
+        let expected = composed.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        assert_eq!(col, expected, "k {k} s {stride} p {pad}");
+    }
+}
+
+/// A stride-1 input gradient computed as the convolution of `dy` with the flipped, transposed
+/// kernel equals the scattered `col2im(Wᵀ·dy)` it replaces, for every padding it is used at.
+#[test]
+fn the_input_gradient_as_a_convolution_equals_col2im() {
+    for (k, pad) in [(3, 0), (3, 1), (3, 2), (2, 0), (2, 1), (7, 3)] {
+        let x = rand_tensor(21, &[2, 3, 4, 5, 9], DType::F64);
+        let g = Geom::new("test", x.dims(), k, 1, pad).unwrap();
+        let o = 4;
+        let w = rand_tensor(22, &[o, g.c * g.kernel_volume()], DType::F64);
+        let dy = rand_tensor(23, &g.out_dims(o, 3), DType::F64);
+        let [w, dy] = [w, dy].map(|t| t.flatten_all().unwrap().to_vec1::<f64>().unwrap());
+        let dual = g
+            .input_grad_geometry(o)
+            .expect("stride 1, padding below the kernel");
+        let as_convolution = conv_forward(dual, &dy, &flipped_transpose(&w, o, g), g.c);
+        let scattered = input_grad_scattered(g, &w, &dy, o);
+        let d = as_convolution
+            .iter()
+            .zip(&scattered)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert_eq!(as_convolution.len(), scattered.len());
+        assert!(d < 1e-12, "k {k} p {pad}: diff {d}");
+    }
+    let g = Geom::new("test", &[2, 3, 5, 5], 3, 2, 1).unwrap();
+    assert!(g.input_grad_geometry(4).is_none(), "a stride needs col2im");
+}

@@ -1,0 +1,67 @@
+"""The convolutions of models/benches/conv_layers.rs in PyTorch (NCHW, oneDNN on the CPU).
+
+python3 models/benches/conv_layers.py [--threads 2] [--reps 5]
+"""
+import argparse
+import time
+
+import torch
+
+LAYERS = [
+    (3, 64, 32, 3, 1, 1, 1),
+    (64, 64, 32, 3, 1, 1, 4),
+    (64, 128, 32, 3, 2, 1, 1),
+    (128, 128, 16, 3, 1, 1, 3),
+    (64, 128, 32, 1, 2, 0, 1),
+    (128, 256, 16, 3, 2, 1, 1),
+    (256, 256, 8, 3, 1, 1, 3),
+    (128, 256, 16, 1, 2, 0, 1),
+    (256, 512, 8, 3, 2, 1, 1),
+    (512, 512, 4, 3, 1, 1, 3),
+    (256, 512, 8, 1, 2, 0, 1),
+]
+BATCH = 128
+
+
+def median_ms(reps, f):
+    f()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        f()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[reps // 2]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print("layer                         count  fwd ms  fwd+bwd ms")
+    total_fwd = total_both = 0.0
+    for c, o, side, k, s, p, count in LAYERS:
+        layer = torch.nn.Conv2d(c, o, k, s, p, bias=False)
+        x = torch.randn(BATCH, c, side, side, requires_grad=True)
+        side_out = (side + 2 * p - k) // s + 1
+        dy = torch.randn(BATCH, o, side_out, side_out)
+
+        def forward():
+            with torch.no_grad():
+                layer(x)
+
+        def both():
+            (layer(x) * dy).sum().backward()
+
+        fwd = median_ms(args.reps, forward)
+        bwd = median_ms(args.reps, both)
+        total_fwd += fwd * count
+        total_both += bwd * count
+        name = f"{c}->{o} {side}x{side} k{k} s{s}"
+        print(f"{name:<30}{count:>5}{fwd:>8.1f}{bwd:>12.1f}")
+    print(f"{'whole net (× count)':<35}{total_fwd:>8.1f}{total_both:>12.1f}")
+
+
+if __name__ == "__main__":
+    main()
