@@ -263,10 +263,17 @@ unsafe fn gemm_into<T: Float>(
 
 /// `y = W · im2col(x)`: `[O, N·S_out]`, chunk by chunk of images on Candle's workers.
 fn conv_forward<T: Float>(g: Geom, x: &[T], w: &[T], o: usize) -> Vec<T> {
+    let mut y = vec![T::from_f64(0.0); o * g.col_shape().1];
+    conv_forward_into(g, x, w, &mut y);
+    y
+}
+
+/// [`conv_forward`] into `y`: `[O, N·S_out]`, every value of which it writes.
+fn conv_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     let (rows, cols) = g.col_shape();
+    let o = y.len() / cols;
     let per_image = g.out().iter().product::<usize>();
     let nb = g.images_per_chunk();
-    let mut y = vec![T::from_f64(0.0); o * cols];
     let out = Shared(y.as_mut_ptr());
     for_each_index(
         g.n.div_ceil(nb),
@@ -290,16 +297,29 @@ fn conv_forward<T: Float>(g: Geom, x: &[T], w: &[T], o: usize) -> Vec<T> {
             };
         },
     );
-    y
 }
 
-/// Gradients of [`conv_forward`]: `dx` (`[C, N, D, H, W]`) and `dW` (`[O, C·k_vol]`) from `dy`.
-fn conv_backward<T: Float>(g: Geom, x: &[T], w: &[T], dy: &[T], o: usize) -> (Vec<T>, Vec<T>) {
-    let dx = match g.input_grad_geometry(o) {
-        Some(dual) => conv_forward(dual, dy, &flipped_transpose(w, o, g), g.c),
-        None => input_grad_scattered(g, w, dy, o),
-    };
-    (dx, weight_grad(g, x, dy, o))
+/// Gradients of [`conv_forward`] from `dy`, in one buffer: `dx` (`[C, N, D, H, W]`, only where
+/// `input_grad`), then `dW` (`[O, C·k_vol]`).
+fn conv_backward<T: Float>(
+    g: Geom,
+    x: &[T],
+    w: &[T],
+    dy: &[T],
+    o: usize,
+    input_grad: bool,
+) -> Vec<T> {
+    let dx_len = if input_grad { x.len() } else { 0 };
+    let mut grads = vec![T::from_f64(0.0); dx_len + w.len()];
+    let (dx, dw) = grads.split_at_mut(dx_len);
+    if input_grad {
+        match g.input_grad_geometry(o) {
+            Some(dual) => conv_forward_into(dual, dy, &flipped_transpose(w, o, g), dx),
+            None => input_grad_scattered(g, w, dy, o, dx),
+        }
+    }
+    weight_grad(g, x, dy, dw);
+    grads
 }
 
 impl Geom {
@@ -335,13 +355,12 @@ fn flipped_transpose<T: Float>(w: &[T], o: usize, g: Geom) -> Vec<T> {
     flipped
 }
 
-/// `dx = col2im(Wᵀ·dy)`, chunk by chunk of images on Candle's workers: the input gradient of
-/// any stride and padding.
-fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize) -> Vec<T> {
+/// `dx += col2im(Wᵀ·dy)`, chunk by chunk of images on Candle's workers: the input gradient of
+/// any stride and padding, added into `dx`: `[C, N, D, H, W]`.
+fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize, dx: &mut [T]) {
     let (rows, cols) = g.col_shape();
     let per_image = g.out().iter().product::<usize>();
     let nb = g.images_per_chunk();
-    let mut dx = vec![T::from_f64(0.0); g.c * g.n * g.size.iter().product::<usize>()];
     let dx_ptr = Shared(dx.as_mut_ptr());
     for_each_index(g.n.div_ceil(nb), Vec::new, |dcol: &mut Vec<T>, chunk| {
         let dx_ptr = &dx_ptr;
@@ -362,7 +381,6 @@ fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize) -> Vec<T
             col2im_chunk(&g, dcol, n0, count, dx_ptr.0);
         }
     });
-    dx
 }
 
 /// `dW = Σ_chunks dy_chunk · col_chunkᵀ`, recomputing each chunk's columns; the sum is taken as
@@ -372,8 +390,9 @@ fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize) -> Vec<T
 /// the end: the `gemm` crate packs its right operand only when the product has many rows, and
 /// reading the unpacked `colᵀ` is 1.5–3× slower (64 to 256 channels at 32² to 8², 128 images:
 /// 33–69 GFLOP/s against 91–100 on one core).
-fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], o: usize) -> Vec<T> {
+fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let (rows, cols) = g.col_shape();
+    let o = dw_out.len() / rows;
     let per_image = g.out().iter().product::<usize>();
     let nb = g.images_per_chunk();
     let chunks = g.n.div_ceil(nb);
@@ -425,23 +444,27 @@ fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], o: usize) -> Vec<T> {
         }
     }
     if !transposed {
-        return sum;
+        dw_out.copy_from_slice(&sum);
+        return;
     }
-    let mut dw = vec![T::from_f64(0.0); o * rows];
     for (r, from) in sum.chunks(o).enumerate() {
         for (oi, &v) in from.iter().enumerate() {
-            dw[oi * rows + r] = v;
+            dw_out[oi * rows + r] = v;
         }
     }
-    dw
 }
 
 /// The convolution `x`: `[C, N, D, H, W]`, `W`: `[O, C·k_vol]` → `[O, N·S_out]` as one op,
 /// whose backward ([`ConvBwd`]) recomputes the columns instead of keeping them.
 struct ConvOp(Geom);
 
-/// Backward of [`ConvOp`]: inputs (x, W, dy), output flat `[dx (C·N·V), dW (O·C·k_vol)]`.
-struct ConvBwd(Geom);
+/// Backward of [`ConvOp`]: inputs (x, W, dy), output flat `[dx (C·N·V), dW (O·C·k_vol)]`,
+/// without `dx` where `input_grad` is false (an input that tracks no gradient, as the images
+/// entering the stem: its `dx` costs as much as the forward).
+struct ConvBwd {
+    geom: Geom,
+    input_grad: bool,
+}
 
 impl candle_core::CustomOp2 for ConvOp {
     fn name(&self) -> &'static str {
@@ -481,11 +504,19 @@ impl candle_core::CustomOp2 for ConvOp {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &ConvBwd(self.0))?;
-        let n = x.elem_count();
-        let dx = all.narrow(0, 0, n)?.reshape(x.shape())?;
+        let input_grad = x.track_op();
+        let op = ConvBwd {
+            geom: self.0,
+            input_grad,
+        };
+        let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &op)?;
+        let n = if input_grad { x.elem_count() } else { 0 };
+        let dx = match input_grad {
+            true => Some(all.narrow(0, 0, n)?.reshape(x.shape())?),
+            false => None,
+        };
         let dw = all.narrow(0, n, w.elem_count())?.reshape(w.shape())?;
-        Ok((Some(dx), Some(dw)))
+        Ok((dx, Some(dw)))
     }
 }
 
@@ -502,36 +533,32 @@ impl candle_core::CustomOp3 for ConvBwd {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (g, o) = (self.0, l2.dims()[0]);
-        fn join<T>(mut dx: Vec<T>, dw: Vec<T>) -> Vec<T> {
-            dx.extend(dw);
-            dx
-        }
+        let (g, o) = (self.geom, l2.dims()[0]);
         let out = match s1 {
-            CpuStorage::F32(_) => {
-                let (dx, dw) = conv_backward::<f32>(
-                    g,
-                    contiguous_slice(s1, l1)?,
-                    contiguous_slice(s2, l2)?,
-                    contiguous_slice(s3, l3)?,
-                    o,
-                );
-                CpuStorage::F32(join(dx, dw))
-            }
-            CpuStorage::F64(_) => {
-                let (dx, dw) = conv_backward::<f64>(
-                    g,
-                    contiguous_slice(s1, l1)?,
-                    contiguous_slice(s2, l2)?,
-                    contiguous_slice(s3, l3)?,
-                    o,
-                );
-                CpuStorage::F64(join(dx, dw))
-            }
+            CpuStorage::F32(_) => CpuStorage::F32(conv_backward::<f32>(
+                g,
+                contiguous_slice(s1, l1)?,
+                contiguous_slice(s2, l2)?,
+                contiguous_slice(s3, l3)?,
+                o,
+                self.input_grad,
+            )),
+            CpuStorage::F64(_) => CpuStorage::F64(conv_backward::<f64>(
+                g,
+                contiguous_slice(s1, l1)?,
+                contiguous_slice(s2, l2)?,
+                contiguous_slice(s3, l3)?,
+                o,
+                self.input_grad,
+            )),
             _ => candle_core::bail!("the convolution supports f32 and f64 only"),
         };
-        let len = l1.shape().elem_count() + l2.shape().elem_count();
-        Ok((out, Shape::from(len)))
+        let dx_len = if self.input_grad {
+            l1.shape().elem_count()
+        } else {
+            0
+        };
+        Ok((out, Shape::from(dx_len + l2.shape().elem_count())))
     }
 }
 

@@ -330,7 +330,8 @@ fn the_input_gradient_as_a_convolution_equals_col2im() {
             .input_grad_geometry(o)
             .expect("stride 1, padding below the kernel");
         let as_convolution = conv_forward(dual, &dy, &flipped_transpose(&w, o, g), g.c);
-        let scattered = input_grad_scattered(g, &w, &dy, o);
+        let mut scattered = vec![0.0; as_convolution.len()];
+        input_grad_scattered(g, &w, &dy, o, &mut scattered);
         let d = as_convolution
             .iter()
             .zip(&scattered)
@@ -341,4 +342,25 @@ fn the_input_gradient_as_a_convolution_equals_col2im() {
     }
     let g = Geom::new("test", &[2, 3, 5, 5], 3, 2, 1).unwrap();
     assert!(g.input_grad_geometry(4).is_none(), "a stride needs col2im");
+}
+
+/// An input that tracks no gradient (the images entering the stem) gets none, and the weight
+/// gradient is the one it gets beside an input that does.
+#[test]
+fn an_untracked_input_gets_no_gradient_and_the_same_weight_gradient() {
+    let x = rand_tensor(24, &[2, 3, 6, 7], DType::F64);
+    let w = Var::from_tensor(&rand_tensor(25, &[4, 2, 3, 3], DType::F64)).unwrap();
+    let r = rand_tensor(26, &[4, 3, 3, 4], DType::F64);
+    let loss = |x: &Tensor| {
+        let conv = Conv::new(w.as_tensor().clone(), None, 2, 1).unwrap();
+        let y = conv.forward_channel_major(x).unwrap();
+        (y * &r).unwrap().sum_all().unwrap().backward().unwrap()
+    };
+    let untracked = loss(&x);
+    let x_var = Var::from_tensor(&x).unwrap();
+    let tracked = loss(x_var.as_tensor());
+    assert!(untracked.get(&x).is_none());
+    assert!(tracked.get(x_var.as_tensor()).is_some());
+    let d = max_abs_diff(untracked.get(&w).unwrap(), tracked.get(&w).unwrap());
+    assert!(d < 1e-12, "weight gradient diff {d}");
 }
