@@ -1,9 +1,9 @@
 //! Times the forward and forward + backward of every distinct convolution of ResNet-18 with the
-//! CIFAR stem on 128 images of 32×32 (row 1 of the train_step bench), with this crate's
-//! [`Conv`]; `python3 models/benches/conv_layers.py` times the same convolutions in PyTorch, so
-//! the two tables show which layers and which pass lose.
+//! CIFAR stem on 128 images of 32×32 (row 1 of the train_step bench), with `ssl_models::Conv`;
+//! `python3 bin/benches/conv_layers.py` times the same convolutions in PyTorch, so the two
+//! tables show which layers and which pass lose.
 //!
-//! `cargo bench -p ssl-models --bench conv_layers -- [--threads 2] [--reps 5]`
+//! `cargo bench -p ssl --bench conv_layers -- [--threads 2] [--reps 5]`
 
 use std::time::Instant;
 
@@ -51,6 +51,8 @@ fn main() -> Result<()> {
             other => bail!("unknown argument `{other}`; use --threads N, --reps N"),
         }
     }
+    // As in `ssl run`: freed tensors stay in the process instead of costing page faults anew.
+    ssl::allocator::keep_freed_memory();
     // Candle's workers read RAYON_NUM_THREADS when they first run.
     std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
     let device = Device::Cpu;

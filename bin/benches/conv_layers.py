@@ -1,6 +1,6 @@
-"""The convolutions of models/benches/conv_layers.rs in PyTorch (NCHW, oneDNN on the CPU).
+"""The convolutions of bin/benches/conv_layers.rs in PyTorch (NCHW, oneDNN on the CPU).
 
-python3 models/benches/conv_layers.py [--threads 2] [--reps 5]
+python3 bin/benches/conv_layers.py [--threads 2] [--reps 5]
 """
 import argparse
 import time
