@@ -17,7 +17,7 @@ use std::sync::Arc;
 use anyhow::{bail, ensure, Context, Result};
 use memmap2::Mmap;
 
-use crate::npy::{Dtype, NpyHeader, Npz};
+use crate::npy::{Dtype, NpyData, NpyHeader, Npz};
 use crate::{Dataset, Samples};
 
 /// The official record the files are published in (MedMNIST v3.0 data release).
@@ -613,33 +613,28 @@ pub fn write_medmnist_npz(
     path: &Path,
     info: &MedMnistInfo,
     size: usize,
-    splits: &[(Vec<u8>, Vec<u8>); 3],
+    splits: [(NpyData, NpyData); 3],
 ) -> Result<()> {
+    let names: Vec<String> = SPLITS
+        .iter()
+        .flat_map(|split| [format!("{split}_images"), format!("{split}_labels")])
+        .collect();
     let mut arrays = Vec::new();
-    for ((images, labels), (split, &n)) in splits.iter().zip(SPLITS.iter().zip(&info.splits)) {
+    for (s, (images, labels)) in splits.into_iter().enumerate() {
+        let n = info.splits[s];
         let mut shape = vec![n];
         shape.extend(info.stored_shape(size));
-        arrays.push((
-            format!("{split}_images"),
-            NpyHeader {
-                dtype: Dtype::U8,
-                shape,
-            },
-            images.as_slice(),
-        ));
-        arrays.push((
-            format!("{split}_labels"),
-            NpyHeader {
-                dtype: Dtype::U8,
-                shape: vec![n, info.label_columns()],
-            },
-            labels.as_slice(),
-        ));
+        let images_header = NpyHeader {
+            dtype: Dtype::U8,
+            shape,
+        };
+        let labels_header = NpyHeader {
+            dtype: Dtype::U8,
+            shape: vec![n, info.label_columns()],
+        };
+        arrays.push((names[2 * s].as_str(), images_header, images));
+        arrays.push((names[2 * s + 1].as_str(), labels_header, labels));
     }
-    let named: Vec<(&str, NpyHeader, &[u8])> = arrays
-        .iter()
-        .map(|(name, h, data)| (name.as_str(), h.clone(), *data))
-        .collect();
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut builder = tempfile::Builder::new();
     #[cfg(unix)]
@@ -647,61 +642,77 @@ pub fn write_medmnist_npz(
     let tmp = builder
         .tempfile_in(dir)
         .with_context(|| format!("cannot write into {}", dir.display()))?;
-    crate::npy::write_npz(tmp.as_file(), &named, true)?;
+    crate::npy::write_npz(tmp.as_file(), arrays, true)?;
     tmp.persist(path)
         .with_context(|| format!("cannot rename into {}", path.display()))?;
     Ok(())
 }
 
 /// The embedded digits packed in the exact layout and split sizes of MedMNIST dataset `flag` at
-/// `size` (digits cycled; label = digit mod the classes, ChestMNIST's flag j = whether
-/// the digit is odd and `(digit + j) mod 3 = 0`, so even digits have no finding; RGB tints the grey image per channel; a volume stacks the image
-/// `size` times, fading towards the ends), written to `path`: real images through the same code
-/// path as the official files, for tests and for trying the pipeline without them.
+/// `size` (digits cycled; label = digit mod the classes, ChestMNIST's flag j = whether the digit
+/// is odd and `(digit + j) mod 3 = 0`, so even digits have no finding; RGB tints the grey image
+/// per channel; a volume stacks the image `size` times, fading towards the ends), written to
+/// `path`: real images through the same code path as the official files, for tests and for
+/// trying the pipeline without them. The images are made one at a time as they are written, so
+/// a 224-px layout (2.4 GB for BloodMNIST) is never held in memory.
 pub fn write_digits_as_medmnist(path: &Path, flag: &str, size: usize) -> Result<()> {
     let info = medmnist_info(flag)?;
     info.md5_at(size)?;
     let digits = crate::digits(size)?;
     let tint = [1.0f32, 0.8, 0.6];
-    let mut next = 0usize;
-    let mut pack = |n: usize| {
-        let (mut images, mut labels) = (Vec::new(), Vec::new());
-        for _ in 0..n {
-            let i = next % digits.len();
-            next += 1;
-            let pixel = |v: f32| (v * 255.0).round().clamp(0.0, 255.0) as u8;
-            let image = digits.sample(i);
-            match (info.volumetric, info.channels) {
-                (true, _) => {
-                    for z in 0..size {
-                        let fade = 1.0 - (z as f32 - size as f32 / 2.0).abs() / size as f32;
-                        images.extend(image.iter().map(|&v| pixel(v * fade)));
-                    }
-                }
-                (false, 1) => images.extend(image.iter().map(|&v| pixel(v))),
-                (false, c) => {
-                    for &v in image.iter() {
-                        images.extend(tint[..c].iter().map(|t| pixel(v * t)));
-                    }
+    let pixel = |v: f32| (v * 255.0).round().clamp(0.0, 255.0) as u8;
+    // The bytes of the `i`-th image, digit `i` mod the digits' count.
+    let image_bytes = |i: usize, out: &mut Vec<u8>| {
+        let image = digits.sample(i % digits.len());
+        match (info.volumetric, info.channels) {
+            (true, _) => {
+                for z in 0..size {
+                    let fade = 1.0 - (z as f32 - size as f32 / 2.0).abs() / size as f32;
+                    out.extend(image.iter().map(|&v| pixel(v * fade)));
                 }
             }
-            let digit = digits.labels[i] as usize;
-            match info.is_multi_label() {
-                true => labels.extend(
-                    (0..info.classes)
-                        .map(|j| u8::from(digit % 2 == 1 && (digit + j).is_multiple_of(3))),
-                ),
-                false => labels.push((digit % info.classes) as u8),
+            (false, 1) => out.extend(image.iter().map(|&v| pixel(v))),
+            (false, c) => {
+                for &v in image.iter() {
+                    out.extend(tint[..c].iter().map(|t| pixel(v * t)));
+                }
             }
         }
-        (images, labels)
     };
-    let splits = [
-        pack(info.splits[0]),
-        pack(info.splits[1]),
-        pack(info.splits[2]),
-    ];
-    write_medmnist_npz(path, info, size, &splits)
+    let label_bytes = |i: usize, out: &mut Vec<u8>| {
+        let digit = digits.labels[i % digits.len()] as usize;
+        match info.is_multi_label() {
+            true => out.extend(
+                (0..info.classes)
+                    .map(|j| u8::from(digit % 2 == 1 && (digit + j).is_multiple_of(3))),
+            ),
+            false => out.push((digit % info.classes) as u8),
+        }
+    };
+    let [train, val, _] = info.splits;
+    let starts = [0, train, train + val];
+    let splits = std::array::from_fn(|s| {
+        let images = starts[s]..starts[s] + info.splits[s];
+        let mut labels = Vec::new();
+        for i in images.clone() {
+            label_bytes(i, &mut labels);
+        }
+        let image_bytes = &image_bytes;
+        let write_images = move |w: &mut dyn std::io::Write| {
+            let mut bytes = Vec::new();
+            for i in images.clone() {
+                bytes.clear();
+                image_bytes(i, &mut bytes);
+                w.write_all(&bytes)?;
+            }
+            Ok(())
+        };
+        (
+            NpyData::Writer(Box::new(write_images)),
+            NpyData::Bytes(labels.into()),
+        )
+    });
+    write_medmnist_npz(path, info, size, splits)
 }
 
 #[cfg(test)]
@@ -815,8 +826,11 @@ mod tests {
         );
         // Labels outside the classes.
         let info = medmnist_info("breastmnist")?;
-        let splits = info.splits.map(|n| (vec![0u8; n * 28 * 28], vec![2u8; n]));
-        write_medmnist_npz(&path, info, 28, &splits)?;
+        let splits = info.splits.map(|n| {
+            let images = NpyData::Bytes(vec![0u8; n * 28 * 28].into());
+            (images, NpyData::Bytes(vec![2u8; n].into()))
+        });
+        write_medmnist_npz(&path, info, 28, splits)?;
         let e = format!(
             "{:#}",
             load_medmnist(dir.path(), "breastmnist", 28).unwrap_err()

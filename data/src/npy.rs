@@ -148,16 +148,37 @@ fn parse_dict(text: &str) -> Result<NpyHeader> {
     })
 }
 
-/// Writes a v1.0 `.npy` of `data` (`header.data_bytes()` little-endian bytes), the header
-/// padded so the data starts at a multiple of 64 bytes, as NumPy does.
-pub fn write_npy(w: &mut impl Write, header: &NpyHeader, data: &[u8]) -> Result<()> {
-    ensure!(
-        data.len() == header.data_bytes(),
-        "{} data bytes for shape {:?} of {:?}",
-        data.len(),
-        header.shape,
-        header.dtype
-    );
+/// The data bytes of one array of [`write_npz`] (`header.data_bytes()` little-endian bytes):
+/// held in memory, or written in order by a function, so that an array larger than memory
+/// allows need never be held whole.
+pub enum NpyData<'a> {
+    Bytes(std::borrow::Cow<'a, [u8]>),
+    Writer(WriteBytes<'a>),
+}
+
+/// A function that writes an array's data bytes, in order, into the writer it is given.
+pub type WriteBytes<'a> = Box<dyn FnMut(&mut dyn Write) -> Result<()> + 'a>;
+
+/// A writer that counts the bytes through it.
+struct Counted<W> {
+    inner: W,
+    bytes: usize,
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes a v1.0 `.npy` of `data`, the header padded so the data starts at a multiple of 64
+/// bytes, as NumPy does; `what` names the array in errors.
+fn write_npy(w: &mut impl Write, what: &str, header: &NpyHeader, data: NpyData) -> Result<()> {
     let shape = match header.shape.as_slice() {
         [one] => format!("({one},)"),
         dims => format!(
@@ -179,7 +200,19 @@ pub fn write_npy(w: &mut impl Write, header: &NpyHeader, data: &[u8]) -> Result<
     w.write_all(&[1, 0])?;
     w.write_all(&(dict.len() as u16).to_le_bytes())?;
     w.write_all(dict.as_bytes())?;
-    w.write_all(data)?;
+    let mut counted = Counted { inner: w, bytes: 0 };
+    match data {
+        NpyData::Bytes(bytes) => counted.write_all(&bytes)?,
+        NpyData::Writer(mut write) => write(&mut counted)?,
+    }
+    ensure!(
+        counted.bytes == header.data_bytes(),
+        "{what}: {} data bytes for shape {:?} of {:?}, which needs {}",
+        counted.bytes,
+        header.shape,
+        header.dtype,
+        header.data_bytes()
+    );
     Ok(())
 }
 
@@ -268,7 +301,7 @@ impl Npz {
 /// `np.savez_compressed` when `compress`, else stored.
 pub fn write_npz(
     w: impl Write + Seek,
-    arrays: &[(&str, NpyHeader, &[u8])],
+    arrays: Vec<(&str, NpyHeader, NpyData)>,
     compress: bool,
 ) -> Result<()> {
     let mut zip = zip::ZipWriter::new(w);
@@ -281,7 +314,7 @@ pub fn write_npz(
         .large_file(true);
     for (name, header, data) in arrays {
         zip.start_file(format!("{name}.npy"), options)?;
-        write_npy(&mut zip, header, data)?;
+        write_npy(&mut zip, name, &header, data)?;
     }
     zip.finish()?;
     Ok(())
@@ -323,27 +356,34 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let images: Vec<u8> = (0..2 * 4 * 4).map(|v| v as u8).collect();
         let labels: Vec<u8> = (0..8).flat_map(|v: i64| v.to_le_bytes()).collect();
-        let arrays = [
-            (
-                "x",
-                NpyHeader {
-                    dtype: Dtype::U8,
-                    shape: vec![2, 4, 4],
-                },
-                images.as_slice(),
-            ),
-            (
-                "y",
-                NpyHeader {
-                    dtype: Dtype::I64,
-                    shape: vec![8, 1],
-                },
-                labels.as_slice(),
-            ),
-        ];
+        let arrays = || {
+            vec![
+                (
+                    "x",
+                    NpyHeader {
+                        dtype: Dtype::U8,
+                        shape: vec![2, 4, 4],
+                    },
+                    NpyData::Bytes(images.as_slice().into()),
+                ),
+                (
+                    "y",
+                    NpyHeader {
+                        dtype: Dtype::I64,
+                        shape: vec![8, 1],
+                    },
+                    NpyData::Writer(Box::new(|w| {
+                        // In two writes: the sizes add up across calls.
+                        let (first, rest) = labels.split_at(3);
+                        w.write_all(first)?;
+                        Ok(w.write_all(rest)?)
+                    })),
+                ),
+            ]
+        };
         for compress in [false, true] {
             let path = dir.path().join(format!("a{compress}.npz"));
-            write_npz(File::create(&path)?, &arrays, compress)?;
+            write_npz(File::create(&path)?, arrays(), compress)?;
             let mut npz = Npz::open(&path)?;
             assert_eq!(npz.names(), ["x", "y"]);
             let (h, data) = npz.read("x")?;
@@ -370,7 +410,17 @@ mod tests {
             dtype: Dtype::U8,
             shape: vec![5000],
         };
-        write_npz(File::create(&path)?, &[("x", header, &data)], false)?;
+        let x = NpyData::Bytes(data.as_slice().into());
+        write_npz(File::create(&path)?, vec![("x", header.clone(), x)], false)?;
+        let short = NpyData::Writer(Box::new(|w| Ok(w.write_all(&data[..10])?)));
+        let e = format!(
+            "{:#}",
+            write_npz(tempfile::tempfile()?, vec![("x", header, short)], false).unwrap_err()
+        );
+        assert!(
+            e.contains("x: 10 data bytes") && e.contains("needs 5000"),
+            "{e}"
+        );
         let bytes = std::fs::read(&path)?;
         std::fs::write(&path, &bytes[..bytes.len() / 2])?;
         let e = format!("{:#}", Npz::open(&path).err().expect("a truncated archive"));
