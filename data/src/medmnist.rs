@@ -615,13 +615,11 @@ pub fn write_medmnist_npz(
     size: usize,
     splits: [(NpyData, NpyData); 3],
 ) -> Result<()> {
-    let names: Vec<String> = SPLITS
-        .iter()
-        .flat_map(|split| [format!("{split}_images"), format!("{split}_labels")])
-        .collect();
+    let names = SPLITS.map(|split| [format!("{split}_images"), format!("{split}_labels")]);
     let mut arrays = Vec::new();
-    for (s, (images, labels)) in splits.into_iter().enumerate() {
-        let n = info.splits[s];
+    for (((images, labels), [image_name, label_name]), &n) in
+        splits.into_iter().zip(&names).zip(&info.splits)
+    {
         let mut shape = vec![n];
         shape.extend(info.stored_shape(size));
         let images_header = NpyHeader {
@@ -632,8 +630,8 @@ pub fn write_medmnist_npz(
             dtype: Dtype::U8,
             shape: vec![n, info.label_columns()],
         };
-        arrays.push((names[2 * s].as_str(), images_header, images));
-        arrays.push((names[2 * s + 1].as_str(), labels_header, labels));
+        arrays.push((image_name.as_str(), images_header, images));
+        arrays.push((label_name.as_str(), labels_header, labels));
     }
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut builder = tempfile::Builder::new();
