@@ -21,7 +21,7 @@ use candle_nn::{Init, VarBuilder};
 use ssl_linalg::for_each_index;
 
 use crate::autocast::matrix_product;
-use crate::util::{contiguous_slice, Float};
+use crate::util::{contiguous_slice, gemm_into, Float};
 
 /// Geometry of a convolution on a `[C, N, D, H, W]` input (`D = 1`, kernel depth 1 in 2D).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -220,46 +220,6 @@ unsafe fn col2im_chunk<T: Float>(g: &Geom, dcol: &[T], n0: usize, nb: usize, dx:
 /// A pointer handed to the tasks of one op, each writing a disjoint part.
 struct Shared<T>(*mut T);
 unsafe impl<T: Send> Sync for Shared<T> {}
-
-/// A matrix in memory: pointer, row stride, column stride (in elements).
-type Mat<T> = (*const T, usize, usize);
-
-/// `dst (+)= a b` for `[m, k]` × `[k, n]`, single-threaded (`gemm` crate).
-///
-/// # Safety
-/// Every matrix lies in memory valid for its strides, and nothing else writes `dst`.
-unsafe fn gemm_into<T: Float>(
-    (m, n, k): (usize, usize, usize),
-    dst: (*mut T, usize, usize),
-    a: Mat<T>,
-    b: Mat<T>,
-    accumulate: bool,
-) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.0,
-            dst.2 as isize,
-            dst.1 as isize,
-            accumulate,
-            a.0,
-            a.2 as isize,
-            a.1 as isize,
-            b.0,
-            b.2 as isize,
-            b.1 as isize,
-            T::from_f64(1.0),
-            T::from_f64(1.0),
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
-}
 
 /// `y = W · im2col(x)`: `[O, N·S_out]`, chunk by chunk of images on Candle's workers.
 fn conv_forward<T: Float>(g: Geom, x: &[T], w: &[T], o: usize) -> Vec<T> {

@@ -12,6 +12,7 @@
 //!   [`Encoder`].
 //! - [`Projector`]: Linear–BN–ReLU projection head.
 
+pub mod attention;
 pub mod autocast;
 pub mod batch_norm;
 pub mod conv;

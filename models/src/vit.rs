@@ -17,10 +17,10 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
+use crate::attention::multi_head_attention;
 use crate::autocast::matrix_product;
 use crate::gelu::gelu_erf;
 use crate::layer_norm::{layer_norm, LayerNorm};
-use crate::softmax::softmax_last_dim;
 use crate::{Encoder, Linear};
 
 /// Size of a ViT.
@@ -115,25 +115,8 @@ impl Block {
 
     /// Multi-head self-attention of `x`: `[N, T, D]` (softmax(QKᵀ/√d_head) V per head).
     fn attention(&self, x: &Tensor) -> Result<Tensor> {
-        let (n, t, d) = x.dims3()?;
-        let hd = d / self.heads;
-        // [N, T, 3, H, hd] → [3, N, H, T, hd]
-        let qkv = self
-            .qkv
-            .forward(x)?
-            .reshape((n, t, 3, self.heads, hd))?
-            .permute((2, 0, 3, 1, 4))?;
-        let part = |i: usize| -> Result<Tensor> {
-            qkv.get(i)?.contiguous()?.reshape((n * self.heads, t, hd))
-        };
-        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-        let scores = matrix_product(&(q * (hd as f64).powf(-0.5))?, &k.t()?, |a, b| a.matmul(b))?;
-        let weights = softmax_last_dim(&scores)?;
-        let out = matrix_product(&weights, &v, |a, b| a.matmul(b))?
-            .reshape((n, self.heads, t, hd))?
-            .transpose(1, 2)?
-            .reshape((n, t, d))?;
-        self.proj.forward(&out)
+        self.proj
+            .forward(&multi_head_attention(&self.qkv.forward(x)?, self.heads)?)
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {

@@ -1,0 +1,353 @@
+//! Multi-head scaled dot-product attention, Vaswani et al., "Attention Is All You Need",
+//! NeurIPS 2017 (Eq. 1: `softmax(Q Kᵀ / √d) V` per head), as one CPU op on the packed `qkv`
+//! projection of timm's ViT.
+//!
+//! Composed of Candle ops, attention copies `q`, `k` and `v` out of the packed projection,
+//! runs batched matmuls of `[T, T]` scores through Candle's rayon GEMM (192 small products per
+//! ViT-S block at 32 images), softmaxes, and transposes the heads back, and its autograd stores
+//! the scores and the weights, `[N·H, T, T]` each. [`multi_head_attention`] reads every head
+//! straight from `qkv`: `[N, T, 3·D]` through strides, computes each `(image, head)` pair on
+//! one of Candle's workers with its scores in a `[T, T]` scratch, and writes `[N, T, D]`
+//! directly. Its backward recomputes the weights from `q` and `k` (as FlashAttention does:
+//! Dao et al., NeurIPS 2022, Alg. 2) and writes the gradient of `qkv` in `qkv`'s own layout:
+//!
+//! `dV = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dQ = dS K / √d`,
+//! `dK = dSᵀ Q / √d`.
+//!
+//! Other devices, dtypes and bf16 autocast take the composed path, whose gradients the tests
+//! compare with the fused op's.
+
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
+use ssl_linalg::for_each_index;
+
+use crate::autocast::{matrix_product, precision, Precision};
+use crate::softmax::softmax_last_dim;
+use crate::util::{contiguous_slice, gemm_into, Float};
+
+/// Self-attention of the packed projection `qkv`: `[N, T, 3·D]` laid out as `[N, T, 3, H,
+/// D/H]` (timm's `qkv` linear layer), giving `[N, T, D]` with the heads concatenated.
+pub fn multi_head_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
+    let (n, t, width) = qkv.dims3()?;
+    if heads == 0 || width % (3 * heads) != 0 {
+        candle_core::bail!(
+            "attention needs a packed q/k/v width divisible by 3 × {heads} heads, got {width}"
+        );
+    }
+    let fused = qkv.device().is_cpu()
+        && matches!(qkv.dtype(), DType::F32 | DType::F64)
+        && precision() == Precision::F32;
+    if fused {
+        qkv.contiguous()?.apply_op1(Attention { heads })
+    } else {
+        composed(qkv, heads, (n, t, width / 3))
+    }
+}
+
+/// The same function of Candle ops (and the bf16 operands of autocast).
+fn composed(qkv: &Tensor, heads: usize, (n, t, d): (usize, usize, usize)) -> Result<Tensor> {
+    let hd = d / heads;
+    // [N, T, 3, H, hd] → [3, N, H, T, hd]
+    let qkv = qkv
+        .reshape((n, t, 3, heads, hd))?
+        .permute((2, 0, 3, 1, 4))?;
+    let part =
+        |i: usize| -> Result<Tensor> { qkv.get(i)?.contiguous()?.reshape((n * heads, t, hd)) };
+    let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+    let scores = matrix_product(&(q * (hd as f64).powf(-0.5))?, &k.t()?, |a, b| a.matmul(b))?;
+    let weights = softmax_last_dim(&scores)?;
+    matrix_product(&weights, &v, |a, b| a.matmul(b))?
+        .reshape((n, heads, t, hd))?
+        .transpose(1, 2)?
+        .reshape((n, t, d))
+}
+
+/// Where one `(image, head)` pair lives in `qkv`: `[N, T, 3·D]` and in `[N, T, D]`.
+#[derive(Clone, Copy)]
+struct Heads {
+    n: usize,
+    t: usize,
+    d: usize,
+    heads: usize,
+}
+
+impl Heads {
+    fn from_layout(l: &Layout, heads: usize) -> Result<Self> {
+        let (n, t, width) = l.shape().dims3()?;
+        Ok(Self {
+            n,
+            t,
+            d: width / 3,
+            heads,
+        })
+    }
+
+    fn head_dim(&self) -> usize {
+        self.d / self.heads
+    }
+
+    /// Offset in `qkv` of part `part` (0 = q, 1 = k, 2 = v) of pair `pair` = image · H + head;
+    /// its rows are `3·D` apart.
+    fn packed(&self, pair: usize, part: usize) -> usize {
+        let (image, head) = (pair / self.heads, pair % self.heads);
+        image * self.t * 3 * self.d + part * self.d + head * self.head_dim()
+    }
+
+    /// Offset in `[N, T, D]` of pair `pair`; its rows are `D` apart.
+    fn merged(&self, pair: usize) -> usize {
+        let (image, head) = (pair / self.heads, pair % self.heads);
+        image * self.t * self.d + head * self.head_dim()
+    }
+
+    fn scale(&self) -> f64 {
+        (self.head_dim() as f64).powf(-0.5)
+    }
+}
+
+/// `P = softmax(Q Kᵀ / √d)` of pair `pair` into `p`: `[T, T]`.
+fn attention_weights<T: Float>(h: Heads, qkv: &[T], pair: usize, p: &mut [T]) {
+    let (t, row) = (h.t, 3 * h.d);
+    // SAFETY: q and k of the pair lie inside `qkv` at row stride 3·D; `p` holds T·T values.
+    unsafe {
+        gemm_into(
+            (t, t, h.head_dim()),
+            (p.as_mut_ptr(), t, 1),
+            (qkv[h.packed(pair, 0)..].as_ptr(), row, 1),
+            (qkv[h.packed(pair, 1)..].as_ptr(), 1, row),
+            false,
+        );
+    }
+    let scale = T::from_f64(h.scale());
+    for scores in p.chunks_mut(t) {
+        let max = scores.iter().fold(
+            T::from_f64(f64::NEG_INFINITY),
+            |m, &s| if s > m { s } else { m },
+        );
+        for s in scores.iter_mut() {
+            *s = (*s - max) * scale;
+        }
+        T::exp_in_place(scores);
+        let sum = scores.iter().fold(T::zero(), |a, &e| a + e);
+        let inv = T::one() / sum;
+        for s in scores.iter_mut() {
+            *s *= inv;
+        }
+    }
+}
+
+/// A pointer handed to the tasks of one op, each writing a disjoint part.
+struct Shared<T>(*mut T);
+unsafe impl<T: Send> Sync for Shared<T> {}
+
+/// `O = P V` per pair into `[N, T, D]`.
+fn attention_forward<T: Float>(h: Heads, qkv: &[T]) -> Vec<T> {
+    let mut out = vec![T::zero(); h.n * h.t * h.d];
+    let dst = Shared(out.as_mut_ptr());
+    let t = h.t;
+    for_each_index(
+        h.n * h.heads,
+        || vec![T::zero(); t * t],
+        |p: &mut Vec<T>, pair| {
+            let dst = &dst;
+            attention_weights(h, qkv, pair, p);
+            // SAFETY: v lies in `qkv` at row stride 3·D; the pair's columns of `out` are its own.
+            unsafe {
+                gemm_into(
+                    (t, h.head_dim(), t),
+                    (dst.0.add(h.merged(pair)), h.d, 1),
+                    (p.as_ptr(), t, 1),
+                    (qkv[h.packed(pair, 2)..].as_ptr(), 3 * h.d, 1),
+                    false,
+                );
+            }
+        },
+    );
+    out
+}
+
+/// The gradient of `qkv`, `[N, T, 3·D]`, from the output gradient `dO`: `[N, T, D]`.
+fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T]) -> Vec<T> {
+    let mut grad = vec![T::zero(); qkv.len()];
+    let dst = Shared(grad.as_mut_ptr());
+    let (t, hd, row) = (h.t, h.head_dim(), 3 * h.d);
+    for_each_index(
+        h.n * h.heads,
+        || (vec![T::zero(); t * t], vec![T::zero(); t * t]),
+        |(p, dp): &mut (Vec<T>, Vec<T>), pair| {
+            let dst = &dst;
+            attention_weights(h, qkv, pair, p);
+            let d_o = d_out[h.merged(pair)..].as_ptr();
+            let at = |part: usize| qkv[h.packed(pair, part)..].as_ptr();
+            // SAFETY: every operand lies in its buffer at the strides given; the pair's q, k
+            // and v columns of `grad` are written by this task alone.
+            unsafe {
+                // dV = Pᵀ dO, dP = dO Vᵀ
+                gemm_into(
+                    (t, hd, t),
+                    (dst.0.add(h.packed(pair, 2)), row, 1),
+                    (p.as_ptr(), 1, t),
+                    (d_o, h.d, 1),
+                    false,
+                );
+                gemm_into(
+                    (t, t, hd),
+                    (dp.as_mut_ptr(), t, 1),
+                    (d_o, h.d, 1),
+                    (at(2), 1, row),
+                    false,
+                );
+            }
+            // dS / √d = P ⊙ (dP − rowsum(P ⊙ dP)) / √d, in place of dP.
+            let scale = T::from_f64(h.scale());
+            for (pr, dpr) in p.chunks(t).zip(dp.chunks_mut(t)) {
+                let dot = pr
+                    .iter()
+                    .zip(dpr.iter())
+                    .fold(T::zero(), |a, (&x, &y)| a + x * y);
+                for (g, &w) in dpr.iter_mut().zip(pr) {
+                    *g = w * (*g - dot) * scale;
+                }
+            }
+            // SAFETY: as above.
+            unsafe {
+                // dQ = dS K / √d, dK = dSᵀ Q / √d
+                gemm_into(
+                    (t, hd, t),
+                    (dst.0.add(h.packed(pair, 0)), row, 1),
+                    (dp.as_ptr(), t, 1),
+                    (at(1), row, 1),
+                    false,
+                );
+                gemm_into(
+                    (t, hd, t),
+                    (dst.0.add(h.packed(pair, 1)), row, 1),
+                    (dp.as_ptr(), 1, t),
+                    (at(0), row, 1),
+                    false,
+                );
+            }
+        },
+    );
+    grad
+}
+
+/// [`multi_head_attention`] on the CPU: `qkv` → `[N, T, D]`.
+struct Attention {
+    heads: usize,
+}
+
+impl candle_core::CustomOp1 for Attention {
+    fn name(&self) -> &'static str {
+        "ssl-attention"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let h = Heads::from_layout(l, self.heads)?;
+        let out = match s {
+            CpuStorage::F32(_) => CpuStorage::F32(attention_forward(h, contiguous_slice(s, l)?)),
+            CpuStorage::F64(_) => CpuStorage::F64(attention_forward(h, contiguous_slice(s, l)?)),
+            _ => candle_core::bail!("ssl-attention supports f32 and f64 only"),
+        };
+        Ok((out, Shape::from((h.n, h.t, h.d))))
+    }
+
+    fn bwd(&self, qkv: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let op = AttentionBwd { heads: self.heads };
+        Ok(Some(qkv.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
+    }
+}
+
+/// Backward of [`Attention`]: (qkv, dO) → dqkv.
+struct AttentionBwd {
+    heads: usize,
+}
+
+impl candle_core::CustomOp2 for AttentionBwd {
+    fn name(&self) -> &'static str {
+        "ssl-attention-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let h = Heads::from_layout(l1, self.heads)?;
+        let grad = match s1 {
+            CpuStorage::F32(_) => CpuStorage::F32(attention_backward(
+                h,
+                contiguous_slice(s1, l1)?,
+                contiguous_slice(s2, l2)?,
+            )),
+            CpuStorage::F64(_) => CpuStorage::F64(attention_backward(
+                h,
+                contiguous_slice(s1, l1)?,
+                contiguous_slice(s2, l2)?,
+            )),
+            _ => candle_core::bail!("ssl-attention supports f32 and f64 only"),
+        };
+        Ok((grad, l1.shape().clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autocast::autocast;
+    use crate::util::testing::{max_abs_diff, rand_tensor};
+    use candle_core::Var;
+
+    /// `qkv`'s gradient of `Σ r ⊙ attention(qkv)` and the output, by `f`.
+    fn value_and_grad(
+        qkv: &Var,
+        r: &Tensor,
+        f: impl Fn(&Tensor) -> Result<Tensor>,
+    ) -> (Tensor, Tensor) {
+        let y = f(qkv.as_tensor()).unwrap();
+        let grads = (&y * r).unwrap().sum_all().unwrap().backward().unwrap();
+        (y, grads.get(qkv.as_tensor()).unwrap().clone())
+    }
+
+    #[test]
+    fn fused_attention_and_its_gradient_equal_the_composed_ones() {
+        // 2 images, 7 tokens, 3 heads of width 4; logits scaled up to test the max shift.
+        let (n, t, heads, hd) = (2, 7, 3, 4);
+        let d = heads * hd;
+        let qkv =
+            Var::from_tensor(&(rand_tensor(1, &[n, t, 3 * d], DType::F64) * 3.0).unwrap()).unwrap();
+        let r = rand_tensor(2, &[n, t, d], DType::F64);
+        let (y, g) = value_and_grad(&qkv, &r, |x| multi_head_attention(x, heads));
+        let (y_ref, g_ref) = value_and_grad(&qkv, &r, |x| composed(x, heads, (n, t, d)));
+        assert!(
+            max_abs_diff(&y, &y_ref) < 1e-13,
+            "{}",
+            max_abs_diff(&y, &y_ref)
+        );
+        assert!(
+            max_abs_diff(&g, &g_ref) < 1e-13,
+            "{}",
+            max_abs_diff(&g, &g_ref)
+        );
+        // In f32 (the fast exp) to f32 rounding.
+        let qkv32 = Var::from_tensor(&qkv.to_dtype(DType::F32).unwrap()).unwrap();
+        let r32 = r.to_dtype(DType::F32).unwrap();
+        let (y32, g32) = value_and_grad(&qkv32, &r32, |x| multi_head_attention(x, heads));
+        assert!(max_abs_diff(&y32, &y_ref) < 1e-5);
+        assert!(max_abs_diff(&g32, &g_ref) < 1e-5);
+    }
+
+    #[test]
+    fn bf16_autocast_takes_the_composed_path_and_widths_are_checked() {
+        let qkv = rand_tensor(3, &[1, 5, 12], DType::F32);
+        let fused = multi_head_attention(&qkv, 2).unwrap();
+        let bf16 = {
+            let _bf16 = autocast(Precision::Bf16);
+            multi_head_attention(&qkv, 2).unwrap()
+        };
+        let diff = max_abs_diff(&fused, &bf16);
+        assert!(diff > 0.0 && diff < 2e-2, "bf16 operands round: {diff}");
+        let err = multi_head_attention(&qkv, 5).unwrap_err().to_string();
+        assert!(err.contains("divisible by 3 × 5 heads"), "{err}");
+    }
+}
