@@ -90,28 +90,46 @@ where
 
 /// `dst = A B` in f32 or f64 for row-major `a`: `[m, k]`, `b`: `[k, n]` read through its
 /// element strides (`(n, 1)` row-major, `(1, k)` for the transpose of a row-major `[n, k]`), and
-/// row-major `dst`: `[m, n]`. Blocks of `dst`'s rows (or of its columns, when it is wider than
-/// tall) go to Candle's CPU workers, each block one single-threaded GEMM (`gemm` crate, as Candle's own matmul), so a GEMM after a Candle op
-/// does not share the cores with Candle's spinning workers as a rayon-parallel one does.
+/// row-major `dst`: `[m, n]`: [`matmul_strided`] with a row-major `A`, overwriting `dst`.
 pub fn matmul_rows<T: WithDType>(
     a: &[T],
     b: &[T],
-    (b_row_stride, b_col_stride): (usize, usize),
+    b_strides: (usize, usize),
     (m, n, k): (usize, usize, usize),
     dst: &mut [T],
 ) -> Result<()> {
-    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
-        bail!("matmul_rows supports f32 and f64, got {:?}", T::DTYPE);
-    }
-    let b_end = if k == 0 || n == 0 {
+    matmul_strided((a, (k, 1)), (b, b_strides), (m, n, k), dst, false)
+}
+
+/// The element count a `[rows, cols]` matrix at `(row_stride, col_stride)` spans.
+fn span(rows: usize, cols: usize, (row_stride, col_stride): (usize, usize)) -> usize {
+    if rows == 0 || cols == 0 {
         0
     } else {
-        (k - 1) * b_row_stride + (n - 1) * b_col_stride + 1
-    };
-    if a.len() < m * k || b.len() < b_end || dst.len() != m * n {
+        (rows - 1) * row_stride + (cols - 1) * col_stride + 1
+    }
+}
+
+/// `dst = A B`, or `dst += A B` where `accumulate`, in f32 or f64 for `a`: `[m, k]` and `b`:
+/// `[k, n]` each read through its element strides `(row, column)` and row-major `dst`: `[m, n]`.
+/// Blocks of `dst`'s rows (or of its columns, when it is wider than tall) go to Candle's CPU
+/// workers, each block one single-threaded GEMM (`gemm` crate, as Candle's own matmul), so a
+/// GEMM after a Candle op does not share the cores with Candle's spinning workers as a
+/// rayon-parallel one does.
+pub fn matmul_strided<T: WithDType>(
+    (a, a_strides): (&[T], (usize, usize)),
+    (b, b_strides): (&[T], (usize, usize)),
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [T],
+    accumulate: bool,
+) -> Result<()> {
+    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
+        bail!("matmul supports f32 and f64, got {:?}", T::DTYPE);
+    }
+    let (a_end, b_end) = (span(m, k, a_strides), span(k, n, b_strides));
+    if a.len() < a_end || b.len() < b_end || dst.len() != m * n {
         bail!(
-            "matmul_rows: [{m}, {k}] × [{k}, {n}] needs {} + {b_end} inputs and {} outputs, got {}, {} and {}",
-            m * k,
+            "matmul: [{m}, {k}] × [{k}, {n}] needs {a_end} + {b_end} inputs and {} outputs, got {}, {} and {}",
             m * n,
             a.len(),
             b.len(),
@@ -135,8 +153,8 @@ pub fn matmul_rows<T: WithDType>(
             let count = size.min(len - start);
             let (rows, cols) = if by_rows { (count, n) } else { (m, count) };
             let (a_offset, b_offset, dst_offset) = match by_rows {
-                true => (start * k, 0, start * n),
-                false => (0, start * b_col_stride, start),
+                true => (start * a_strides.0, 0, start * n),
+                false => (0, start * b_strides.1, start),
             };
             // SAFETY: the block's rows or columns of `a`, `b` and `dst` lie in the bounds
             // checked above, and no two blocks write the same entries of `dst`.
@@ -148,14 +166,14 @@ pub fn matmul_rows<T: WithDType>(
                     dst_ptr.0.add(dst_offset),
                     1,
                     n as isize,
-                    false,
+                    accumulate,
                     a.as_ptr().add(a_offset),
-                    1,
-                    k as isize,
+                    a_strides.1 as isize,
+                    a_strides.0 as isize,
                     b.as_ptr().add(b_offset),
-                    b_col_stride as isize,
-                    b_row_stride as isize,
-                    T::zero(),
+                    b_strides.1 as isize,
+                    b_strides.0 as isize,
+                    T::one(),
                     T::one(),
                     false,
                     false,
