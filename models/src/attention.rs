@@ -22,7 +22,7 @@ use ssl_linalg::for_each_index;
 
 use crate::autocast::{matrix_product, precision, Precision};
 use crate::softmax::softmax_last_dim;
-use crate::util::{contiguous_slice, gemm_into, Float};
+use crate::util::{contiguous_slice, gemm_into, vectorized, Float};
 
 /// Self-attention of the packed projection `qkv`: `[N, T, 3·D]` laid out as `[N, T, 3, H,
 /// D/H]` (timm's `qkv` linear layer), giving `[N, T, D]` with the heads concatenated.
@@ -117,21 +117,27 @@ fn attention_weights<T: Float>(h: Heads, qkv: &[T], pair: usize, p: &mut [T]) {
         );
     }
     let scale = T::from_f64(h.scale());
-    for scores in p.chunks_mut(t) {
-        let max = scores.iter().fold(
-            T::from_f64(f64::NEG_INFINITY),
-            |m, &s| if s > m { s } else { m },
-        );
-        for s in scores.iter_mut() {
-            *s = (*s - max) * scale;
-        }
-        T::exp_in_place(scores);
-        let sum = scores.iter().fold(T::zero(), |a, &e| a + e);
-        let inv = T::one() / sum;
-        for s in scores.iter_mut() {
-            *s *= inv;
-        }
-    }
+    vectorized(
+        #[inline(always)]
+        || {
+            for scores in p.chunks_mut(t) {
+                let max =
+                    scores.iter().fold(
+                        T::from_f64(f64::NEG_INFINITY),
+                        |m, &s| if s > m { s } else { m },
+                    );
+                for s in scores.iter_mut() {
+                    *s = (*s - max) * scale;
+                }
+                T::exp_in_place(scores);
+                let sum = scores.iter().fold(T::zero(), |a, &e| a + e);
+                let inv = T::one() / sum;
+                for s in scores.iter_mut() {
+                    *s *= inv;
+                }
+            }
+        },
+    )
 }
 
 /// A pointer handed to the tasks of one op, each writing a disjoint part.
@@ -198,15 +204,20 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T]) -> Vec<T> {
             }
             // dS / √d = P ⊙ (dP − rowsum(P ⊙ dP)) / √d, in place of dP.
             let scale = T::from_f64(h.scale());
-            for (pr, dpr) in p.chunks(t).zip(dp.chunks_mut(t)) {
-                let dot = pr
-                    .iter()
-                    .zip(dpr.iter())
-                    .fold(T::zero(), |a, (&x, &y)| a + x * y);
-                for (g, &w) in dpr.iter_mut().zip(pr) {
-                    *g = w * (*g - dot) * scale;
-                }
-            }
+            vectorized(
+                #[inline(always)]
+                || {
+                    for (pr, dpr) in p.chunks(t).zip(dp.chunks_mut(t)) {
+                        let dot = pr
+                            .iter()
+                            .zip(dpr.iter())
+                            .fold(T::zero(), |a, (&x, &y)| a + x * y);
+                        for (g, &w) in dpr.iter_mut().zip(pr) {
+                            *g = w * (*g - dot) * scale;
+                        }
+                    }
+                },
+            );
             // SAFETY: as above.
             unsafe {
                 // dQ = dS K / √d, dK = dSᵀ Q / √d
