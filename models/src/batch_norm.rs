@@ -12,7 +12,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, Var};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::map_chunks_mut;
 
-use crate::util::{contiguous_slice, Float};
+use crate::util::{contiguous_slice, vectorized, Float};
 
 /// Per-channel batch statistics saved by the forward for the backward and running stats.
 #[derive(Debug, Default)]
@@ -32,6 +32,28 @@ struct BnFwd {
     saved: Arc<Mutex<Saved>>,
 }
 
+/// Independent partial sums per reduction: sums over a channel's `M` values run in this many
+/// lanes (vector registers of f64), in a fixed order that does not depend on the thread count.
+const LANES: usize = 8;
+
+/// `Σᵢ term(a[i], b[i], c[i])` in f64, over [`LANES`] partial sums.
+#[inline(always)]
+fn lane_sum<T: Float>(a: &[T], b: &[T], c: &[T], term: impl Fn(T, T, T) -> f64) -> f64 {
+    let mut lanes = [0.0f64; LANES];
+    let chunks = a
+        .chunks_exact(LANES)
+        .zip(b.chunks_exact(LANES))
+        .zip(c.chunks_exact(LANES));
+    for ((a, b), c) in chunks {
+        for l in 0..LANES {
+            lanes[l] += term(a[l], b[l], c[l]);
+        }
+    }
+    let tail = a.len() / LANES * LANES;
+    let rest = (tail..a.len()).map(|i| term(a[i], b[i], c[i])).sum::<f64>();
+    lanes.iter().sum::<f64>() + rest
+}
+
 fn bn_fwd_kernel<T: Float>(
     x: &[T],
     gamma: &[T],
@@ -44,25 +66,23 @@ fn bn_fwd_kernel<T: Float>(
     let mut out = vec![T::from_f64(0.0); c * m];
     let stats: Vec<(f64, f64)> = map_chunks_mut(&mut out, m.max(1), |ci, dst| {
         let src = &x[ci * m..][..m];
-        let mean = src.iter().map(|v| v.to_f64()).sum::<f64>() / m as f64;
-        let var = src
-            .iter()
-            .map(|v| {
-                let d = v.to_f64() - mean;
-                d * d
-            })
-            .sum::<f64>()
-            / m as f64;
-        let inv = 1.0 / (var + eps).sqrt();
-        let scale = gamma[ci].to_f64() * inv;
-        let shift = beta[ci].to_f64() - mean * scale;
-        let (scale, shift) = (T::from_f64(scale), T::from_f64(shift));
-        let zero = T::from_f64(0.0);
-        for (d, &s) in dst.iter_mut().zip(src) {
-            let y = s * scale + shift;
-            *d = if relu && y <= zero { zero } else { y };
-        }
-        (mean, var)
+        vectorized(
+            #[inline(always)]
+            || {
+                let mean = lane_sum(src, src, src, |v, _, _| v.to_f64()) / m as f64;
+                let var = lane_sum(src, src, src, |v, _, _| (v.to_f64() - mean).powi(2)) / m as f64;
+                let inv = 1.0 / (var + eps).sqrt();
+                let scale = gamma[ci].to_f64() * inv;
+                let shift = beta[ci].to_f64() - mean * scale;
+                let (scale, shift) = (T::from_f64(scale), T::from_f64(shift));
+                let zero = T::from_f64(0.0);
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    let y = s * scale + shift;
+                    *d = if relu && y <= zero { zero } else { y };
+                }
+                (mean, var)
+            },
+        )
     });
     let (mean, var) = stats.into_iter().unzip();
     (out, mean, var)
@@ -160,33 +180,33 @@ impl BnBwd {
         let zero = T::from_f64(0.0);
         let mut out = vec![zero; c * m + 2 * c];
         let (dx_all, _) = out.split_at_mut(c * m);
+        let relu = self.relu;
+        // The gradient reaching the BN output: none where the ReLU was off.
+        let passed = move |g: T, r: T| if relu && r <= zero { zero } else { g };
         let sums: Vec<(f64, f64)> = map_chunks_mut(dx_all, m.max(1), |ci, dst| {
             let xs = &x[ci * m..][..m];
             let rs = &res[ci * m..][..m];
             let gs = &g[ci * m..][..m];
             let (mean, inv) = (self.mean[ci], self.inv_std[ci]);
-            let mut dbeta = 0.0f64;
-            let mut dgamma = 0.0f64;
-            for i in 0..m {
-                if self.relu && rs[i] <= zero {
-                    continue;
-                }
-                let gv = gs[i].to_f64();
-                dbeta += gv;
-                dgamma += gv * (xs[i].to_f64() - mean) * inv;
-            }
-            let k = self.gamma[ci] * inv / m as f64;
-            let (a, b) = (dbeta / m as f64, dgamma / m as f64);
-            for i in 0..m {
-                let gv = if self.relu && rs[i] <= zero {
-                    0.0
-                } else {
-                    gs[i].to_f64()
-                };
-                let xhat = (xs[i].to_f64() - mean) * inv;
-                dst[i] = T::from_f64(k * m as f64 * (gv - a - xhat * b));
-            }
-            (dgamma, dbeta)
+            vectorized(
+                #[inline(always)]
+                || {
+                    let dbeta = lane_sum(gs, rs, xs, |g, r, _| passed(g, r).to_f64());
+                    let dgamma = inv
+                        * lane_sum(gs, rs, xs, |g, r, x| {
+                            passed(g, r).to_f64() * (x.to_f64() - mean)
+                        });
+                    // dx = γ·inv·(g − dβ/M − x̂·dγ/M) = k·g + slope·(x − mean) + offset
+                    let k = self.gamma[ci] * inv;
+                    let slope = -k * inv * dgamma / m as f64;
+                    let offset = -k * dbeta / m as f64;
+                    let [k, slope, offset, mean] = [k, slope, offset, mean].map(T::from_f64);
+                    for (((d, &gv), &r), &xv) in dst.iter_mut().zip(gs).zip(rs).zip(xs) {
+                        *d = k * passed(gv, r) + slope * (xv - mean) + offset;
+                    }
+                    (dgamma, dbeta)
+                },
+            )
         });
         for (ci, (dg, db)) in sums.into_iter().enumerate() {
             out[c * m + ci] = T::from_f64(dg);
