@@ -12,7 +12,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, Var};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::map_chunks_mut;
 
-use crate::util::{contiguous_slice, vectorized, Float};
+use crate::util::{contiguous_slice, lane_sum, vectorized, Float};
 
 /// Per-channel batch statistics saved by the forward for the backward and running stats.
 #[derive(Debug, Default)]
@@ -30,28 +30,6 @@ struct BnFwd {
     eps: f64,
     relu: bool,
     saved: Arc<Mutex<Saved>>,
-}
-
-/// Independent partial sums per reduction: sums over a channel's `M` values run in this many
-/// lanes (vector registers of f64), in a fixed order that does not depend on the thread count.
-const LANES: usize = 8;
-
-/// `Σᵢ term(a[i], b[i], c[i])` in f64, over [`LANES`] partial sums.
-#[inline(always)]
-fn lane_sum<T: Float>(a: &[T], b: &[T], c: &[T], term: impl Fn(T, T, T) -> f64) -> f64 {
-    let mut lanes = [0.0f64; LANES];
-    let chunks = a
-        .chunks_exact(LANES)
-        .zip(b.chunks_exact(LANES))
-        .zip(c.chunks_exact(LANES));
-    for ((a, b), c) in chunks {
-        for l in 0..LANES {
-            lanes[l] += term(a[l], b[l], c[l]);
-        }
-    }
-    let tail = a.len() / LANES * LANES;
-    let rest = (tail..a.len()).map(|i| term(a[i], b[i], c[i])).sum::<f64>();
-    lanes.iter().sum::<f64>() + rest
 }
 
 fn bn_fwd_kernel<T: Float>(

@@ -13,7 +13,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::map_chunks_mut;
 
-use crate::util::{contiguous_slice, Float};
+use crate::util::{contiguous_slice, lane_sum, vectorized, Float};
 
 /// Rows per parallel block.
 const BLOCK_ROWS: usize = 32;
@@ -83,18 +83,25 @@ fn ln_fwd_kernel<T: Float>(x: &[T], g: &[T], b: &[T], eps: f64) -> (Vec<T>, Vec<
     let mut out = vec![T::from_f64(0.0); x.len()];
     let stats = map_chunks_mut(&mut out, BLOCK_ROWS * d, |block, dst| {
         let src = &x[block * BLOCK_ROWS * d..][..dst.len()];
-        src.chunks(d)
-            .zip(dst.chunks_mut(d))
-            .map(|(row, out)| {
-                let mean = row.iter().map(|v| v.to_f64()).sum::<f64>() / d as f64;
-                let var = row.iter().map(|v| (v.to_f64() - mean).powi(2)).sum::<f64>() / d as f64;
-                let inv = 1.0 / (var + eps).sqrt();
-                for ((o, &v), (&gi, &bi)) in out.iter_mut().zip(row).zip(g.iter().zip(b)) {
-                    *o = T::from_f64((v.to_f64() - mean) * inv) * gi + bi;
-                }
-                (mean, inv)
-            })
-            .collect::<Vec<_>>()
+        vectorized(
+            #[inline(always)]
+            || {
+                src.chunks(d)
+                    .zip(dst.chunks_mut(d))
+                    .map(|(row, out)| {
+                        let mean = lane_sum(row, row, row, |v, _, _| v.to_f64()) / d as f64;
+                        let var = lane_sum(row, row, row, |v, _, _| (v.to_f64() - mean).powi(2))
+                            / d as f64;
+                        let inv = 1.0 / (var + eps).sqrt();
+                        let (mean_t, inv_t) = (T::from_f64(mean), T::from_f64(inv));
+                        for ((o, &v), (&gi, &bi)) in out.iter_mut().zip(row).zip(g.iter().zip(b)) {
+                            *o = (v - mean_t) * inv_t * gi + bi;
+                        }
+                        (mean, inv)
+                    })
+                    .collect::<Vec<_>>()
+            },
+        )
     });
     (out, stats.concat())
 }
@@ -173,28 +180,34 @@ fn ln_bwd_kernel<T: Float>(x: &[T], gamma: &[T], g: &[T], stats: &[(f64, f64)]) 
         let first = block * BLOCK_ROWS;
         let mut dgamma = vec![0.0f64; d];
         let mut dbeta = vec![0.0f64; d];
-        for (r, out) in dst.chunks_mut(d).enumerate() {
-            let row = first + r;
-            let (mean, inv) = stats[row];
-            let xs = &x[row * d..][..d];
-            let gs = &g[row * d..][..d];
-            let (mut sum_dy, mut sum_dy_xhat) = (0.0, 0.0);
-            for j in 0..d {
-                let xhat = (xs[j].to_f64() - mean) * inv;
-                let gv = gs[j].to_f64();
-                let dy = gv * gamma[j].to_f64();
-                sum_dy += dy;
-                sum_dy_xhat += dy * xhat;
-                dgamma[j] += gv * xhat;
-                dbeta[j] += gv;
-            }
-            let (a, b) = (sum_dy / d as f64, sum_dy_xhat / d as f64);
-            for j in 0..d {
-                let xhat = (xs[j].to_f64() - mean) * inv;
-                let dy = gs[j].to_f64() * gamma[j].to_f64();
-                out[j] = T::from_f64(inv * (dy - a - xhat * b));
-            }
-        }
+        vectorized(
+            #[inline(always)]
+            || {
+                for (r, out) in dst.chunks_mut(d).enumerate() {
+                    let row = first + r;
+                    let (mean, inv) = stats[row];
+                    let xs = &x[row * d..][..d];
+                    let gs = &g[row * d..][..d];
+                    let xhat = |v: T| (v.to_f64() - mean) * inv;
+                    let sum_dy = lane_sum(gs, gamma, xs, |gv, gm, _| gv.to_f64() * gm.to_f64());
+                    let sum_dy_xhat = lane_sum(gs, gamma, xs, |gv, gm, xv| {
+                        gv.to_f64() * gm.to_f64() * xhat(xv)
+                    });
+                    for (((dg, db), &gv), &xv) in
+                        dgamma.iter_mut().zip(dbeta.iter_mut()).zip(gs).zip(xs)
+                    {
+                        *dg += gv.to_f64() * xhat(xv);
+                        *db += gv.to_f64();
+                    }
+                    // dx = inv·(γ·g − a − x̂·b) with x̂ = (x − mean)·inv
+                    let (a, b) = (sum_dy / d as f64, sum_dy_xhat / d as f64);
+                    let [mean_t, inv_t, a, b] = [mean, inv, a, b].map(T::from_f64);
+                    for (((o, &gv), &gm), &xv) in out.iter_mut().zip(gs).zip(gamma).zip(xs) {
+                        *o = inv_t * (gv * gm - a - (xv - mean_t) * inv_t * b);
+                    }
+                }
+            },
+        );
         (dgamma, dbeta)
     });
     for (dgamma, dbeta) in partial {

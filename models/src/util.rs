@@ -41,6 +41,29 @@ pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Independent partial sums per reduction in [`lane_sum`]: this many lanes (a vector register
+/// of f64), summed in a fixed order that does not depend on the thread count.
+pub(crate) const LANES: usize = 8;
+
+/// `Σᵢ term(a[i], b[i], c[i])` in f64 over [`LANES`] partial sums, which vectorise (a plain
+/// sequential f64 sum does not: its additions may not be reordered).
+#[inline(always)]
+pub(crate) fn lane_sum<T: Float>(a: &[T], b: &[T], c: &[T], term: impl Fn(T, T, T) -> f64) -> f64 {
+    let mut lanes = [0.0f64; LANES];
+    let chunks = a
+        .chunks_exact(LANES)
+        .zip(b.chunks_exact(LANES))
+        .zip(c.chunks_exact(LANES));
+    for ((a, b), c) in chunks {
+        for l in 0..LANES {
+            lanes[l] += term(a[l], b[l], c[l]);
+        }
+    }
+    let tail = a.len() / LANES * LANES;
+    let rest = (tail..a.len()).map(|i| term(a[i], b[i], c[i])).sum::<f64>();
+    lanes.iter().sum::<f64>() + rest
+}
+
 /// `1/√(2π)`.
 const INV_SQRT_2PI: f64 = 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2;
 
