@@ -364,3 +364,143 @@ fn an_untracked_input_gets_no_gradient_and_the_same_weight_gradient() {
     let d = max_abs_diff(untracked.get(&w).unwrap(), tracked.get(&w).unwrap());
     assert!(d < 1e-12, "weight gradient diff {d}");
 }
+
+/// `rand_tensor` as a flat vector of f64.
+fn rand_values(seed: u64, shape: &[usize]) -> Vec<f64> {
+    rand_tensor(seed, shape, DType::F64)
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max)
+}
+
+/// Stride-1 3×3 geometries with enough channels for F(2×2, 3×3): even and odd output extents,
+/// paddings 0 to 2, and batches that split into several chunks and weight-gradient
+/// groups with a shorter last one.
+fn winograd_cases() -> Vec<(Vec<usize>, usize)> {
+    vec![
+        (vec![16, 2, 5, 6], 1),
+        (vec![16, 19, 4, 4], 1),
+        (vec![17, 3, 7, 5], 0),
+        (vec![16, 2, 3, 8], 2),
+        (vec![16, 9, 2, 2], 1),
+        (vec![16, 5, 1, 1], 2),
+    ]
+}
+
+#[test]
+fn winograd_applies_to_stride_1_3x3_kernels_with_enough_channels() {
+    let fits = |dims: &[usize], k, s, p, o| {
+        Winograd::new(Geom::new("test", dims, k, s, p).unwrap(), o).is_some()
+    };
+    assert!(fits(&[64, 8, 32, 32], 3, 1, 1, 64));
+    assert!(!fits(&[64, 8, 8, 8, 8], 3, 1, 1, 64), "volumes keep im2col");
+    assert!(!fits(&[64, 8, 32, 32], 3, 2, 1, 64), "stride 2");
+    assert!(!fits(&[3, 8, 32, 32], 3, 1, 1, 64), "the stem's 3 channels");
+    assert!(!fits(&[64, 8, 32, 32], 3, 1, 1, 8), "8 output channels");
+    assert!(!fits(&[64, 8, 32, 32], 7, 1, 3, 64), "a 7×7 kernel");
+    assert!(!fits(&[64, 8, 32, 32], 1, 1, 0, 64), "a 1×1 kernel");
+}
+
+/// F(2, 3) computes the convolution im2col computes (f64, to rounding), its weight gradient,
+/// and through the dual convolution its input gradient.
+#[test]
+fn winograd_equals_im2col_forward_and_gradients() {
+    for (i, (dims, pad)) in winograd_cases().into_iter().enumerate() {
+        let g = Geom::new("test", &dims, 3, 1, pad).unwrap();
+        let o = 18;
+        let winograd = Winograd::new(g, o).expect("a Winograd geometry");
+        let seed = 40 + 3 * i as u64;
+        let x = rand_values(seed, &dims);
+        let w = rand_values(seed + 1, &[o, g.c * g.kernel_volume()]);
+        let dy = rand_values(seed + 2, &g.out_dims(o, dims.len() - 2));
+        let mut fast = vec![f64::NAN; dy.len()];
+        winograd.forward(&x, &w, &mut fast);
+        let mut plain = vec![0.0; dy.len()];
+        im2col_forward_into(g, &x, &w, &mut plain);
+        let d = max_diff(&fast, &plain);
+        assert!(d < 1e-12, "{dims:?} p {pad}: forward diff {d}");
+
+        let mut fast = vec![f64::NAN; w.len()];
+        winograd.weight_grad(&x, &dy, &mut fast);
+        let mut plain = vec![0.0; w.len()];
+        im2col_weight_grad(g, &x, &dy, &mut plain);
+        let d = max_diff(&fast, &plain);
+        assert!(d < 1e-11, "{dims:?} p {pad}: weight gradient diff {d}");
+
+        let dual = g.input_grad_geometry(o).unwrap();
+        assert!(Winograd::new(dual, g.c).is_some());
+        let fast = conv_forward(dual, &dy, &flipped_transpose(&w, o, g), g.c);
+        let mut plain = vec![0.0; x.len()];
+        input_grad_scattered(g, &w, &dy, o, &mut plain);
+        let d = max_diff(&fast, &plain);
+        assert!(d < 1e-12, "{dims:?} p {pad}: input gradient diff {d}");
+    }
+}
+
+/// In f32, F(2, 3) is as accurate as im2col: both against the f64 convolution, at a ResNet
+/// layer's depth (576 products per output).
+#[test]
+fn winograd_in_f32_is_as_accurate_as_im2col() {
+    let dims = [64, 4, 8, 8];
+    let g = Geom::new("test", &dims, 3, 1, 1).unwrap();
+    let o = 64;
+    let x = rand_values(60, &dims);
+    let w = rand_values(61, &[o, g.c * 9]);
+    let mut exact = vec![0.0; o * g.col_shape().1];
+    im2col_forward_into(g, &x, &w, &mut exact);
+    let [x32, w32] = [&x, &w].map(|v| v.iter().map(|&v| v as f32).collect::<Vec<_>>());
+    let error = |forward: fn(Geom, &[f32], &[f32], &mut [f32])| {
+        let mut y = vec![0.0f32; exact.len()];
+        forward(g, &x32, &w32, &mut y);
+        y.iter()
+            .zip(&exact)
+            .map(|(&a, &b)| (a as f64 - b).abs())
+            .fold(0.0, f64::max)
+    };
+    let winograd = error(|g, x, w, y| Winograd::new(g, 64).unwrap().forward(x, w, y));
+    let im2col = error(im2col_forward_into);
+    assert!(
+        winograd < 2.0 * im2col && winograd < 1e-4,
+        "max error: Winograd {winograd:e}, im2col {im2col:e}"
+    );
+}
+
+/// The convolution op of a Winograd geometry against the composed convolution of other
+/// devices (f64), gradients of input and weight included.
+#[test]
+fn the_op_on_a_winograd_geometry_equals_the_composed_convolution() {
+    for dims in [vec![16, 3, 5, 6], vec![16, 2, 4, 3]] {
+        let x = Var::from_tensor(&rand_tensor(62, &dims, DType::F64)).unwrap();
+        let w = Var::from_tensor(&rand_tensor(63, &[20, 16 * 9], DType::F64)).unwrap();
+        let g = Geom::new("test", x.dims(), 3, 1, 1).unwrap();
+        assert!(Winograd::new(g, 20).is_some());
+        let op = x.as_tensor().apply_op2(w.as_tensor(), ConvOp(g)).unwrap();
+        let volumes = x.as_tensor().reshape(g.size_5d()).unwrap();
+        let composed = w
+            .as_tensor()
+            .matmul(&im2col_composed(&volumes, g).unwrap())
+            .unwrap();
+        assert!(max_abs_diff(&op, &composed) < 1e-12, "{dims:?}");
+        let r = rand_tensor(64, op.dims(), DType::F64);
+        let g_op = (&op * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        let g_composed = (&composed * &r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        for v in [&x, &w] {
+            let d = max_abs_diff(g_op.get(v).unwrap(), g_composed.get(v).unwrap());
+            assert!(d < 1e-11, "{dims:?}: gradient diff {d}");
+        }
+    }
+}
