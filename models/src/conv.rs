@@ -425,24 +425,31 @@ fn im2col_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
         // SAFETY: one slot per group, each written by its own task.
         unsafe { *partial_ptr.0.add(group) = dw };
     });
-    let mut partials = partials.into_iter();
-    let mut sum = partials
-        .next()
-        .unwrap_or_else(|| vec![T::from_f64(0.0); o * rows]);
-    for partial in partials {
-        for (d, p) in sum.iter_mut().zip(&partial) {
-            *d += *p;
-        }
-    }
-    if !transposed {
-        dw_out.copy_from_slice(&sum);
+    let Some((first, rest)) = partials.split_first() else {
+        dw_out.fill(T::from_f64(0.0));
         return;
-    }
-    for (r, from) in sum.chunks(o).enumerate() {
-        for (oi, &v) in from.iter().enumerate() {
-            dw_out[oi * rows + r] = v;
-        }
-    }
+    };
+    // The partial sums in group order on the workers, a line of the sum at a time, written
+    // back in dW's [O, C·k_vol] layout (a transposed line is a column of dW).
+    let width = if transposed { o } else { rows };
+    let out = Shared(dw_out.as_mut_ptr());
+    for_each_index(
+        o * rows / width,
+        || (),
+        |_, line| {
+            let out = &out;
+            for j in 0..width {
+                let i = line * width + j;
+                let mut sum = first[i];
+                for partial in rest {
+                    sum += partial[i];
+                }
+                let at = if transposed { j * rows + line } else { i };
+                // SAFETY: `at` indexes dW, and each line's entries are written by its task alone.
+                unsafe { *out.0.add(at) = sum };
+            }
+        },
+    );
 }
 
 /// The convolution `x`: `[C, N, D, H, W]`, `W`: `[O, C·k_vol]` → `[O, N·S_out]` as one op,

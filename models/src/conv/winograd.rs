@@ -108,7 +108,10 @@ impl Winograd {
             }
         }
         let mut tmp = Vec::new();
-        transform_axes(&G, &mut buf, &mut tmp, [3, 3, oc]);
+        vectorized(
+            #[inline(always)]
+            || transform_axes(&G, &mut buf, &mut tmp, [3, 3, oc]),
+        );
         buf
     }
 
@@ -430,7 +433,10 @@ impl Winograd {
                         }
                     }
                 }
-                transform_axes(&GT, sum, tmp, [ALPHA, ALPHA, o]);
+                vectorized(
+                    #[inline(always)]
+                    || transform_axes(&GT, sum, tmp, [ALPHA, ALPHA, o]),
+                );
                 for (tap, row) in sum.chunks(o).enumerate() {
                     for (oi, &value) in row.iter().enumerate() {
                         // SAFETY: dW is [O, C, 9]; this task alone writes input channel `c`.
@@ -445,6 +451,7 @@ impl Winograd {
 /// `coef` (`[I, J]`) along both leading axes of `buf`, a row-major block of shape `dims` whose
 /// last axis is a lane of independent values; `tmp` is scratch. On return `buf` holds the
 /// result, of extent `I` on both.
+#[inline(always)]
 fn transform_axes<T: Float, const I: usize, const J: usize>(
     coef: &[[f64; J]; I],
     buf: &mut Vec<T>,
