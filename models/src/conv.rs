@@ -146,6 +146,10 @@ const CHUNK_VALUES: usize = 1 << 20;
 /// Weight-gradient partial sums of the backward: a fixed count, so the result does not depend
 /// on the number of threads.
 const WEIGHT_GRAD_GROUPS: usize = 4;
+/// Blocks of column-matrix rows the im2col weight gradient is shared out in (a fixed count,
+/// each block summed over the batch in one order, so the result does not depend on the number
+/// of threads).
+const WEIGHT_GRAD_BLOCKS: usize = 8;
 
 impl Geom {
     /// Images per chunk: about [`CHUNK_VALUES`] column values, and at least 8 chunks when the
@@ -157,15 +161,23 @@ impl Geom {
     }
 }
 
-/// The columns `[C·k_vol, nb·S_out]` of images `n0..n0 + nb` of `x`: `[C, N, D, H, W]`. Every
-/// value is written once: a copy where the window lies inside the input, a zero in the padding.
-fn im2col_chunk<T: Float>(g: &Geom, x: &[T], n0: usize, nb: usize, col: &mut [T]) {
+/// Rows `first_row..` of the columns `[C·k_vol, nb·S_out]` of images `n0..n0 + nb` of `x`:
+/// `[C, N, D, H, W]`, as many as `col` holds. Every value is written once: a copy where the
+/// window lies inside the input, a zero in the padding.
+fn im2col_chunk<T: Float>(
+    g: &Geom,
+    x: &[T],
+    (n0, nb): (usize, usize),
+    first_row: usize,
+    col: &mut [T],
+) {
     let zero = T::from_f64(0.0);
     let volume = g.size.iter().product::<usize>();
     let per_image = g.out().iter().product::<usize>();
     let w_out = g.out()[2];
     let sw = g.stride[2];
-    for (row, dst_row) in col.chunks_mut(nb * per_image).enumerate() {
+    for (i, dst_row) in col.chunks_mut(nb * per_image).enumerate() {
+        let row = first_row + i;
         let c = row / g.kernel_volume();
         let offsets = g.offsets(row);
         let kw = offsets[2];
@@ -265,7 +277,7 @@ fn im2col_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
             let n0 = chunk * nb;
             let count = nb.min(g.n - n0);
             col.resize(rows * count * per_image, T::from_f64(0.0));
-            im2col_chunk(&g, x, n0, count, col);
+            im2col_chunk(&g, x, (n0, count), 0, col);
             let width = count * per_image;
             // SAFETY: `y` is [O, N·S_out]; this chunk writes its own columns of every row.
             unsafe {
@@ -374,21 +386,74 @@ fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut [T]) {
     }
 }
 
-/// `dW = Σ_chunks dy_chunk · col_chunkᵀ`, recomputing each chunk's columns; the sum is taken as
-/// [`WEIGHT_GRAD_GROUPS`] partial sums added in a fixed order.
+/// `dW = Σ_chunks dy_chunk · col_chunkᵀ`, recomputing each chunk's columns.
 ///
-/// Where `C·k_vol ≥ O` the partial sums are `dWᵀ = col · dyᵀ`, `[C·k_vol, O]`, transposed once at
-/// the end: the `gemm` crate packs its right operand only when the product has many rows, and
-/// reading the unpacked `colᵀ` is 1.5–3× slower (64 to 256 channels at 32² to 8², 128 images:
-/// 33–69 GFLOP/s against 91–100 on one core).
+/// Where `C·k_vol ≥ O` (every layer but a stem) it is taken as `dWᵀ = col · dyᵀ`, `[C·k_vol, O]`,
+/// by [`WEIGHT_GRAD_BLOCKS`] tasks, each a block of `col`'s rows over the whole batch in a fixed
+/// order of chunks, writing its columns of `dW`: no partial sums of the whole `dW` (for the deep
+/// 3D layers 28 MB each, zeroed, summed and transposed), and a chunk as wide as the block's
+/// columns allow (a 2³ layer's 4 volumes in one product instead of 4 of depth 8). The `gemm`
+/// crate packs its right operand only when the product has many rows, and this form's right
+/// operand `dyᵀ` is read in place; `dW = dy · colᵀ` read the unpacked `colᵀ` 1.5–3× slower
+/// (64 to 256 channels at 32² to 8², 128 images: 33–69 GFLOP/s against 91–100 on one core).
+/// A stem (`C·k_vol < O`) has too few rows to share out: its `dW = dy · colᵀ` is summed as
+/// [`WEIGHT_GRAD_GROUPS`] partial sums over chunks of images, added in a fixed order.
 fn im2col_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
+    let (rows, cols) = g.col_shape();
+    let o = dw_out.len() / rows;
+    if rows < o {
+        return stem_weight_grad(g, x, dy, dw_out);
+    }
+    let per_image = g.out().iter().product::<usize>();
+    let blocks = WEIGHT_GRAD_BLOCKS.min(rows);
+    let out = Shared(dw_out.as_mut_ptr());
+    for_each_index(
+        blocks,
+        || [(); 2].map(|_| Vec::new()),
+        |[col, dwt]: &mut [Vec<T>; 2], block| {
+            let out = &out;
+            let first_row = block * rows / blocks;
+            let block_rows = (block + 1) * rows / blocks - first_row;
+            let nb = (CHUNK_VALUES / (block_rows * per_image).max(1)).clamp(1, g.n.max(1));
+            dwt.resize(block_rows * o, T::from_f64(0.0));
+            for (chunk, n0) in (0..g.n).step_by(nb).enumerate() {
+                let count = nb.min(g.n - n0);
+                let width = count * per_image;
+                col.resize(block_rows * width, T::from_f64(0.0));
+                im2col_chunk(&g, x, (n0, count), first_row, col);
+                // SAFETY: dwt is this task's own; dy and col are read in bounds.
+                unsafe {
+                    gemm_into(
+                        (block_rows, o, width),
+                        (dwt.as_mut_ptr(), o, 1),
+                        (col.as_ptr(), width, 1),
+                        (dy[n0 * per_image..].as_ptr(), 1, cols),
+                        chunk > 0,
+                    );
+                }
+            }
+            if g.n == 0 {
+                dwt.fill(T::from_f64(0.0));
+            }
+            for (r, line) in dwt.chunks(o).enumerate() {
+                for (oi, &value) in line.iter().enumerate() {
+                    // SAFETY: column `first_row + r` of dW belongs to this block alone.
+                    unsafe { *out.0.add(oi * rows + first_row + r) = value };
+                }
+            }
+        },
+    );
+}
+
+/// [`im2col_weight_grad`] of a stem (`C·k_vol < O`): `dW = Σ_chunks dy_chunk · col_chunkᵀ` as
+/// [`WEIGHT_GRAD_GROUPS`] partial sums added in a fixed order.
+fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let (rows, cols) = g.col_shape();
     let o = dw_out.len() / rows;
     let per_image = g.out().iter().product::<usize>();
     let nb = g.images_per_chunk();
     let chunks = g.n.div_ceil(nb);
     let groups = WEIGHT_GRAD_GROUPS.min(chunks);
-    let transposed = rows >= o;
     let mut partials: Vec<Vec<T>> = vec![Vec::new(); groups];
     let partial_ptr = Shared(partials.as_mut_ptr());
     for_each_index(groups, Vec::new, |col: &mut Vec<T>, group| {
@@ -399,57 +464,27 @@ fn im2col_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
             let count = nb.min(g.n - n0);
             let width = count * per_image;
             col.resize(rows * width, T::from_f64(0.0));
-            im2col_chunk(&g, x, n0, count, col);
-            let dy_chunk = dy[n0 * per_image..].as_ptr();
+            im2col_chunk(&g, x, (n0, count), 0, col);
             // SAFETY: dW is this task's own; dy and col are read in bounds.
             unsafe {
-                if transposed {
-                    gemm_into(
-                        (rows, o, width),
-                        (dw.as_mut_ptr(), o, 1),
-                        (col.as_ptr(), width, 1),
-                        (dy_chunk, 1, cols),
-                        true,
-                    );
-                } else {
-                    gemm_into(
-                        (o, rows, width),
-                        (dw.as_mut_ptr(), rows, 1),
-                        (dy_chunk, cols, 1),
-                        (col.as_ptr(), 1, width),
-                        true,
-                    );
-                }
+                gemm_into(
+                    (o, rows, width),
+                    (dw.as_mut_ptr(), rows, 1),
+                    (dy[n0 * per_image..].as_ptr(), cols, 1),
+                    (col.as_ptr(), 1, width),
+                    true,
+                );
             }
         }
         // SAFETY: one slot per group, each written by its own task.
         unsafe { *partial_ptr.0.add(group) = dw };
     });
-    let Some((first, rest)) = partials.split_first() else {
-        dw_out.fill(T::from_f64(0.0));
-        return;
-    };
-    // The partial sums in group order on the workers, a line of the sum at a time, written
-    // back in dW's [O, C·k_vol] layout (a transposed line is a column of dW).
-    let width = if transposed { o } else { rows };
-    let out = Shared(dw_out.as_mut_ptr());
-    for_each_index(
-        o * rows / width,
-        || (),
-        |_, line| {
-            let out = &out;
-            for j in 0..width {
-                let i = line * width + j;
-                let mut sum = first[i];
-                for partial in rest {
-                    sum += partial[i];
-                }
-                let at = if transposed { j * rows + line } else { i };
-                // SAFETY: `at` indexes dW, and each line's entries are written by its task alone.
-                unsafe { *out.0.add(at) = sum };
-            }
-        },
-    );
+    dw_out.fill(T::from_f64(0.0));
+    for partial in &partials {
+        for (d, p) in dw_out.iter_mut().zip(partial) {
+            *d += *p;
+        }
+    }
 }
 
 /// The convolution `x`: `[C, N, D, H, W]`, `W`: `[O, C·k_vol]` → `[O, N·S_out]` as one op,

@@ -308,7 +308,7 @@ fn im2col_overwrites_a_reused_buffer() {
         let (rows, cols) = g.col_shape();
         let mut col = vec![f64::NAN; rows * cols];
         let values = x.flatten_all().unwrap().to_vec1::<f64>().unwrap();
-        im2col_chunk(&g, &values, 0, g.n, &mut col);
+        im2col_chunk(&g, &values, (0, g.n), 0, &mut col);
         let composed = im2col_composed(&x, g).unwrap();
         let expected = composed.flatten_all().unwrap().to_vec1::<f64>().unwrap();
         assert_eq!(col, expected, "k {k} s {stride} p {pad}");
@@ -503,4 +503,29 @@ fn the_op_on_a_winograd_geometry_equals_the_composed_convolution() {
             assert!(d < 1e-11, "{dims:?}: gradient diff {d}");
         }
     }
+}
+
+/// The weight gradient shared out in blocks of column rows, each summed over several chunks of
+/// images (the last one shorter), equals the one summed as partial sums over chunks of images.
+#[test]
+fn the_weight_gradient_by_row_blocks_equals_the_grouped_sum() {
+    let dims = [8, 5, 200, 200];
+    let g = Geom::new("test", &dims, 3, 1, 1).unwrap();
+    let (rows, _) = g.col_shape();
+    let per_image = g.out().iter().product::<usize>();
+    let block_rows = rows / WEIGHT_GRAD_BLOCKS;
+    let images_per_chunk = CHUNK_VALUES / (block_rows * per_image);
+    assert!(
+        (1..dims[1]).contains(&images_per_chunk) && dims[1] % images_per_chunk != 0,
+        "several chunks per block, the last one shorter"
+    );
+    let o = 4;
+    let x = rand_values(70, &dims);
+    let dy = rand_values(71, &g.out_dims(o, 2));
+    let mut by_blocks = vec![f64::NAN; o * rows];
+    im2col_weight_grad(g, &x, &dy, &mut by_blocks);
+    let mut grouped = vec![f64::NAN; o * rows];
+    stem_weight_grad(g, &x, &dy, &mut grouped);
+    let d = max_diff(&by_blocks, &grouped);
+    assert!(d < 1e-9, "diff {d}");
 }
