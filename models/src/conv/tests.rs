@@ -382,27 +382,33 @@ fn max_diff(a: &[f64], b: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Stride-1 3×3 geometries with enough channels for F(2×2, 3×3): even and odd output extents,
-/// paddings 0 to 2, and batches that split into several chunks and weight-gradient
+/// Stride-1 3×3 and 3×3×3 geometries with enough channels for F(2, 3): even and odd output
+/// extents, paddings 0 to 2, and batches that split into several chunks and weight-gradient
 /// groups with a shorter last one.
 fn winograd_cases() -> Vec<(Vec<usize>, usize)> {
     vec![
-        (vec![16, 2, 5, 6], 1),
+        (vec![16, 8, 5, 6], 1),
         (vec![16, 19, 4, 4], 1),
-        (vec![17, 3, 7, 5], 0),
-        (vec![16, 2, 3, 8], 2),
-        (vec![16, 9, 2, 2], 1),
-        (vec![16, 5, 1, 1], 2),
+        (vec![17, 11, 7, 5], 0),
+        (vec![16, 8, 3, 8], 2),
+        (vec![16, 64, 2, 2], 1),
+        (vec![16, 64, 1, 1], 2),
+        (vec![16, 6, 3, 4, 5], 1),
+        (vec![16, 32, 5, 3, 4], 0),
+        (vec![16, 67, 2, 2, 2], 1),
+        (vec![16, 64, 1, 2, 1], 2),
     ]
 }
 
 #[test]
-fn winograd_applies_to_stride_1_3x3_kernels_with_enough_channels() {
+fn winograd_applies_to_stride_1_three_tap_kernels_with_enough_channels() {
     let fits = |dims: &[usize], k, s, p, o| {
         Winograd::new(Geom::new("test", dims, k, s, p).unwrap(), o).is_some()
     };
     assert!(fits(&[64, 8, 32, 32], 3, 1, 1, 64));
-    assert!(!fits(&[64, 8, 8, 8, 8], 3, 1, 1, 64), "volumes keep im2col");
+    assert!(fits(&[64, 8, 8, 8, 8], 3, 1, 1, 64));
+    assert!(!fits(&[1, 8, 64, 64, 64], 7, 2, 3, 64), "the 3D stem");
+    assert!(!fits(&[512, 4, 2, 2, 2], 3, 1, 1, 512), "4 tiles in all");
     assert!(!fits(&[64, 8, 32, 32], 3, 2, 1, 64), "stride 2");
     assert!(!fits(&[3, 8, 32, 32], 3, 1, 1, 64), "the stem's 3 channels");
     assert!(!fits(&[64, 8, 32, 32], 3, 1, 1, 8), "8 output channels");
@@ -478,9 +484,10 @@ fn winograd_in_f32_is_as_accurate_as_im2col() {
 /// devices (f64), gradients of input and weight included.
 #[test]
 fn the_op_on_a_winograd_geometry_equals_the_composed_convolution() {
-    for dims in [vec![16, 3, 5, 6], vec![16, 2, 4, 3]] {
+    for dims in [vec![16, 8, 5, 6], vec![16, 8, 3, 4, 3]] {
         let x = Var::from_tensor(&rand_tensor(62, &dims, DType::F64)).unwrap();
-        let w = Var::from_tensor(&rand_tensor(63, &[20, 16 * 9], DType::F64)).unwrap();
+        let kv = 3usize.pow(dims.len() as u32 - 2);
+        let w = Var::from_tensor(&rand_tensor(63, &[20, 16 * kv], DType::F64)).unwrap();
         let g = Geom::new("test", x.dims(), 3, 1, 1).unwrap();
         assert!(Winograd::new(g, 20).is_some());
         let op = x.as_tensor().apply_op2(w.as_tensor(), ConvOp(g)).unwrap();
