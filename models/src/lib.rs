@@ -8,6 +8,7 @@
 //! - [`layer_norm`]: fused layer norm with its backward (Candle's fused one has none).
 //! - [`softmax`]: fused last-axis softmax with its backward.
 //! - [`gelu`]: the erf GELU with a one-pass backward.
+//! - [`residual`]: a residual block's `relu(h + shortcut)` with a one-pass backward.
 //! - [`DigitsCnn`], [`Mlp`], [`ResNet`] (2D/3D), [`VisionTransformer`]: encoders implementing
 //!   [`Encoder`].
 //! - [`Projector`]: Linear–BN–ReLU projection head.
@@ -23,6 +24,7 @@ pub mod linear;
 pub mod mlp;
 pub mod pool;
 pub mod projector;
+pub mod residual;
 pub mod resnet;
 pub mod softmax;
 mod util;

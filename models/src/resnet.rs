@@ -17,7 +17,8 @@
 //! the encoder of IConE's MedMNIST-3D experiments at 64³.
 //!
 //! Activations stay channel-major (`[C, N, *S]`) inside the network: each convolution is one
-//! GEMM ([`crate::conv`]) and each batch norm (+ReLU) one fused op ([`crate::batch_norm`]).
+//! GEMM ([`crate::conv`]), each batch norm (+ReLU) one fused op ([`crate::batch_norm`]) and each
+//! block's `relu(h + shortcut)` another ([`crate::residual`]).
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::init::{FanInOut, NonLinearity, NormalOrUniform};
@@ -27,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::batch_norm::BatchNorm;
 use crate::conv::Conv;
 use crate::pool::max_pool_channel_major;
+use crate::residual::residual_relu;
 use crate::{linear, Encoder, Linear};
 
 /// The first layers before the residual stages.
@@ -221,7 +223,7 @@ impl Block {
             Some(d) => d.forward(x, false, train)?,
             None => x.clone(),
         };
-        (h + shortcut)?.relu()
+        residual_relu(&h, &shortcut)
     }
 }
 
