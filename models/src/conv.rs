@@ -11,8 +11,8 @@
 //! stride it is `dx = col2im(Wᵀ·dy)`. A stride-1 3×3 (3×3×3) convolution of at least 16
 //! channels in and out, over at least 64 tiles of 2×2 (2×2×2) outputs, takes Winograd's F(2, 3)
 //! instead ([`winograd`]): 2.25× (3.4×) fewer multiply-adds in its GEMMs, for the forward, the
-//! dual convolution of the input gradient and the weight gradient alike. A 2D convolution is the 3D one
-//! with depth 1 and kernel depth 1, so one set of kernels serves both; a 1×1 stride-1
+//! dual convolution of the input gradient and the weight gradient alike. A 2D convolution is
+//! the 3D one with depth 1 and kernel depth 1, so one set of kernels serves both; a 1×1 stride-1
 //! convolution needs no im2col (its input is the column matrix). Chunks are fixed by the
 //! shapes alone and the weight gradient's partial sums are added in a fixed order, so results
 //! do not depend on the thread count. On other devices the columns are gathered with Candle

@@ -29,10 +29,11 @@ pub fn residual_relu(h: &Tensor, shortcut: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// `max(a + b, 0)` elementwise.
-fn forward_kernel<T: Float>(a: &[T], b: &[T]) -> Vec<T> {
-    let zero = T::from_f64(0.0);
-    let mut out = vec![zero; a.len()];
+/// `f(a[i], b[i])` for every `i`, a block of [`BLOCK`] values at a time on Candle's workers,
+/// each block's loop compiled under [`vectorized`].
+#[inline(always)]
+fn elementwise<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
+    let mut out = vec![T::from_f64(0.0); a.len()];
     map_chunks_mut(&mut out, BLOCK, |block, dst| {
         let start = block * BLOCK;
         let (a, b) = (&a[start..][..dst.len()], &b[start..][..dst.len()]);
@@ -40,8 +41,7 @@ fn forward_kernel<T: Float>(a: &[T], b: &[T]) -> Vec<T> {
             #[inline(always)]
             || {
                 for ((o, &a), &b) in dst.iter_mut().zip(a).zip(b) {
-                    let sum = a + b;
-                    *o = if sum > zero { sum } else { zero };
+                    *o = f(a, b);
                 }
             },
         )
@@ -49,23 +49,16 @@ fn forward_kernel<T: Float>(a: &[T], b: &[T]) -> Vec<T> {
     out
 }
 
+/// `max(a + b, 0)` elementwise.
+fn forward_kernel<T: Float>(a: &[T], b: &[T]) -> Vec<T> {
+    let zero = T::from_f64(0.0);
+    elementwise(a, b, |a, b| if a + b > zero { a + b } else { zero })
+}
+
 /// `g · [y > 0]` elementwise.
 fn backward_kernel<T: Float>(y: &[T], g: &[T]) -> Vec<T> {
     let zero = T::from_f64(0.0);
-    let mut out = vec![zero; y.len()];
-    map_chunks_mut(&mut out, BLOCK, |block, dst| {
-        let start = block * BLOCK;
-        let (y, g) = (&y[start..][..dst.len()], &g[start..][..dst.len()]);
-        vectorized(
-            #[inline(always)]
-            || {
-                for ((o, &y), &g) in dst.iter_mut().zip(y).zip(g) {
-                    *o = if y > zero { g } else { zero };
-                }
-            },
-        )
-    });
-    out
+    elementwise(y, g, |y, g| if y > zero { g } else { zero })
 }
 
 /// Applies `kernel` to two f32 or f64 storages of one dtype.
