@@ -432,9 +432,6 @@ fn im2col_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
                     );
                 }
             }
-            if g.n == 0 {
-                dwt.fill(T::from_f64(0.0));
-            }
             for (r, line) in dwt.chunks(o).enumerate() {
                 for (oi, &value) in line.iter().enumerate() {
                     // SAFETY: column `first_row + r` of dW belongs to this block alone.

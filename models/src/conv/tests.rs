@@ -535,4 +535,9 @@ fn the_weight_gradient_by_row_blocks_equals_the_grouped_sum() {
     stem_weight_grad(g, &x, &dy, &mut grouped);
     let d = max_diff(&by_blocks, &grouped);
     assert!(d < 1e-9, "diff {d}");
+    // An empty batch has a zero gradient.
+    let empty = Geom::new("test", &[8, 0, 200, 200], 3, 1, 1).unwrap();
+    let mut none = vec![f64::NAN; o * rows];
+    im2col_weight_grad(empty, &[], &[], &mut none);
+    assert!(none.iter().all(|&v| v == 0.0));
 }
