@@ -12,7 +12,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, Var};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::map_chunks_mut;
 
-use crate::util::{contiguous_slice, lane_sum, vectorized, Float};
+use crate::util::{contiguous_slice, lane_sum, owned_part, vectorized, Float};
 
 /// Per-channel batch statistics saved by the forward for the backward and running stats.
 #[derive(Debug, Default)]
@@ -137,8 +137,8 @@ impl candle_core::CustomOp3 for BnFwd {
         drop(saved);
         let all = x.apply_op3_no_bwd(res, &grad.contiguous()?, &op)?;
         let dx = all.narrow(0, 0, c * m)?.reshape(x.shape())?;
-        let dgamma = all.narrow(0, c * m, c)?.reshape(gamma.shape())?;
-        let dbeta = all.narrow(0, c * m + c, c)?.reshape(gamma.shape())?;
+        let dgamma = owned_part(&all, c * m, c)?.reshape(gamma.shape())?;
+        let dbeta = owned_part(&all, c * m + c, c)?.reshape(gamma.shape())?;
         Ok((Some(dx), Some(dgamma), Some(dbeta)))
     }
 }

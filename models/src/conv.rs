@@ -24,7 +24,7 @@ use candle_nn::{Init, VarBuilder};
 use ssl_linalg::for_each_index;
 
 use crate::autocast::matrix_product;
-use crate::util::{contiguous_slice, gemm_into, Float};
+use crate::util::{contiguous_slice, gemm_into, owned_part, Float};
 use winograd::Winograd;
 
 mod winograd;
@@ -545,7 +545,7 @@ impl candle_core::CustomOp2 for ConvOp {
             true => Some(all.narrow(0, 0, n)?.reshape(x.shape())?),
             false => None,
         };
-        let dw = all.narrow(0, n, w.elem_count())?.reshape(w.shape())?;
+        let dw = owned_part(&all, n, w.elem_count())?.reshape(w.shape())?;
         Ok((dx, Some(dw)))
     }
 }

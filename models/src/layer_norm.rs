@@ -13,7 +13,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::map_chunks_mut;
 
-use crate::util::{contiguous_slice, lane_sum, vectorized, Float};
+use crate::util::{contiguous_slice, lane_sum, owned_part, vectorized, Float};
 
 /// Rows per parallel block.
 const BLOCK_ROWS: usize = 32;
@@ -160,8 +160,8 @@ impl candle_core::CustomOp3 for LnFwd {
         };
         let all = x.apply_op3_no_bwd(gamma, &grad.contiguous()?, &op)?;
         let dx = all.narrow(0, 0, n)?.reshape(x.shape())?;
-        let dgamma = all.narrow(0, n, d)?;
-        let dbeta = all.narrow(0, n + d, d)?;
+        let dgamma = owned_part(&all, n, d)?;
+        let dbeta = owned_part(&all, n + d, d)?;
         Ok((Some(dx), Some(dgamma), Some(dbeta)))
     }
 }

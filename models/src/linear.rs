@@ -15,7 +15,7 @@ use candle_nn::{Init, VarBuilder};
 use ssl_linalg::{for_each_chunk_mut, matmul_strided};
 
 use crate::autocast::{matrix_product, precision, Precision};
-use crate::util::{contiguous_slice, Float};
+use crate::util::{contiguous_slice, owned_part, Float};
 
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -213,9 +213,9 @@ impl LinearOp {
             true => Some(all.narrow(0, 0, dx_len)?.reshape(x.shape())?),
             false => None,
         };
-        let dw = all.narrow(0, dx_len, w.elem_count())?.reshape(w.shape())?;
+        let dw = owned_part(&all, dx_len, w.elem_count())?.reshape(w.shape())?;
         let db = match b {
-            Some(b) => Some(all.narrow(0, dx_len + w.elem_count(), b.elem_count())?),
+            Some(b) => Some(owned_part(&all, dx_len + w.elem_count(), b.elem_count())?),
             None => None,
         };
         Ok((dx, dw, db))

@@ -1,7 +1,7 @@
 //! Small helpers shared by the custom CPU ops: contiguous slices of `CpuStorage` and the
 //! float element trait the kernels are generic over.
 
-use candle_core::{CpuStorage, Layout, Result, WithDType};
+use candle_core::{CpuStorage, Layout, Result, Tensor, WithDType};
 
 /// Float element types the custom ops support (f32 and f64).
 pub(crate) trait Float: WithDType + Copy + Send + Sync + std::ops::AddAssign {
@@ -170,6 +170,13 @@ pub(crate) fn contiguous_slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) 
 
 /// A matrix in memory: pointer, row stride, column stride (in elements).
 pub(crate) type Mat<T> = (*const T, usize, usize);
+
+/// `len` values of a backward's single output buffer `all` from `start`, as a tensor of its own:
+/// a parameter's gradient lives until the optimizer step, and a view would keep the whole
+/// buffer (the input gradient with it) alive that long.
+pub(crate) fn owned_part(all: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+    all.narrow(0, start, len)?.force_contiguous()
+}
 
 /// `dst (+)= a b` for `[m, k]` × `[k, n]`, single-threaded (`gemm` crate).
 ///

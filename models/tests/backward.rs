@@ -1,0 +1,102 @@
+//! The backward pass as the workspace builds it: Candle's core with the first-gradient patch
+//! (`vendor/README.md`), and the custom ops' parameter gradients.
+//!
+//! The patch stores the first gradient a tensor receives instead of adding it to zeros. These
+//! tests pin what that must not change: values where a tensor is reached once, twice, through a
+//! subtraction, a negation, a broadcast and a transpose; contiguous gradients; and that no
+//! parameter gradient is a view that keeps a larger backward buffer alive until the optimizer
+//! step (the input gradient of the op that produced it).
+
+use candle_core::{DType, Device, Result, Storage, Tensor, Var, D};
+use candle_nn::{VarBuilder, VarMap};
+use ssl_models::{batch_norm::batch_norm, conv::conv, layer_norm::layer_norm, linear};
+
+fn values(t: &Tensor) -> Result<Vec<f64>> {
+    t.flatten_all()?.to_dtype(DType::F64)?.to_vec1()
+}
+
+/// Elements of the storage behind `t` (f32 CPU tensors).
+fn storage_len(t: &Tensor) -> usize {
+    let (storage, _) = t.storage_and_layout();
+    match &*storage {
+        Storage::Cpu(cpu) => cpu.as_slice::<f32>().expect("f32 storage").len(),
+        _ => unreachable!("these tests run on the CPU"),
+    }
+}
+
+#[test]
+fn gradients_reached_once_twice_and_through_subtraction() -> Result<()> {
+    let dev = Device::Cpu;
+    let x = Var::new(&[1.0f64, -2.0, 3.0], &dev)?;
+    let y = Var::new(&[0.5f64, 4.0, -1.0], &dev)?;
+    let w = Tensor::new(&[1.0f64, 10.0, 100.0], &dev)?;
+    // L = Σ w·(x·y + x − y − (−y)·2) = Σ w·(x·y + x + y): x is reached twice, y three times,
+    // once through a subtraction and once through a negation.
+    let (xv, yv) = (x.as_tensor(), y.as_tensor());
+    let z = ((xv * yv)? + xv)?;
+    let z = (z - yv)?;
+    let z = (z - (yv.neg()? * 2.0)?)?;
+    let grads = (z * &w)?.sum_all()?.backward()?;
+    let dx = values(grads.get(xv).expect("x has a gradient"))?;
+    let dy = values(grads.get(yv).expect("y has a gradient"))?;
+    // ∂L/∂x = w(y + 1), ∂L/∂y = w(x + 1).
+    assert_eq!(dx, [1.5, 50.0, 0.0]);
+    assert_eq!(dy, [2.0, -10.0, 400.0]);
+    Ok(())
+}
+
+#[test]
+fn a_broadcast_or_transposed_first_gradient_is_stored_reduced_and_contiguous() -> Result<()> {
+    let dev = Device::Cpu;
+    let b = Var::new(&[1.0f64, 2.0], &dev)?;
+    let m = Var::new(&[[1.0f64, 2.0, 3.0], [4.0, 5.0, 6.0]], &dev)?;
+    let r = Tensor::new(&[[1.0f64, 0.0], [2.0, 1.0], [0.0, 3.0]], &dev)?;
+    // L = Σ r ⊙ (mᵀ + b): m's gradient arrives transposed, b's through a broadcast over rows.
+    let s = m.as_tensor().t()?.broadcast_add(b.as_tensor())?;
+    let grads = (s * &r)?.sum_all()?.backward()?;
+    let dm = grads.get(m.as_tensor()).expect("m has a gradient");
+    let db = grads.get(b.as_tensor()).expect("b has a gradient");
+    assert!(
+        dm.is_contiguous(),
+        "a transposed first gradient is stored contiguous"
+    );
+    assert_eq!(dm.dims(), [2, 3]);
+    assert_eq!(values(dm)?, [1.0, 2.0, 0.0, 0.0, 1.0, 3.0]);
+    assert_eq!(values(db)?, [3.0, 4.0]);
+    Ok(())
+}
+
+#[test]
+fn parameter_gradients_own_their_storage() -> Result<()> {
+    let dev = Device::Cpu;
+    let map = VarMap::new();
+    let vb = VarBuilder::from_varmap(&map, DType::F32, &dev);
+    let fc = linear(24, 8, vb.pp("fc"))?;
+    let cv = conv(3, 16, 2, 3, 1, 1, true, vb.pp("conv"))?;
+    let bn = batch_norm(16, vb.pp("bn"))?;
+    let ln = layer_norm(8, 1e-6, vb.pp("ln"))?;
+
+    let x = Var::randn(0f32, 1.0, (4, 3, 8, 8), &dev)?;
+    let h = candle_core::Module::forward(&cv, x.as_tensor())?;
+    let h = bn.forward_channel_major(&h.transpose(0, 1)?, true, true)?;
+    let h = h.mean(D::Minus1)?.transpose(0, 1)?.reshape((4, 16 * 8))?;
+    let h = h.narrow(1, 0, 24)?;
+    let h = ln.forward(&candle_core::Module::forward(&fc, &h)?)?;
+    let grads = h.sqr()?.sum_all()?.backward()?;
+
+    let dx = grads.get(x.as_tensor()).expect("the input has a gradient");
+    assert_eq!(storage_len(dx), dx.elem_count());
+    let vars = map.data().lock().expect("var map");
+    let params = vars.iter().filter(|(name, _)| !name.contains("running_"));
+    for (name, var) in params {
+        let g = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{name} has no gradient"));
+        assert_eq!(
+            storage_len(g),
+            g.elem_count(),
+            "{name}'s gradient is a view of a larger buffer"
+        );
+    }
+    Ok(())
+}
