@@ -416,6 +416,29 @@ fn winograd_applies_to_stride_1_three_tap_kernels_with_enough_channels() {
     assert!(!fits(&[64, 8, 32, 32], 1, 1, 0, 64), "a 1×1 kernel");
 }
 
+/// The transformed blocks' rows start an odd number of cache lines apart (so a column of them
+/// spreads over every L1 set), hold their `lane` values, and waste less than two lines.
+#[test]
+fn winograd_rows_are_an_odd_number_of_cache_lines_apart() {
+    for lane in [1, 15, 16, 17, 255, 256, 1024, 2048, 4096, 1000] {
+        for (ld, per_line) in [
+            (winograd::row_stride::<f32>(lane), 16),
+            (winograd::row_stride::<f64>(lane), 8),
+        ] {
+            assert_eq!(ld % per_line, 0, "lane {lane}: whole lines");
+            assert_eq!(
+                (ld / per_line) % 2,
+                1,
+                "lane {lane}: an odd number of lines"
+            );
+            assert!(
+                ld >= lane && ld < lane + 2 * per_line,
+                "lane {lane}: stride {ld}"
+            );
+        }
+    }
+}
+
 /// F(2, 3) computes the convolution im2col computes (f64, to rounding), its weight gradient,
 /// and through the dual convolution its input gradient.
 #[test]

@@ -165,7 +165,8 @@ impl Winograd {
     }
 
     /// `V = Bᵀ d B` of channel `c` of `images` of `x`: `[C, N, D, H, W]`, written at
-    /// `v[ξ·C·T + c·T + t]`; `rows` and `stage` are scratch.
+    /// `v[(ξ·C + c)·ld + t]` for the `T` tiles `t` (`ld` ≥ `T`: see [`row_stride`]); `rows` and
+    /// `stage` are scratch.
     ///
     /// First along the width, as each zero-padded input row is read: split into its even and
     /// odd positions `e` and `o`, it gives the rows `e[t] − e[t+1]`, `o[t] + e[t+1]`,
@@ -181,7 +182,7 @@ impl Winograd {
         x: &[T],
         c: usize,
         images: Range<usize>,
-        v: &mut [T],
+        (v, ld): (&mut [T], usize),
         [rows, stage]: [&mut Vec<T>; 2],
     ) {
         let (n0, nb) = (images.start, images.len());
@@ -237,12 +238,12 @@ impl Winograd {
                 }
             }
         }
-        let per_point = g.c * total;
+        let per_point = g.c * ld;
         if !self.volumetric {
             // Along the height, into V's rows of the points (ξ_h, ξ_w).
             for xi_w in 0..ALPHA {
                 let src = parity_rows(&rows[xi_w * 2 * half_h..], half_h, lanes, plane);
-                let first = xi_w * per_point + c * total;
+                let first = xi_w * per_point + c * ld;
                 mix_rows(&BT, src, split_strided(v, first, ALPHA * per_point, total));
             }
             return;
@@ -263,7 +264,7 @@ impl Winograd {
         }
         for xi_hw in 0..ALPHA * ALPHA {
             let src = parity_rows(&stage[xi_hw * 2 * half_d..], half_d, plane, total);
-            let first = xi_hw * per_point + c * total;
+            let first = xi_hw * per_point + c * ld;
             let stride = ALPHA * ALPHA * per_point;
             mix_rows(&BT, src, split_strided(v, first, stride, total));
         }
@@ -455,13 +456,15 @@ impl Winograd {
                 let n0 = chunk * nb;
                 let count = nb.min(g.n - n0);
                 let lane = count * self.tiles_per_image();
-                v.resize(points * g.c * lane, T::from_f64(0.0));
+                let ld = row_stride::<T>(lane);
+                v.resize(points * g.c * ld, T::from_f64(0.0));
                 m.resize(points * o * lane, T::from_f64(0.0));
                 vectorized(
                     #[inline(always)]
                     || {
                         for c in 0..g.c {
-                            self.input_transform(x, c, n0..n0 + count, v, [rows, stage]);
+                            let images = n0..n0 + count;
+                            self.input_transform(x, c, images, (v, ld), [rows, stage]);
                         }
                     },
                 );
@@ -472,7 +475,7 @@ impl Winograd {
                             (o, lane, g.c),
                             (m[xi * o * lane..].as_mut_ptr(), lane, 1),
                             (u[xi * o * g.c..].as_ptr(), g.c, 1),
-                            (v[xi * g.c * lane..].as_ptr(), lane, 1),
+                            (v[xi * g.c * ld..].as_ptr(), ld, 1),
                             false,
                         );
                     }
@@ -520,16 +523,18 @@ impl Winograd {
                     let n0 = chunk * nb;
                     let count = nb.min(g.n - n0);
                     let lane = count * self.tiles_per_image();
-                    v.resize(points * g.c * lane, zero);
-                    dyt.resize(points * lane * o, zero);
+                    let ld = row_stride::<T>(lane);
+                    v.resize(points * g.c * ld, zero);
+                    dyt.resize(points * o * ld, zero);
                     vectorized(
                         #[inline(always)]
                         || {
                             for c in 0..g.c {
-                                self.input_transform(x, c, n0..n0 + count, v, [rows, stage]);
+                                let images = n0..n0 + count;
+                                self.input_transform(x, c, images, (v, ld), [rows, stage]);
                             }
                             for oi in 0..o {
-                                let out = (&mut dyt[oi * lane..], o * lane);
+                                let out = (&mut dyt[oi * ld..], o * ld);
                                 let images = n0..n0 + count;
                                 self.output_grad_transform(dy, oi, images, out, [rows, stage]);
                             }
@@ -541,8 +546,8 @@ impl Winograd {
                             gemm_into(
                                 (g.c, o, lane),
                                 (du[xi * g.c * o..].as_mut_ptr(), o, 1),
-                                (v[xi * g.c * lane..].as_ptr(), lane, 1),
-                                (dyt[xi * lane * o..].as_ptr(), 1, lane),
+                                (v[xi * g.c * ld..].as_ptr(), ld, 1),
+                                (dyt[xi * o * ld..].as_ptr(), 1, ld),
                                 true,
                             );
                         }
@@ -585,6 +590,17 @@ impl Winograd {
             },
         );
     }
+}
+
+/// The distance between rows of `lane` values in the transformed blocks `V` and `Ŷ`: `lane`
+/// rounded up to an odd number of cache lines. The weight gradient's GEMM reads `V` down its
+/// columns (the `gemm` crate packs a row-major left operand one value at a time, 64 rows at
+/// once); at a power-of-two row length — every chunk of row 1's ResNet — those rows all fall in
+/// one set of the L1 cache and each read misses it.
+pub(super) fn row_stride<T>(lane: usize) -> usize {
+    let per_line = (64 / std::mem::size_of::<T>()).max(1);
+    let lines = lane.div_ceil(per_line);
+    (lines | 1) * per_line
 }
 
 /// `coef` (`[I, J]`) along axes `first..3` of `buf`, a row-major block of shape `dims` whose
