@@ -24,7 +24,7 @@ use candle_nn::{Init, VarBuilder};
 use ssl_linalg::for_each_index;
 
 use crate::autocast::matrix_product;
-use crate::util::{contiguous_slice, gemm_into, owned_part, Float};
+use crate::util::{contiguous_slice, gemm_into, owned_part, row_stride, Float};
 use winograd::Winograd;
 
 mod winograd;
@@ -162,21 +162,23 @@ impl Geom {
 }
 
 /// Rows `first_row..` of the columns `[C·k_vol, nb·S_out]` of images `n0..n0 + nb` of `x`:
-/// `[C, N, D, H, W]`, as many as `col` holds. Every value is written once: a copy where the
-/// window lies inside the input, a zero in the padding.
+/// `[C, N, D, H, W]`, as many as `col` holds, each `ld` ≥ `nb·S_out` values after the one
+/// before. Every value is written once: a copy where the window lies inside the input, a zero
+/// in the padding.
 fn im2col_chunk<T: Float>(
     g: &Geom,
     x: &[T],
     (n0, nb): (usize, usize),
     first_row: usize,
-    col: &mut [T],
+    (col, ld): (&mut [T], usize),
 ) {
     let zero = T::from_f64(0.0);
     let volume = g.size.iter().product::<usize>();
     let per_image = g.out().iter().product::<usize>();
     let w_out = g.out()[2];
     let sw = g.stride[2];
-    for (i, dst_row) in col.chunks_mut(nb * per_image).enumerate() {
+    for (i, dst_row) in col.chunks_mut(ld).enumerate() {
+        let dst_row = &mut dst_row[..nb * per_image];
         let row = first_row + i;
         let c = row / g.kernel_volume();
         let offsets = g.offsets(row);
@@ -276,9 +278,9 @@ fn im2col_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
             let out = &out;
             let n0 = chunk * nb;
             let count = nb.min(g.n - n0);
-            col.resize(rows * count * per_image, T::from_f64(0.0));
-            im2col_chunk(&g, x, (n0, count), 0, col);
             let width = count * per_image;
+            col.resize(rows * width, T::from_f64(0.0));
+            im2col_chunk(&g, x, (n0, count), 0, (col, width));
             // SAFETY: `y` is [O, N·S_out]; this chunk writes its own columns of every row.
             unsafe {
                 gemm_into(
@@ -419,14 +421,15 @@ fn im2col_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
             for (chunk, n0) in (0..g.n).step_by(nb).enumerate() {
                 let count = nb.min(g.n - n0);
                 let width = count * per_image;
-                col.resize(block_rows * width, T::from_f64(0.0));
-                im2col_chunk(&g, x, (n0, count), first_row, col);
+                let ld = row_stride::<T>(width);
+                col.resize(block_rows * ld, T::from_f64(0.0));
+                im2col_chunk(&g, x, (n0, count), first_row, (col, ld));
                 // SAFETY: dwt is this task's own; dy and col are read in bounds.
                 unsafe {
                     gemm_into(
                         (block_rows, o, width),
                         (dwt.as_mut_ptr(), o, 1),
-                        (col.as_ptr(), width, 1),
+                        (col.as_ptr(), ld, 1),
                         (dy[n0 * per_image..].as_ptr(), 1, cols),
                         chunk > 0,
                     );
@@ -461,7 +464,7 @@ fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
             let count = nb.min(g.n - n0);
             let width = count * per_image;
             col.resize(rows * width, T::from_f64(0.0));
-            im2col_chunk(&g, x, (n0, count), 0, col);
+            im2col_chunk(&g, x, (n0, count), 0, (col, width));
             // SAFETY: dW is this task's own; dy and col are read in bounds.
             unsafe {
                 gemm_into(

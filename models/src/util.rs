@@ -178,6 +178,17 @@ pub(crate) fn owned_part(all: &Tensor, start: usize, len: usize) -> Result<Tenso
     all.narrow(0, start, len)?.force_contiguous()
 }
 
+/// The distance to keep between rows of `len` values of a row-major left operand of
+/// [`gemm_into`] whose columns the product reads (`k` along the rows): `len` rounded up to an
+/// odd number of cache lines. The `gemm` crate packs such an operand one value at a time, 64
+/// rows at once; at a power-of-two row length (every chunk of a ResNet on 32² images) those
+/// rows all fall in one set of the L1 cache and each read misses it.
+pub(crate) fn row_stride<T>(len: usize) -> usize {
+    let per_line = (64 / std::mem::size_of::<T>()).max(1);
+    let lines = len.div_ceil(per_line);
+    (lines | 1) * per_line
+}
+
 /// `dst (+)= a b` for `[m, k]` × `[k, n]`, single-threaded (`gemm` crate).
 ///
 /// # Safety

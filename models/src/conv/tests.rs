@@ -298,20 +298,27 @@ fn bf16_autocast_convolves_the_rounded_operands() {
     assert!(error > 0.0 && error < 0.05, "bf16 vs f32: {error}");
 }
 
-/// im2col writes every value of its buffer (a copy or a padding zero), so a reused buffer's old
-/// values never leak into the columns.
+/// im2col writes every value of its rows (a copy or a padding zero), so a reused buffer's old
+/// values never leak into the columns, whether its rows are packed or further apart.
 #[test]
 fn im2col_overwrites_a_reused_buffer() {
     for (k, stride, pad) in CASES_3D.into_iter().chain([(3, 1, 2), (1, 1, 1)]) {
         let x = rand_tensor(20, &[2, 3, 4, 5, 6], DType::F64);
         let g = Geom::new("test", x.dims(), k, stride, pad).unwrap();
         let (rows, cols) = g.col_shape();
-        let mut col = vec![f64::NAN; rows * cols];
         let values = x.flatten_all().unwrap().to_vec1::<f64>().unwrap();
-        im2col_chunk(&g, &values, (0, g.n), 0, &mut col);
         let composed = im2col_composed(&x, g).unwrap();
         let expected = composed.flatten_all().unwrap().to_vec1::<f64>().unwrap();
-        assert_eq!(col, expected, "k {k} s {stride} p {pad}");
+        for ld in [cols, cols + 7] {
+            let mut col = vec![f64::NAN; rows * ld];
+            im2col_chunk(&g, &values, (0, g.n), 0, (&mut col, ld));
+            let written: Vec<f64> = col
+                .chunks(ld)
+                .flat_map(|row| &row[..cols])
+                .copied()
+                .collect();
+            assert_eq!(written, expected, "k {k} s {stride} p {pad} ld {ld}");
+        }
     }
 }
 
@@ -416,14 +423,15 @@ fn winograd_applies_to_stride_1_three_tap_kernels_with_enough_channels() {
     assert!(!fits(&[64, 8, 32, 32], 1, 1, 0, 64), "a 1×1 kernel");
 }
 
-/// The transformed blocks' rows start an odd number of cache lines apart (so a column of them
+/// Rows of a GEMM operand read down its columns (Winograd's transformed blocks, im2col's
+/// columns in the weight gradient) start an odd number of cache lines apart (so a column of them
 /// spreads over every L1 set), hold their `lane` values, and waste less than two lines.
 #[test]
-fn winograd_rows_are_an_odd_number_of_cache_lines_apart() {
+fn gemm_operand_rows_are_an_odd_number_of_cache_lines_apart() {
     for lane in [1, 15, 16, 17, 255, 256, 1024, 2048, 4096, 1000] {
         for (ld, per_line) in [
-            (winograd::row_stride::<f32>(lane), 16),
-            (winograd::row_stride::<f64>(lane), 8),
+            (crate::util::row_stride::<f32>(lane), 16),
+            (crate::util::row_stride::<f64>(lane), 8),
         ] {
             assert_eq!(ld % per_line, 0, "lane {lane}: whole lines");
             assert_eq!(

@@ -27,7 +27,7 @@ use std::ops::Range;
 use ssl_linalg::for_each_index;
 
 use super::{Geom, Shared, CHUNK_VALUES, WEIGHT_GRAD_GROUPS};
-use crate::util::{gemm_into, vectorized, Float};
+use crate::util::{gemm_into, row_stride, vectorized, Float};
 
 /// Input transform `Bᵀ` of F(2, 3).
 const BT: [[f64; 4]; 4] = [
@@ -165,8 +165,8 @@ impl Winograd {
     }
 
     /// `V = Bᵀ d B` of channel `c` of `images` of `x`: `[C, N, D, H, W]`, written at
-    /// `v[(ξ·C + c)·ld + t]` for the `T` tiles `t` (`ld` ≥ `T`: see [`row_stride`]); `rows` and
-    /// `stage` are scratch.
+    /// `v[(ξ·C + c)·ld + t]` for the `T` tiles `t` (`ld` ≥ `T`, a [`row_stride`]: the weight
+    /// gradient's GEMM packs `V` down its columns); `rows` and `stage` are scratch.
     ///
     /// First along the width, as each zero-padded input row is read: split into its even and
     /// odd positions `e` and `o`, it gives the rows `e[t] − e[t+1]`, `o[t] + e[t+1]`,
@@ -590,17 +590,6 @@ impl Winograd {
             },
         );
     }
-}
-
-/// The distance between rows of `lane` values in the transformed blocks `V` and `Ŷ`: `lane`
-/// rounded up to an odd number of cache lines. The weight gradient's GEMM reads `V` down its
-/// columns (the `gemm` crate packs a row-major left operand one value at a time, 64 rows at
-/// once); at a power-of-two row length — every chunk of row 1's ResNet — those rows all fall in
-/// one set of the L1 cache and each read misses it.
-pub(super) fn row_stride<T>(lane: usize) -> usize {
-    let per_line = (64 / std::mem::size_of::<T>()).max(1);
-    let lines = lane.div_ceil(per_line);
-    (lines | 1) * per_line
 }
 
 /// `coef` (`[I, J]`) along axes `first..3` of `buf`, a row-major block of shape `dims` whose
