@@ -13,7 +13,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use ssl_linalg::{for_each_chunk_mut, map_chunks_mut};
 
 use crate::conv::{gather_windows, Geom};
-use crate::util::{contiguous_slice, Float};
+use crate::util::{contiguous_slice, vectorized, Float};
 
 /// Max pooling of `x`: `[C, N, *S]` (spatial rank 2 or 3) with a cubic window of side
 /// `kernel`, giving `[C, N, *S_out]`, `S_out = ⌊(S + 2·padding − kernel)/stride⌋ + 1`.
@@ -63,50 +63,106 @@ struct MaxPoolBwd {
     argmax: Arc<Mutex<Vec<u32>>>,
 }
 
+/// The pooled volumes of `x` and, per output, the flat index of its window's first maximum
+/// within its (channel, image) volume.
 fn pool_kernel<T: Float>(g: Geom, x: &[T]) -> (Vec<T>, Vec<u32>) {
     let volume = g.size.iter().product::<usize>();
     let per_volume = g.out().iter().product::<usize>();
-    let [_, h, w] = g.size;
-    let [_, h_out, w_out] = g.out();
     let mut out = vec![T::from_f64(0.0); g.c * g.n * per_volume];
     let argmax = map_chunks_mut(&mut out, per_volume.max(1), |idx, dst| {
-        let src = &x[idx * volume..][..volume];
         let mut arg = vec![0u32; per_volume];
-        for (o, (d, a)) in dst.iter_mut().zip(arg.iter_mut()).enumerate() {
-            let (od, oh, ow) = (o / (h_out * w_out), (o / w_out) % h_out, o % w_out);
-            let mut best: Option<(T, usize)> = None;
-            for kd in 0..g.k[0] {
-                let Some(id) = (od * g.stride[0] + kd).checked_sub(g.pad[0]) else {
-                    continue;
-                };
-                for kh in 0..g.k[1] {
-                    let Some(ih) = (oh * g.stride[1] + kh).checked_sub(g.pad[1]) else {
-                        continue;
-                    };
-                    for kw in 0..g.k[2] {
-                        let Some(iw) = (ow * g.stride[2] + kw).checked_sub(g.pad[2]) else {
-                            continue;
-                        };
-                        if id >= g.size[0] || ih >= h || iw >= w {
-                            continue;
-                        }
-                        let i = (id * h + ih) * w + iw;
-                        let v = src[i];
-                        // `>` keeps the first maximum; NaN propagates as in PyTorch.
-                        if best.is_none_or(|(b, _)| v > b || v.to_f64().is_nan()) {
-                            best = Some((v, i));
-                        }
-                    }
-                }
-            }
-            // Padding ≤ kernel/2 puts at least one input in every window.
-            let (v, i) = best.expect("every window holds an input");
-            *d = v;
-            *a = i as u32;
-        }
+        vectorized(
+            #[inline(always)]
+            || pool_volume(&g, &x[idx * volume..][..volume], dst, &mut arg),
+        );
         arg
     });
     (out, argmax.concat())
+}
+
+/// Max pooling of one `[D, H, W]` volume, one axis at a time: the maximum over a window is the
+/// maximum over its depth of the maxima over its height of the maxima over its width. Each pass
+/// keeps the first maximum in its scan order, so the three keep the window's first in
+/// PyTorch's (d, h, w) order; a NaN replaces any value, so the window's last NaN propagates.
+/// Writes the maxima to `dst` and their flat indices in the volume to `arg`.
+#[inline(always)]
+fn pool_volume<T: Float>(g: &Geom, src: &[T], dst: &mut [T], arg: &mut [u32]) {
+    let [depth, height, width] = g.size;
+    let [_, h_out, w_out] = g.out();
+    let window = |axis: usize, o: usize, n: usize| {
+        let start = o * g.stride[axis];
+        start.saturating_sub(g.pad[axis])..(start + g.k[axis] - g.pad[axis]).min(n)
+    };
+    // Along the width: [D, H, W_out].
+    let rows_out = depth * height * w_out;
+    let mut by_width = (Vec::with_capacity(rows_out), Vec::with_capacity(rows_out));
+    for (r, row) in src.chunks(width).enumerate() {
+        for ow in 0..w_out {
+            let taps = window(2, ow, width);
+            let mut best = (row[taps.start], taps.start);
+            for iw in taps.start + 1..taps.end {
+                if replaces(row[iw], best.0) {
+                    best = (row[iw], iw);
+                }
+            }
+            by_width.0.push(best.0);
+            by_width.1.push((r * width + best.1) as u32);
+        }
+    }
+    // Along the height: [D, H_out, W_out].
+    let plane = h_out * w_out;
+    let mut by_height = (
+        vec![T::from_f64(0.0); depth * plane],
+        vec![0u32; depth * plane],
+    );
+    for d in 0..depth {
+        for oh in 0..h_out {
+            let rows = window(1, oh, height).map(|ih| {
+                let at = (d * height + ih) * w_out;
+                at..at + w_out
+            });
+            let at = (d * h_out + oh) * w_out;
+            let best = (
+                &mut by_height.0[at..][..w_out],
+                &mut by_height.1[at..][..w_out],
+            );
+            merge_rows(best, &by_width, rows);
+        }
+    }
+    // Along the depth, into the output.
+    for (od, (dst, arg)) in dst.chunks_mut(plane).zip(arg.chunks_mut(plane)).enumerate() {
+        let planes = window(0, od, depth).map(|id| id * plane);
+        merge_rows((dst, arg), &by_height, planes.map(|at| at..at + plane));
+    }
+}
+
+/// Whether `value` replaces the maximum `best` found earlier in a scan: a larger value or a NaN.
+#[inline(always)]
+fn replaces<T: Float>(value: T, best: T) -> bool {
+    #[allow(clippy::eq_op)] // a NaN is the value unequal to itself
+    let nan = value != value;
+    value > best || nan
+}
+
+/// The element-wise first maximum of the rows `ranges` of `from` (values and indices), in order,
+/// into `best`.
+#[inline(always)]
+fn merge_rows<T: Float>(
+    (best_v, best_i): (&mut [T], &mut [u32]),
+    (from_v, from_i): &(Vec<T>, Vec<u32>),
+    mut ranges: impl Iterator<Item = std::ops::Range<usize>>,
+) {
+    let first = ranges.next().expect("every window holds an input");
+    best_v.copy_from_slice(&from_v[first.clone()]);
+    best_i.copy_from_slice(&from_i[first]);
+    for range in ranges {
+        let (vs, is) = (&from_v[range.clone()], &from_i[range]);
+        for (((bv, bi), &v), &i) in best_v.iter_mut().zip(best_i.iter_mut()).zip(vs).zip(is) {
+            if replaces(v, *bv) {
+                (*bv, *bi) = (v, i);
+            }
+        }
+    }
 }
 
 fn pool_bwd_kernel<T: Float>(g: Geom, grad: &[T], argmax: &[u32]) -> Vec<T> {

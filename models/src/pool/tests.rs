@@ -125,6 +125,67 @@ fn ties_send_the_gradient_to_the_first_maximum() {
     assert_eq!(gx, vec![1.0, 0.0, 0.0, 0.0]);
 }
 
+/// The argmax of every window, by brute force in PyTorch's scan order (d, h, w): the first
+/// maximum, or the last NaN.
+fn reference_argmax(x: &[f64], g: &Geom) -> Vec<u32> {
+    let [d_in, h_in, w_in] = g.size;
+    let out = g.out();
+    let axis = |a: usize, o: usize, n: usize| {
+        (0..g.k[a])
+            .filter_map(move |k| (o * g.stride[a] + k).checked_sub(g.pad[a]))
+            .filter(move |&i| i < n)
+    };
+    let mut args = Vec::new();
+    for od in 0..out[0] {
+        for oh in 0..out[1] {
+            for ow in 0..out[2] {
+                let mut best: Option<(f64, usize)> = None;
+                for id in axis(0, od, d_in) {
+                    for ih in axis(1, oh, h_in) {
+                        for iw in axis(2, ow, w_in) {
+                            let i = (id * h_in + ih) * w_in + iw;
+                            if best.is_none_or(|(b, _)| x[i] > b || x[i].is_nan()) {
+                                best = Some((x[i], i));
+                            }
+                        }
+                    }
+                }
+                args.push(best.unwrap().1 as u32);
+            }
+        }
+    }
+    args
+}
+
+/// The pooling passes keep each window's first maximum (in (d, h, w) order) where values
+/// tie, and its last NaN where it holds NaNs; the NaN is the output.
+#[test]
+fn argmax_is_the_first_maximum_or_the_last_nan_in_2d_and_3d() {
+    for dims in [[1, 1, 5, 6, 7], [1, 1, 1, 7, 6]] {
+        let volume: usize = dims[2..].iter().product();
+        // Few distinct values (many ties), and NaNs at a few positions.
+        let x: Vec<f64> = (0..volume)
+            .map(|i| match i % 11 {
+                4 => f64::NAN,
+                _ => ((i * 7) % 3) as f64,
+            })
+            .collect();
+        let rank = if dims[2] == 1 { 2 } else { 3 };
+        let shape = &[&dims[..2], &dims[5 - rank..]].concat();
+        for (k, s, p) in CASES {
+            let g = Geom::new("max pool", shape, k, s, p).unwrap();
+            let (y, arg) = pool_kernel(g, &x);
+            assert_eq!(arg, reference_argmax(&x, &g), "{shape:?} k {k} s {s} p {p}");
+            for (v, &i) in y.iter().zip(&arg) {
+                assert!(
+                    v.to_bits() == x[i as usize].to_bits(),
+                    "{shape:?} k {k}: {v}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn the_composed_path_of_other_devices_equals_the_op() {
     for (k, s, p) in CASES {
