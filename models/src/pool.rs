@@ -100,9 +100,9 @@ fn pool_volume<T: Float>(g: &Geom, src: &[T], dst: &mut [T], arg: &mut [u32]) {
         for ow in 0..w_out {
             let taps = window(2, ow, width);
             let mut best = (row[taps.start], taps.start);
-            for iw in taps.start + 1..taps.end {
-                if replaces(row[iw], best.0) {
-                    best = (row[iw], iw);
+            for (iw, &value) in row.iter().enumerate().take(taps.end).skip(taps.start + 1) {
+                if replaces(value, best.0) {
+                    best = (value, iw);
                 }
             }
             by_width.0.push(best.0);
