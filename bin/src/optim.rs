@@ -11,6 +11,9 @@ use candle_core::{backprop::GradStore, Tensor, Var};
 
 use crate::config::{OptimizerKind, TrainConfig};
 
+mod adamw;
+use adamw::AdamwStep;
+
 /// One optimised parameter with its slots.
 struct Slot {
     name: String,
@@ -81,21 +84,23 @@ impl Optimizer {
             let w = slot.var.as_tensor();
             let new = match self.kind {
                 OptimizerKind::Adamw => {
-                    let (b1, b2) = c.betas;
-                    let m = match &slot.m {
-                        Some(m) => ((m * b1)? + (g * (1.0 - b1))?)?,
-                        None => (g * (1.0 - b1))?,
+                    let step = AdamwStep {
+                        lr,
+                        weight_decay: wd,
+                        betas: c.betas,
+                        t,
                     };
-                    let v = match &slot.v {
-                        Some(v) => ((v * b2)? + (g.sqr()? * (1.0 - b2))?)?,
-                        None => (g.sqr()? * (1.0 - b2))?,
-                    };
-                    let m_hat = (&m / (1.0 - b1.powi(t)))?;
-                    let v_hat = (&v / (1.0 - b2.powi(t)))?;
-                    let update = (m_hat / (v_hat.sqrt()? + 1e-8)?)?;
-                    slot.m = Some(m);
-                    slot.v = Some(v);
-                    ((w * (1.0 - lr * wd))? - (update * lr)?)?
+                    if step.fuses(w, g, [&slot.m, &slot.v]) {
+                        let moment =
+                            |m: &Option<Tensor>| m.clone().map_or_else(|| w.zeros_like(), Ok);
+                        let (m, v) = (moment(&slot.m)?, moment(&slot.v)?);
+                        step.in_place(w, g, &m, &v)?;
+                        (slot.m, slot.v) = (Some(m), Some(v));
+                        continue;
+                    }
+                    let (new, m, v) = step.composed(w, g, slot.m.as_ref(), slot.v.as_ref())?;
+                    (slot.m, slot.v) = (Some(m), Some(v));
+                    new
                 }
                 OptimizerKind::Sgd | OptimizerKind::Lars => {
                     let mut d = if wd > 0.0 {
@@ -128,15 +133,16 @@ impl Optimizer {
         Ok(())
     }
 
-    /// Optimiser state for a checkpoint: `m.NAME`, `v.NAME` and `steps.NAME`.
+    /// Optimiser state for a checkpoint: `m.NAME`, `v.NAME` and `steps.NAME`, copies that later
+    /// steps (which update the moments in place on the CPU) leave as they are.
     pub fn state(&self) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
         for s in &self.slots {
             if let Some(m) = &s.m {
-                out.insert(format!("m.{}", s.name), m.clone());
+                out.insert(format!("m.{}", s.name), m.copy()?);
             }
             if let Some(v) = &s.v {
-                out.insert(format!("v.{}", s.name), v.clone());
+                out.insert(format!("v.{}", s.name), v.copy()?);
             }
             out.insert(
                 format!("steps.{}", s.name),
@@ -150,14 +156,15 @@ impl Optimizer {
     pub fn load_state(&mut self, state: &HashMap<String, Tensor>) -> Result<()> {
         for s in &mut self.slots {
             let dev = s.var.device();
-            s.m = state
-                .get(&format!("m.{}", s.name))
-                .map(|t| t.to_device(dev))
-                .transpose()?;
-            s.v = state
-                .get(&format!("v.{}", s.name))
-                .map(|t| t.to_device(dev))
-                .transpose()?;
+            // Copies, which the in-place CPU update may change without touching `state`.
+            let moment = |key: String| {
+                state
+                    .get(&key)
+                    .map(|t| t.to_device(dev)?.copy())
+                    .transpose()
+            };
+            s.m = moment(format!("m.{}", s.name))?;
+            s.v = moment(format!("v.{}", s.name))?;
         }
         // Checkpoints written before per-parameter counts kept one shared `steps`.
         let count = |t: &Tensor| -> Result<usize> { Ok(t.to_vec1::<f32>()?[0] as usize) };
