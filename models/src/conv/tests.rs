@@ -390,11 +390,13 @@ fn max_diff(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// Stride-1 3×3 and 3×3×3 geometries with enough channels for F(2, 3): even and odd output
-/// extents, paddings 0 to 2, and batches that split into several chunks and weight-gradient
-/// groups with a shorter last one.
+/// extents, paddings 0 to 2, batches that split into several chunks and weight-gradient
+/// groups with a shorter last one, and more channel pairs (67 × 18) than one block of the
+/// kernel transform takes.
 fn winograd_cases() -> Vec<(Vec<usize>, usize)> {
     vec![
         (vec![16, 8, 5, 6], 1),
+        (vec![67, 16, 4, 4], 1),
         (vec![16, 19, 4, 4], 1),
         (vec![17, 11, 7, 5], 0),
         (vec![16, 8, 3, 8], 2),

@@ -63,6 +63,9 @@ const MIN_CHANNELS: usize = 16;
 /// layers, 1 and 8 tiles a volume at 4 volumes a view, were 3× slower than im2col).
 const MIN_TILES: usize = 64;
 
+/// Channel pairs per block of the kernel transform: its rows of taps stay in L2.
+const KERNEL_LANES: usize = 1024;
+
 /// Output positions of a tile per axis, input positions of a tile per axis.
 const TILE: usize = 2;
 const ALPHA: usize = 4;
@@ -145,23 +148,42 @@ impl Winograd {
         by_size.max(MIN_TILES.div_ceil(tiles)).min(self.g.n)
     }
 
-    /// `U = G g Gᵀ`: `[points, O·C]` from the kernel `w`: `[O, C·k_vol]`.
+    /// `U = G g Gᵀ`: `[points, O·C]` from the kernel `w`: `[O, C·k_vol]`, a block of
+    /// [`KERNEL_LANES`] (output, input) channel pairs at a time on Candle's workers.
     fn kernel_transform<T: Float>(&self, w: &[T]) -> Vec<T> {
         let kv = self.g.kernel_volume();
         let oc = w.len() / kv;
-        let mut buf = vec![T::from_f64(0.0); w.len()];
-        for (pair, taps) in w.chunks(kv).enumerate() {
-            for (tap, &v) in taps.iter().enumerate() {
-                buf[tap * oc + pair] = v;
-            }
-        }
-        let mut tmp = Vec::new();
-        let dims = [self.g.k[0], 3, 3, oc];
-        vectorized(
-            #[inline(always)]
-            || transform_axes(&G, &mut buf, &mut tmp, dims, self.first_axis()),
+        let mut u = vec![T::from_f64(0.0); self.points() * oc];
+        let out = Shared(u.as_mut_ptr());
+        for_each_index(
+            oc.div_ceil(KERNEL_LANES),
+            || [(); 2].map(|_| Vec::new()),
+            |[buf, tmp]: &mut [Vec<T>; 2], block| {
+                let out = &out;
+                let pairs = block * KERNEL_LANES..oc.min((block + 1) * KERNEL_LANES);
+                let lanes = pairs.len();
+                buf.resize(kv * lanes, T::from_f64(0.0));
+                for (lane, taps) in w[pairs.start * kv..pairs.end * kv].chunks(kv).enumerate() {
+                    for (tap, &v) in taps.iter().enumerate() {
+                        buf[tap * lanes + lane] = v;
+                    }
+                }
+                let dims = [self.g.k[0], 3, 3, lanes];
+                vectorized(
+                    #[inline(always)]
+                    || transform_axes(&G, buf, tmp, dims, self.first_axis()),
+                );
+                for (point, row) in buf.chunks(lanes).enumerate() {
+                    // SAFETY: U has `points` rows of `oc` values; this block alone writes
+                    // columns `pairs` of each.
+                    unsafe {
+                        let dst = out.0.add(point * oc + pairs.start);
+                        std::ptr::copy_nonoverlapping(row.as_ptr(), dst, lanes);
+                    }
+                }
+            },
         );
-        buf
+        u
     }
 
     /// `V = Bᵀ d B` of channel `c` of `images` of `x`: `[C, N, D, H, W]`, written at
