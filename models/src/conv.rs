@@ -150,6 +150,9 @@ const WEIGHT_GRAD_GROUPS: usize = 4;
 /// each block summed over the batch in one order, so the result does not depend on the number
 /// of threads).
 const WEIGHT_GRAD_BLOCKS: usize = 8;
+/// Largest `dW` (in values) that [`patch_weight_grad`] takes, as partial sums over groups of
+/// chunks: a stem's (the 3D ResNet's 7³ one is 64 × 343).
+const PATCH_WEIGHT_GRAD_MAX: usize = 1 << 16;
 
 impl Geom {
     /// Images per chunk: about [`CHUNK_VALUES`] column values, and at least 8 chunks when the
@@ -388,24 +391,34 @@ fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut [T]) {
     }
 }
 
-/// `dW = Σ_chunks dy_chunk · col_chunkᵀ`, recomputing each chunk's columns.
-///
-/// Where `C·k_vol ≥ O` (every layer but a stem) it is taken as `dWᵀ = col · dyᵀ`, `[C·k_vol, O]`,
-/// by [`WEIGHT_GRAD_BLOCKS`] tasks, each a block of `col`'s rows over the whole batch in a fixed
-/// order of chunks, writing its columns of `dW`: no partial sums of the whole `dW` (for the deep
-/// 3D layers 28 MB each, zeroed, summed and transposed), and a chunk as wide as the block's
-/// columns allow (a 2³ layer's 4 volumes in one product instead of 4 of depth 8). The `gemm`
-/// crate packs its right operand only when the product has many rows, and this form's right
-/// operand `dyᵀ` is read in place; `dW = dy · colᵀ` read the unpacked `colᵀ` 1.5–3× slower
-/// (64 to 256 channels at 32² to 8², 128 images: 33–69 GFLOP/s against 91–100 on one core).
-/// A stem (`C·k_vol < O`) has too few rows to share out: its `dW = dy · colᵀ` is summed as
-/// [`WEIGHT_GRAD_GROUPS`] partial sums over chunks of images, added in a fixed order.
+/// `dW = Σ_chunks dy_chunk · col_chunkᵀ`, recomputing each chunk's columns, by one of three
+/// sums, each in an order fixed by the shapes (not by the thread count):
+/// - a stem (`C·k_vol < O`) has too few rows to share out: [`stem_weight_grad`];
+/// - a small `dW` over many positions (the 3D stem's): [`patch_weight_grad`];
+/// - every other layer: [`row_block_weight_grad`].
 fn im2col_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
+    let rows = g.col_shape().0;
+    let o = dw_out.len() / rows.max(1);
+    if rows < o {
+        stem_weight_grad(g, x, dy, dw_out)
+    } else if o * rows <= PATCH_WEIGHT_GRAD_MAX {
+        patch_weight_grad(g, x, dy, dw_out)
+    } else {
+        row_block_weight_grad(g, x, dy, dw_out)
+    }
+}
+
+/// [`im2col_weight_grad`] as `dWᵀ = col · dyᵀ`, `[C·k_vol, O]`, by [`WEIGHT_GRAD_BLOCKS`] tasks,
+/// each a block of `col`'s rows over the whole batch in a fixed order of chunks, writing its
+/// columns of `dW`: no partial sums of the whole `dW` (for the deep 3D layers 28 MB each,
+/// zeroed, summed and transposed), and a chunk as wide as the block's columns allow (a 2³
+/// layer's 4 volumes in one product instead of 4 of depth 8). The `gemm` crate packs its right
+/// operand only when the product has many rows, and this form's right operand `dyᵀ` is read in
+/// place; `dW = dy · colᵀ` read the unpacked `colᵀ` 1.5–3× slower (64 to 256 channels at 32² to
+/// 8², 128 images: 33–69 GFLOP/s against 91–100 on one core).
+fn row_block_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let (rows, cols) = g.col_shape();
     let o = dw_out.len() / rows;
-    if rows < o {
-        return stem_weight_grad(g, x, dy, dw_out);
-    }
     let per_image = g.out().iter().product::<usize>();
     let blocks = WEIGHT_GRAD_BLOCKS.min(rows);
     let out = Shared(dw_out.as_mut_ptr());
@@ -484,6 +497,90 @@ fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
         for (d, p) in dw_out.iter_mut().zip(partial) {
             *d += *p;
         }
+    }
+}
+
+/// The patches of output positions `positions` (flat in one image's `S_out`) of image `n` of
+/// `x`: `[C, N, D, H, W]`, one row of `C·k_vol` values per position, `ld` values apart: the
+/// transposed columns of im2col. Every value is written once: a copy, or a zero in the padding.
+fn im2row<T: Float>(
+    g: &Geom,
+    x: &[T],
+    n: usize,
+    positions: std::ops::Range<usize>,
+    (patches, ld): (&mut [T], usize),
+) {
+    let zero = T::from_f64(0.0);
+    let volume = g.size.iter().product::<usize>();
+    let [depth, height, width] = g.size;
+    let [_, h_out, w_out] = g.out();
+    let [kd, kh, kw] = g.k;
+    // The input index of kernel offset 0 along axis `a` for output `o` (below 0 in the padding).
+    let start = |a: usize, o: usize| (o * g.stride[a]) as isize - g.pad[a] as isize;
+    let inside = |i: isize, n: usize| usize::try_from(i).ok().filter(|&i| i < n);
+    for (p, patch) in positions.zip(patches.chunks_mut(ld)) {
+        let at = [p / (h_out * w_out), (p / w_out) % h_out, p % w_out];
+        let [d0, h0, w0]: [isize; 3] = std::array::from_fn(|a| start(a, at[a]));
+        for (r, run) in patch[..g.c * kd * kh * kw].chunks_mut(kw).enumerate() {
+            let (c, kdh) = (r / (kd * kh), r % (kd * kh));
+            let id = inside(d0 + (kdh / kh) as isize, depth);
+            let ih = inside(h0 + (kdh % kh) as isize, height);
+            let (Some(id), Some(ih)) = (id, ih) else {
+                run.fill(zero);
+                continue;
+            };
+            let row = &x[(c * g.n + n) * volume + (id * height + ih) * width..][..width];
+            for (k, value) in run.iter_mut().enumerate() {
+                *value = inside(w0 + k as isize, width).map_or(zero, |iw| row[iw]);
+            }
+        }
+    }
+}
+
+/// [`im2col_weight_grad`] of a small `dW` (at most [`PATCH_WEIGHT_GRAD_MAX`] values) over many
+/// positions, a stem's: `dWᵀ = Σ_chunks patchesᵀ · dyᵀ` as [`WEIGHT_GRAD_GROUPS`] partial sums
+/// added in a fixed order. The patches (`[P, C·k_vol]`, [`im2row`]) are the left operand in
+/// the `gemm` crate's column-major layout, which it packs a vector at a time; the row blocks'
+/// column rows (the 3D stem's 343 rows over 32,768 positions a volume) were packed a value at
+/// a time.
+fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
+    let (rows, cols) = g.col_shape();
+    let o = dw_out.len() / rows;
+    let per_image = g.out().iter().product::<usize>();
+    let span = (CHUNK_VALUES / rows.max(1)).clamp(1, per_image.max(1));
+    let per_image_chunks = per_image.div_ceil(span);
+    let chunks = g.n * per_image_chunks;
+    let groups = WEIGHT_GRAD_GROUPS.min(chunks);
+    let mut partials: Vec<Vec<T>> = vec![Vec::new(); groups];
+    let partial_ptr = Shared(partials.as_mut_ptr());
+    for_each_index(groups, Vec::new, |patches: &mut Vec<T>, group| {
+        let partial_ptr = &partial_ptr;
+        let mut dwt = vec![T::from_f64(0.0); rows * o];
+        for chunk in (group * chunks / groups)..((group + 1) * chunks / groups) {
+            let (n, first) = (chunk / per_image_chunks, (chunk % per_image_chunks) * span);
+            let positions = first..(first + span).min(per_image);
+            let count = positions.len();
+            patches.resize(count * rows, T::from_f64(0.0));
+            im2row(&g, x, n, positions, (patches, rows));
+            // SAFETY: dwt is this task's own; dy and the patches are read in bounds.
+            unsafe {
+                gemm_into(
+                    (rows, o, count),
+                    (dwt.as_mut_ptr(), o, 1),
+                    (patches.as_ptr(), 1, rows),
+                    (dy[n * per_image + first..].as_ptr(), 1, cols),
+                    true,
+                );
+            }
+        }
+        // SAFETY: one slot per group, each written by its own task.
+        unsafe { *partial_ptr.0.add(group) = dwt };
+    });
+    for (r, oi) in (0..rows).flat_map(|r| (0..o).map(move |oi| (r, oi))) {
+        let sum = partials
+            .iter()
+            .fold(T::from_f64(0.0), |s, p| s + p[r * o + oi]);
+        dw_out[oi * rows + r] = sum;
     }
 }
 

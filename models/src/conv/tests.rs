@@ -546,9 +546,16 @@ fn the_op_on_a_winograd_geometry_equals_the_composed_convolution() {
 }
 
 /// The weight gradient shared out in blocks of column rows, each summed over several chunks of
-/// images (the last one shorter), equals the one summed as partial sums over chunks of images.
+/// images (the last one shorter), equals the one summed as partial sums over chunks of images,
+/// and the one summed over chunks of patch rows; each gives an empty batch a zero gradient.
 #[test]
-fn the_weight_gradient_by_row_blocks_equals_the_grouped_sum() {
+fn the_three_weight_gradient_sums_agree() {
+    type Sum = fn(Geom, &[f64], &[f64], &mut [f64]);
+    let sums: [(&str, Sum); 3] = [
+        ("row blocks", row_block_weight_grad),
+        ("stem", stem_weight_grad),
+        ("patches", patch_weight_grad),
+    ];
     let dims = [8, 5, 200, 200];
     let g = Geom::new("test", &dims, 3, 1, 1).unwrap();
     let (rows, _) = g.col_shape();
@@ -559,18 +566,59 @@ fn the_weight_gradient_by_row_blocks_equals_the_grouped_sum() {
         (1..dims[1]).contains(&images_per_chunk) && dims[1] % images_per_chunk != 0,
         "several chunks per block, the last one shorter"
     );
+    assert!(
+        per_image % (CHUNK_VALUES / rows) != 0,
+        "patch chunks end short"
+    );
     let o = 4;
     let x = rand_values(70, &dims);
     let dy = rand_values(71, &g.out_dims(o, 2));
     let mut by_blocks = vec![f64::NAN; o * rows];
-    im2col_weight_grad(g, &x, &dy, &mut by_blocks);
-    let mut grouped = vec![f64::NAN; o * rows];
-    stem_weight_grad(g, &x, &dy, &mut grouped);
-    let d = max_diff(&by_blocks, &grouped);
-    assert!(d < 1e-9, "diff {d}");
-    // An empty batch has a zero gradient.
+    row_block_weight_grad(g, &x, &dy, &mut by_blocks);
+    for (name, sum) in &sums[1..] {
+        let mut other = vec![f64::NAN; o * rows];
+        sum(g, &x, &dy, &mut other);
+        let d = max_diff(&by_blocks, &other);
+        assert!(d < 1e-9, "{name}: diff {d}");
+    }
     let empty = Geom::new("test", &[8, 0, 200, 200], 3, 1, 1).unwrap();
-    let mut none = vec![f64::NAN; o * rows];
-    im2col_weight_grad(empty, &[], &[], &mut none);
-    assert!(none.iter().all(|&v| v == 0.0));
+    for (name, sum) in sums {
+        let mut none = vec![f64::NAN; o * rows];
+        sum(empty, &[], &[], &mut none);
+        assert!(none.iter().all(|&v| v == 0.0), "{name}");
+    }
+}
+
+/// Patch rows are the transposed columns, for strides, paddings and kernels of a stem (7³ at
+/// stride 2) and of other layers, in 2D and 3D, from a position inside the image on.
+#[test]
+fn im2row_is_im2col_transposed() {
+    for (dims, k, stride, pad) in [
+        (vec![1, 2, 9, 8, 7], 7, 2, 3),
+        (vec![3, 2, 7, 6], 3, 1, 1),
+        (vec![2, 3, 5, 6, 4], 3, 2, 1),
+        (vec![4, 2, 5, 5], 1, 2, 0),
+    ] {
+        let g = Geom::new("test", &dims, k, stride, pad).unwrap();
+        let (rows, cols) = g.col_shape();
+        let per_image = cols / g.n;
+        let x = rand_values(80, &dims);
+        let mut col = vec![f64::NAN; rows * cols];
+        im2col_chunk(&g, &x, (0, g.n), 0, (&mut col, cols));
+        let (n, first) = (1, per_image / 3);
+        let positions = first..per_image;
+        let ld = rows + 5;
+        let mut patches = vec![f64::NAN; positions.len() * ld];
+        im2row(&g, &x, n, positions.clone(), (&mut patches, ld));
+        for (j, p) in positions.enumerate() {
+            for r in 0..rows {
+                let expected = col[r * cols + n * per_image + p];
+                assert_eq!(
+                    patches[j * ld + r],
+                    expected,
+                    "{dims:?} k {k}: position {p}, row {r}"
+                );
+            }
+        }
+    }
 }
