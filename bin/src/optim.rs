@@ -90,7 +90,7 @@ impl Optimizer {
                         betas: c.betas,
                         t,
                     };
-                    if step.fuses(w, g, [&slot.m, &slot.v]) {
+                    if AdamwStep::fuses(w, g, [&slot.m, &slot.v]) {
                         let moment =
                             |m: &Option<Tensor>| m.clone().map_or_else(|| w.zeros_like(), Ok);
                         let (m, v) = (moment(&slot.m)?, moment(&slot.v)?);

@@ -154,6 +154,31 @@ const WEIGHT_GRAD_BLOCKS: usize = 8;
 /// chunks: a stem's (the 3D ResNet's 7³ one is 64 × 343).
 const PATCH_WEIGHT_GRAD_MAX: usize = 1 << 16;
 
+/// [`WEIGHT_GRAD_GROUPS`] partial sums of `len` values over `chunks` chunks, on Candle's
+/// workers: group `i` starts from zeros and `add(scratch, chunk, sum)` adds its chunks
+/// `i·chunks/groups..` in turn. The grouping is fixed by the shapes, so the partials added in
+/// order give a sum that does not depend on the number of threads.
+fn group_partial_sums<T: Float, S>(
+    chunks: usize,
+    len: usize,
+    init: impl Fn() -> S + Sync,
+    add: impl Fn(&mut S, usize, &mut [T]) + Sync,
+) -> Vec<Vec<T>> {
+    let groups = WEIGHT_GRAD_GROUPS.min(chunks);
+    let mut partials: Vec<Vec<T>> = vec![Vec::new(); groups];
+    let partial_ptr = Shared(partials.as_mut_ptr());
+    for_each_index(groups, init, |scratch, group| {
+        let partial_ptr = &partial_ptr;
+        let mut sum = vec![T::from_f64(0.0); len];
+        for chunk in (group * chunks / groups)..((group + 1) * chunks / groups) {
+            add(scratch, chunk, &mut sum);
+        }
+        // SAFETY: one slot per group, each written by its own task.
+        unsafe { *partial_ptr.0.add(group) = sum };
+    });
+    partials
+}
+
 impl Geom {
     /// Images per chunk: about [`CHUNK_VALUES`] column values, and at least 8 chunks when the
     /// batch allows (work for every thread); independent of the thread count.
@@ -398,7 +423,7 @@ fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut [T]) {
 /// - every other layer: [`row_block_weight_grad`].
 fn im2col_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let rows = g.col_shape().0;
-    let o = dw_out.len() / rows.max(1);
+    let o = dw_out.len() / rows;
     if rows < o {
         stem_weight_grad(g, x, dy, dw_out)
     } else if o * rows <= PATCH_WEIGHT_GRAD_MAX {
@@ -466,31 +491,22 @@ fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let per_image = g.out().iter().product::<usize>();
     let nb = g.images_per_chunk();
     let chunks = g.n.div_ceil(nb);
-    let groups = WEIGHT_GRAD_GROUPS.min(chunks);
-    let mut partials: Vec<Vec<T>> = vec![Vec::new(); groups];
-    let partial_ptr = Shared(partials.as_mut_ptr());
-    for_each_index(groups, Vec::new, |col: &mut Vec<T>, group| {
-        let partial_ptr = &partial_ptr;
-        let mut dw = vec![T::from_f64(0.0); o * rows];
-        for chunk in (group * chunks / groups)..((group + 1) * chunks / groups) {
-            let n0 = chunk * nb;
-            let count = nb.min(g.n - n0);
-            let width = count * per_image;
-            col.resize(rows * width, T::from_f64(0.0));
-            im2col_chunk(&g, x, (n0, count), 0, (col, width));
-            // SAFETY: dW is this task's own; dy and col are read in bounds.
-            unsafe {
-                gemm_into(
-                    (o, rows, width),
-                    (dw.as_mut_ptr(), rows, 1),
-                    (dy[n0 * per_image..].as_ptr(), cols, 1),
-                    (col.as_ptr(), 1, width),
-                    true,
-                );
-            }
+    let partials = group_partial_sums(chunks, o * rows, Vec::new, |col, chunk, dw| {
+        let n0 = chunk * nb;
+        let count = nb.min(g.n - n0);
+        let width = count * per_image;
+        col.resize(rows * width, T::from_f64(0.0));
+        im2col_chunk(&g, x, (n0, count), 0, (col, width));
+        // SAFETY: dW is this task's own; dy and col are read in bounds.
+        unsafe {
+            gemm_into(
+                (o, rows, width),
+                (dw.as_mut_ptr(), rows, 1),
+                (dy[n0 * per_image..].as_ptr(), cols, 1),
+                (col.as_ptr(), 1, width),
+                true,
+            );
         }
-        // SAFETY: one slot per group, each written by its own task.
-        unsafe { *partial_ptr.0.add(group) = dw };
     });
     dw_out.fill(T::from_f64(0.0));
     for partial in &partials {
@@ -550,37 +566,30 @@ fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let span = (CHUNK_VALUES / rows.max(1)).clamp(1, per_image.max(1));
     let per_image_chunks = per_image.div_ceil(span);
     let chunks = g.n * per_image_chunks;
-    let groups = WEIGHT_GRAD_GROUPS.min(chunks);
-    let mut partials: Vec<Vec<T>> = vec![Vec::new(); groups];
-    let partial_ptr = Shared(partials.as_mut_ptr());
-    for_each_index(groups, Vec::new, |patches: &mut Vec<T>, group| {
-        let partial_ptr = &partial_ptr;
-        let mut dwt = vec![T::from_f64(0.0); rows * o];
-        for chunk in (group * chunks / groups)..((group + 1) * chunks / groups) {
-            let (n, first) = (chunk / per_image_chunks, (chunk % per_image_chunks) * span);
-            let positions = first..(first + span).min(per_image);
-            let count = positions.len();
-            patches.resize(count * rows, T::from_f64(0.0));
-            im2row(&g, x, n, positions, (patches, rows));
-            // SAFETY: dwt is this task's own; dy and the patches are read in bounds.
-            unsafe {
-                gemm_into(
-                    (rows, o, count),
-                    (dwt.as_mut_ptr(), o, 1),
-                    (patches.as_ptr(), 1, rows),
-                    (dy[n * per_image + first..].as_ptr(), 1, cols),
-                    true,
-                );
+    let partials = group_partial_sums(chunks, rows * o, Vec::new, |patches, chunk, dwt| {
+        let (n, first) = (chunk / per_image_chunks, (chunk % per_image_chunks) * span);
+        let positions = first..(first + span).min(per_image);
+        let count = positions.len();
+        patches.resize(count * rows, T::from_f64(0.0));
+        im2row(&g, x, n, positions, (patches, rows));
+        // SAFETY: dWᵀ is this task's own; dy and the patches are read in bounds.
+        unsafe {
+            gemm_into(
+                (rows, o, count),
+                (dwt.as_mut_ptr(), o, 1),
+                (patches.as_ptr(), 1, rows),
+                (dy[n * per_image + first..].as_ptr(), 1, cols),
+                true,
+            );
+        }
+    });
+    dw_out.fill(T::from_f64(0.0));
+    for partial in &partials {
+        for (r, line) in partial.chunks(o).enumerate() {
+            for (oi, &value) in line.iter().enumerate() {
+                dw_out[oi * rows + r] += value;
             }
         }
-        // SAFETY: one slot per group, each written by its own task.
-        unsafe { *partial_ptr.0.add(group) = dwt };
-    });
-    for (r, oi) in (0..rows).flat_map(|r| (0..o).map(move |oi| (r, oi))) {
-        let sum = partials
-            .iter()
-            .fold(T::from_f64(0.0), |s, p| s + p[r * o + oi]);
-        dw_out[oi * rows + r] = sum;
     }
 }
 

@@ -27,7 +27,7 @@ impl AdamwStep {
     /// Whether the step of `w` runs [`Self::in_place`]: a contiguous f32 or f64 CPU parameter
     /// whose gradient and moments (where it has them yet) share its dtype and shape, the moments
     /// contiguous.
-    pub fn fuses(&self, w: &Tensor, g: &Tensor, moments: [&Option<Tensor>; 2]) -> bool {
+    pub fn fuses(w: &Tensor, g: &Tensor, moments: [&Option<Tensor>; 2]) -> bool {
         let like_w =
             |t: &Tensor| t.dtype() == w.dtype() && t.dims() == w.dims() && t.device().is_cpu();
         w.device().is_cpu()
@@ -216,7 +216,11 @@ mod tests {
                     betas: (0.9, 0.999),
                     t,
                 };
-                assert!(step.fuses(&w, &g, [&Some(m.clone()), &Some(v.clone())]));
+                assert!(AdamwStep::fuses(
+                    &w,
+                    &g,
+                    [&Some(m.clone()), &Some(v.clone())]
+                ));
                 step.in_place(&w, &g, &m, &v)?;
                 let (cw, cm, cv) =
                     step.composed(&composed.0, &g, composed.1.as_ref(), composed.2.as_ref())?;
@@ -237,7 +241,8 @@ mod tests {
         Ok(())
     }
 
-    /// Only a contiguous f32/f64 CPU parameter with a gradient of its own dtype and shape fuses.
+    /// Only a contiguous f32/f64 CPU parameter with a gradient of its own dtype and shape fuses;
+    /// the in-place update refuses the others with an error.
     #[test]
     fn other_parameters_take_the_composed_update() -> candle_core::Result<()> {
         let dev = Device::Cpu;
@@ -249,21 +254,32 @@ mod tests {
         };
         let w = Tensor::zeros((4, 3), DType::F32, &dev)?;
         let g = Tensor::ones((4, 3), DType::F32, &dev)?;
-        assert!(step.fuses(&w, &g, [&None, &None]));
-        assert!(!step.fuses(&w.t()?, &g.t()?, [&None, &None]), "transposed");
+        assert!(AdamwStep::fuses(&w, &g, [&None, &None]));
+        assert!(
+            !AdamwStep::fuses(&w.t()?, &g.t()?, [&None, &None]),
+            "transposed"
+        );
         let half = w.to_dtype(DType::BF16)?;
         assert!(
-            !step.fuses(&half, &g.to_dtype(DType::BF16)?, [&None, &None]),
+            !AdamwStep::fuses(&half, &g.to_dtype(DType::BF16)?, [&None, &None]),
             "bf16"
         );
         assert!(
-            !step.fuses(&w, &g.to_dtype(DType::F64)?, [&None, &None]),
+            !AdamwStep::fuses(&w, &g.to_dtype(DType::F64)?, [&None, &None]),
             "f64 gradient"
         );
         assert!(
-            !step.fuses(&w, &g, [&Some(g.t()?.t()?.narrow(0, 0, 2)?), &None]),
+            !AdamwStep::fuses(&w, &g, [&Some(g.narrow(0, 0, 2)?), &None]),
             "shape"
         );
+        // Called where it does not fuse, the in-place update refuses, naming why.
+        let (m, v) = (w.zeros_like()?, w.zeros_like()?);
+        let mixed = step.in_place(&w, &g.to_dtype(DType::F64)?, &m, &v);
+        let err = mixed.expect_err("an f64 gradient of an f32 parameter");
+        assert!(err.to_string().contains("of one dtype"), "{err}");
+        let strided = step.in_place(&w.t()?, &g.t()?, &m.t()?, &v.t()?);
+        let err = strided.expect_err("transposed moments");
+        assert!(err.to_string().contains("contiguous"), "{err}");
         Ok(())
     }
 }

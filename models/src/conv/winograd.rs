@@ -26,7 +26,7 @@ use std::ops::Range;
 
 use ssl_linalg::for_each_index;
 
-use super::{Geom, Shared, CHUNK_VALUES, WEIGHT_GRAD_GROUPS};
+use super::{group_partial_sums, Geom, Shared, CHUNK_VALUES};
 use crate::util::{gemm_into, row_stride, vectorized, Float};
 
 /// Input transform `Bᵀ` of F(2, 3).
@@ -518,7 +518,7 @@ impl Winograd {
     }
 
     /// The weight gradient `dW`: `[O, C·k_vol]` of [`Self::forward`] from `dy`:
-    /// `[O, N·S_out]`, as [`WEIGHT_GRAD_GROUPS`] partial sums of
+    /// `[O, N·S_out]`, as partial sums over groups of chunks ([`group_partial_sums`]) of
     /// `dUᵀ[ξ] (C × O) = V[ξ] · Ŷ[ξ]ᵀ` with `Ŷ = A dY Aᵀ`, added in a fixed order, then `Gᵀ dU G`.
     ///
     /// `Ŷ` is kept as `[points, O, T]` and read transposed by the GEMM: on row 1 of the step bench
@@ -531,52 +531,44 @@ impl Winograd {
         let points = self.points();
         let nb = self.images_per_chunk(o);
         let chunks = g.n.div_ceil(nb);
-        let groups = WEIGHT_GRAD_GROUPS.min(chunks);
         let zero = T::from_f64(0.0);
-        let mut partials: Vec<Vec<T>> = vec![Vec::new(); groups];
-        let partial_ptr = Shared(partials.as_mut_ptr());
-        for_each_index(
-            groups,
+        let partials = group_partial_sums(
+            chunks,
+            points * g.c * o,
             || [(); 4].map(|_| Vec::new()),
-            |[v, dyt, rows, stage]: &mut [Vec<T>; 4], group| {
-                let partial_ptr = &partial_ptr;
-                let mut du = vec![zero; points * g.c * o];
-                for chunk in (group * chunks / groups)..((group + 1) * chunks / groups) {
-                    let n0 = chunk * nb;
-                    let count = nb.min(g.n - n0);
-                    let lane = count * self.tiles_per_image();
-                    let ld = row_stride::<T>(lane);
-                    v.resize(points * g.c * ld, zero);
-                    dyt.resize(points * o * ld, zero);
-                    vectorized(
-                        #[inline(always)]
-                        || {
-                            for c in 0..g.c {
-                                let images = n0..n0 + count;
-                                self.input_transform(x, c, images, (v, ld), [rows, stage]);
-                            }
-                            for oi in 0..o {
-                                let out = (&mut dyt[oi * ld..], o * ld);
-                                let images = n0..n0 + count;
-                                self.output_grad_transform(dy, oi, images, out, [rows, stage]);
-                            }
-                        },
-                    );
-                    for xi in 0..points {
-                        // SAFETY: du, v and dyt hold `points` blocks of the sizes used.
-                        unsafe {
-                            gemm_into(
-                                (g.c, o, lane),
-                                (du[xi * g.c * o..].as_mut_ptr(), o, 1),
-                                (v[xi * g.c * ld..].as_ptr(), ld, 1),
-                                (dyt[xi * o * ld..].as_ptr(), 1, ld),
-                                true,
-                            );
+            |[v, dyt, rows, stage]: &mut [Vec<T>; 4], chunk, du| {
+                let n0 = chunk * nb;
+                let count = nb.min(g.n - n0);
+                let lane = count * self.tiles_per_image();
+                let ld = row_stride::<T>(lane);
+                v.resize(points * g.c * ld, zero);
+                dyt.resize(points * o * ld, zero);
+                vectorized(
+                    #[inline(always)]
+                    || {
+                        for c in 0..g.c {
+                            let images = n0..n0 + count;
+                            self.input_transform(x, c, images, (v, ld), [rows, stage]);
                         }
+                        for oi in 0..o {
+                            let out = (&mut dyt[oi * ld..], o * ld);
+                            let images = n0..n0 + count;
+                            self.output_grad_transform(dy, oi, images, out, [rows, stage]);
+                        }
+                    },
+                );
+                for xi in 0..points {
+                    // SAFETY: du, v and dyt hold `points` blocks of the sizes used.
+                    unsafe {
+                        gemm_into(
+                            (g.c, o, lane),
+                            (du[xi * g.c * o..].as_mut_ptr(), o, 1),
+                            (v[xi * g.c * ld..].as_ptr(), ld, 1),
+                            (dyt[xi * o * ld..].as_ptr(), 1, ld),
+                            true,
+                        );
                     }
                 }
-                // SAFETY: one slot per group, each written by its own task.
-                unsafe { *partial_ptr.0.add(group) = du };
             },
         );
         // Per input channel on the workers: the partial sums in group order, `Gᵀ dU G` from
