@@ -130,6 +130,7 @@ fn lower_inverse(l: &[f64], d: usize) -> Vec<f64> {
 mod tests {
     use super::*;
     use candle_core::Device;
+    use ssl_core::testing::randn;
 
     fn spec_a() -> Result<Tensor> {
         Tensor::new(
@@ -188,8 +189,8 @@ mod tests {
 
     #[test]
     fn output_is_white_and_lower_triangular_map() -> Result<()> {
-        let x = Tensor::randn(0f64, 1., (12, 4), &Device::Cpu)?;
-        let x = (x.matmul(&Tensor::randn(0f64, 1., (4, 4), &Device::Cpu)?)? + 3.0)?;
+        let x = randn(0f64, 1., (12, 4), &Device::Cpu)?;
+        let x = (x.matmul(&randn(0f64, 1., (4, 4), &Device::Cpu)?)? + 3.0)?;
         let y = cholesky_whiten(&x, 0.0)?;
         assert_identity(&unbiased_cov(&y)?, 1e-10);
         // L⁻¹ is lower triangular: output column 0 is input column 0 standardised.
@@ -207,12 +208,12 @@ mod tests {
     #[test]
     fn full_shrinkage_only_centres_and_eps_allows_few_samples() -> Result<()> {
         // ε = 1 gives Σ' = I, so Y = X_c.
-        let x = Tensor::randn(0f64, 1., (9, 3), &Device::Cpu)?;
+        let x = randn(0f64, 1., (9, 3), &Device::Cpu)?;
         let y = cholesky_whiten(&x, 1.0)?;
         let xc = x.broadcast_sub(&x.mean_keepdim(0)?)?;
         assert!((y - xc)?.abs()?.max_all()?.to_scalar::<f64>()? < 1e-14);
         // Works below d + 1 samples when ε > 0.
-        let few = Tensor::randn(0f64, 1., (3, 5), &Device::Cpu)?;
+        let few = randn(0f64, 1., (3, 5), &Device::Cpu)?;
         let y = cholesky_whiten(&few, 0.1)?;
         assert_eq!(y.dims(), &[3, 5]);
         Ok(())
@@ -220,7 +221,7 @@ mod tests {
 
     #[test]
     fn batched_matches_one_at_a_time() -> Result<()> {
-        let x = Tensor::randn(0f64, 1., (3, 7, 3), &Device::Cpu)?;
+        let x = randn(0f64, 1., (3, 7, 3), &Device::Cpu)?;
         let all = cholesky_whiten_batched(&x, 0.05)?;
         for k in 0..3 {
             let one = cholesky_whiten(&x.get(k)?, 0.05)?;
@@ -232,9 +233,9 @@ mod tests {
 
     fn check_gradient(shape: &[usize], eps: f64) -> Result<f64> {
         let dev = Device::Cpu;
-        let x = Tensor::randn(0f64, 1., shape, &dev)?;
-        let r1 = Tensor::randn(0f64, 1., shape, &dev)?;
-        let r2 = Tensor::randn(0f64, 1., shape, &dev)?;
+        let x = randn(0f64, 1., shape, &dev)?;
+        let r1 = randn(0f64, 1., shape, &dev)?;
+        let r2 = randn(0f64, 1., shape, &dev)?;
         ssl_core::testing::max_gradient_error(&x, |x| {
             let y = if shape.len() == 3 {
                 cholesky_whiten_batched(x, eps)?
@@ -264,7 +265,7 @@ mod tests {
 
     #[test]
     fn gradient_through_spec_example() -> Result<()> {
-        let r = Tensor::randn(0f64, 1., (5, 2), &Device::Cpu)?;
+        let r = randn(0f64, 1., (5, 2), &Device::Cpu)?;
         let err = ssl_core::testing::max_gradient_error(&spec_a()?, |x| {
             cholesky_whiten(x, 0.0)?.mul(&r)?.sum_all()
         })?;
@@ -275,11 +276,11 @@ mod tests {
     #[test]
     fn singular_covariance_is_a_clear_error() -> Result<()> {
         let dev = Device::Cpu;
-        let too_few = Tensor::randn(0f64, 1., (4, 4), &dev)?;
+        let too_few = randn(0f64, 1., (4, 4), &dev)?;
         let err = cholesky_whiten(&too_few, 0.0).unwrap_err().to_string();
         assert!(err.contains("n must be ≥ d + 1 = 5"), "{err}");
         // Third column = first + second: singular although n > d.
-        let x = Tensor::randn(0f64, 1., (10, 2), &dev)?;
+        let x = randn(0f64, 1., (10, 2), &dev)?;
         let sum = x.sum_keepdim(1)?;
         let collinear = Tensor::cat(&[&x, &sum], 1)?;
         let err = cholesky_whiten(&collinear, 0.0).unwrap_err().to_string();

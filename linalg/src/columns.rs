@@ -244,6 +244,7 @@ pub fn mean_of_views(z: &Tensor) -> Result<Tensor> {
 mod tests {
     use super::*;
     use candle_core::{DType, Device, Var};
+    use ssl_core::testing::randn;
 
     const SCALES: [ColumnScale; 4] = [
         ColumnScale::None,
@@ -263,7 +264,7 @@ mod tests {
     /// Value and gradient of `Σ W ⊙ y` against the composed ops, for a random weight `W`.
     fn check(x: &Tensor, tolerance: f64) -> Result<()> {
         let x = Var::from_tensor(x)?;
-        let weight = Tensor::randn(0f64, 1.0, x.dims(), x.device())?.to_dtype(x.dtype())?;
+        let weight = randn(0f64, 1.0, x.dims(), x.device())?.to_dtype(x.dtype())?;
         for scale in SCALES {
             let fused = centre_and_scale_columns(x.as_tensor(), scale)?;
             let composed = centre_and_scale_columns_composed(x.as_tensor(), scale)?;
@@ -280,7 +281,7 @@ mod tests {
 
     #[test]
     fn mean_of_views_matches_candle_mean() -> Result<()> {
-        let z = Tensor::randn(0f64, 1., (3, 4, 5), &Device::Cpu)?;
+        let z = randn(0f64, 1., (3, 4, 5), &Device::Cpu)?;
         let diff = (mean_of_views(&z)? - z.mean(0)?)?.abs()?.max_all()?;
         assert!(diff.to_scalar::<f64>()? < 1e-15);
         Ok(())
@@ -289,24 +290,21 @@ mod tests {
     #[test]
     fn value_and_gradient_equal_the_composed_ops() -> Result<()> {
         let dev = Device::Cpu;
-        check(&Tensor::randn(0f64, 1.0, (7, 5), &dev)?, 1e-12)?;
-        check(&Tensor::randn(0f64, 1.0, (3, 6, 4), &dev)?, 1e-12)?;
+        check(&randn(0f64, 1.0, (7, 5), &dev)?, 1e-12)?;
+        check(&randn(0f64, 1.0, (3, 6, 4), &dev)?, 1e-12)?;
         check(
-            &Tensor::randn(0f64, 1.0, (2, 128, 512), &dev)?.to_dtype(DType::F32)?,
+            &randn(0f64, 1.0, (2, 128, 512), &dev)?.to_dtype(DType::F32)?,
             1e-4,
         )?;
         // A strided input.
-        check(
-            &Tensor::randn(0f64, 1.0, (2, 5, 6), &dev)?.transpose(1, 2)?,
-            1e-12,
-        )
+        check(&randn(0f64, 1.0, (2, 5, 6), &dev)?.transpose(1, 2)?, 1e-12)
     }
 
     #[test]
     fn gradient_matches_finite_differences() -> Result<()> {
         let dev = Device::Cpu;
-        let x = Tensor::randn(0f64, 1.0, (2, 5, 3), &dev)?;
-        let weight = Tensor::randn(0f64, 1.0, (2, 5, 3), &dev)?;
+        let x = randn(0f64, 1.0, (2, 5, 3), &dev)?;
+        let weight = randn(0f64, 1.0, (2, 5, 3), &dev)?;
         for scale in SCALES {
             let loss = |x: &Tensor| -> Result<f64> {
                 (centre_and_scale_columns(x, scale)? * &weight)?

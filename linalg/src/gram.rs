@@ -111,16 +111,17 @@ impl CustomOp1 for Symmetrize {
 mod tests {
     use super::*;
     use candle_core::{DType, Device, Var};
+    use ssl_core::testing::randn;
 
     /// Value and gradient of `Σ W ⊙ gram(x)` against autograd through `x.matmul(x.t())`, for an
     /// asymmetric weight `W` (so `G ≠ Gᵀ`), batched, from a strided input.
     fn check(dims: &[usize], dtype: DType, tolerance: f64) -> Result<()> {
         let dev = Device::Cpu;
-        let x = Var::from_tensor(&Tensor::randn(0f64, 1.0, dims, &dev)?.to_dtype(dtype)?)?;
+        let x = Var::from_tensor(&randn(0f64, 1.0, dims, &dev)?.to_dtype(dtype)?)?;
         let rows = dims[dims.len() - 2];
         let mut weight_dims = dims[..dims.len() - 2].to_vec();
         weight_dims.extend([rows, rows]);
-        let weight = Tensor::randn(0f64, 1.0, weight_dims, &dev)?.to_dtype(dtype)?;
+        let weight = randn(0f64, 1.0, weight_dims, &dev)?.to_dtype(dtype)?;
         let ours = gram(x.as_tensor())?;
         let plain = x.matmul(&x.t()?)?;
         let difference = (&ours - &plain)?.abs()?.max_all()?.to_dtype(DType::F64)?;
@@ -145,7 +146,7 @@ mod tests {
     #[test]
     fn strided_inputs_and_columns() -> Result<()> {
         let dev = Device::Cpu;
-        let x = Tensor::randn(0f64, 1.0, (2, 6, 4), &dev)?;
+        let x = randn(0f64, 1.0, (2, 6, 4), &dev)?;
         let expected = x.t()?.matmul(&x)?;
         let difference = (gram_of_columns(&x)? - expected)?.abs()?.max_all()?;
         assert!(difference.to_scalar::<f64>()? < 1e-12);

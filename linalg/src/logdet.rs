@@ -106,7 +106,7 @@ fn logdet_host(a: &[f64], d: usize, shift: f64) -> Result<(f64, Vec<f64>)> {
 mod tests {
     use super::*;
     use candle_core::DType;
-    use ssl_core::testing::max_gradient_error;
+    use ssl_core::testing::{max_gradient_error, randn};
 
     fn scalar(t: &Tensor) -> f64 {
         t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
@@ -131,7 +131,7 @@ mod tests {
     #[test]
     fn value_is_the_log_of_the_product_of_eigenvalues() -> Result<()> {
         for (n, d) in [(7, 4), (3, 5), (20, 1)] {
-            let x = Tensor::randn(0f64, 1., (n, d), &Device::Cpu)?;
+            let x = randn(0f64, 1., (n, d), &Device::Cpu)?;
             let a = spd_from(&x)?;
             let direct: f64 = host(&a)?
                 .symmetric_eigenvalues()
@@ -147,7 +147,7 @@ mod tests {
 
     #[test]
     fn shift_is_added_to_the_diagonal() -> Result<()> {
-        let x = Tensor::randn(0f64, 1., (6, 4), &Device::Cpu)?;
+        let x = randn(0f64, 1., (6, 4), &Device::Cpu)?;
         let a = spd_from(&x)?;
         let shifted = (&a + (Tensor::eye(4, DType::F64, &Device::Cpu)? * 0.3)?)?;
         close(
@@ -168,7 +168,7 @@ mod tests {
     #[test]
     fn gradient_matches_finite_differences() -> Result<()> {
         for (n, d) in [(6, 4), (2, 5), (9, 1)] {
-            let x = Tensor::randn(0f64, 1., (n, d), &Device::Cpu)?;
+            let x = randn(0f64, 1., (n, d), &Device::Cpu)?;
             let err = max_gradient_error(&x, |x| logdet_spd(&spd_from(x)?))?;
             assert!(err < 1e-6, "{n}×{d}: relative gradient error {err}");
             let err = max_gradient_error(&x, |x| {
@@ -182,7 +182,7 @@ mod tests {
 
     #[test]
     fn gradient_is_the_inverse() -> Result<()> {
-        let x = Tensor::randn(0f64, 1., (8, 3), &Device::Cpu)?;
+        let x = randn(0f64, 1., (8, 3), &Device::Cpu)?;
         let a = candle_core::Var::from_tensor(&spd_from(&x)?)?;
         let grads = logdet_spd(a.as_tensor())?.backward()?;
         let g = host(grads.get(a.as_tensor()).unwrap())?;
@@ -193,7 +193,7 @@ mod tests {
 
     #[test]
     fn batched_matches_one_at_a_time() -> Result<()> {
-        let x = Tensor::randn(0f64, 1., (3, 5, 4), &Device::Cpu)?;
+        let x = randn(0f64, 1., (3, 5, 4), &Device::Cpu)?;
         let a = x.transpose(1, 2)?.matmul(&x)?;
         let all = logdet_spd_batched(&a, 0.1)?.to_vec1::<f64>()?;
         for (k, v) in all.iter().enumerate() {
@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn works_in_f32() -> Result<()> {
-        let x = Tensor::randn(0f64, 1., (10, 4), &Device::Cpu)?;
+        let x = randn(0f64, 1., (10, 4), &Device::Cpu)?;
         let a = spd_from(&x)?;
         let want = scalar(&logdet_spd(&a)?);
         let a32 = candle_core::Var::from_tensor(&a.to_dtype(DType::F32)?)?;

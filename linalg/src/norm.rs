@@ -174,6 +174,7 @@ pub fn normalize_columns(x: &Tensor) -> Result<Tensor> {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
+    use ssl_core::testing::randn;
 
     #[test]
     fn unit_norms_and_zero_vectors_stay_finite() -> Result<()> {
@@ -200,22 +201,19 @@ mod tests {
         let dev = Device::Cpu;
         let with_zero_row = Tensor::cat(
             &[
-                &Tensor::randn(0f64, 1.0, (3, 4), &dev)?,
+                &randn(0f64, 1.0, (3, 4), &dev)?,
                 &Tensor::zeros((1, 4), DType::F64, &dev)?,
             ],
             0,
         )?;
         let cases = [
             (with_zero_row, 1e-12),
-            (
-                Tensor::randn(0f64, 1.0, (2, 5, 7), &dev)?.transpose(1, 2)?,
-                1e-12,
-            ),
-            (Tensor::randn(0f32, 1.0, (2, 128, 512), &dev)?, 1e-5),
+            (randn(0f64, 1.0, (2, 5, 7), &dev)?.transpose(1, 2)?, 1e-12),
+            (randn(0f32, 1.0, (2, 128, 512), &dev)?, 1e-5),
         ];
         for (x, tolerance) in cases {
             let v = candle_core::Var::from_tensor(&x)?;
-            let weight = Tensor::randn(0f64, 1.0, x.dims(), &dev)?.to_dtype(x.dtype())?;
+            let weight = randn(0f64, 1.0, x.dims(), &dev)?.to_dtype(x.dtype())?;
             let fused = normalize_rows(v.as_tensor())?;
             let composed = l2_normalize(v.as_tensor(), D::Minus1)?;
             let gradient = |y: &Tensor| -> Result<Tensor> {

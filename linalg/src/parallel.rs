@@ -321,6 +321,7 @@ impl CustomOp2 for Matmul {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ssl_core::testing::randn;
 
     #[test]
     fn every_chunk_is_visited_once_with_its_index() {
@@ -366,7 +367,7 @@ mod tests {
                 true => Var::randn(0f64, 1., (9, 5), &Device::Cpu)?,
             };
             let b_view = |b: &Tensor| if transposed { b.t() } else { Ok(b.clone()) };
-            let w = Tensor::randn(0f64, 1., (7, 9), &Device::Cpu)?;
+            let w = randn(0f64, 1., (7, 9), &Device::Cpu)?;
             let ours = matmul(a.as_tensor(), &b_view(b.as_tensor())?)?;
             let reference = a.as_tensor().matmul(&b_view(b.as_tensor())?)?;
             let diff = |x: &Tensor, y: &Tensor| -> Result<f64> {
@@ -385,7 +386,7 @@ mod tests {
 
     #[test]
     fn matmul_rows_matches_candle_matmul_for_plain_and_transposed_factors() -> Result<()> {
-        use candle_core::{Device, Tensor};
+        use candle_core::Device;
         for (m, n, k) in [
             (1, 1, 1),
             (5, 3, 7),
@@ -394,8 +395,8 @@ mod tests {
             (128, 128, 64),
             (16, 1000, 27),
         ] {
-            let a = Tensor::randn(0f64, 1., (m, k), &Device::Cpu)?;
-            let b = Tensor::randn(0f64, 1., (k, n), &Device::Cpu)?;
+            let a = randn(0f64, 1., (m, k), &Device::Cpu)?;
+            let b = randn(0f64, 1., (k, n), &Device::Cpu)?;
             let expected = a.matmul(&b)?.flatten_all()?.to_vec1::<f64>()?;
             let (a_host, b_host) = (a.flatten_all()?.to_vec1()?, b.flatten_all()?.to_vec1()?);
             let mut out = vec![0f64; m * n];
@@ -407,8 +408,8 @@ mod tests {
                 assert!((got - want).abs() < 1e-12, "{m}×{n}×{k}: {got} vs {want}");
             }
         }
-        let a = Tensor::randn(0f32, 1., (2, 3, 5, 4), &Device::Cpu)?;
-        let b = Tensor::randn(0f32, 1., (2, 3, 4, 6), &Device::Cpu)?;
+        let a = randn(0f32, 1., (2, 3, 5, 4), &Device::Cpu)?;
+        let b = randn(0f32, 1., (2, 3, 4, 6), &Device::Cpu)?;
         let diff = (matmul_detached(&a, &b)? - a.matmul(&b)?)?
             .abs()?
             .max_all()?;

@@ -271,7 +271,7 @@ pub fn von_neumann_entropy_of_rows_batched(z_hat: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ssl_core::testing::max_gradient_error;
+    use ssl_core::testing::{max_gradient_error, randn};
 
     fn scalar(t: &Tensor) -> f64 {
         t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
@@ -283,7 +283,7 @@ mod tests {
 
     /// A random `n×n` orthogonal matrix (Q of a Gaussian matrix's QR).
     fn orthogonal(n: usize) -> Result<DMatrix<f64>> {
-        let g = Tensor::randn(0f64, 1., (n, n), &Device::Cpu)?;
+        let g = randn(0f64, 1., (n, n), &Device::Cpu)?;
         let g = DMatrix::from_row_slice(n, n, &g.flatten_all()?.to_vec1::<f64>()?);
         Ok(g.qr().q())
     }
@@ -357,7 +357,7 @@ mod tests {
     #[test]
     fn nuclear_norm_and_gradient_agree_with_a_direct_svd() -> Result<()> {
         for (n, d) in [(5, 8), (8, 5), (64, 256)] {
-            let c = Tensor::randn(0f64, 1., (n, d), &Device::Cpu)?;
+            let c = randn(0f64, 1., (n, d), &Device::Cpu)?;
             let (sigma, uv) = svd_reference(&c, n.min(d))?;
             close(scalar(&nuclear_norm(&c)?), sigma.iter().sum(), 1e-10);
             let grad = gradient_of(nuclear_norm, &c)?;
@@ -398,7 +398,7 @@ mod tests {
     #[test]
     fn nuclear_norm_gradient_is_u_v_transposed() -> Result<()> {
         for (n, d) in [(4, 6), (6, 3), (4, 4)] {
-            let c = Tensor::randn(0f64, 1., (n, d), &Device::Cpu)?;
+            let c = randn(0f64, 1., (n, d), &Device::Cpu)?;
             let err = max_gradient_error(&c, nuclear_norm)?;
             assert!(err < 1e-6, "{n}×{d}: relative gradient error {err}");
         }
@@ -407,7 +407,7 @@ mod tests {
 
     #[test]
     fn batched_nuclear_norm_matches_one_by_one() -> Result<()> {
-        let c = Tensor::randn(0f64, 1., (3, 4, 5), &Device::Cpu)?;
+        let c = randn(0f64, 1., (3, 4, 5), &Device::Cpu)?;
         let all = nuclear_norm_batched(&c)?.to_vec1::<f64>()?;
         for (k, v) in all.iter().enumerate() {
             close(*v, scalar(&nuclear_norm(&c.get(k)?)?), 1e-12);
@@ -460,7 +460,7 @@ mod tests {
     #[test]
     fn entropy_of_rows_equals_entropy_of_the_d_by_d_matrix() -> Result<()> {
         for (n, d) in [(4, 7), (7, 4), (5, 5)] {
-            let z = normalize_rows(&Tensor::randn(0f64, 1., (n, d), &Device::Cpu)?)?;
+            let z = normalize_rows(&randn(0f64, 1., (n, d), &Device::Cpu)?)?;
             let rho = (z.t()?.matmul(&z)? / n as f64)?;
             let direct = scalar(&von_neumann_entropy(&rho)?);
             close(scalar(&von_neumann_entropy_of_rows(&z)?), direct, 1e-10);
@@ -481,7 +481,7 @@ mod tests {
     #[test]
     fn entropy_of_rows_gradient_through_either_gram() -> Result<()> {
         for (n, d) in [(4, 7), (7, 4)] {
-            let z = Tensor::randn(0f64, 1., (n, d), &Device::Cpu)?;
+            let z = randn(0f64, 1., (n, d), &Device::Cpu)?;
             let small = |z: &Tensor| von_neumann_entropy_of_rows(&normalize_rows(z)?);
             let err = max_gradient_error(&z, small)?;
             assert!(err < 1e-6, "{n}×{d}: relative gradient error {err}");
@@ -502,7 +502,7 @@ mod tests {
 
     #[test]
     fn batched_entropy_of_rows_matches_one_by_one() -> Result<()> {
-        let z = Tensor::randn(0f64, 1., (3, 4, 6), &Device::Cpu)?;
+        let z = randn(0f64, 1., (3, 4, 6), &Device::Cpu)?;
         let all = von_neumann_entropy_of_rows_batched(&z)?.to_vec1::<f64>()?;
         for (k, v) in all.iter().enumerate() {
             close(*v, scalar(&von_neumann_entropy_of_rows(&z.get(k)?)?), 1e-12);

@@ -93,6 +93,7 @@ mod tests {
     use super::*;
     use crate::{Mlp, Projector};
     use candle_core::{DType, Device};
+    use ssl_core::testing::randn;
 
     #[test]
     fn shapes_and_keys() {
@@ -101,7 +102,7 @@ mod tests {
         let enc = DigitsCnn::new(1, vb.pp("enc")).unwrap();
         let proj = Projector::new(enc.output_dim(), &[32, 16], vb.pp("proj")).unwrap();
         let mlp = Mlp::new(256, &[64, 10], vb.pp("mlp")).unwrap();
-        let x = Tensor::randn(0f32, 1.0, (4, 1, 16, 16), &Device::Cpu).unwrap();
+        let x = randn(0f32, 1.0, (4, 1, 16, 16), &Device::Cpu).unwrap();
         for train in [true, false] {
             let z = enc.forward_t(&x, train).unwrap();
             assert_eq!(z.dims(), &[4, 128]);

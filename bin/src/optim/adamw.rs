@@ -196,6 +196,7 @@ mod tests {
     use candle_core::{DType, Device, Tensor};
 
     use super::AdamwStep;
+    use ssl_core::testing::randn;
 
     /// Over a few steps with weight decay, the in-place CPU update keeps the parameter and both
     /// moments equal to the composed one's (to f32 rounding; exactly enough in f64), on more
@@ -205,11 +206,11 @@ mod tests {
         let dev = Device::Cpu;
         for (dtype, tol) in [(DType::F32, 1e-6), (DType::F64, 1e-13)] {
             let n = 3 * super::CHUNK + 17;
-            let w0 = Tensor::randn(0f64, 1.0, n, &dev)?.to_dtype(dtype)?;
+            let w0 = randn(0f64, 1.0, n, &dev)?.to_dtype(dtype)?;
             let (w, m, v) = (w0.copy()?, w0.zeros_like()?, w0.zeros_like()?);
             let mut composed: (Tensor, Option<Tensor>, Option<Tensor>) = (w0, None, None);
             for t in 1..=4 {
-                let g = Tensor::randn(0f64, 1.0, n, &dev)?.to_dtype(dtype)?;
+                let g = randn(0f64, 1.0, n, &dev)?.to_dtype(dtype)?;
                 let step = AdamwStep {
                     lr: 0.01,
                     weight_decay: 0.05,

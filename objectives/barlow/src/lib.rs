@@ -169,7 +169,7 @@ register_objective! {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
-    use ssl_core::testing::{close, scalar, spec_za_zb as za_zb};
+    use ssl_core::testing::{close, randn, scalar, spec_za_zb as za_zb};
 
     /// `(Σ_i (1 − C_ii)², Σ_{i≠j} C_ij²)` of an explicit `C`, with plain loops.
     fn naive_terms(c: &Tensor) -> (f64, f64) {
@@ -233,7 +233,7 @@ mod tests {
 
     #[test]
     fn standardize_is_batch_norm_without_affine() -> candle_core::Result<()> {
-        let z = Tensor::randn(3f64, 2., (2, 9, 4), &Device::Cpu)?;
+        let z = randn(3f64, 2., (2, 9, 4), &Device::Cpu)?;
         let s = standardize(&z)?;
         let mean = s.mean(1)?.abs()?.max_all()?.to_scalar::<f64>()?;
         assert!(mean < 1e-12, "{mean}");
@@ -256,8 +256,8 @@ mod tests {
     fn gram_form_matches_the_explicit_cross_correlation() -> candle_core::Result<()> {
         // d > B and d < B, two views, both orders.
         for (n, d) in [(4, 7), (9, 3)] {
-            let a = Tensor::randn(0f64, 1., (n, d), &Device::Cpu)?;
-            let b = Tensor::randn(0.5f64, 2., (n, d), &Device::Cpu)?;
+            let a = randn(0f64, 1., (n, d), &Device::Cpu)?;
+            let b = randn(0.5f64, 2., (n, d), &Device::Cpu)?;
             let (on, off) = naive_terms(&cross_correlation(&a, &b)?);
             for z in [Tensor::stack(&[&a, &b], 0)?, Tensor::stack(&[&b, &a], 0)?] {
                 let t = barlow_terms(&z)?;
@@ -270,7 +270,7 @@ mod tests {
 
     #[test]
     fn multi_view_is_the_mean_over_view_pairs() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (4, 6, 5), &Device::Cpu)?;
+        let z = randn(0f64, 1., (4, 6, 5), &Device::Cpu)?;
         let cfg = BarlowConfig {
             lambda: 0.3,
             scale_loss: 1.0,
@@ -289,7 +289,7 @@ mod tests {
 
     #[test]
     fn f32_gram_form_is_accurate_at_training_size() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (3, 128, 512), &Device::Cpu)?;
+        let z = randn(0f64, 1., (3, 128, 512), &Device::Cpu)?;
         let exact = barlow_terms(&z)?;
         let single = barlow_terms(&z.to_dtype(DType::F32)?)?;
         close(
@@ -320,7 +320,7 @@ mod tests {
 
     #[test]
     fn single_sample_batch_gives_d() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (2, 1, 6), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 1, 6), &Device::Cpu)?;
         let t = barlow_terms(&z)?;
         close(scalar(&t.on_diagonal), 6.0, 1e-12);
         assert_eq!(scalar(&t.off_diagonal), 0.0);
@@ -334,7 +334,7 @@ mod tests {
             scale_loss: 1.0,
         };
         for views in [2, 3] {
-            let z = Tensor::randn(0f64, 1., (views, 5, 3), &Device::Cpu)?;
+            let z = randn(0f64, 1., (views, 5, 3), &Device::Cpu)?;
             let err = ssl_core::testing::max_gradient_error(&z, |z| barlow_twins_loss(z, &cfg))?;
             assert!(err < 1e-6, "V = {views}: relative gradient error {err}");
         }

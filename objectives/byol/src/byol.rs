@@ -137,7 +137,7 @@ mod tests {
     use super::*;
     use crate::test_support::{build, config_error, loss_error, spec_p_z};
     use candle_core::{DType, Device, Var};
-    use ssl_core::testing::{batch, close, max_gradient_error, scalar};
+    use ssl_core::testing::{batch, close, max_gradient_error, randn, scalar};
     use ssl_core::{ParamStore, Progress};
 
     const KAT_L: f64 = 0.5553555388;
@@ -158,8 +158,8 @@ mod tests {
     fn multi_crop_sums_every_global_target_with_every_other_view() -> candle_core::Result<()> {
         let dev = &Device::Cpu;
         let (v, vg) = (4, 2);
-        let q = Tensor::randn(0f64, 1., (v, 5, 3), dev)?;
-        let z = Tensor::randn(0f64, 1., (vg, 5, 3), dev)?;
+        let q = randn(0f64, 1., (v, 5, 3), dev)?;
+        let z = randn(0f64, 1., (vg, 5, 3), dev)?;
         let mut expected = 0.0;
         for w in 0..vg {
             for o in (0..v).filter(|&o| o != w) {
@@ -170,7 +170,7 @@ mod tests {
         close(loss, expected, 1e-12);
         assert!((0.0..=4.0 * 6.0).contains(&loss));
         // Predictions equal to the targets' directions reach the minimum 0 at two views.
-        let z2 = Tensor::randn(0f64, 1., (2, 5, 3), dev)?;
+        let z2 = randn(0f64, 1., (2, 5, 3), dev)?;
         let aligned = Tensor::stack(&[(z2.get(1)? * 3.0)?, (z2.get(0)? * 0.5)?], 0)?;
         assert!(scalar(&byol_loss(&aligned, &z2)?).abs() < 1e-12);
         Ok(())
@@ -180,8 +180,8 @@ mod tests {
     fn gradient_matches_finite_differences_and_skips_the_targets() -> candle_core::Result<()> {
         let dev = &Device::Cpu;
         for (v, vg) in [(2, 2), (3, 2), (3, 1)] {
-            let q = Tensor::randn(0f64, 1., (v, 4, 3), dev)?;
-            let z = Tensor::randn(0f64, 1., (vg, 4, 3), dev)?;
+            let q = randn(0f64, 1., (v, 4, 3), dev)?;
+            let z = randn(0f64, 1., (vg, 4, 3), dev)?;
             let err = max_gradient_error(&q, |q| byol_loss(q, &z))?;
             assert!(err < 1e-6, "V={v}, V_g={vg}: relative gradient error {err}");
             let target = Var::from_tensor(&z)?;
@@ -253,8 +253,8 @@ mod tests {
             [8, 16]
         );
 
-        let z = Var::from_tensor(&Tensor::randn(0f32, 1., (3, 4, 8), dev)?)?;
-        let teacher = Tensor::randn(0f32, 1., (2, 4, 8), dev)?;
+        let z = Var::from_tensor(&randn(0f32, 1., (3, 4, 8), dev)?)?;
+        let teacher = randn(0f32, 1., (2, 4, 8), dev)?;
         let indices = Tensor::arange(0u32, 4, dev)?;
         let b = Batch {
             teacher: Some(&teacher),
@@ -292,7 +292,7 @@ mod tests {
             "{err}"
         );
         assert!(req.check("byol", 2, 2, false).is_ok());
-        let z = Tensor::randn(0f32, 1., (2, 1, 3), dev)?;
+        let z = randn(0f32, 1., (2, 1, 3), dev)?;
         let indices = Tensor::new(&[0u32], dev)?;
         let b = Batch {
             teacher: Some(&z),

@@ -149,7 +149,7 @@ pub(crate) mod test_support {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
-    use ssl_core::testing::{close, scalar};
+    use ssl_core::testing::{close, randn, scalar};
     use ssl_core::ParamStore;
 
     #[test]
@@ -160,8 +160,8 @@ mod tests {
             Ok(scalar(&(a * b)?.sum_all()?))
         };
         for (v, vg) in [(2, 2), (4, 2), (3, 1), (5, 5)] {
-            let p = Tensor::randn(0f64, 1., (v, 6, 5), dev)?;
-            let z = Tensor::randn(0f64, 1., (vg, 6, 5), dev)?;
+            let p = randn(0f64, 1., (v, 6, 5), dev)?;
+            let z = randn(0f64, 1., (vg, 6, 5), dev)?;
             let mut sum = 0.0;
             for w in 0..vg {
                 for o in (0..v).filter(|&o| o != w) {
@@ -209,7 +209,7 @@ mod tests {
             ]
         );
         assert_eq!(store.tensors()["predictor.0.weight"].dims(), [5, 3]);
-        let z = Tensor::randn(0f32, 1., (2, 4, 3), &Device::Cpu)?;
+        let z = randn(0f32, 1., (2, 4, 3), &Device::Cpu)?;
         let q = predictor.forward_views(&z, true)?;
         assert_eq!(q.dims(), [2, 4, 3]);
         // Shifting one view moves only that view's batch statistics: its predictions are unchanged

@@ -119,7 +119,7 @@ mod tests {
     use super::*;
     use crate::test_support::{build, config_error, loss_error, spec_p_z};
     use candle_core::{DType, Device, Var};
-    use ssl_core::testing::{batch, close, max_gradient_error, scalar};
+    use ssl_core::testing::{batch, close, max_gradient_error, randn, scalar, uniform};
     use ssl_core::ParamStore;
 
     const KAT_L: f64 = -0.8611611153;
@@ -151,8 +151,8 @@ mod tests {
     #[test]
     fn three_views_average_the_six_ordered_pairs() -> candle_core::Result<()> {
         let dev = &Device::Cpu;
-        let p = Tensor::randn(0f64, 1., (3, 5, 4), dev)?;
-        let z = Tensor::randn(0f64, 1., (3, 5, 4), dev)?;
+        let p = randn(0f64, 1., (3, 5, 4), dev)?;
+        let z = randn(0f64, 1., (3, 5, 4), dev)?;
         let mut sum = 0.0;
         for w in 0..3 {
             for v in (0..3).filter(|&v| v != w) {
@@ -168,14 +168,14 @@ mod tests {
         let dev = &Device::Cpu;
         for (v, vg, b, d) in [(2, 2, 3, 2), (2, 2, 16, 8), (4, 2, 5, 3), (3, 1, 1, 6)] {
             for _ in 0..5 {
-                let p = Tensor::randn(0f64, 1., (v, b, d), dev)?;
-                let z = Tensor::randn(0f64, 1., (vg, b, d), dev)?;
+                let p = randn(0f64, 1., (v, b, d), dev)?;
+                let z = randn(0f64, 1., (vg, b, d), dev)?;
                 let l = scalar(&simsiam_loss(&p, &z)?);
                 assert!((-1.0..=1.0).contains(&l), "{l}");
             }
         }
         // The bounds are reached by (anti-)parallel predictions.
-        let z = Tensor::randn(0f64, 1., (2, 4, 3), dev)?;
+        let z = randn(0f64, 1., (2, 4, 3), dev)?;
         let swapped = Tensor::stack(&[z.get(1)?, z.get(0)?], 0)?;
         close(scalar(&simsiam_loss(&(&swapped * 2.0)?, &z)?), -1.0, 1e-12);
         close(scalar(&simsiam_loss(&swapped.neg()?, &z)?), 1.0, 1e-12);
@@ -186,8 +186,8 @@ mod tests {
     fn gradient_matches_finite_differences_and_stops_at_the_targets() -> candle_core::Result<()> {
         let dev = &Device::Cpu;
         for (v, vg) in [(2, 2), (3, 3), (3, 1)] {
-            let p = Tensor::randn(0f64, 1., (v, 4, 3), dev)?;
-            let z = Tensor::randn(0f64, 1., (vg, 4, 3), dev)?;
+            let p = randn(0f64, 1., (v, 4, 3), dev)?;
+            let z = randn(0f64, 1., (vg, 4, 3), dev)?;
             let err = max_gradient_error(&p, |p| simsiam_loss(p, &z))?;
             assert!(err < 1e-6, "V={v}, V_g={vg}: relative gradient error {err}");
             let target = Var::from_tensor(&z)?;
@@ -196,7 +196,7 @@ mod tests {
         }
         // With p = z (the same tensor) only the prediction path carries a gradient: half of the
         // gradient finite differences see, as for a loss with a stop-gradient on one factor.
-        let z = Tensor::randn(0f64, 1., (2, 4, 3), dev)?;
+        let z = randn(0f64, 1., (2, 4, 3), dev)?;
         assert!(max_gradient_error(&z, |z| simsiam_loss(z, z))? > 1e-3);
         Ok(())
     }
@@ -215,7 +215,7 @@ mod tests {
             [512, 8]
         );
 
-        let z = Var::from_tensor(&Tensor::randn(0f32, 1., (2, 4, 8), dev)?)?;
+        let z = Var::from_tensor(&randn(0f32, 1., (2, 4, 8), dev)?)?;
         let indices = Tensor::arange(0u32, 4, dev)?;
         for global_views in [2, 1] {
             let b = Batch {
@@ -238,9 +238,9 @@ mod tests {
     #[test]
     fn output_batch_norm_makes_the_loss_invariant_to_column_affine_maps() -> Result<()> {
         let dev = &Device::Cpu;
-        let z = Tensor::randn(0f32, 1., (2, 16, 8), dev)?;
-        let scale = Tensor::rand(0.5f32, 3.0, (2, 1, 8), dev)?;
-        let shift = Tensor::randn(0f32, 4.0, (2, 1, 8), dev)?;
+        let z = randn(0f32, 1., (2, 16, 8), dev)?;
+        let scale = uniform(0.5f32, 3.0, (2, 1, 8), dev)?;
+        let shift = randn(0f32, 4.0, (2, 1, 8), dev)?;
         let moved = z.broadcast_mul(&scale)?.broadcast_add(&shift)?;
         let indices = Tensor::arange(0u32, 16, dev)?;
         for (params, invariant) in [("{}", true), ("output_bn: false", false)] {
@@ -266,7 +266,7 @@ mod tests {
             err.contains("batch size ≥ 2") && err.contains("batch norm"),
             "{err}"
         );
-        let z = Tensor::randn(0f32, 1., (2, 1, 3), dev)?;
+        let z = randn(0f32, 1., (2, 1, 3), dev)?;
         let indices = Tensor::new(&[0u32], dev)?;
         let err = loss_error(objective.as_mut(), &batch(&z, &indices, None));
         assert!(err.contains("at least 2 instances"), "{err}");

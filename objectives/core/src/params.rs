@@ -216,7 +216,7 @@ impl SimpleBackend for StoreInit {
 }
 
 /// 64-bit FNV-1a, a stable hash of parameter names (std's hasher is not stable across builds).
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
     })

@@ -1,8 +1,14 @@
-//! Test support shared by objective crates: the spec's common known-answer inputs, scalar
-//! comparison, and gradient checks against finite differences.
+//! Test support shared by objective crates: the spec's common known-answer inputs, reproducible
+//! random inputs, scalar comparison, and gradient checks against finite differences.
 
-use candle_core::{DType, Device, Result, Tensor, Var};
+use std::cell::RefCell;
 
+use candle_core::{DType, Device, FloatDType, Result, Shape, Tensor, Var};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::params::fnv1a;
 use crate::{Batch, Progress, SingleProcess};
 
 /// `Z_a`, `Z_b` of spec §2.3 (`[4, 3]`, f64): the inputs most of the spec's known answers use.
@@ -66,6 +72,54 @@ pub fn documented_defaults(name: &str) -> serde_yaml::Value {
         reg.name
     );
     defaults
+}
+
+thread_local! {
+    /// libtest runs every test on a thread named after it, so each test gets its own stream.
+    static TEST_RNG: RefCell<ChaCha8Rng> = RefCell::new(ChaCha8Rng::seed_from_u64(fnv1a(
+        std::thread::current().name().unwrap_or("main").as_bytes(),
+    )));
+}
+
+/// `Tensor::randn`, reproducibly: a test draws the same values on every run and machine (from a
+/// generator seeded by the test's name), so a draw that fails a tolerance fails every time, here
+/// and in CI, instead of once in a few hundred runs.
+pub fn randn<T: FloatDType>(
+    mean: T,
+    std: T,
+    shape: impl Into<Shape>,
+    device: &Device,
+) -> Result<Tensor> {
+    let shape = shape.into();
+    let values: Vec<f64> = TEST_RNG.with_borrow_mut(|rng| {
+        (0..shape.elem_count())
+            .map(|_| StandardNormal.sample(rng))
+            .collect()
+    });
+    (Tensor::from_vec(values, shape, &Device::Cpu)? * std.to_f64())?
+        .affine(1.0, mean.to_f64())?
+        .to_dtype(T::DTYPE)?
+        .to_device(device)
+}
+
+/// `Tensor::rand`, reproducibly (see [`randn`]): uniform on `[lo, up)`.
+pub fn uniform<T: FloatDType>(
+    lo: T,
+    up: T,
+    shape: impl Into<Shape>,
+    device: &Device,
+) -> Result<Tensor> {
+    let shape = shape.into();
+    let values: Vec<f64> = TEST_RNG.with_borrow_mut(|rng| {
+        (0..shape.elem_count())
+            .map(|_| rng.random::<f64>())
+            .collect()
+    });
+    let (lo, up) = (lo.to_f64(), up.to_f64());
+    Tensor::from_vec(values, shape, &Device::Cpu)?
+        .affine(up - lo, lo)?
+        .to_dtype(T::DTYPE)?
+        .to_device(device)
 }
 
 /// The value of a one-element tensor of any float dtype, as f64.

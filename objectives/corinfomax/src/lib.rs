@@ -253,7 +253,7 @@ mod tests {
     use super::*;
     use candle_core::{Device, Var};
     use candle_nn::{VarBuilder, VarMap};
-    use ssl_core::testing::{close, scalar, spec_za_zb};
+    use ssl_core::testing::{close, randn, scalar, spec_za_zb};
 
     fn za_zb() -> candle_core::Result<Tensor> {
         let (a, b) = spec_za_zb()?;
@@ -381,8 +381,8 @@ mod tests {
         let vb = VarBuilder::from_varmap(&map, DType::F32, &Device::Cpu);
         let mut objective = build_in(vb, d, "lambda_mu: 0.3\nlambda_r: 0.2")?;
         let steps = [
-            Tensor::randn(0f64, 1., (2, n, d), &Device::Cpu)?,
-            Tensor::randn(0f64, 1., (2, n, d), &Device::Cpu)?,
+            randn(0f64, 1., (2, n, d), &Device::Cpu)?,
+            randn(0f64, 1., (2, n, d), &Device::Cpu)?,
         ];
         let mut mu = vec![vec![0.0; d]; 2];
         let mut r: Vec<Vec<Vec<f64>>> = (0..2)
@@ -492,17 +492,17 @@ mod tests {
         };
         let (n, d) = (5, 3);
         let dev = Device::Cpu;
-        let mean = Tensor::randn(0f64, 0.3, (2, d), &dev)?;
-        let x = Tensor::randn(0f64, 1., (2, 7, d), &dev)?;
+        let mean = randn(0f64, 0.3, (2, d), &dev)?;
+        let x = randn(0f64, 1., (2, 7, d), &dev)?;
         let cov = (x.transpose(1, 2)?.matmul(&x)? / 7.0)?;
-        let z = Tensor::randn(0f64, 1., (2, n, d), &dev)?;
+        let z = randn(0f64, 1., (2, n, d), &dev)?;
         let loss = |z: &Tensor| corinfomax_loss(&corinfomax_terms(z, &mean, &cov, &cfg)?, &cfg);
         let err = ssl_core::testing::max_gradient_error(&z, loss)?;
         assert!(err < 1e-6, "relative gradient error {err}");
         // Default α and the first-step state, B < d (R_new definite only through the state).
         let (mean, cov) = initial_state(6, DType::F64)?;
         let cfg = CorInfoMaxConfig::default();
-        let z = Tensor::randn(0f64, 1., (2, 3, 6), &dev)?;
+        let z = randn(0f64, 1., (2, 3, 6), &dev)?;
         let err = ssl_core::testing::max_gradient_error(&z, |z| {
             corinfomax_loss(&corinfomax_terms(z, &mean, &cov, &cfg)?, &cfg)
         })?;
@@ -533,7 +533,7 @@ mod tests {
         let mut objective = build_in(vb, 5, "lambda_r: 0\neps: 0")?;
         let z = Tensor::cat(
             &[
-                Tensor::randn(0f64, 1., (2, 3, 2), &Device::Cpu)?,
+                randn(0f64, 1., (2, 3, 2), &Device::Cpu)?,
                 Tensor::zeros((2, 3, 3), DType::F64, &Device::Cpu)?,
             ],
             2,
@@ -564,11 +564,11 @@ mod tests {
         assert!(err.contains("at least 2 views"), "{err}");
         // B = 1 is defined with the default state: the loss is finite.
         let (mean, cov) = initial_state(4, DType::F64)?;
-        let z = Tensor::randn(0f64, 1., (2, 1, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 1, 4), &Device::Cpu)?;
         let cfg = CorInfoMaxConfig::default();
         let t = corinfomax_terms(&z, &mean, &cov, &cfg)?;
         assert!(scalar(&corinfomax_loss(&t, &cfg)?).is_finite());
-        let three = Tensor::randn(0f64, 1., (3, 4, 4), &Device::Cpu)?;
+        let three = randn(0f64, 1., (3, 4, 4), &Device::Cpu)?;
         let err = corinfomax_terms(&three, &mean, &cov, &cfg)
             .err()
             .unwrap()

@@ -1,6 +1,6 @@
 use super::*;
 use candle_core::{DType, Device};
-use ssl_core::testing::{batch, close, documented_defaults, max_gradient_error, scalar};
+use ssl_core::testing::{batch, close, documented_defaults, max_gradient_error, randn, scalar};
 use ssl_core::{ParamStore, Progress};
 use ssl_linalg::normalize_rows;
 
@@ -163,9 +163,9 @@ fn explicit_pairs(s: &Tensor, t: &Tensor, c: &Tensor, tau_s: f64, tau_t: f64) ->
 fn multi_crop_averages_every_global_target_with_every_other_crop() -> candle_core::Result<()> {
     let dev = &Device::Cpu;
     for (v, vg) in [(2, 2), (4, 2), (3, 1), (3, 3), (6, 2)] {
-        let s = Tensor::randn(0f64, 1., (v, 4, 5), dev)?;
-        let t = Tensor::randn(0f64, 1., (vg, 4, 5), dev)?;
-        let c = Tensor::randn(0f64, 0.3, 5, dev)?;
+        let s = randn(0f64, 1., (v, 4, 5), dev)?;
+        let t = randn(0f64, 1., (vg, 4, 5), dev)?;
+        let c = randn(0f64, 0.3, 5, dev)?;
         let expected = explicit_pairs(&s, &t, &c, 0.1, 0.04);
         close(scalar(&dino_loss(&s, &t, &c, 0.1, 0.04)?), expected, 1e-10);
     }
@@ -179,14 +179,14 @@ fn cross_entropy_is_bounded_below_by_the_teacher_entropy() -> candle_core::Resul
     // Both global crops share their targets q, and softmax(s/τ_s) = q for both student crops:
     // every pair's cross-entropy equals the entropy of q, its minimum.
     let dev = &Device::Cpu;
-    let t1 = Tensor::randn(0f64, 1., (3, 5), dev)?;
+    let t1 = randn(0f64, 1., (3, 5), dev)?;
     let t = Tensor::stack(&[&t1, &t1], 0)?;
-    let c = Tensor::randn(0f64, 0.2, 5, dev)?;
+    let c = randn(0f64, 0.2, 5, dev)?;
     let q = teacher_probabilities(&t, &c, 0.07)?;
     let s = (q.log()? * 0.1)?;
     let entropy = scalar(&mean_entropy(&q)?);
     close(scalar(&dino_loss(&s, &t, &c, 0.1, 0.07)?), entropy, 1e-10);
-    let noise = Tensor::randn(0f64, 0.1, (2, 3, 5), dev)?;
+    let noise = randn(0f64, 0.1, (2, 3, 5), dev)?;
     assert!(scalar(&dino_loss(&(s + noise)?, &t, &c, 0.1, 0.07)?) > entropy);
     Ok(())
 }
@@ -195,9 +195,9 @@ fn cross_entropy_is_bounded_below_by_the_teacher_entropy() -> candle_core::Resul
 fn gradient_matches_finite_differences_and_skips_teacher_and_centre() -> candle_core::Result<()> {
     let dev = &Device::Cpu;
     for (v, vg) in [(2, 2), (3, 2), (3, 1)] {
-        let s = Tensor::randn(0f64, 1., (v, 3, 4), dev)?;
-        let t = Tensor::randn(0f64, 1., (vg, 3, 4), dev)?;
-        let c = Tensor::randn(0f64, 0.3, 4, dev)?;
+        let s = randn(0f64, 1., (v, 3, 4), dev)?;
+        let t = randn(0f64, 1., (vg, 3, 4), dev)?;
+        let c = randn(0f64, 0.3, 4, dev)?;
         let err = max_gradient_error(&s, |s| dino_loss(s, &t, &c, 0.1, 0.04))?;
         assert!(err < 1e-6, "V={v}, V_g={vg}: relative gradient error {err}");
         let (teacher, center) = (Var::from_tensor(&t)?, Var::from_tensor(&c)?);
@@ -320,7 +320,7 @@ fn prototypes_are_weight_normalised_with_unit_gain() -> Result<()> {
     let dev = &Device::Cpu;
     let store = ParamStore::new(3);
     let head = DinoHead::new(shape(false, 3), store.var_builder(dev))?;
-    let x = Tensor::randn(0f32, 1., (7, 3), dev)?;
+    let x = randn(0f32, 1., (7, 3), dev)?;
     let logits = head.forward(&x, true, false)?;
     assert_eq!(logits.dims(), [7, 6]);
     let (_, v) = &store.vars_with_prefix("last_layer.weight_v")[0];
@@ -342,7 +342,7 @@ fn frozen_last_layer_gets_no_gradient() -> Result<()> {
     let dev = &Device::Cpu;
     let store = ParamStore::new(1);
     let head = DinoHead::new(shape(false, 3), store.var_builder(dev))?;
-    let x = Tensor::randn(0f32, 1., (4, 3), dev)?;
+    let x = randn(0f32, 1., (4, 3), dev)?;
     let weight = |name: &str| store.vars_with_prefix(name)[0].1.clone();
     let (v, w0) = (weight("last_layer.weight_v"), weight("mlp.0.weight"));
     for frozen in [true, false] {
@@ -418,8 +418,8 @@ fn loss_uses_both_heads_and_the_centre_follows_the_teacher_logits() -> Result<()
     }
     let c0 = Tensor::new(&[0.1f32, -0.2, 0.3, 0., 0.05, -0.1], dev)?;
     dino.center.set(&c0)?;
-    let features = Tensor::randn(0f32, 1., (3, 4, 8), dev)?;
-    let teacher = Tensor::randn(0f32, 1., (2, 4, 8), dev)?;
+    let features = randn(0f32, 1., (3, 4, 8), dev)?;
+    let teacher = randn(0f32, 1., (2, 4, 8), dev)?;
     let indices = Tensor::arange(0u32, 4, dev)?;
     let b = Batch {
         teacher: Some(&teacher),
@@ -490,8 +490,8 @@ fn registry_built_objective_trains_the_student_head_only() -> Result<()> {
     );
     assert_eq!(tensors["objective.center"].dims(), [32]);
 
-    let features = Var::from_tensor(&Tensor::randn(0f32, 1., (4, 5, 8), dev)?)?;
-    let teacher = Tensor::randn(0f32, 1., (2, 5, 8), dev)?;
+    let features = Var::from_tensor(&randn(0f32, 1., (4, 5, 8), dev)?)?;
+    let teacher = randn(0f32, 1., (2, 5, 8), dev)?;
     let indices = Tensor::arange(0u32, 5, dev)?;
     let var = |name: &str| store.vars_with_prefix(name)[0].1.clone();
     for (epoch, frozen) in [(0, true), (1, false)] {
@@ -528,7 +528,7 @@ fn batch_norm_head_trains_and_its_teacher_keeps_its_own_statistics() -> Result<(
         &store,
         3,
     )?;
-    let features = Tensor::randn(0f32, 1., (2, 3, 3), dev)?;
+    let features = randn(0f32, 1., (2, 3, 3), dev)?;
     let indices = Tensor::arange(0u32, 3, dev)?;
     let b = Batch {
         teacher: Some(&features),
@@ -561,7 +561,7 @@ fn missing_or_mismatched_teacher_and_single_view_are_clear_errors() -> Result<()
     let dev = &Device::Cpu;
     let store = ParamStore::new(0);
     let mut objective = build("out_dim: 6\nhead_hidden: 5\nbottleneck: 4", &store, 3)?;
-    let features = Tensor::randn(0f32, 1., (3, 2, 3), dev)?;
+    let features = randn(0f32, 1., (3, 2, 3), dev)?;
     let indices = Tensor::arange(0u32, 2, dev)?;
     let err = loss_error(objective.as_mut(), &batch(&features, &indices, None));
     assert!(err.contains("teacher"), "{err}");

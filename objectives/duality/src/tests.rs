@@ -35,8 +35,8 @@ fn rows(t: &Tensor) -> Mat {
     t.to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap()
 }
 
-fn randn(shape: &[usize], std: f64) -> Tensor {
-    Tensor::randn(0f64, std, shape, &Device::Cpu).unwrap()
+fn gaussian(shape: &[usize], std: f64) -> Tensor {
+    ssl_core::testing::randn(0f64, std, shape, &Device::Cpu).unwrap()
 }
 
 /// `Z = Kᵀ` for the spec's `K = [[1,2,0,−1],[3,−1,2,0],[0,1,1,2]]` (M = 3, N = 4).
@@ -107,7 +107,7 @@ fn theorem_3_3_identity_over_random_shapes_and_scales() -> candle_core::Result<(
     ];
     for (n, m) in shapes {
         for scale in [1e-3, 1.0, 37.0, 1e3] {
-            let z = randn(&[n, m], scale);
+            let z = gaussian(&[n, m], scale);
             let zm = rows(&z);
             let naive_c = naive_off_diagonal(&zm);
             let naive_nc = naive_off_diagonal(&transpose(&zm));
@@ -144,7 +144,7 @@ fn corollary_bounds_for_unit_norm_embeddings_and_dimensions() -> candle_core::Re
         let (nf, mf) = (n as f64, m as f64);
         let tol = 1e-9 * (nf * nf + mf * mf);
         // Unit-norm embeddings: L_nc − N + N²/M ≤ L_c ≤ L_nc − N + N².
-        let z = normalize_rows(&randn(&[n, m], 1.0))?;
+        let z = normalize_rows(&gaussian(&[n, m], 1.0))?;
         let (l_c, l_nc) = (
             scalar(&sample_contrastive(&z)?),
             scalar(&dimension_contrastive(&z)?),
@@ -152,7 +152,7 @@ fn corollary_bounds_for_unit_norm_embeddings_and_dimensions() -> candle_core::Re
         assert!(l_nc - nf + nf * nf / mf <= l_c + tol, "{n}x{m}");
         assert!(l_c <= l_nc - nf + nf * nf + tol, "{n}x{m}");
         // Unit-norm dimensions: L_c − M + M²/N ≤ L_nc ≤ L_c − M + M².
-        let z = randn(&[n, m], 1.0);
+        let z = gaussian(&[n, m], 1.0);
         let z = z.broadcast_div(&z.sqr()?.sum_keepdim(0)?.sqrt()?)?;
         let (l_c, l_nc) = (
             scalar(&sample_contrastive(&z)?),
@@ -172,7 +172,7 @@ fn corollary_bounds_for_unit_norm_embeddings_and_dimensions() -> candle_core::Re
     }
     // Rows and columns both unit-norm (square ±1/√N): L_nc = L_c + N − M.
     let n = 7;
-    let signs = randn(&[n, n], 1.0).ge(0.0)?.to_dtype(DType::F64)?;
+    let signs = gaussian(&[n, n], 1.0).ge(0.0)?.to_dtype(DType::F64)?;
     let z = signs.affine(2.0 / (n as f64).sqrt(), -1.0 / (n as f64).sqrt())?;
     let (l_c, l_nc) = (
         scalar(&sample_contrastive(&z)?),
@@ -186,7 +186,7 @@ fn corollary_bounds_for_unit_norm_embeddings_and_dimensions() -> candle_core::Re
 #[test]
 fn criterion_gradients_match_finite_differences() -> candle_core::Result<()> {
     for shape in [&[3, 5][..], &[5, 3], &[2, 3, 4]] {
-        let z = randn(shape, 1.0);
+        let z = gaussian(shape, 1.0);
         let err = ssl_core::testing::max_gradient_error(&z, |z| sample_contrastive(z)?.sum_all())?;
         assert!(err < 1e-6, "L_c gradient error {err} for {shape:?}");
         let err =
@@ -255,7 +255,7 @@ fn naive_terms(z: &Tensor, samples: bool) -> (f64, f64) {
 #[test]
 fn trainable_criteria_match_direct_computation_over_views() -> candle_core::Result<()> {
     for shape in [[2, 5, 3], [4, 3, 6], [3, 7, 7], [5, 8, 4]] {
-        let z = randn(&shape, 2.0);
+        let z = gaussian(&shape, 2.0);
         let t = sample_contrastive_terms(&z)?;
         let (inv, crit) = naive_terms(&z, true);
         close(scalar(&t.invariance), inv, 1e-10);
@@ -265,7 +265,7 @@ fn trainable_criteria_match_direct_computation_over_views() -> candle_core::Resu
         close(scalar(&t.invariance), inv, 1e-10);
         close(scalar(&t.criterion), crit, 1e-10);
     }
-    let z = randn(&[3, 6, 5], 1.0);
+    let z = gaussian(&[3, 6, 5], 1.0);
     let cfg = SampleContrastiveConfig {
         invariance_weight: 0.5,
         criterion_weight: 3.0,
@@ -293,13 +293,13 @@ fn trainable_criteria_match_direct_computation_over_views() -> candle_core::Resu
 fn collapse_maximises_the_criteria_and_identical_views_have_no_invariance_cost(
 ) -> candle_core::Result<()> {
     // All embeddings equal: every cosine is 1.
-    let one = randn(&[1, 1, 6], 1.0).broadcast_as((3, 5, 6))?;
+    let one = gaussian(&[1, 1, 6], 1.0).broadcast_as((3, 5, 6))?;
     let t = sample_contrastive_terms(&one)?;
     close(scalar(&t.criterion), 1.0, 1e-10);
     assert!(scalar(&t.invariance).abs() < 1e-12);
     // Rank-one batch u vᵀ: every pair of dimensions is perfectly (anti-)correlated.
-    let u = randn(&[5, 1], 1.0);
-    let v = randn(&[1, 6], 1.0);
+    let u = gaussian(&[5, 1], 1.0);
+    let v = gaussian(&[1, 6], 1.0);
     let rank_one = u.matmul(&v)?.unsqueeze(0)?.broadcast_as((2, 5, 6))?;
     let t = dimension_contrastive_terms(&rank_one)?;
     close(scalar(&t.criterion), 1.0, 1e-10);
@@ -310,7 +310,7 @@ fn collapse_maximises_the_criteria_and_identical_views_have_no_invariance_cost(
 #[test]
 fn terms_are_order_one_at_random_init() -> candle_core::Result<()> {
     // B = 128, D = 512, independent views: invariance ≈ 2, criteria ≈ 1/D resp. 1/(B−1).
-    let z = Tensor::randn(0f32, 1., (2, 128, 512), &Device::Cpu)?;
+    let z = ssl_core::testing::randn(0f32, 1., (2, 128, 512), &Device::Cpu)?;
     let t = sample_contrastive_terms(&z)?;
     let (inv, crit) = (scalar(&t.invariance), scalar(&t.criterion));
     assert!((1.8..2.2).contains(&inv), "{inv}");
@@ -324,7 +324,7 @@ fn terms_are_order_one_at_random_init() -> candle_core::Result<()> {
 
 #[test]
 fn trainable_criteria_f32_agree_with_f64() -> candle_core::Result<()> {
-    let z = randn(&[3, 16, 24], 1.0);
+    let z = gaussian(&[3, 16, 24], 1.0);
     let z32 = z.to_dtype(DType::F32)?;
     let s = SampleContrastiveConfig::default();
     close(
@@ -344,7 +344,7 @@ fn trainable_criteria_f32_agree_with_f64() -> candle_core::Result<()> {
 #[test]
 fn trainable_criteria_gradients_match_finite_differences() -> candle_core::Result<()> {
     for shape in [[2, 4, 3], [3, 3, 5]] {
-        let z = randn(&shape, 1.0);
+        let z = gaussian(&shape, 1.0);
         let s = SampleContrastiveConfig::default();
         let err = ssl_core::testing::max_gradient_error(&z, |z| sample_contrastive_loss(z, &s))?;
         assert!(err < 1e-6, "sample-contrastive gradient error {err}");
@@ -393,7 +393,7 @@ fn scl_ball_projection_and_mu() -> candle_core::Result<()> {
     assert_eq!(p[2], vec![0.0, 0.0]);
     // Radius √μ and division by μ: inputs scaled by √μ project like the μ = 1 inputs, the
     // positive part keeps its value and the negative part is multiplied by μ.
-    let z = randn(&[2, 4, 3], 1.0);
+    let z = gaussian(&[2, 4, 3], 1.0);
     let mu: f64 = 10.0;
     let unit = scl_terms(&z, 1.0)?;
     close(
@@ -441,7 +441,7 @@ fn naive_scl_pair(a: &Mat, b: &Mat, mu: f64) -> f64 {
 #[test]
 fn scl_multi_view_averages_view_pairs_and_is_symmetric() -> candle_core::Result<()> {
     let mu = 1.5;
-    let z = randn(&[4, 5, 3], 0.9);
+    let z = gaussian(&[4, 5, 3], 0.9);
     let views: Vec<Mat> = (0..4).map(|v| rows(&z.get(v).unwrap())).collect();
     let mut ordered = 0.0;
     let mut unordered = 0.0;
@@ -470,7 +470,7 @@ fn scl_multi_view_averages_view_pairs_and_is_symmetric() -> candle_core::Result<
 /// `[V, B, d]` with row norms drawn from values well inside and outside the unit ball.
 fn away_from_boundary(shape: (usize, usize, usize)) -> candle_core::Result<Tensor> {
     let (v, b, d) = shape;
-    let dirs = normalize_rows(&randn(&[v, b, d], 1.0))?;
+    let dirs = normalize_rows(&gaussian(&[v, b, d], 1.0))?;
     let norms: Vec<f64> = (0..v * b).map(|k| [0.4, 0.7, 1.6, 2.3][k % 4]).collect();
     dirs.broadcast_mul(&Tensor::from_vec(norms, (v, b, 1), &Device::Cpu)?)
 }
@@ -482,7 +482,7 @@ fn scl_gradients_match_finite_differences() -> candle_core::Result<()> {
         let err = ssl_core::testing::max_gradient_error(&z, |z| scl_loss(z, 1.0))?;
         assert!(err < 1e-6, "SCL gradient error {err} for {shape:?}");
     }
-    let z = randn(&[2, 4, 3], 1.0);
+    let z = gaussian(&[2, 4, 3], 1.0);
     let err = ssl_core::testing::max_gradient_error(&z, |z| scl_paper(&z.get(0)?, &z.get(1)?))?;
     assert!(err < 1e-6, "paper-form gradient error {err}");
     Ok(())
@@ -520,8 +520,8 @@ fn requirements_need_two_instances() {
 
 #[test]
 fn objectives_report_the_pure_losses_and_their_terms() -> Result<()> {
-    let z = randn(&[3, 6, 5], 1.0);
-    let features = randn(&[3, 6, 2], 1.0);
+    let z = gaussian(&[3, 6, 5], 1.0);
+    let features = gaussian(&[3, 6, 2], 1.0);
     let indices = Tensor::arange(0u32, 6, &Device::Cpu)?;
     let batch = Batch {
         features: &features,

@@ -202,7 +202,7 @@ register_objective! {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
-    use ssl_core::testing::{close, scalar, spec_za_zb};
+    use ssl_core::testing::{close, randn, scalar, spec_za_zb};
 
     fn views() -> candle_core::Result<(Tensor, Tensor, Tensor)> {
         let (a, b) = spec_za_zb()?;
@@ -330,7 +330,7 @@ mod tests {
         }
         // Random views lie strictly inside [−log min(N, D), 0].
         for (n, d) in [(6, 3), (3, 6), (5, 5)] {
-            let z = Tensor::randn(0f64, 1., (n, d), &dev)?;
+            let z = randn(0f64, 1., (n, d), &dev)?;
             let reg = scalar(&frobenius_regularizer(&normalize_columns(&z)?)?);
             let bound = -(n.min(d) as f64).ln();
             assert!(reg > bound + 1e-6 && reg < 0.0, "{reg} vs {bound}");
@@ -345,7 +345,7 @@ mod tests {
     #[test]
     fn both_gram_branches_give_the_same_value() -> candle_core::Result<()> {
         for (n, d) in [(7, 3), (3, 7), (4, 4)] {
-            let z_hat = normalize_columns(&Tensor::randn(0f64, 1., (n, d), &Device::Cpu)?)?;
+            let z_hat = normalize_columns(&randn(0f64, 1., (n, d), &Device::Cpu)?)?;
             let primal = log_normalized_frobenius(&z_hat.t()?.matmul(&z_hat)?);
             let dual = log_normalized_frobenius(&z_hat.matmul(&z_hat.t()?)?);
             close(primal, dual, 1e-10);
@@ -357,7 +357,7 @@ mod tests {
     #[test]
     fn invariant_to_positive_column_scaling() -> candle_core::Result<()> {
         let dev = Device::Cpu;
-        let z = Tensor::randn(0f64, 1., (3, 5, 4), &dev)?;
+        let z = randn(0f64, 1., (3, 5, 4), &dev)?;
         let scale = Tensor::new(
             &[
                 [[1f64, 1., 1., 1.]],
@@ -377,7 +377,7 @@ mod tests {
 
     #[test]
     fn two_view_invariance_is_the_pairwise_distance() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (2, 6, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 6, 4), &Device::Cpu)?;
         let z_hat = normalize_columns(&z)?;
         let lambda = 1.7;
         let total = scalar(&invariance(&z_hat, lambda)?.sum_all()?);
@@ -390,7 +390,7 @@ mod tests {
     fn multi_view_matches_direct_computation() -> candle_core::Result<()> {
         for (n, d) in [(6, 4), (3, 5)] {
             let v = 4;
-            let z = Tensor::randn(0f64, 1., (v, n, d), &Device::Cpu)?;
+            let z = randn(0f64, 1., (v, n, d), &Device::Cpu)?;
             let hats: Vec<Vec<Vec<f64>>> = (0..v)
                 .map(|k| {
                     let x = z.get(k).unwrap().to_vec2::<f64>().unwrap();
@@ -428,7 +428,7 @@ mod tests {
             ..FrosslConfig::default()
         };
         for shape in [(2, 6, 3), (2, 3, 5), (3, 6, 3), (3, 3, 5)] {
-            let z = Tensor::randn(0f64, 1., shape, &Device::Cpu)?;
+            let z = randn(0f64, 1., shape, &Device::Cpu)?;
             let err = ssl_core::testing::max_gradient_error(&z, |z| frossl_loss(z, &cfg))?;
             assert!(err < 1e-6, "{shape:?}: relative gradient error {err}");
         }
@@ -437,7 +437,7 @@ mod tests {
             ..cfg
         };
         for shape in [(2, 6, 3), (2, 3, 5)] {
-            let z = Tensor::randn(0f64, 1., shape, &Device::Cpu)?;
+            let z = randn(0f64, 1., shape, &Device::Cpu)?;
             let err = ssl_core::testing::max_gradient_error(&z, |z| frossl_loss(z, &legacy))?;
             assert!(
                 err < 1e-6,
@@ -451,7 +451,7 @@ mod tests {
     fn trace_normalisation_carries_no_gradient() -> candle_core::Result<()> {
         // With the trace constant, d reg/d Ẑ = 4·Ẑ·K/‖K‖_F² (N > D); a differentiated trace
         // would subtract 4·Ẑ/tr K.
-        let z_hat = Tensor::randn(0f64, 1., (5, 3), &Device::Cpu)?;
+        let z_hat = randn(0f64, 1., (5, 3), &Device::Cpu)?;
         let var = candle_core::Var::from_tensor(&z_hat)?;
         let grads = frobenius_regularizer(var.as_tensor())?.backward()?;
         let grad = grads.get(var.as_tensor()).unwrap();
@@ -464,7 +464,7 @@ mod tests {
 
     #[test]
     fn legacy_form_rejects_more_than_two_views() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (3, 4, 3), &Device::Cpu)?;
+        let z = randn(0f64, 1., (3, 4, 3), &Device::Cpu)?;
         assert!(legacy_terms(&z).is_err());
         Ok(())
     }

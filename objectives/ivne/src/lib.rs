@@ -146,7 +146,7 @@ register_objective! {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
-    use ssl_core::testing::{close, scalar, spec_za_zb as za_zb};
+    use ssl_core::testing::{close, randn, scalar, spec_za_zb as za_zb};
 
     #[test]
     fn known_answers_spec_2_12() -> candle_core::Result<()> {
@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn multi_view_matches_official_pairing_and_view_mean() -> candle_core::Result<()> {
         let (v, n, d) = (6, 5, 8);
-        let z = Tensor::randn(0f64, 1., (v, n, d), &Device::Cpu)?;
+        let z = randn(0f64, 1., (v, n, d), &Device::Cpu)?;
         let (mut cos, mut pairs) = (0.0, 0.0);
         for i in 0..2 {
             for j in i + 1..v {
@@ -243,7 +243,7 @@ mod tests {
     fn gradient_matches_finite_differences() -> candle_core::Result<()> {
         let cfg = IvneConfig::default();
         for (v, n, d) in [(2, 4, 6), (3, 6, 4)] {
-            let z = Tensor::randn(0f64, 1., (v, n, d), &Device::Cpu)?;
+            let z = randn(0f64, 1., (v, n, d), &Device::Cpu)?;
             let err = ssl_core::testing::max_gradient_error(&z, |z| ivne_loss(z, &cfg))?;
             assert!(
                 err < 1e-6,

@@ -145,7 +145,7 @@ register_objective! {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
-    use ssl_core::testing::{close, scalar, spec_za_zb};
+    use ssl_core::testing::{close, randn, scalar, spec_za_zb};
 
     fn views() -> candle_core::Result<Tensor> {
         let (a, b) = spec_za_zb()?;
@@ -202,7 +202,7 @@ mod tests {
     #[test]
     fn multi_view_matches_naive_centroids_and_manifolds() -> candle_core::Result<()> {
         let (v, n, d) = (5, 4, 7);
-        let z = Tensor::randn(0f64, 1., (v, n, d), &Device::Cpu)?;
+        let z = randn(0f64, 1., (v, n, d), &Device::Cpu)?;
         let raw: Vec<Vec<Vec<f64>>> = (0..v)
             .map(|k| z.get(k)?.to_vec2())
             .collect::<candle_core::Result<_>>()?;
@@ -251,7 +251,7 @@ mod tests {
     #[test]
     fn gradient_matches_finite_differences() -> candle_core::Result<()> {
         for (v, n, d, lambda) in [(2, 4, 6, 0.0), (3, 5, 4, 0.5)] {
-            let z = Tensor::randn(0f64, 1., (v, n, d), &Device::Cpu)?;
+            let z = randn(0f64, 1., (v, n, d), &Device::Cpu)?;
             let cfg = MmcrConfig { lambda };
             let err = ssl_core::testing::max_gradient_error(&z, |z| mmcr_loss(z, &cfg))?;
             assert!(

@@ -3,7 +3,7 @@
 
 use super::*;
 use candle_core::{Device, Var};
-use ssl_core::testing::{close, max_gradient_error, scalar};
+use ssl_core::testing::{close, max_gradient_error, randn, scalar};
 use ssl_core::{ParamStore, Progress};
 
 /// The spec's `q`, `k` (`[2, 2]`) and queue (`[3, 2]`), normalised, f64.
@@ -59,9 +59,9 @@ fn known_answers_in_f32() -> candle_core::Result<()> {
 #[test]
 fn loss_is_the_cross_entropy_of_label_zero() -> candle_core::Result<()> {
     let dev = &Device::Cpu;
-    let q = normalize_rows(&Tensor::randn(0f64, 1., (5, 4), dev)?)?;
-    let k = normalize_rows(&Tensor::randn(0f64, 1., (5, 4), dev)?)?;
-    let queue = normalize_rows(&Tensor::randn(0f64, 1., (7, 4), dev)?)?;
+    let q = normalize_rows(&randn(0f64, 1., (5, 4), dev)?)?;
+    let k = normalize_rows(&randn(0f64, 1., (5, 4), dev)?)?;
+    let queue = normalize_rows(&randn(0f64, 1., (7, 4), dev)?)?;
     let t = 0.07;
     let logits = rows(&moco_logits(&q, &k, &queue, t)?);
     let (qv, kv, qu) = (rows(&q), rows(&k), rows(&queue));
@@ -82,9 +82,9 @@ fn loss_is_the_cross_entropy_of_label_zero() -> candle_core::Result<()> {
 fn gradient_matches_finite_differences() -> candle_core::Result<()> {
     let dev = &Device::Cpu;
     for (b, d, size) in [(2, 2, 3), (4, 3, 6), (1, 5, 4)] {
-        let q = Tensor::randn(0f64, 1., (b, d), dev)?;
-        let k = normalize_rows(&Tensor::randn(0f64, 1., (b, d), dev)?)?;
-        let queue = normalize_rows(&Tensor::randn(0f64, 1., (size, d), dev)?)?;
+        let q = randn(0f64, 1., (b, d), dev)?;
+        let k = normalize_rows(&randn(0f64, 1., (b, d), dev)?)?;
+        let queue = normalize_rows(&randn(0f64, 1., (size, d), dev)?)?;
         let err = max_gradient_error(&q, |q| moco_loss(&normalize_rows(q)?, &k, &queue, 0.2))?;
         assert!(
             err < 1e-6,
@@ -276,8 +276,8 @@ fn steps_use_the_old_queue_then_enqueue_at_the_pointer() -> Result<()> {
     let (d, b, size) = (3, 2, 4);
     let (store, mut objective) = build("mocov2", "queue_size: 4", d, 2, b, 0)?;
     for k in 0..3 {
-        let z = Tensor::randn(0f64, 1., (2, b, d), dev)?;
-        let t = Tensor::randn(0f64, 1., (2, b, d), dev)?;
+        let z = randn(0f64, 1., (2, b, d), dev)?;
+        let t = randn(0f64, 1., (2, b, d), dev)?;
         let before = stored(&store, "objective.queue")
             .get(0)?
             .to_dtype(DType::F64)?;
@@ -310,7 +310,7 @@ fn steps_use_the_old_queue_then_enqueue_at_the_pointer() -> Result<()> {
 fn evaluation_losses_leave_the_queue_alone() -> Result<()> {
     let dev = &Device::Cpu;
     let (store, mut objective) = build("moco", "queue_size: 4", 3, 2, 2, 0)?;
-    let z = Tensor::randn(0f64, 1., (2, 2, 3), dev)?;
+    let z = randn(0f64, 1., (2, 2, 3), dev)?;
     let ids = Tensor::arange(0u32, 2, dev)?;
     let before = stored(&store, "objective.queue").to_vec3::<f32>()?;
     let batch = Batch {
@@ -335,8 +335,8 @@ fn evaluation_losses_leave_the_queue_alone() -> Result<()> {
 fn queue_never_receives_a_gradient() -> Result<()> {
     let dev = &Device::Cpu;
     let (store, mut objective) = build("moco", "queue_size: 4", 3, 2, 2, 0)?;
-    let z = Var::from_tensor(&Tensor::randn(0f32, 1., (2, 2, 3), dev)?)?;
-    let t = Tensor::randn(0f32, 1., (2, 2, 3), dev)?;
+    let z = Var::from_tensor(&randn(0f32, 1., (2, 2, 3), dev)?)?;
+    let t = randn(0f32, 1., (2, 2, 3), dev)?;
     let ids = Tensor::arange(0u32, 2, dev)?;
     let batch = Batch {
         teacher: Some(&t),
@@ -383,8 +383,8 @@ fn symmetric_variant_averages_both_directions_with_a_queue_per_view() -> Result<
     let dev = &Device::Cpu;
     let (d, b) = (4, 2);
     let (store, mut objective) = build("moco-v2", "queue_size: 6\nsymmetric: true", d, 2, b, 1)?;
-    let z = Tensor::randn(0f64, 1., (2, b, d), dev)?;
-    let t = Tensor::randn(0f64, 1., (2, b, d), dev)?;
+    let z = randn(0f64, 1., (2, b, d), dev)?;
+    let t = randn(0f64, 1., (2, b, d), dev)?;
     let queues = stored(&store, "objective.queue");
     let (q, k) = (normalize_rows(&z)?, normalize_rows(&t)?);
     let l12 = moco_loss(&q.get(0)?, &k.get(1)?, &queues.get(1)?, 0.2)?;
@@ -406,7 +406,7 @@ fn symmetric_variant_averages_both_directions_with_a_queue_per_view() -> Result<
 fn extra_views_query_the_key_views() -> Result<()> {
     let dev = &Device::Cpu;
     let (d, b) = (3, 2);
-    let z = Tensor::randn(0f64, 1., (3, b, d), dev)?;
+    let z = randn(0f64, 1., (3, b, d), dev)?;
     let (q, k) = (normalize_rows(&z)?, normalize_rows(&z.narrow(0, 0, 2)?)?);
     let pair = |v: usize, w: usize, queue: &Tensor| -> f64 {
         scalar(&moco_loss(&q.get(v).unwrap(), &k.get(w).unwrap(), queue, 0.2).unwrap())
@@ -455,8 +455,8 @@ fn resume_restores_queue_and_pointer() -> Result<()> {
     let batches: Vec<(Tensor, Tensor)> = (0..3)
         .map(|_| {
             (
-                Tensor::randn(0f32, 1., (2, 2, 3), dev).unwrap(),
-                Tensor::randn(0f32, 1., (2, 2, 3), dev).unwrap(),
+                randn(0f32, 1., (2, 2, 3), dev).unwrap(),
+                randn(0f32, 1., (2, 2, 3), dev).unwrap(),
             )
         })
         .collect();
@@ -482,7 +482,7 @@ fn resume_restores_queue_and_pointer() -> Result<()> {
 fn missing_teacher_and_mismatched_shapes_are_errors() -> Result<()> {
     let dev = &Device::Cpu;
     let (_, mut objective) = build("moco", "queue_size: 4", 3, 2, 2, 0)?;
-    let z = Tensor::randn(0f32, 1., (2, 2, 3), dev)?;
+    let z = randn(0f32, 1., (2, 2, 3), dev)?;
     let ids = Tensor::arange(0u32, 2, dev)?;
     let err = objective
         .loss(&ssl_core::testing::batch(&z, &ids, None))
@@ -497,7 +497,7 @@ fn missing_teacher_and_mismatched_shapes_are_errors() -> Result<()> {
     };
     let err = objective.loss(&batch).err().unwrap().to_string();
     assert!(err.contains("[V_g, B, D] = [2, 2, 3]"), "{err}");
-    let wide = Tensor::randn(0f32, 1., (2, 2, 5), dev)?;
+    let wide = randn(0f32, 1., (2, 2, 5), dev)?;
     let batch = Batch {
         teacher: Some(&wide),
         ..ssl_core::testing::batch(&wide, &ids, None)

@@ -343,6 +343,7 @@ mod tests {
     use crate::{dcl, nt_xent_with};
     use candle_core::{DType, Device, Tensor};
     use candle_nn::{VarBuilder, VarMap};
+    use ssl_core::testing::randn;
 
     const SIMCLR_NAMES: [(&str, Similarity, Preprocess); 5] = [
         ("simclr", Similarity::Identity, Preprocess::None),
@@ -438,7 +439,7 @@ mod tests {
 
     #[test]
     fn registered_objectives_compute_their_preset_losses() -> Result<()> {
-        let z = Tensor::randn(0f64, 1., (3, 5, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (3, 5, 4), &Device::Cpu)?;
         for (name, f, p) in SIMCLR_NAMES {
             let got = loss_of(build(name, "")?.as_mut(), &z)?;
             let want = nt_xent_with(&z, 0.5, f, p)?.to_scalar::<f64>()?;

@@ -136,6 +136,7 @@ mod tests {
     };
     use crate::Preprocess;
     use candle_core::{DType, Device};
+    use ssl_core::testing::randn;
 
     /// Naive multi-view DCL; `sigma` gives DCL-W weights computed with plain loops.
     fn dcl_naive(z: &Tensor, tau: f64, f: Similarity, sigma: Option<f64>) -> f64 {
@@ -203,7 +204,7 @@ mod tests {
     #[test]
     fn two_views_equal_the_two_direction_reference_form() -> candle_core::Result<()> {
         // Spec §2.7: L = ½(mean_i ℓ_i^{(1→2)} + mean_i ℓ_i^{(2→1)}), Neg = both views of j ≠ i.
-        let z = Tensor::randn(0f64, 1., (2, 5, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 5, 4), &Device::Cpu)?;
         let rows = prepared_naive(&z, Preprocess::None);
         let (k1, k2) = rows.split_at(5);
         for f in ALL_F {
@@ -228,7 +229,7 @@ mod tests {
     #[test]
     fn multi_view_matches_naive_loop() -> candle_core::Result<()> {
         for (v, b) in [(2, 4), (3, 4), (4, 3)] {
-            let z = Tensor::randn(0f64, 1., (v, b, 5), &Device::Cpu)?;
+            let z = randn(0f64, 1., (v, b, 5), &Device::Cpu)?;
             for f in ALL_F {
                 close(
                     scalar(&dcl(&z, 0.3, f)?),
@@ -247,7 +248,7 @@ mod tests {
 
     #[test]
     fn paper_form_matches_naive_loop() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (2, 5, 3), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 5, 3), &Device::Cpu)?;
         let rows = prepared_naive(&z, Preprocess::None);
         let (k, k2) = rows.split_at(5);
         for f in ALL_F {
@@ -270,7 +271,7 @@ mod tests {
     #[test]
     fn dclw_with_equal_positive_similarities_is_dcl() -> candle_core::Result<()> {
         // Both views identical: every positive cosine is 1, the softmax is uniform, w = 1.
-        let x = Tensor::randn(0f64, 1., (1, 4, 3), &Device::Cpu)?;
+        let x = randn(0f64, 1., (1, 4, 3), &Device::Cpu)?;
         let z = Tensor::cat(&[&x, &x.affine(2.0, 0.0)?], 0)?;
         let w = dclw_weights(&z, 0.5)?.flatten_all()?.to_vec1::<f64>()?;
         assert!(w.iter().all(|w| (w - 1.0).abs() < 1e-12), "{w:?}");
@@ -284,7 +285,7 @@ mod tests {
 
     #[test]
     fn gradients_match_finite_differences() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (3, 3, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (3, 3, 4), &Device::Cpu)?;
         let pair = z.narrow(0, 0, 2)?;
         let weights = dclw_weights(&z, 0.5)?;
         for f in ALL_F {

@@ -70,6 +70,7 @@ pub(crate) mod tests {
     use super::*;
     use candle_core::{DType, Device};
     pub use ssl_core::testing::{close, scalar};
+    use ssl_core::testing::{randn, uniform};
 
     pub fn x1_x2() -> candle_core::Result<(Tensor, Tensor)> {
         let dev = Device::Cpu;
@@ -228,7 +229,7 @@ pub(crate) mod tests {
     #[test]
     fn single_instance_gives_zero_loss() -> candle_core::Result<()> {
         // Spec §2.6: at N = 1 every anchor's only candidate is its positive.
-        let z = Tensor::randn(0f64, 1., (2, 1, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 1, 4), &Device::Cpu)?;
         for f in ALL_F {
             assert!(scalar(&nt_xent_with(&z, 0.5, f, Preprocess::None)?).abs() < 1e-12);
         }
@@ -238,25 +239,25 @@ pub(crate) mod tests {
     #[test]
     fn invariances_of_each_preprocessing() -> candle_core::Result<()> {
         let dev = Device::Cpu;
-        let z = Tensor::randn(0f64, 1., (2, 5, 3), &dev)?;
+        let z = randn(0f64, 1., (2, 5, 3), &dev)?;
         let loss =
             |z: &Tensor, p| nt_xent_with(z, 0.5, Similarity::Identity, p).map(|t| scalar(&t));
         // Row normalisation: any positive rescaling of embeddings.
-        let rows = Tensor::rand(0.1f64, 3., (2, 5, 1), &dev)?;
+        let rows = uniform(0.1f64, 3., (2, 5, 1), &dev)?;
         close(
             loss(&z.broadcast_mul(&rows)?, Preprocess::None)?,
             loss(&z, Preprocess::None)?,
             1e-12,
         );
         // Centring: a translation of each view.
-        let shift = Tensor::randn(0f64, 5., (2, 1, 3), &dev)?;
+        let shift = randn(0f64, 5., (2, 1, 3), &dev)?;
         close(
             loss(&z.broadcast_add(&shift)?, Preprocess::Centre)?,
             loss(&z, Preprocess::Centre)?,
             1e-10,
         );
         // Standardisation: a positive rescaling and a translation of each dimension of each view.
-        let cols = Tensor::rand(0.1f64, 3., (2, 1, 3), &dev)?;
+        let cols = uniform(0.1f64, 3., (2, 1, 3), &dev)?;
         let moved = z.broadcast_mul(&cols)?.broadcast_add(&shift)?;
         close(
             loss(&moved, Preprocess::Standardize)?,
@@ -269,7 +270,7 @@ pub(crate) mod tests {
     #[test]
     fn multi_view_matches_naive_loop() -> candle_core::Result<()> {
         for (v, b) in [(2, 4), (3, 4), (4, 3)] {
-            let z = Tensor::randn(0f64, 1., (v, b, 5), &Device::Cpu)?;
+            let z = randn(0f64, 1., (v, b, 5), &Device::Cpu)?;
             for f in ALL_F {
                 for p in ALL_P {
                     close(
@@ -285,7 +286,7 @@ pub(crate) mod tests {
 
     #[test]
     fn paper_form_matches_naive_loop() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (2, 5, 3), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 5, 3), &Device::Cpu)?;
         let rows = prepared_naive(&z, Preprocess::None);
         let (k, k2) = rows.split_at(5);
         for f in ALL_F {
@@ -308,7 +309,7 @@ pub(crate) mod tests {
 
     #[test]
     fn gradients_match_finite_differences() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (3, 3, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (3, 3, 4), &Device::Cpu)?;
         for f in ALL_F {
             for p in ALL_P {
                 let err =

@@ -83,7 +83,7 @@ mod tests {
     use crate::test_support::{assert_documented, build, config_error, run, run_err};
     use candle_core::{Device, Tensor};
     use candle_nn::VarMap;
-    use ssl_core::testing::{close, scalar};
+    use ssl_core::testing::{close, randn, scalar};
 
     #[test]
     fn registered_without_keys() {
@@ -98,7 +98,7 @@ mod tests {
         let req = objective.requirements();
         assert!(req.labels && !req.projector);
         assert_eq!((req.min_views, req.min_batch), (1, 1));
-        let z = Tensor::randn(0f64, 1., (2, 3, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 3, 4), &Device::Cpu)?;
         let labels = [2u32, 0, 1];
         let loss = scalar(&run(objective.as_mut(), &z, &[5, 6, 7], Some(&labels))?.loss);
 
@@ -120,7 +120,7 @@ mod tests {
     fn works_with_one_instance_and_one_view() -> Result<()> {
         let map = VarMap::new();
         let mut objective = build(&map, "ce", "", 8, Some(3), 4)?;
-        let z = Tensor::randn(0f64, 1., (1, 1, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (1, 1, 4), &Device::Cpu)?;
         let loss = scalar(&run(objective.as_mut(), &z, &[0], Some(&[1]))?.loss);
         assert!(loss.is_finite() && loss > 0.0, "{loss}");
         Ok(())
@@ -130,7 +130,7 @@ mod tests {
     fn missing_labels_and_classes_are_clear_errors() -> Result<()> {
         let map = VarMap::new();
         let mut objective = build(&map, "cross-entropy", "{}", 8, Some(3), 4)?;
-        let z = Tensor::randn(0f64, 1., (2, 2, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 2, 4), &Device::Cpu)?;
         let err = run_err(objective.as_mut(), &z, &[0, 1], None);
         assert!(err.contains("labels"), "{err}");
         let err = run_err(objective.as_mut(), &z, &[0, 1], Some(&[0, 3]));

@@ -124,7 +124,7 @@ mod tests {
     use crate::test_support::{assert_documented, build, config_error, kat_logits, run, run_err};
     use candle_core::{DType, Device};
     use candle_nn::VarMap;
-    use ssl_core::testing::{close, max_gradient_error, scalar};
+    use ssl_core::testing::{close, max_gradient_error, randn, scalar};
 
     #[test]
     fn known_answer_spec_2_23() -> candle_core::Result<()> {
@@ -148,7 +148,7 @@ mod tests {
 
     #[test]
     fn gradient_matches_finite_differences() -> candle_core::Result<()> {
-        let logits = Tensor::randn(0f64, 1., (6, 9), &Device::Cpu)?;
+        let logits = randn(0f64, 1., (6, 9), &Device::Cpu)?;
         let targets = Tensor::new(&[8u32, 0, 3, 3, 5, 1], &Device::Cpu)?;
         for eps in [0.8, 0.0, 0.3] {
             let err = max_gradient_error(&logits, |x| diet_loss(x, &targets, eps))?;
@@ -172,7 +172,7 @@ mod tests {
         assert_eq!((req.min_views, req.min_batch), (1, 1));
         assert!(req.check("diet", 1, 1, false).is_ok());
 
-        let z = Tensor::randn(0f64, 1., (2, 1, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 1, 4), &Device::Cpu)?;
         let loss = scalar(&run(objective.as_mut(), &z, &[7], None)?.loss);
         let vars = map.data().lock().unwrap();
         let w = vars["objective.classifier.weight"].as_tensor().clone();
@@ -188,7 +188,7 @@ mod tests {
     fn instance_id_outside_the_classifier_is_an_error() -> Result<()> {
         let map = VarMap::new();
         let mut objective = build(&map, "diet", "{}", 10, None, 4)?;
-        let z = Tensor::randn(0f64, 1., (2, 2, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 2, 4), &Device::Cpu)?;
         let err = run_err(objective.as_mut(), &z, &[3, 10], None);
         assert!(
             err.contains("instance id 10") && err.contains("10 training instances"),

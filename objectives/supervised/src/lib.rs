@@ -159,7 +159,7 @@ mod tests {
     use super::test_support::kat_logits;
     use super::*;
     use candle_core::Device;
-    use ssl_core::testing::{close, max_gradient_error, scalar};
+    use ssl_core::testing::{close, max_gradient_error, randn, scalar};
 
     /// By hand: row 0 `lse = ln(e² + 2 + e) = 2.4938117091`, `−log p₀ = 0.4938117091`;
     /// row 1 `lse = ln(3 + e³) = 3.1392063142`, `−log p₂ = 0.1392063142`; mean `0.3165090116`.
@@ -178,7 +178,7 @@ mod tests {
 
     #[test]
     fn smoothing_is_the_soft_target_cross_entropy() -> candle_core::Result<()> {
-        let logits = Tensor::randn(0f64, 2., (5, 7), &Device::Cpu)?;
+        let logits = randn(0f64, 2., (5, 7), &Device::Cpu)?;
         let targets = Tensor::new(&[0u32, 6, 3, 3, 1], &Device::Cpu)?;
         let eps = 0.3;
         let rows = logits.to_vec2::<f64>()?;
@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn cross_entropy_gradient_matches_finite_differences() -> candle_core::Result<()> {
-        let logits = Tensor::randn(0f64, 1., (4, 5), &Device::Cpu)?;
+        let logits = randn(0f64, 1., (4, 5), &Device::Cpu)?;
         let targets = Tensor::new(&[4u32, 0, 2, 2], &Device::Cpu)?;
         for eps in [0.0, 0.8] {
             let err = max_gradient_error(&logits, |x| soft_cross_entropy(x, &targets, eps))?;

@@ -204,7 +204,7 @@ mod tests {
     use crate::test_support::{assert_documented, build, config_error, run, run_err};
     use candle_core::{DType, Device};
     use candle_nn::VarMap;
-    use ssl_core::testing::{close, max_gradient_error, scalar};
+    use ssl_core::testing::{close, max_gradient_error, randn, scalar};
 
     /// Spec §2.24: per image (view0, view1), stored view-major as `[V = 2, B = 3, d = 2]`.
     fn kat() -> candle_core::Result<(Tensor, Tensor)> {
@@ -295,7 +295,7 @@ mod tests {
 
     #[test]
     fn multi_view_matches_plain_loops() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (3, 5, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (3, 5, 4), &Device::Cpu)?;
         let labels = [1u32, 0, 1, 2, 1];
         let l = Tensor::new(&labels, &Device::Cpu)?;
         let (out, inn) = naive(&z, &labels, 0.5, 0.07);
@@ -307,7 +307,7 @@ mod tests {
     #[test]
     fn gradient_matches_finite_differences() -> candle_core::Result<()> {
         for (v, b, d) in [(2, 3, 4), (3, 4, 3)] {
-            let z = Tensor::randn(0f64, 1., (v, b, d), &Device::Cpu)?;
+            let z = randn(0f64, 1., (v, b, d), &Device::Cpu)?;
             let labels = Tensor::new(&[0u32, 1, 0, 1][..b], &Device::Cpu)?;
             let out = max_gradient_error(&z, |z| supcon_out(z, &labels, 0.5, 0.07))?;
             assert!(out < 1e-6, "out V={v} B={b}: relative gradient error {out}");

@@ -1,7 +1,7 @@
 use super::*;
 use candle_core::Device;
 use candle_nn::{VarBuilder, VarMap};
-use ssl_core::testing::{batch, close, first_step, max_gradient_error, scalar};
+use ssl_core::testing::{batch, close, first_step, max_gradient_error, randn, scalar, uniform};
 use ssl_core::Progress;
 
 const KAT_Q: [[f64; 2]; 3] = [
@@ -214,7 +214,7 @@ fn objective_known_answer_through_normalisation() -> Result<()> {
 fn sinkhorn_matches_the_literal_algorithm_and_ignores_a_common_shift() -> candle_core::Result<()> {
     let dev = Device::Cpu;
     for (b, k) in [(5, 3), (3, 7), (8, 8)] {
-        let s = Tensor::rand(-1f64, 1., (b, k), &dev)?;
+        let s = uniform(-1f64, 1., (b, k), &dev)?;
         let want = naive_sinkhorn(&s.to_vec2::<f64>()?, 0.05, 3);
         for (row, want) in sinkhorn(&s, 0.05, 3)?.to_vec2::<f64>()?.iter().zip(&want) {
             for (a, b) in row.iter().zip(want) {
@@ -222,13 +222,14 @@ fn sinkhorn_matches_the_literal_algorithm_and_ignores_a_common_shift() -> candle
             }
         }
         // exp(S/ε) overflows f64 for S = 40 at ε = 0.05; the max subtraction keeps it finite and
-        // the codes equal those of the shifted scores.
+        // the codes equal those of the shifted scores, to the rounding of S + 25 (ulp(45)/2 =
+        // 3.6e-15) amplified by 1/ε = 20 in the exponent and three Sinkhorn rounds.
         let big = ((s * 20.0)? + 25.0)?;
         let shifted = sinkhorn(&(&big - 25.0)?, 0.05, 3)?.to_vec2::<f64>()?;
         let q = sinkhorn(&big, 0.05, 3)?.to_vec2::<f64>()?;
         for (row, want) in q.iter().zip(&shifted) {
             for (a, b) in row.iter().zip(want) {
-                assert!(a.is_finite() && (a - b).abs() <= 1e-12, "{a} vs {b}");
+                assert!(a.is_finite() && (a - b).abs() <= 1e-10, "{a} vs {b}");
             }
         }
     }
@@ -238,7 +239,7 @@ fn sinkhorn_matches_the_literal_algorithm_and_ignores_a_common_shift() -> candle
 #[test]
 fn sinkhorn_marginals() -> candle_core::Result<()> {
     let (b, k) = (6, 4);
-    let s = Tensor::rand(-1f64, 1., (b, k), &Device::Cpu)?;
+    let s = uniform(-1f64, 1., (b, k), &Device::Cpu)?;
     // After the final column step every sample's codes sum to 1, whatever the iterations.
     for iters in [1, 3, 10] {
         for total in sinkhorn(&s, 0.05, iters)?.sum(1)?.to_vec1::<f64>()? {
@@ -282,7 +283,7 @@ fn single_sample_gives_uniform_codes_and_is_refused() -> Result<()> {
 #[test]
 fn gradient_matches_finite_differences() -> candle_core::Result<()> {
     for (v, g) in [(2, 2), (3, 1), (4, 2), (3, 3)] {
-        let scores = Tensor::rand(-1f64, 1., (v, 4, 5), &Device::Cpu)?;
+        let scores = uniform(-1f64, 1., (v, 4, 5), &Device::Cpu)?;
         let codes: Vec<Tensor> = (0..g)
             .map(|s| sinkhorn(&scores.get(s)?, 0.05, 3))
             .collect::<candle_core::Result<_>>()?;
@@ -305,7 +306,7 @@ fn matches_the_pairwise_definition_with_local_crops() -> Result<()> {
         .as_tensor()
         .to_vec2::<f64>()?;
     assert_eq!(c.len(), k);
-    let z = Tensor::randn(0f64, 1., (v, b, d), &Device::Cpu)?;
+    let z = randn(0f64, 1., (v, b, d), &Device::Cpu)?;
     let scores: Vec<Vec<Vec<f64>>> = z
         .to_vec3::<f64>()?
         .iter()
@@ -343,7 +344,7 @@ fn prototypes_have_unit_rows_after_build_and_after_every_step() -> Result<()> {
     for n in row_norms(prototypes.as_tensor()) {
         assert!((n - 1.0).abs() < 1e-6, "{n}");
     }
-    let moved = (Tensor::randn(0f32, 1., (5, 4), &Device::Cpu)? * 3.0)?;
+    let moved = (randn(0f32, 1., (5, 4), &Device::Cpu)? * 3.0)?;
     prototypes.set(&moved)?;
     step_end(objective.as_mut(), first_step())?;
     let now = prototypes.as_tensor().to_dtype(DType::F64)?;
@@ -362,7 +363,7 @@ fn prototypes_get_no_gradient_while_frozen() -> Result<()> {
     let map = VarMap::new();
     let mut objective = build_in(&map, DType::F64, 3, 2, "freeze_prototypes_steps: 5")?;
     let prototypes = var(&map, "objective.prototypes.weight");
-    let z = Var::from_tensor(&Tensor::randn(0f64, 1., (2, 4, 3), &Device::Cpu)?)?;
+    let z = Var::from_tensor(&randn(0f64, 1., (2, 4, 3), &Device::Cpu)?)?;
     for step in [0, 4] {
         let grads = run(objective.as_mut(), z.as_tensor(), at(step, 0))?.backward()?;
         assert!(grads.get(prototypes.as_tensor()).is_none(), "step {step}");
@@ -432,7 +433,7 @@ fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
     let config = "num_prototypes: 4\nqueue_size: 4\nqueue_start_epoch: 1";
     let mut objective = build_in(&map, DType::F64, d, 3, config)?;
     let batches: Vec<Tensor> = (0..4)
-        .map(|_| Tensor::randn(0f64, 1., (3, b, d), &Device::Cpu))
+        .map(|_| randn(0f64, 1., (3, b, d), &Device::Cpu))
         .collect::<candle_core::Result<_>>()?;
     let ids = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
     let global = |z, step| Batch {
@@ -514,7 +515,7 @@ fn queue_keeps_the_newest_rows_of_a_larger_batch() -> Result<()> {
         2,
         "queue_size: 2\nqueue_start_epoch: 0",
     )?;
-    let z = Tensor::randn(0f64, 1., (2, 5, 3), &Device::Cpu)?;
+    let z = randn(0f64, 1., (2, 5, 3), &Device::Cpu)?;
     run(objective.as_mut(), &z, first_step())?;
     step_end(objective.as_mut(), first_step())?;
     let (queue, pointer, filled) = queue_state(&map);
@@ -560,7 +561,7 @@ fn stores_prototypes_and_queue_under_checkpoint_names() -> Result<()> {
 fn bad_batches_are_clear_errors() -> Result<()> {
     let mut objective = build_in(&VarMap::new(), DType::F64, 3, 2, "queue_size: 4")?;
     let ids = Tensor::arange(0u32, 4, &Device::Cpu)?;
-    let wide = Tensor::randn(0f64, 1., (2, 4, 5), &Device::Cpu)?;
+    let wide = randn(0f64, 1., (2, 4, 5), &Device::Cpu)?;
     let err = format!(
         "{:#}",
         objective.loss(&batch(&wide, &ids, None)).err().unwrap()
@@ -569,7 +570,7 @@ fn bad_batches_are_clear_errors() -> Result<()> {
         err.contains("5 wide") && err.contains("prototypes"),
         "{err}"
     );
-    let z = Tensor::randn(0f64, 1., (3, 4, 3), &Device::Cpu)?;
+    let z = randn(0f64, 1., (3, 4, 3), &Device::Cpu)?;
     let err = format!(
         "{:#}",
         objective.loss(&batch(&z, &ids, None)).err().unwrap()
@@ -584,7 +585,7 @@ fn bad_batches_are_clear_errors() -> Result<()> {
     };
     let err = format!("{:#}", objective.loss(&none_global).err().unwrap());
     assert!(err.contains("0 global views"), "{err}");
-    let one_view = Tensor::randn(0f64, 1., (1, 4, 3), &Device::Cpu)?;
+    let one_view = randn(0f64, 1., (1, 4, 3), &Device::Cpu)?;
     let codes = sinkhorn(&one_view.get(0)?, 0.05, 3)?.unsqueeze(0)?;
     assert!(swapped_prediction_loss(&one_view, &codes, 0.1).is_err());
     Ok(())

@@ -205,7 +205,7 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
     use candle_nn::{VarBuilder, VarMap};
-    use ssl_core::testing::{close, scalar, spec_za_zb};
+    use ssl_core::testing::{close, randn, scalar, spec_za_zb};
 
     fn z_a() -> candle_core::Result<Tensor> {
         Ok(spec_za_zb()?.0)
@@ -248,7 +248,7 @@ mod tests {
     #[test]
     fn sylvester_forms_agree() -> candle_core::Result<()> {
         for (n, d) in [(4, 9), (9, 4), (5, 5)] {
-            let z = normalize_rows(&Tensor::randn(0f64, 1., (3, n, d), &Device::Cpu)?)?;
+            let z = normalize_rows(&randn(0f64, 1., (3, n, d), &Device::Cpu)?)?;
             let forms: Vec<Vec<f64>> = [GramForm::Dimension, GramForm::Sample, GramForm::Smaller]
                 .iter()
                 .map(|&f| coding_rate_of_normalized(&z, 0.2, f)?.to_vec1::<f64>())
@@ -258,7 +258,7 @@ mod tests {
                 close(*smaller, *sample, 1e-10);
             }
             // The gradients agree too.
-            let x = Tensor::randn(0f64, 1., (2, n, d), &Device::Cpu)?;
+            let x = randn(0f64, 1., (2, n, d), &Device::Cpu)?;
             let grad = |form| -> candle_core::Result<Tensor> {
                 let var = candle_core::Var::from_tensor(&x)?;
                 let v = coding_rate_of_normalized(&normalize_rows(var.as_tensor())?, 0.2, form)?;
@@ -281,7 +281,7 @@ mod tests {
         let a = z_a()?;
         let same = Tensor::stack(&[&a, &(&a * 3.0)?, &a], 0)?;
         close(scalar(&tcr_terms(&same, 0.2)?.invariance), -1.0, 1e-12);
-        let z = Tensor::randn(0f64, 1., (4, 6, 5), &Device::Cpu)?;
+        let z = randn(0f64, 1., (4, 6, 5), &Device::Cpu)?;
         let inv = scalar(&tcr_terms(&z, 0.2)?.invariance);
         assert!((-1.0..0.0).contains(&inv), "{inv}");
         Ok(())
@@ -290,7 +290,7 @@ mod tests {
     #[test]
     fn multi_view_matches_a_naive_computation() -> candle_core::Result<()> {
         let (v, n, d) = (5, 6, 4);
-        let z = Tensor::randn(0f64, 1., (v, n, d), &Device::Cpu)?;
+        let z = randn(0f64, 1., (v, n, d), &Device::Cpu)?;
         let t = tcr_terms(&z, 0.2)?;
         let rows: Vec<Vec<Vec<f64>>> = (0..v)
             .map(|k| normalize_rows(&z.get(k)?)?.to_vec2::<f64>())
@@ -339,7 +339,7 @@ mod tests {
     fn gradient_matches_finite_differences() -> candle_core::Result<()> {
         let cfg = TcrConfig::default();
         for shape in [(2, 5, 3), (3, 3, 6)] {
-            let z = Tensor::randn(0f64, 1., shape, &Device::Cpu)?;
+            let z = randn(0f64, 1., shape, &Device::Cpu)?;
             let err = ssl_core::testing::max_gradient_error(&z, |z| tcr_loss(z, &cfg))?;
             assert!(err < 1e-6, "{shape:?}: relative gradient error {err}");
         }
@@ -365,7 +365,7 @@ mod tests {
     #[test]
     fn objective_reports_terms_and_matches_the_pure_function() -> anyhow::Result<()> {
         let mut objective = build("invariance_weight: 10")?;
-        let z = Tensor::randn(0f64, 1., (3, 4, 3), &Device::Cpu)?;
+        let z = randn(0f64, 1., (3, 4, 3), &Device::Cpu)?;
         let indices = Tensor::arange(0u32, 4, &Device::Cpu)?;
         let batch = ssl_core::testing::batch(&z, &indices, None);
         let out = objective.loss(&batch)?;
@@ -388,7 +388,7 @@ mod tests {
         let err = req.check("tcr", 1, 8, false).unwrap_err().to_string();
         assert!(err.contains("at least 2 views"), "{err}");
         // B = 1 is defined: the loss is finite.
-        let z = Tensor::randn(0f64, 1., (2, 1, 4), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 1, 4), &Device::Cpu)?;
         assert!(scalar(&tcr_loss(&z, &TcrConfig::default())?).is_finite());
         Ok(())
     }

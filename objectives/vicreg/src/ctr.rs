@@ -146,6 +146,7 @@ mod tests {
     use crate::invariance;
     use crate::test_util::*;
     use candle_core::{DType, Device};
+    use ssl_core::testing::randn;
 
     /// Spec §2.5 steps 1–5 with plain loops; returns `(v, c)`.
     fn naive_ctr(z: &Tensor, tau: f64) -> (f64, f64) {
@@ -218,7 +219,7 @@ mod tests {
     fn is_vicreg_exp_regularisers_on_the_transpose_up_to_scaling() -> candle_core::Result<()> {
         // With the per-view Gram divided by N − 1 and the transposed covariance by d − 1, the
         // sample regularisers equal VICReg's dimension regularisers of Zᵀ with τ rescaled.
-        let z = Tensor::randn(0f64, 0.4, (6, 4), &Device::Cpu)?;
+        let z = randn(0f64, 0.4, (6, 4), &Device::Cpu)?;
         let (n, d) = (6.0, 4.0);
         let zt = z.t()?.contiguous()?;
         close(
@@ -237,8 +238,8 @@ mod tests {
 
     #[test]
     fn two_views_are_the_spec_formula() -> candle_core::Result<()> {
-        let a = Tensor::randn(0f64, 1., (7, 5), &Device::Cpu)?;
-        let b = Tensor::randn(0f64, 1., (7, 5), &Device::Cpu)?;
+        let a = randn(0f64, 1., (7, 5), &Device::Cpu)?;
+        let b = randn(0f64, 1., (7, 5), &Device::Cpu)?;
         let cfg = VicregCtrConfig {
             lambda: 1.3,
             mu: 0.7,
@@ -257,7 +258,7 @@ mod tests {
 
     #[test]
     fn multi_view_averages_pairs_and_views() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 0.5, (4, 6, 5), &Device::Cpu)?;
+        let z = randn(0f64, 0.5, (4, 6, 5), &Device::Cpu)?;
         let t = vicreg_ctr_terms(&z, 0.2)?;
         let mut inv = 0.0;
         for i in 0..4 {
@@ -279,7 +280,7 @@ mod tests {
     fn gradient_matches_finite_differences() -> candle_core::Result<()> {
         let cfg = VicregCtrConfig::default();
         for views in [2, 3] {
-            let z = Tensor::randn(0f64, 0.5, (views, 5, 4), &Device::Cpu)?;
+            let z = randn(0f64, 0.5, (views, 5, 4), &Device::Cpu)?;
             let err = ssl_core::testing::max_gradient_error(&z, |z| vicreg_ctr_loss(z, &cfg))?;
             assert!(err < 1e-6, "V = {views}: relative gradient error {err}");
         }
@@ -295,9 +296,9 @@ mod tests {
             .to_string();
         assert!(err.contains("other samples"), "{err}");
         assert!(req.check("vicreg-ctr", 8, 2, false).is_ok());
-        let z = Tensor::randn(0f64, 1., (2, 4, 1), &Device::Cpu).unwrap();
+        let z = randn(0f64, 1., (2, 4, 1), &Device::Cpu).unwrap();
         assert!(vicreg_ctr_loss(&z, &VicregCtrConfig::default()).is_err());
-        let z = Tensor::randn(0f64, 1., (2, 1, 4), &Device::Cpu).unwrap();
+        let z = randn(0f64, 1., (2, 1, 4), &Device::Cpu).unwrap();
         assert!(vicreg_ctr_loss(&z, &VicregCtrConfig::default()).is_err());
     }
 

@@ -130,6 +130,7 @@ mod tests {
     use crate::test_util::*;
     use crate::{invariance, variance};
     use candle_core::{DType, Device};
+    use ssl_core::testing::randn;
 
     /// `c_exp` with plain loops: covariance by its definition, then the off-diagonal lse.
     fn naive_c_exp(z: &Tensor, tau: f64) -> f64 {
@@ -181,8 +182,8 @@ mod tests {
 
     #[test]
     fn two_views_are_the_spec_formula() -> candle_core::Result<()> {
-        let a = Tensor::randn(0f64, 1., (7, 5), &Device::Cpu)?;
-        let b = Tensor::randn(0f64, 1., (7, 5), &Device::Cpu)?;
+        let a = randn(0f64, 1., (7, 5), &Device::Cpu)?;
+        let b = randn(0f64, 1., (7, 5), &Device::Cpu)?;
         let cfg = VicregExpConfig {
             lambda: 1.3,
             mu: 0.7,
@@ -199,7 +200,7 @@ mod tests {
 
     #[test]
     fn multi_view_averages_pairs_and_views() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (4, 6, 5), &Device::Cpu)?;
+        let z = randn(0f64, 1., (4, 6, 5), &Device::Cpu)?;
         let t = vicreg_exp_terms(&z, 0.2)?;
         let mut inv = 0.0;
         for i in 0..4 {
@@ -221,7 +222,7 @@ mod tests {
     fn gradient_matches_finite_differences() -> candle_core::Result<()> {
         let cfg = VicregExpConfig::default();
         for views in [2, 3] {
-            let z = Tensor::randn(0f64, 0.5, (views, 5, 3), &Device::Cpu)?;
+            let z = randn(0f64, 0.5, (views, 5, 3), &Device::Cpu)?;
             let err = ssl_core::testing::max_gradient_error(&z, |z| vicreg_exp_loss(z, &cfg))?;
             assert!(err < 1e-6, "V = {views}: relative gradient error {err}");
         }
@@ -237,7 +238,7 @@ mod tests {
             .to_string();
         assert!(err.contains("unbiased batch statistics"), "{err}");
         assert!(req.check("vicreg-exp", 8, 2, false).is_ok());
-        let z = Tensor::randn(0f64, 1., (2, 4, 1), &Device::Cpu).unwrap();
+        let z = randn(0f64, 1., (2, 4, 1), &Device::Cpu).unwrap();
         assert!(vicreg_exp_loss(&z, &VicregExpConfig::default()).is_err());
     }
 

@@ -313,6 +313,7 @@ impl CustomOp1 for GramLse {
 mod tests {
     use super::*;
     use candle_core::{DType, Device, Var};
+    use ssl_core::testing::randn;
 
     /// Value and gradient of `Σ_i w_i · f(m)_i` (random weights so every row's gradient differs).
     fn value_and_grad(
@@ -338,10 +339,10 @@ mod tests {
     #[test]
     fn fused_gram_matches_composed_value_and_gradient() -> Result<()> {
         for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
-            let base = Tensor::randn(0f64, 0.5, (2, 4, 9, 6), &Device::Cpu)?.to_dtype(dtype)?;
+            let base = randn(0f64, 0.5, (2, 4, 9, 6), &Device::Cpu)?.to_dtype(dtype)?;
             // A strided input: the op must make it contiguous itself.
             let x = Var::from_tensor(&base.transpose(2, 3)?)?;
-            let w = Tensor::randn(0f64, 1.0, (2, 4, 6), &Device::Cpu)?.to_dtype(dtype)?;
+            let w = randn(0f64, 1.0, (2, 4, 6), &Device::Cpu)?.to_dtype(dtype)?;
             let fused = value_and_grad(|x| gram_off_diagonal_logsumexp(x, 0.3), &x, &w)?;
             let composed =
                 value_and_grad(|x| off_diagonal_logsumexp(&x.matmul(&x.t()?)?, 0.3), &x, &w)?;
@@ -349,7 +350,7 @@ mod tests {
             assert_close(&fused.1, &composed.1, tol);
         }
         // Gram entries whose exp(m/τ) overflows without the max shift.
-        let x = Var::from_tensor(&(Tensor::randn(0f64, 1.0, (2, 5, 3), &Device::Cpu)? * 30.0)?)?;
+        let x = Var::from_tensor(&(randn(0f64, 1.0, (2, 5, 3), &Device::Cpu)? * 30.0)?)?;
         let w = Tensor::ones((2, 5), DType::F64, &Device::Cpu)?;
         let fused = value_and_grad(|x| gram_off_diagonal_logsumexp(x, 0.1), &x, &w)?;
         let composed =

@@ -155,6 +155,7 @@ mod tests {
     use super::*;
     use crate::test_util::*;
     use candle_core::{DType, Device};
+    use ssl_core::testing::randn;
 
     #[test]
     fn known_answers_spec_2_3() -> candle_core::Result<()> {
@@ -187,7 +188,7 @@ mod tests {
 
     #[test]
     fn multi_view_reduces_to_pairwise_means() -> candle_core::Result<()> {
-        let z = Tensor::randn(0f64, 1., (4, 6, 5), &Device::Cpu)?;
+        let z = randn(0f64, 1., (4, 6, 5), &Device::Cpu)?;
         let t = vicreg_terms(&z)?;
         let mut inv = 0.0;
         for i in 0..4 {
@@ -211,7 +212,7 @@ mod tests {
     fn gradient_matches_finite_differences() -> candle_core::Result<()> {
         let cfg = VicregConfig::default();
         for views in [2, 3] {
-            let z = Tensor::randn(0f64, 0.5, (views, 5, 3), &Device::Cpu)?;
+            let z = randn(0f64, 0.5, (views, 5, 3), &Device::Cpu)?;
             let err = ssl_core::testing::max_gradient_error(&z, |z| vicreg_loss(z, &cfg))?;
             assert!(err < 1e-6, "V = {views}: relative gradient error {err}");
         }

@@ -208,7 +208,7 @@ register_objective! {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
-    use ssl_core::testing::{close, scalar};
+    use ssl_core::testing::{close, randn, scalar};
     use ssl_core::{Progress, SingleProcess};
 
     fn spec_views() -> candle_core::Result<Tensor> {
@@ -278,7 +278,7 @@ mod tests {
     #[test]
     fn invariant_to_lower_triangular_affine_maps_per_view() -> Result<()> {
         // Cholesky whitening undoes x ↦ A x + c for lower-triangular A with positive diagonal.
-        let z = Tensor::randn(0f64, 1., (2, 8, 3), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 8, 3), &Device::Cpu)?;
         let a = Tensor::new(
             &[[2f64, 0., 0.], [0.5, 1., 0.], [-1., 3., 0.2]],
             &Device::Cpu,
@@ -297,7 +297,7 @@ mod tests {
     fn multi_view_sub_batches_and_repetitions_match_direct_computation() -> Result<()> {
         let dev = Device::Cpu;
         let (v, b, d, w) = (3, 8, 2, 4);
-        let z = Tensor::randn(0f64, 1., (v, b, d), &dev)?;
+        let z = randn(0f64, 1., (v, b, d), &dev)?;
         let perms = vec![
             vec![5u32, 2, 7, 0, 1, 6, 3, 4],
             vec![0, 1, 2, 3, 4, 5, 6, 7],
@@ -332,7 +332,7 @@ mod tests {
 
     #[test]
     fn remainder_of_a_short_last_batch_is_left_out() -> Result<()> {
-        let z = Tensor::randn(0f64, 1., (2, 7, 2), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 7, 2), &Device::Cpu)?;
         let perm = vec![vec![6u32, 1, 4, 0, 2, 5, 3]];
         let kept = Tensor::from_slice(&[6u32, 1, 4, 0, 2, 5], 6, &Device::Cpu)?;
         let direct = wmse_loss(&z.index_select(&kept, 1)?, &identity(6), 3, 0.0)?;
@@ -351,13 +351,13 @@ mod tests {
 
     #[test]
     fn gradient_matches_finite_differences() -> Result<()> {
-        let z = Tensor::randn(0f64, 1., (2, 6, 2), &Device::Cpu)?;
+        let z = randn(0f64, 1., (2, 6, 2), &Device::Cpu)?;
         let perms = vec![vec![4u32, 1, 5, 0, 3, 2], vec![0, 1, 2, 3, 4, 5]];
         let err = ssl_core::testing::max_gradient_error(&z, |z| {
             wmse_loss(z, &perms, 3, 0.0).map_err(candle_core::Error::wrap)
         })?;
         assert!(err < 1e-6, "relative gradient error {err}");
-        let z = Tensor::randn(0f64, 1., (3, 5, 3), &Device::Cpu)?;
+        let z = randn(0f64, 1., (3, 5, 3), &Device::Cpu)?;
         let err = ssl_core::testing::max_gradient_error(&z, |z| {
             wmse_loss(z, &identity(5), 5, 0.1).map_err(candle_core::Error::wrap)
         })?;
@@ -418,7 +418,7 @@ mod tests {
 
     #[test]
     fn objective_loss_is_deterministic_per_step() -> Result<()> {
-        let z = Tensor::randn(0f32, 1., (2, 8, 3), &Device::Cpu)?;
+        let z = randn(0f32, 1., (2, 8, 3), &Device::Cpu)?;
         let idx = Tensor::arange(0u32, 8, &Device::Cpu)?;
         let progress = |step| Progress {
             step,
