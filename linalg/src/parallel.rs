@@ -361,10 +361,10 @@ mod tests {
     fn matmul_op_matches_candle_in_value_and_gradients() -> Result<()> {
         use candle_core::{Device, Var};
         for transposed in [false, true] {
-            let a = Var::randn(0f64, 1., (7, 5), &Device::Cpu)?;
+            let a = Var::from_tensor(&randn(0f64, 1., (7, 5), &Device::Cpu)?)?;
             let b = match transposed {
-                false => Var::randn(0f64, 1., (5, 9), &Device::Cpu)?,
-                true => Var::randn(0f64, 1., (9, 5), &Device::Cpu)?,
+                false => Var::from_tensor(&randn(0f64, 1., (5, 9), &Device::Cpu)?)?,
+                true => Var::from_tensor(&randn(0f64, 1., (9, 5), &Device::Cpu)?)?,
             };
             let b_view = |b: &Tensor| if transposed { b.t() } else { Ok(b.clone()) };
             let w = randn(0f64, 1., (7, 9), &Device::Cpu)?;

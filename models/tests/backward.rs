@@ -8,7 +8,6 @@
 //! step (the input gradient of the op that produced it).
 
 use candle_core::{DType, Device, Result, Storage, Tensor, Var, D};
-use candle_nn::{VarBuilder, VarMap};
 use ssl_models::{batch_norm::batch_norm, conv::conv, layer_norm::layer_norm, linear};
 
 fn values(t: &Tensor) -> Result<Vec<f64>> {
@@ -69,14 +68,14 @@ fn a_broadcast_or_transposed_first_gradient_is_stored_reduced_and_contiguous() -
 #[test]
 fn parameter_gradients_own_their_storage() -> Result<()> {
     let dev = Device::Cpu;
-    let map = VarMap::new();
-    let vb = VarBuilder::from_varmap(&map, DType::F32, &dev);
+    let store = ssl_core::ParamStore::new(7);
+    let vb = store.var_builder(&dev);
     let fc = linear(24, 8, vb.pp("fc"))?;
     let cv = conv(3, 16, 2, 3, 1, 1, true, vb.pp("conv"))?;
     let bn = batch_norm(16, vb.pp("bn"))?;
     let ln = layer_norm(8, 1e-6, vb.pp("ln"))?;
 
-    let x = Var::randn(0f32, 1.0, (4, 3, 8, 8), &dev)?;
+    let x = Var::from_tensor(&ssl_core::testing::randn(0f32, 1.0, (4, 3, 8, 8), &dev)?)?;
     let h = candle_core::Module::forward(&cv, x.as_tensor())?;
     let h = bn.forward_channel_major(&h.transpose(0, 1)?, true, true)?;
     let h = h.mean(D::Minus1)?.transpose(0, 1)?.reshape((4, 16 * 8))?;
@@ -86,7 +85,7 @@ fn parameter_gradients_own_their_storage() -> Result<()> {
 
     let dx = grads.get(x.as_tensor()).expect("the input has a gradient");
     assert_eq!(storage_len(dx), dx.elem_count());
-    let vars = map.data().lock().expect("var map");
+    let vars = store.vars();
     let params = vars.iter().filter(|(name, _)| !name.contains("running_"));
     for (name, var) in params {
         let g = grads

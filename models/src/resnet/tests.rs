@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor, Var};
-use candle_nn::{VarBuilder, VarMap};
+use ssl_core::ParamStore;
 
 use super::*;
 use crate::util::testing::{finite_diff_step, max_abs_diff, rand_tensor};
@@ -178,15 +178,16 @@ fn zero_init_residual_blocks_start_as_the_identity() {
     assert_eq!(max_abs_diff(&y, &x.relu().unwrap()), 0.0);
 }
 
-/// A network in f64 (candle's `VarMap` initialisation) for finite differences.
-fn f64_net(cfg: &ResNetConfig) -> (VarMap, ResNet) {
-    let map = VarMap::new();
-    let net = ResNet::new(cfg, VarBuilder::from_varmap(&map, DType::F64, &Device::Cpu)).unwrap();
-    (map, net)
+/// A network in f64 (seeded initialisation) for finite differences.
+fn f64_net(cfg: &ResNetConfig) -> ResNet {
+    let vb = ParamStore::new(7)
+        .var_builder(&Device::Cpu)
+        .set_dtype(DType::F64);
+    ResNet::new(cfg, vb).unwrap()
 }
 
 fn check_input_gradient(cfg: &ResNetConfig, shape: &[usize]) {
-    let (_map, net) = f64_net(cfg);
+    let net = f64_net(cfg);
     let x0 = rand_tensor(7, shape, DType::F64);
     let r = rand_tensor(8, &[shape[0], net.output_dim()], DType::F64);
     let loss = |x: &Tensor| {

@@ -1,7 +1,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use candle_core::{DType, Device, Tensor, Var};
-use candle_nn::{VarBuilder, VarMap};
+use candle_nn::VarBuilder;
+use ssl_core::ParamStore;
 
 use super::*;
 use crate::util::testing::{finite_diff_step, max_abs_diff, rand_tensor};
@@ -107,14 +108,11 @@ fn gradients_match_finite_differences() {
         in_channels: 1,
         img_size: 8,
     };
-    let map = VarMap::new();
-    let vit = VisionTransformer::new(
-        &cfg,
-        VarBuilder::from_varmap(&map, DType::F64, &Device::Cpu),
-    )
-    .unwrap();
+    let store = ParamStore::new(7);
+    let vit = VisionTransformer::new(&cfg, store.var_builder(&Device::Cpu).set_dtype(DType::F64))
+        .unwrap();
     // A class token and positional embedding away from ~0, so the test sees them.
-    for (name, var) in map.all_vars().iter().enumerate() {
+    for (name, (_, var)) in store.vars().iter().enumerate() {
         let noise = rand_tensor(name as u64, var.dims(), DType::F64);
         var.set(&(var.as_tensor() + (noise * 0.3).unwrap()).unwrap())
             .unwrap();
@@ -141,7 +139,7 @@ fn gradients_match_finite_differences() {
         );
     }
     // Every parameter, the positional embedding through its resampling included.
-    for var in map.all_vars() {
+    for (_, var) in store.vars() {
         let gv: Vec<f64> = grads
             .get(&var)
             .unwrap()

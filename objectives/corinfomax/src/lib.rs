@@ -252,8 +252,9 @@ register_objective! {
 mod tests {
     use super::*;
     use candle_core::{Device, Var};
-    use candle_nn::{VarBuilder, VarMap};
+    use candle_nn::VarBuilder;
     use ssl_core::testing::{close, randn, scalar, spec_za_zb};
+    use ssl_core::ParamStore;
 
     fn za_zb() -> candle_core::Result<Tensor> {
         let (a, b) = spec_za_zb()?;
@@ -365,8 +366,8 @@ mod tests {
         objective.loss(&batch)
     }
 
-    fn buffer(map: &VarMap, name: &str) -> Tensor {
-        map.data().lock().unwrap()[name].as_tensor().clone()
+    fn buffer(store: &ParamStore, name: &str) -> Tensor {
+        store.tensors()[name].clone()
     }
 
     #[test]
@@ -377,8 +378,8 @@ mod tests {
             ..CorInfoMaxConfig::default()
         };
         let (n, d) = (6, 4);
-        let map = VarMap::new();
-        let vb = VarBuilder::from_varmap(&map, DType::F32, &Device::Cpu);
+        let store = ParamStore::new(7);
+        let vb = store.var_builder(&Device::Cpu).set_dtype(DType::F32);
         let mut objective = build_in(vb, d, "lambda_mu: 0.3\nlambda_r: 0.2")?;
         let steps = [
             randn(0f64, 1., (2, n, d), &Device::Cpu)?,
@@ -408,8 +409,8 @@ mod tests {
             }
         }
         for (k, branch) in ["branch1", "branch2"].iter().enumerate() {
-            let mean = buffer(&map, &format!("objective.{branch}.running_mean"));
-            let cov = buffer(&map, &format!("objective.{branch}.running_var"));
+            let mean = buffer(&store, &format!("objective.{branch}.running_mean"));
+            let cov = buffer(&store, &format!("objective.{branch}.running_var"));
             assert_eq!(mean.dtype(), DType::F64);
             for (a, b) in mean.to_vec1::<f64>()?.iter().zip(&mu[k]) {
                 close(*a, *b, 1e-12);
@@ -425,14 +426,14 @@ mod tests {
 
     #[test]
     fn evaluation_mode_leaves_the_state_alone() -> Result<()> {
-        let map = VarMap::new();
-        let vb = VarBuilder::from_varmap(&map, DType::F64, &Device::Cpu);
+        let store = ParamStore::new(7);
+        let vb = store.var_builder(&Device::Cpu).set_dtype(DType::F64);
         let mut objective = build_in(vb, 3, "")?;
         let first = run(objective.as_mut(), &za_zb()?, false)?;
         let again = run(objective.as_mut(), &za_zb()?, false)?;
         close(scalar(&first.loss), KAT_L, 1e-9);
         close(scalar(&again.loss), KAT_L, 1e-9);
-        let cov = buffer(&map, "objective.branch1.running_var");
+        let cov = buffer(&store, "objective.branch1.running_var");
         assert_eq!(
             cov.to_vec2::<f64>()?,
             Tensor::eye(3, DType::F64, &Device::Cpu)?.to_vec2::<f64>()?
@@ -528,8 +529,8 @@ mod tests {
     fn singular_running_covariance_is_a_clear_error() -> Result<()> {
         // λ_R = 0 and ε = 0: R_new is the batch covariance, exactly zero on the three
         // dimensions the embeddings never use.
-        let map = VarMap::new();
-        let vb = VarBuilder::from_varmap(&map, DType::F64, &Device::Cpu);
+        let store = ParamStore::new(7);
+        let vb = store.var_builder(&Device::Cpu).set_dtype(DType::F64);
         let mut objective = build_in(vb, 5, "lambda_r: 0\neps: 0")?;
         let z = Tensor::cat(
             &[
@@ -548,8 +549,8 @@ mod tests {
 
     #[test]
     fn requirements_two_views_and_any_batch() -> Result<()> {
-        let map = VarMap::new();
-        let vb = VarBuilder::from_varmap(&map, DType::F64, &Device::Cpu);
+        let store = ParamStore::new(7);
+        let vb = store.var_builder(&Device::Cpu).set_dtype(DType::F64);
         let req = build_in(vb, 3, "")?.requirements();
         req.check("corinfomax", 2, 1, false)?;
         let err = req

@@ -342,7 +342,6 @@ mod tests {
     use super::*;
     use crate::{dcl, nt_xent_with};
     use candle_core::{DType, Device, Tensor};
-    use candle_nn::{VarBuilder, VarMap};
     use ssl_core::testing::randn;
 
     const SIMCLR_NAMES: [(&str, Similarity, Preprocess); 5] = [
@@ -370,9 +369,11 @@ mod tests {
     }
 
     fn build(name: &str, overrides: &str) -> Result<Box<dyn Objective>> {
-        let map = VarMap::new();
         let ctx = BuildContext {
-            vb: VarBuilder::from_varmap(&map, DType::F64, &Device::Cpu).pp("objective"),
+            vb: ssl_core::ParamStore::new(7)
+                .var_builder(&Device::Cpu)
+                .set_dtype(DType::F64)
+                .pp("objective"),
             num_instances: 10,
             num_classes: None,
             instance_labels: None,

@@ -306,7 +306,7 @@ mod tests {
 
     #[test]
     fn dclw_weights_carry_no_gradient() -> candle_core::Result<()> {
-        let z = candle_core::Var::randn(0f64, 1., (2, 4, 3), &Device::Cpu)?;
+        let z = candle_core::Var::from_tensor(&randn(0f64, 1., (2, 4, 3), &Device::Cpu)?)?;
         let frozen = dclw_weights(&z, 0.5)?;
         let with = dcl_w(&z, 0.5, Similarity::Identity, 0.5)?.backward()?;
         let reference = dcl_terms_weighted(&z, 0.5, Similarity::Identity, Some(&frozen))?

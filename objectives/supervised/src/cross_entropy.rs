@@ -82,8 +82,8 @@ mod tests {
     use super::*;
     use crate::test_support::{assert_documented, build, config_error, run, run_err};
     use candle_core::{Device, Tensor};
-    use candle_nn::VarMap;
     use ssl_core::testing::{close, randn, scalar};
+    use ssl_core::ParamStore;
 
     #[test]
     fn registered_without_keys() {
@@ -93,8 +93,8 @@ mod tests {
 
     #[test]
     fn loss_is_the_classifier_cross_entropy_over_every_crop() -> Result<()> {
-        let map = VarMap::new();
-        let mut objective = build(&map, "cross-entropy", "{}", 8, Some(3), 4)?;
+        let store = ParamStore::new(7);
+        let mut objective = build(&store, "cross-entropy", "{}", 8, Some(3), 4)?;
         let req = objective.requirements();
         assert!(req.labels && !req.projector);
         assert_eq!((req.min_views, req.min_batch), (1, 1));
@@ -102,9 +102,9 @@ mod tests {
         let labels = [2u32, 0, 1];
         let loss = scalar(&run(objective.as_mut(), &z, &[5, 6, 7], Some(&labels))?.loss);
 
-        let vars = map.data().lock().unwrap();
-        let w = vars["objective.classifier.weight"].as_tensor().clone();
-        let b = vars["objective.classifier.bias"].as_tensor().clone();
+        let vars = store.tensors();
+        let w = vars["objective.classifier.weight"].clone();
+        let b = vars["objective.classifier.bias"].clone();
         assert_eq!((w.dims(), b.dims()), (&[3, 4][..], &[3][..]));
         let logits = z.reshape((6, 4))?.matmul(&w.t()?)?.broadcast_add(&b)?;
         let targets = Tensor::new(&[2u32, 0, 1, 2, 0, 1], &Device::Cpu)?;
@@ -118,8 +118,8 @@ mod tests {
 
     #[test]
     fn works_with_one_instance_and_one_view() -> Result<()> {
-        let map = VarMap::new();
-        let mut objective = build(&map, "ce", "", 8, Some(3), 4)?;
+        let store = ParamStore::new(7);
+        let mut objective = build(&store, "ce", "", 8, Some(3), 4)?;
         let z = randn(0f64, 1., (1, 1, 4), &Device::Cpu)?;
         let loss = scalar(&run(objective.as_mut(), &z, &[0], Some(&[1]))?.loss);
         assert!(loss.is_finite() && loss > 0.0, "{loss}");
@@ -128,8 +128,8 @@ mod tests {
 
     #[test]
     fn missing_labels_and_classes_are_clear_errors() -> Result<()> {
-        let map = VarMap::new();
-        let mut objective = build(&map, "cross-entropy", "{}", 8, Some(3), 4)?;
+        let store = ParamStore::new(7);
+        let mut objective = build(&store, "cross-entropy", "{}", 8, Some(3), 4)?;
         let z = randn(0f64, 1., (2, 2, 4), &Device::Cpu)?;
         let err = run_err(objective.as_mut(), &z, &[0, 1], None);
         assert!(err.contains("labels"), "{err}");
@@ -138,7 +138,7 @@ mod tests {
             err.contains("class label 3") && err.contains("3-class"),
             "{err}"
         );
-        let err = match build(&VarMap::new(), "cross-entropy", "{}", 8, None, 4) {
+        let err = match build(&ParamStore::new(7), "cross-entropy", "{}", 8, None, 4) {
             Ok(_) => panic!("built without a number of classes"),
             Err(e) => format!("{e:#}"),
         };

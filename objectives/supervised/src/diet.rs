@@ -123,8 +123,8 @@ mod tests {
     use super::*;
     use crate::test_support::{assert_documented, build, config_error, kat_logits, run, run_err};
     use candle_core::{DType, Device};
-    use candle_nn::VarMap;
     use ssl_core::testing::{close, max_gradient_error, randn, scalar};
+    use ssl_core::ParamStore;
 
     #[test]
     fn known_answer_spec_2_23() -> candle_core::Result<()> {
@@ -165,8 +165,8 @@ mod tests {
 
     #[test]
     fn built_objective_classifies_instances_at_batch_one() -> Result<()> {
-        let map = VarMap::new();
-        let mut objective = build(&map, "diet", "label_smoothing: 0.5", 10, None, 4)?;
+        let store = ParamStore::new(7);
+        let mut objective = build(&store, "diet", "label_smoothing: 0.5", 10, None, 4)?;
         let req = objective.requirements();
         assert!(!req.labels && !req.projector);
         assert_eq!((req.min_views, req.min_batch), (1, 1));
@@ -174,9 +174,9 @@ mod tests {
 
         let z = randn(0f64, 1., (2, 1, 4), &Device::Cpu)?;
         let loss = scalar(&run(objective.as_mut(), &z, &[7], None)?.loss);
-        let vars = map.data().lock().unwrap();
-        let w = vars["objective.classifier.weight"].as_tensor().clone();
-        let b = vars["objective.classifier.bias"].as_tensor().clone();
+        let vars = store.tensors();
+        let w = vars["objective.classifier.weight"].clone();
+        let b = vars["objective.classifier.bias"].clone();
         assert_eq!(w.dims(), &[10, 4]);
         let logits = z.reshape((2, 4))?.matmul(&w.t()?)?.broadcast_add(&b)?;
         let targets = Tensor::new(&[7u32, 7], &Device::Cpu)?;
@@ -186,8 +186,8 @@ mod tests {
 
     #[test]
     fn instance_id_outside_the_classifier_is_an_error() -> Result<()> {
-        let map = VarMap::new();
-        let mut objective = build(&map, "diet", "{}", 10, None, 4)?;
+        let store = ParamStore::new(7);
+        let mut objective = build(&store, "diet", "{}", 10, None, 4)?;
         let z = randn(0f64, 1., (2, 2, 4), &Device::Cpu)?;
         let err = run_err(objective.as_mut(), &z, &[3, 10], None);
         assert!(

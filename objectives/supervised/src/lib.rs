@@ -78,12 +78,11 @@ pub(crate) fn check_targets(
 pub(crate) mod test_support {
     use anyhow::Result;
     use candle_core::{DType, Device, Tensor};
-    use candle_nn::{VarBuilder, VarMap};
-    use ssl_core::{BuildContext, LossOutput, Objective};
+    use ssl_core::{BuildContext, LossOutput, Objective, ParamStore};
 
-    /// Builds `name` from YAML `overrides` with f64 parameters in `map`.
+    /// Builds `name` from YAML `overrides` with f64 parameters in `store`.
     pub fn build(
-        map: &VarMap,
+        store: &ParamStore,
         name: &str,
         overrides: &str,
         num_instances: usize,
@@ -91,7 +90,10 @@ pub(crate) mod test_support {
         width: usize,
     ) -> Result<Box<dyn Objective>> {
         let ctx = BuildContext {
-            vb: VarBuilder::from_varmap(map, DType::F64, &Device::Cpu).pp("objective"),
+            vb: store
+                .var_builder(&Device::Cpu)
+                .set_dtype(DType::F64)
+                .pp("objective"),
             num_instances,
             num_classes,
             instance_labels: None,
@@ -146,8 +148,8 @@ pub(crate) mod test_support {
 
     /// The message of a failed parse of `yaml` as `name`'s configuration.
     pub fn config_error(name: &str, yaml: &str) -> String {
-        let map = VarMap::new();
-        match build(&map, name, yaml, 8, Some(3), 4) {
+        let store = ParamStore::new(7);
+        match build(&store, name, yaml, 8, Some(3), 4) {
             Ok(_) => panic!("`{yaml}` was accepted by {name}"),
             Err(e) => format!("{e:#}"),
         }

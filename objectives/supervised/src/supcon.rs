@@ -203,8 +203,8 @@ mod tests {
     use super::*;
     use crate::test_support::{assert_documented, build, config_error, run, run_err};
     use candle_core::{DType, Device};
-    use candle_nn::VarMap;
     use ssl_core::testing::{close, max_gradient_error, randn, scalar};
+    use ssl_core::ParamStore;
 
     /// Spec §2.24: per image (view0, view1), stored view-major as `[V = 2, B = 3, d = 2]`.
     fn kat() -> candle_core::Result<(Tensor, Tensor)> {
@@ -330,14 +330,14 @@ mod tests {
         let (z, labels) = kat()?;
         let labels = labels.to_vec1::<u32>()?;
         for (form, expected) in [("out", 1.0501244975), ("in", 0.0011248033)] {
-            let map = VarMap::new();
+            let store = ParamStore::new(7);
             let yaml = format!("{{temperature: 0.1, base_temperature: 0.07, form: {form}}}");
-            let mut objective = build(&map, "supcon", &yaml, 8, Some(2), 2)?;
+            let mut objective = build(&store, "supcon", &yaml, 8, Some(2), 2)?;
             let loss = run(objective.as_mut(), &z, &[0, 1, 2], Some(&labels))?.loss;
             close(scalar(&loss), expected, 5e-8);
         }
-        let map = VarMap::new();
-        let mut objective = build(&map, "supcon", "", 8, Some(2), 2)?;
+        let store = ParamStore::new(7);
+        let mut objective = build(&store, "supcon", "", 8, Some(2), 2)?;
         let req = objective.requirements();
         assert!(req.labels && req.projector);
         assert!(req.check("supcon", 2, 1, true).is_ok());

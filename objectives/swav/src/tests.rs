@@ -1,8 +1,7 @@
 use super::*;
 use candle_core::Device;
-use candle_nn::{VarBuilder, VarMap};
 use ssl_core::testing::{batch, close, first_step, max_gradient_error, randn, scalar, uniform};
-use ssl_core::Progress;
+use ssl_core::{ParamStore, Progress};
 
 const KAT_Q: [[f64; 2]; 3] = [
     [0.99997245602, 0.00002754398],
@@ -71,14 +70,17 @@ fn naive_loss(scores: &[Vec<Vec<f64>>], codes: &[Vec<Vec<f64>>], tau: f64) -> f6
 }
 
 fn build_in(
-    map: &VarMap,
+    store: &ParamStore,
     dtype: DType,
     d: usize,
     views: usize,
     yaml: &str,
 ) -> Result<Box<dyn Objective>> {
     let ctx = BuildContext {
-        vb: VarBuilder::from_varmap(map, dtype, &Device::Cpu).pp("objective"),
+        vb: store
+            .var_builder(&Device::Cpu)
+            .set_dtype(dtype)
+            .pp("objective"),
         num_instances: 10,
         num_classes: None,
         instance_labels: None,
@@ -91,8 +93,10 @@ fn build_in(
     (ssl_core::find("swav")?.build)(&value, &ctx)
 }
 
-fn var(map: &VarMap, name: &str) -> Var {
-    map.data().lock().unwrap()[name].clone()
+fn var(store: &ParamStore, name: &str) -> Var {
+    let vars = store.vars();
+    let found = vars.iter().find(|(key, _)| key == name);
+    found.expect("a stored variable").1.clone()
 }
 
 fn at(step: usize, epoch: usize) -> Progress {
@@ -197,9 +201,9 @@ fn kat_projections() -> candle_core::Result<Tensor> {
 fn objective_known_answer_through_normalisation() -> Result<()> {
     let unit_axes = Tensor::new(&[[1f64, 0., 0.], [0., 1., 0.]], &Device::Cpu)?;
     for (dtype, rel) in [(DType::F64, 1e-8), (DType::F32, 1e-4)] {
-        let map = VarMap::new();
-        let mut objective = build_in(&map, dtype, 3, 2, "num_prototypes: 2")?;
-        var(&map, "objective.prototypes.weight").set(&unit_axes.to_dtype(dtype)?)?;
+        let store = ParamStore::new(7);
+        let mut objective = build_in(&store, dtype, 3, 2, "num_prototypes: 2")?;
+        var(&store, "objective.prototypes.weight").set(&unit_axes.to_dtype(dtype)?)?;
         let z = kat_projections()?.to_dtype(dtype)?;
         close(
             scalar(&run(objective.as_mut(), &z, first_step())?),
@@ -264,7 +268,7 @@ fn single_sample_gives_uniform_codes_and_is_refused() -> Result<()> {
     for q in sinkhorn(&s, 0.05, 3)?.flatten_all()?.to_vec1::<f64>()? {
         assert!((q - 1.0 / 3.0).abs() < 1e-15, "{q}");
     }
-    let req = build_in(&VarMap::new(), DType::F32, 4, 2, "")?.requirements();
+    let req = build_in(&ParamStore::new(7), DType::F32, 4, 2, "")?.requirements();
     assert_eq!((req.min_batch, req.min_views, req.max_views), (2, 2, None));
     assert!(req.projector && req.teacher.is_none());
     let err = format!("{:#}", req.check("swav", 2, 1, false).unwrap_err());
@@ -275,7 +279,7 @@ fn single_sample_gives_uniform_codes_and_is_refused() -> Result<()> {
     assert!(req.check("swav", 2, 2, false).is_ok());
     let err = format!("{:#}", req.check("swav", 1, 8, false).unwrap_err());
     assert!(err.contains("at least 2 views"), "{err}");
-    let queued = build_in(&VarMap::new(), DType::F32, 4, 2, "queue_size: 8")?.requirements();
+    let queued = build_in(&ParamStore::new(7), DType::F32, 4, 2, "queue_size: 8")?.requirements();
     assert_eq!(queued.min_batch, 1);
     Ok(())
 }
@@ -300,9 +304,9 @@ fn gradient_matches_finite_differences() -> candle_core::Result<()> {
 #[test]
 fn matches_the_pairwise_definition_with_local_crops() -> Result<()> {
     let (v, g, b, d, k) = (4, 2, 5, 3, 6);
-    let map = VarMap::new();
-    let mut objective = build_in(&map, DType::F64, d, v, "num_prototypes: 6")?;
-    let c = var(&map, "objective.prototypes.weight")
+    let store = ParamStore::new(7);
+    let mut objective = build_in(&store, DType::F64, d, v, "num_prototypes: 6")?;
+    let c = var(&store, "objective.prototypes.weight")
         .as_tensor()
         .to_vec2::<f64>()?;
     assert_eq!(c.len(), k);
@@ -337,9 +341,9 @@ fn matches_the_pairwise_definition_with_local_crops() -> Result<()> {
 
 #[test]
 fn prototypes_have_unit_rows_after_build_and_after_every_step() -> Result<()> {
-    let map = VarMap::new();
-    let mut objective = build_in(&map, DType::F32, 4, 2, "num_prototypes: 5")?;
-    let prototypes = var(&map, "objective.prototypes.weight");
+    let store = ParamStore::new(7);
+    let mut objective = build_in(&store, DType::F32, 4, 2, "num_prototypes: 5")?;
+    let prototypes = var(&store, "objective.prototypes.weight");
     assert_eq!(prototypes.dims(), &[5, 4]);
     for n in row_norms(prototypes.as_tensor()) {
         assert!((n - 1.0).abs() < 1e-6, "{n}");
@@ -360,9 +364,9 @@ fn prototypes_have_unit_rows_after_build_and_after_every_step() -> Result<()> {
 
 #[test]
 fn prototypes_get_no_gradient_while_frozen() -> Result<()> {
-    let map = VarMap::new();
-    let mut objective = build_in(&map, DType::F64, 3, 2, "freeze_prototypes_steps: 5")?;
-    let prototypes = var(&map, "objective.prototypes.weight");
+    let store = ParamStore::new(7);
+    let mut objective = build_in(&store, DType::F64, 3, 2, "freeze_prototypes_steps: 5")?;
+    let prototypes = var(&store, "objective.prototypes.weight");
     let z = Var::from_tensor(&randn(0f64, 1., (2, 4, 3), &Device::Cpu)?)?;
     for step in [0, 4] {
         let grads = run(objective.as_mut(), z.as_tensor(), at(step, 0))?.backward()?;
@@ -384,8 +388,8 @@ fn normalised_global(z: &Tensor, view: usize) -> Vec<Vec<f64>> {
         .unwrap()
 }
 
-fn queue_state(map: &VarMap) -> (Vec<Vec<Vec<f64>>>, usize, usize) {
-    let get = |name: &str| var(map, &format!("objective.{name}")).as_tensor().clone();
+fn queue_state(store: &ParamStore) -> (Vec<Vec<Vec<f64>>>, usize, usize) {
+    let get = |name: &str| var(store, &format!("objective.{name}")).as_tensor().clone();
     let count = |t: Tensor| t.to_vec1::<f64>().unwrap()[0] as usize;
     (
         get("queue").to_vec3::<f64>().unwrap(),
@@ -395,9 +399,11 @@ fn queue_state(map: &VarMap) -> (Vec<Vec<Vec<f64>>>, usize, usize) {
 }
 
 /// Loss with Sinkhorn run on `[queue_s Cᵀ; S_s]` for the two global views, computed directly.
-fn loss_with_queue(map: &VarMap, z: &Tensor) -> Result<f64> {
-    let c = var(map, "objective.prototypes.weight").as_tensor().clone();
-    let queue = var(map, "objective.queue").as_tensor().clone();
+fn loss_with_queue(store: &ParamStore, z: &Tensor) -> Result<f64> {
+    let c = var(store, "objective.prototypes.weight")
+        .as_tensor()
+        .clone();
+    let queue = var(store, "objective.queue").as_tensor().clone();
     let scores = normalize_rows(z)?.broadcast_matmul(&c.t()?)?;
     let (size, b) = (queue.dim(1)?, z.dim(1)?);
     let codes: Vec<Tensor> = (0..2)
@@ -413,8 +419,10 @@ fn loss_with_queue(map: &VarMap, z: &Tensor) -> Result<f64> {
     )?))
 }
 
-fn loss_without_queue(map: &VarMap, z: &Tensor) -> Result<f64> {
-    let c = var(map, "objective.prototypes.weight").as_tensor().clone();
+fn loss_without_queue(store: &ParamStore, z: &Tensor) -> Result<f64> {
+    let c = var(store, "objective.prototypes.weight")
+        .as_tensor()
+        .clone();
     let scores = normalize_rows(z)?.broadcast_matmul(&c.t()?)?;
     let codes = Tensor::stack(
         &[
@@ -429,9 +437,9 @@ fn loss_without_queue(map: &VarMap, z: &Tensor) -> Result<f64> {
 #[test]
 fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
     let (b, d) = (3, 3);
-    let map = VarMap::new();
+    let store = ParamStore::new(7);
     let config = "num_prototypes: 4\nqueue_size: 4\nqueue_start_epoch: 1";
-    let mut objective = build_in(&map, DType::F64, d, 3, config)?;
+    let mut objective = build_in(&store, DType::F64, d, 3, config)?;
     let batches: Vec<Tensor> = (0..4)
         .map(|_| randn(0f64, 1., (3, b, d), &Device::Cpu))
         .collect::<candle_core::Result<_>>()?;
@@ -445,15 +453,15 @@ fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
     // Epoch 0 (before `queue_start_epoch`): nothing is queued.
     run(objective.as_mut(), &batches[0], at(0, 0))?;
     step_end(objective.as_mut(), at(0, 0))?;
-    let (queue, pointer, filled) = queue_state(&map);
+    let (queue, pointer, filled) = queue_state(&store);
     assert_eq!((pointer, filled), (0, 0));
     assert!(queue.iter().flatten().flatten().all(|x| *x == 0.0));
 
     // Epoch 1: the first batch fills rows 0..3; the queue is not full, so it is not used.
     let first = scalar(&objective.loss(&global(&batches[1], 400))?.loss);
-    close(first, loss_without_queue(&map, &batches[1])?, 1e-12);
+    close(first, loss_without_queue(&store, &batches[1])?, 1e-12);
     step_end(objective.as_mut(), at(400, 1))?;
-    let (queue, pointer, filled) = queue_state(&map);
+    let (queue, pointer, filled) = queue_state(&store);
     assert_eq!((pointer, filled), (3, 3));
     for (view, slot) in queue.iter().take(2).enumerate() {
         assert_eq!(&slot[..3], &normalised_global(&batches[1], view)[..]);
@@ -463,7 +471,7 @@ fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
     // The next batch wraps: its first row lands in row 3, the other two in rows 0 and 1.
     objective.loss(&global(&batches[2], 401))?;
     step_end(objective.as_mut(), at(401, 1))?;
-    let (queue, pointer, filled) = queue_state(&map);
+    let (queue, pointer, filled) = queue_state(&store);
     assert_eq!((pointer, filled), (2, 4));
     for (view, slot) in queue.iter().take(2).enumerate() {
         let old = normalised_global(&batches[1], view);
@@ -485,21 +493,19 @@ fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
         ..global(&batches[3], 402)
     };
     let with_queue = scalar(&objective.loss(&third)?.loss);
-    close(with_queue, loss_with_queue(&map, &batches[3])?, 1e-12);
-    let without = loss_without_queue(&map, &batches[3])?;
+    close(with_queue, loss_with_queue(&store, &batches[3])?, 1e-12);
+    let without = loss_without_queue(&store, &batches[3])?;
     assert!(
         (with_queue - without).abs() > 1e-9,
         "{with_queue} vs {without}"
     );
     step_end(objective.as_mut(), at(402, 1))?;
-    assert_eq!(queue_state(&map), (queue.clone(), 2, 4));
+    assert_eq!(queue_state(&store), (queue.clone(), 2, 4));
 
     // A run resumed from the stored tensors sees the same queue.
-    let restored = VarMap::new();
+    let restored = ParamStore::new(7);
     let mut resumed = build_in(&restored, DType::F64, d, 3, config)?;
-    for (name, value) in map.data().lock().unwrap().iter() {
-        var(&restored, name).set(value.as_tensor())?;
-    }
+    restored.load(&store.tensors())?;
     let again = scalar(&resumed.loss(&third)?.loss);
     close(again, with_queue, 1e-12);
     Ok(())
@@ -507,9 +513,9 @@ fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
 
 #[test]
 fn queue_keeps_the_newest_rows_of_a_larger_batch() -> Result<()> {
-    let map = VarMap::new();
+    let store = ParamStore::new(7);
     let mut objective = build_in(
-        &map,
+        &store,
         DType::F64,
         3,
         2,
@@ -518,7 +524,7 @@ fn queue_keeps_the_newest_rows_of_a_larger_batch() -> Result<()> {
     let z = randn(0f64, 1., (2, 5, 3), &Device::Cpu)?;
     run(objective.as_mut(), &z, first_step())?;
     step_end(objective.as_mut(), first_step())?;
-    let (queue, pointer, filled) = queue_state(&map);
+    let (queue, pointer, filled) = queue_state(&store);
     assert_eq!((pointer, filled), (0, 2));
     for (view, slot) in queue.iter().enumerate() {
         assert_eq!(&slot[..], &normalised_global(&z, view)[3..]);
@@ -529,17 +535,13 @@ fn queue_keeps_the_newest_rows_of_a_larger_batch() -> Result<()> {
 #[test]
 fn stores_prototypes_and_queue_under_checkpoint_names() -> Result<()> {
     let names = |yaml: &str| -> Result<Vec<(String, Vec<usize>)>> {
-        let map = VarMap::new();
-        build_in(&map, DType::F32, 8, 4, yaml)?;
-        let mut all: Vec<_> = map
-            .data()
-            .lock()
-            .unwrap()
+        let store = ParamStore::new(7);
+        build_in(&store, DType::F32, 8, 4, yaml)?;
+        Ok(store
+            .vars()
             .iter()
             .map(|(k, v)| (k.clone(), v.dims().to_vec()))
-            .collect();
-        all.sort();
-        Ok(all)
+            .collect())
     };
     assert_eq!(
         names("")?,
@@ -559,7 +561,7 @@ fn stores_prototypes_and_queue_under_checkpoint_names() -> Result<()> {
 
 #[test]
 fn bad_batches_are_clear_errors() -> Result<()> {
-    let mut objective = build_in(&VarMap::new(), DType::F64, 3, 2, "queue_size: 4")?;
+    let mut objective = build_in(&ParamStore::new(7), DType::F64, 3, 2, "queue_size: 4")?;
     let ids = Tensor::arange(0u32, 4, &Device::Cpu)?;
     let wide = randn(0f64, 1., (2, 4, 5), &Device::Cpu)?;
     let err = format!(

@@ -204,7 +204,6 @@ register_objective! {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
-    use candle_nn::{VarBuilder, VarMap};
     use ssl_core::testing::{close, randn, scalar, spec_za_zb};
 
     fn z_a() -> candle_core::Result<Tensor> {
@@ -347,9 +346,11 @@ mod tests {
     }
 
     fn build(overrides: &str) -> anyhow::Result<Box<dyn Objective>> {
-        let map = VarMap::new();
         let ctx = BuildContext {
-            vb: VarBuilder::from_varmap(&map, DType::F64, &Device::Cpu).pp("objective"),
+            vb: ssl_core::ParamStore::new(7)
+                .var_builder(&Device::Cpu)
+                .set_dtype(DType::F64)
+                .pp("objective"),
             num_instances: 10,
             num_classes: None,
             instance_labels: None,
