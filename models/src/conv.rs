@@ -24,7 +24,7 @@ use candle_nn::{Init, VarBuilder};
 use ssl_linalg::for_each_index;
 
 use crate::autocast::matrix_product;
-use crate::util::{contiguous_slice, gemm_into, owned_part, row_stride, Float};
+use crate::util::{contiguous_slice, gemm_into, owned_part, row_stride, Float, Scratch};
 use winograd::Winograd;
 
 mod winograd;
@@ -301,13 +301,13 @@ fn im2col_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     let out = Shared(y.as_mut_ptr());
     for_each_index(
         g.n.div_ceil(nb),
-        || Vec::new(),
-        |col: &mut Vec<T>, chunk| {
+        Scratch::take,
+        |col: &mut Scratch<T>, chunk| {
             let out = &out;
             let n0 = chunk * nb;
             let count = nb.min(g.n - n0);
             let width = count * per_image;
-            col.resize(rows * width, T::from_f64(0.0));
+            col.resize(rows * width);
             im2col_chunk(&g, x, (n0, count), 0, (col, width));
             // SAFETY: `y` is [O, N·S_out]; this chunk writes its own columns of every row.
             unsafe {
@@ -386,25 +386,29 @@ fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize, dx: &mut
     let per_image = g.out().iter().product::<usize>();
     let nb = g.images_per_chunk();
     let dx_ptr = Shared(dx.as_mut_ptr());
-    for_each_index(g.n.div_ceil(nb), Vec::new, |dcol: &mut Vec<T>, chunk| {
-        let dx_ptr = &dx_ptr;
-        let n0 = chunk * nb;
-        let count = nb.min(g.n - n0);
-        let width = count * per_image;
-        dcol.resize(rows * width, T::from_f64(0.0));
-        // SAFETY: dcol is this task's own; dy and W are read in bounds; the chunk's images of
-        // dx are written by this task alone.
-        unsafe {
-            gemm_into(
-                (rows, width, o),
-                (dcol.as_mut_ptr(), width, 1),
-                (w.as_ptr(), 1, rows),
-                (dy[n0 * per_image..].as_ptr(), cols, 1),
-                false,
-            );
-            col2im_chunk(&g, dcol, n0, count, dx_ptr.0);
-        }
-    });
+    for_each_index(
+        g.n.div_ceil(nb),
+        Scratch::take,
+        |dcol: &mut Scratch<T>, chunk| {
+            let dx_ptr = &dx_ptr;
+            let n0 = chunk * nb;
+            let count = nb.min(g.n - n0);
+            let width = count * per_image;
+            dcol.resize(rows * width);
+            // SAFETY: dcol is this task's own; dy and W are read in bounds; the chunk's images of
+            // dx are written by this task alone.
+            unsafe {
+                gemm_into(
+                    (rows, width, o),
+                    (dcol.as_mut_ptr(), width, 1),
+                    (w.as_ptr(), 1, rows),
+                    (dy[n0 * per_image..].as_ptr(), cols, 1),
+                    false,
+                );
+                col2im_chunk(&g, dcol, n0, count, dx_ptr.0);
+            }
+        },
+    );
 }
 
 /// `dW`: `[O, C·k_vol]` of [`conv_forward`]: by Winograd's F(2, 3) where it applies, else
@@ -449,18 +453,19 @@ fn row_block_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T])
     let out = Shared(dw_out.as_mut_ptr());
     for_each_index(
         blocks,
-        || [(); 2].map(|_| Vec::new()),
-        |[col, dwt]: &mut [Vec<T>; 2], block| {
+        || [(); 2].map(|_| Scratch::take()),
+        |[col, dwt]: &mut [Scratch<T>; 2], block| {
             let out = &out;
             let first_row = block * rows / blocks;
             let block_rows = (block + 1) * rows / blocks - first_row;
             let nb = (CHUNK_VALUES / (block_rows * per_image).max(1)).clamp(1, g.n.max(1));
-            dwt.resize(block_rows * o, T::from_f64(0.0));
-            for (chunk, n0) in (0..g.n).step_by(nb).enumerate() {
+            dwt.resize(block_rows * o);
+            dwt.fill(T::from_f64(0.0));
+            for n0 in (0..g.n).step_by(nb) {
                 let count = nb.min(g.n - n0);
                 let width = count * per_image;
                 let ld = row_stride::<T>(width);
-                col.resize(block_rows * ld, T::from_f64(0.0));
+                col.resize(block_rows * ld);
                 im2col_chunk(&g, x, (n0, count), first_row, (col, ld));
                 // SAFETY: dwt is this task's own; dy and col are read in bounds.
                 unsafe {
@@ -469,7 +474,7 @@ fn row_block_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T])
                         (dwt.as_mut_ptr(), o, 1),
                         (col.as_ptr(), ld, 1),
                         (dy[n0 * per_image..].as_ptr(), 1, cols),
-                        chunk > 0,
+                        true,
                     );
                 }
             }
@@ -491,11 +496,11 @@ fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let per_image = g.out().iter().product::<usize>();
     let nb = g.images_per_chunk();
     let chunks = g.n.div_ceil(nb);
-    let partials = group_partial_sums(chunks, o * rows, Vec::new, |col, chunk, dw| {
+    let partials = group_partial_sums(chunks, o * rows, Scratch::take, |col, chunk, dw| {
         let n0 = chunk * nb;
         let count = nb.min(g.n - n0);
         let width = count * per_image;
-        col.resize(rows * width, T::from_f64(0.0));
+        col.resize(rows * width);
         im2col_chunk(&g, x, (n0, count), 0, (col, width));
         // SAFETY: dW is this task's own; dy and col are read in bounds.
         unsafe {
@@ -566,11 +571,11 @@ fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let span = (CHUNK_VALUES / rows.max(1)).clamp(1, per_image.max(1));
     let per_image_chunks = per_image.div_ceil(span);
     let chunks = g.n * per_image_chunks;
-    let partials = group_partial_sums(chunks, rows * o, Vec::new, |patches, chunk, dwt| {
+    let partials = group_partial_sums(chunks, rows * o, Scratch::take, |patches, chunk, dwt| {
         let (n, first) = (chunk / per_image_chunks, (chunk % per_image_chunks) * span);
         let positions = first..(first + span).min(per_image);
         let count = positions.len();
-        patches.resize(count * rows, T::from_f64(0.0));
+        patches.resize(count * rows);
         im2row(&g, x, n, positions, (patches, rows));
         // SAFETY: dWᵀ is this task's own; dy and the patches are read in bounds.
         unsafe {

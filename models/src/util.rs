@@ -1,16 +1,96 @@
 //! Small helpers shared by the custom CPU ops: contiguous slices of `CpuStorage` and the
 //! float element trait the kernels are generic over.
 
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
+
 use candle_core::{CpuStorage, Layout, Result, Tensor, WithDType};
 
 /// Float element types the custom ops support (f32 and f64).
 pub(crate) trait Float: WithDType + Copy + Send + Sync + std::ops::AddAssign {
+    /// `f` on this thread's pool of [`Scratch`] buffers of this type.
+    fn with_scratch_pool<R>(f: impl FnOnce(&mut Vec<Vec<Self>>) -> R) -> R;
     /// `x ← exp(x)` for every value: f64 through libm, f32 through [`exp_f32`].
     fn exp_in_place(xs: &mut [Self]);
     /// `Φ(x)`, the standard normal CDF: f64 through Candle's `erf`, f32 as [`normal_cdf_f32`].
     fn normal_cdf(self) -> Self;
     /// `φ(x) = exp(−x²/2)/√(2π)`, the standard normal density.
     fn normal_density(self) -> Self;
+}
+
+/// Most buffers a thread's [`Scratch`] pool keeps per element type: as many as one task uses
+/// at once (a Winograd weight gradient's four).
+const SCRATCH_POOL: usize = 4;
+
+/// A task's scratch buffer, drawn from its thread's pool and given back when dropped, so that
+/// an op's buffers keep their memory, already faulted in, from one call to the next: on row 1
+/// of the step bench, allocating and zeroing them afresh in every call was 2 % of the step.
+///
+/// Its values are stale, left by whatever used the buffer before: a kernel writes every value
+/// it reads. Values a buffer gains by [`Scratch::resize`] are NaN, so a kernel that reads one
+/// it never wrote gives NaN in the tests, not a plausible number.
+pub(crate) struct Scratch<T: Float> {
+    /// Every value the buffer ever held, initialised: a shorter use keeps the rest.
+    buffer: Vec<T>,
+    len: usize,
+}
+
+impl<T: Float> Scratch<T> {
+    /// An empty buffer; its first [`Scratch::resize`] draws one from the pool.
+    pub fn take() -> Self {
+        Self {
+            buffer: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// `len` values: the first ones kept as they are, any new ones NaN. The first call draws
+    /// the pool's smallest buffer that holds `len` values (else its largest), so that buffers
+    /// keep their sizes from call to call.
+    pub fn resize(&mut self, len: usize) {
+        if self.buffer.is_empty() {
+            self.buffer = T::with_scratch_pool(|pool| {
+                let fits = (0..pool.len())
+                    .filter(|&i| pool[i].len() >= len)
+                    .min_by_key(|&i| pool[i].len());
+                let pick = fits.or_else(|| (0..pool.len()).max_by_key(|&i| pool[i].len()));
+                pick.map(|i| pool.swap_remove(i)).unwrap_or_default()
+            });
+        }
+        if self.buffer.len() < len {
+            self.buffer.resize(len, T::from_f64(f64::NAN));
+        }
+        self.len = len;
+    }
+}
+
+impl<T: Float> Drop for Scratch<T> {
+    fn drop(&mut self) {
+        let buffer = std::mem::take(&mut self.buffer);
+        if buffer.is_empty() {
+            return;
+        }
+        T::with_scratch_pool(|pool| {
+            pool.push(buffer);
+            if pool.len() > SCRATCH_POOL {
+                let smallest = (0..pool.len()).min_by_key(|&i| pool[i].len());
+                smallest.map(|i| pool.swap_remove(i));
+            }
+        });
+    }
+}
+
+impl<T: Float> Deref for Scratch<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.buffer[..self.len]
+    }
+}
+
+impl<T: Float> DerefMut for Scratch<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.buffer[..self.len]
+    }
 }
 
 /// Runs `f` compiled for AVX-512 or for AVX2 + FMA where the CPU has them, so that the loops of
@@ -68,6 +148,12 @@ pub(crate) fn lane_sum<T: Float>(a: &[T], b: &[T], c: &[T], term: impl Fn(T, T, 
 const INV_SQRT_2PI: f64 = 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2;
 
 impl Float for f32 {
+    fn with_scratch_pool<R>(f: impl FnOnce(&mut Vec<Vec<f32>>) -> R) -> R {
+        thread_local! {
+            static POOL: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+        }
+        POOL.with_borrow_mut(f)
+    }
     fn exp_in_place(xs: &mut [f32]) {
         for x in xs {
             *x = exp_f32(*x);
@@ -84,6 +170,12 @@ impl Float for f32 {
 }
 
 impl Float for f64 {
+    fn with_scratch_pool<R>(f: impl FnOnce(&mut Vec<Vec<f64>>) -> R) -> R {
+        thread_local! {
+            static POOL: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
+        }
+        POOL.with_borrow_mut(f)
+    }
     fn exp_in_place(xs: &mut [f64]) {
         for x in xs {
             *x = x.exp();
@@ -276,6 +368,40 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dropped buffer comes back to the next task on the thread that asks for no more than it
+    /// held, its values as left; a larger one grows it with NaN; the pool keeps at most
+    /// [`SCRATCH_POOL`] buffers, the largest ones.
+    #[test]
+    fn scratch_buffers_are_reused_with_stale_values_and_nan_growth() {
+        let mut first = Scratch::<f32>::take();
+        first.resize(6);
+        assert!(first.iter().all(|v| v.is_nan()));
+        first.copy_from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let address = first.as_ptr();
+        drop(first);
+        let mut again = Scratch::<f32>::take();
+        again.resize(4);
+        assert_eq!(
+            (again.as_ptr(), &again[..]),
+            (address, &[1.0, 2.0, 3.0, 4.0][..])
+        );
+        again.resize(8);
+        assert_eq!(&again[..6], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert!(again[6..].iter().all(|v| v.is_nan()));
+        drop(again);
+        let many: Vec<Scratch<f32>> = (1..=SCRATCH_POOL + 2)
+            .map(|len| {
+                let mut s = Scratch::take();
+                s.resize(len * 100);
+                s
+            })
+            .collect();
+        drop(many);
+        let kept = f32::with_scratch_pool(|pool| pool.iter().map(Vec::len).collect::<Vec<_>>());
+        assert_eq!(kept.len(), SCRATCH_POOL);
+        assert!(kept.iter().all(|&len| len >= 300), "{kept:?}");
+    }
 
     #[test]
     fn fast_exp_is_within_two_ulp_and_propagates_nan() {

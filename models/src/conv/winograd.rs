@@ -27,7 +27,7 @@ use std::ops::Range;
 use ssl_linalg::for_each_index;
 
 use super::{group_partial_sums, Geom, Shared, CHUNK_VALUES};
-use crate::util::{gemm_into, row_stride, vectorized, Float};
+use crate::util::{gemm_into, row_stride, vectorized, Float, Scratch};
 
 /// Input transform `Bᵀ` of F(2, 3).
 const BT: [[f64; 4]; 4] = [
@@ -205,7 +205,7 @@ impl Winograd {
         c: usize,
         images: Range<usize>,
         (v, ld): (&mut [T], usize),
-        [rows, stage]: [&mut Vec<T>; 2],
+        [rows, stage]: [&mut Scratch<T>; 2],
     ) {
         let (n0, nb) = (images.start, images.len());
         let g = &self.g;
@@ -223,7 +223,7 @@ impl Winograd {
             1
         };
         let half_h = (tiles_h + 1) * lanes;
-        rows.resize(ALPHA * pd * 2 * half_h, zero);
+        rows.resize(ALPHA * pd * 2 * half_h);
         // One input row, zero-padded to the tiles' width, and its even and odd positions.
         let mut padded = vec![zero; TILE * tiles_w + 2];
         let (mut even, mut odd) = (vec![zero; tiles_w + 1], vec![zero; tiles_w + 1]);
@@ -272,7 +272,7 @@ impl Winograd {
         }
         // Along the height, into `stage`; then along the depth into V's rows of (ξ_d, ξ_h, ξ_w).
         let half_d = (tiles_d + 1) * plane;
-        stage.resize(ALPHA * ALPHA * 2 * half_d, zero);
+        stage.resize(ALPHA * ALPHA * 2 * half_d);
         for xi_w in 0..ALPHA {
             for d in 0..pd {
                 let src = parity_rows(&rows[(xi_w * pd + d) * 2 * half_h..], half_h, lanes, plane);
@@ -306,7 +306,7 @@ impl Winograd {
         oi: usize,
         images: Range<usize>,
         y: *mut T,
-        tmp: &mut Vec<T>,
+        tmp: &mut Scratch<T>,
     ) {
         let (n0, nb) = (images.start, images.len());
         let [tiles_d, tiles_h, tiles_w] = self.tiles;
@@ -323,10 +323,7 @@ impl Winograd {
             0
         };
         let by_height_len = jd * TILE * ALPHA * total;
-        tmp.resize(
-            by_depth_len + by_height_len + jd * TILE * TILE * total,
-            T::from_f64(0.0),
-        );
+        tmp.resize(by_depth_len + by_height_len + jd * TILE * TILE * total);
         let (by_depth, rest) = tmp.split_at_mut(by_depth_len);
         let (by_height, by_all) = rest.split_at_mut(by_height_len);
         if self.volumetric {
@@ -393,7 +390,7 @@ impl Winograd {
         oi: usize,
         images: Range<usize>,
         (out, point_stride): (&mut [T], usize),
-        [rows, stage]: [&mut Vec<T>; 2],
+        [rows, stage]: [&mut Scratch<T>; 2],
     ) {
         let (n0, nb) = (images.start, images.len());
         let zero = T::from_f64(0.0);
@@ -404,7 +401,7 @@ impl Winograd {
         let jd = self.depth_tile();
         let per_image = d_out * h_out * w_out;
         // rows[j_d, j_h, ξ_w, T]: along the width, A of each output row's pairs.
-        rows.resize(jd * TILE * ALPHA * total, zero);
+        rows.resize(jd * TILE * ALPHA * total);
         let src = &dy[(oi * self.g.n + n0) * per_image..][..nb * per_image];
         for d in 0..jd * tiles_d {
             let (j_d, t_d) = (d % jd, d / jd);
@@ -438,7 +435,7 @@ impl Winograd {
             return;
         }
         // Along the height into stage[j_d, ξ_h, ξ_w, T], then along the depth.
-        stage.resize(TILE * ALPHA * ALPHA * total, zero);
+        stage.resize(TILE * ALPHA * ALPHA * total);
         for j_d in 0..TILE {
             for xi_w in 0..ALPHA {
                 let src = parity_rows(
@@ -473,14 +470,14 @@ impl Winograd {
         let out = Shared(y.as_mut_ptr());
         for_each_index(
             g.n.div_ceil(nb),
-            || [(); 4].map(|_| Vec::new()),
-            |[v, m, rows, stage]: &mut [Vec<T>; 4], chunk| {
+            || [(); 4].map(|_| Scratch::take()),
+            |[v, m, rows, stage]: &mut [Scratch<T>; 4], chunk| {
                 let n0 = chunk * nb;
                 let count = nb.min(g.n - n0);
                 let lane = count * self.tiles_per_image();
                 let ld = row_stride::<T>(lane);
-                v.resize(points * g.c * ld, T::from_f64(0.0));
-                m.resize(points * o * lane, T::from_f64(0.0));
+                v.resize(points * g.c * ld);
+                m.resize(points * o * lane);
                 vectorized(
                     #[inline(always)]
                     || {
@@ -531,18 +528,17 @@ impl Winograd {
         let points = self.points();
         let nb = self.images_per_chunk(o);
         let chunks = g.n.div_ceil(nb);
-        let zero = T::from_f64(0.0);
         let partials = group_partial_sums(
             chunks,
             points * g.c * o,
-            || [(); 4].map(|_| Vec::new()),
-            |[v, dyt, rows, stage]: &mut [Vec<T>; 4], chunk, du| {
+            || [(); 4].map(|_| Scratch::take()),
+            |[v, dyt, rows, stage]: &mut [Scratch<T>; 4], chunk, du| {
                 let n0 = chunk * nb;
                 let count = nb.min(g.n - n0);
                 let lane = count * self.tiles_per_image();
                 let ld = row_stride::<T>(lane);
-                v.resize(points * g.c * ld, zero);
-                dyt.resize(points * o * ld, zero);
+                v.resize(points * g.c * ld);
+                dyt.resize(points * o * ld);
                 vectorized(
                     #[inline(always)]
                     || {
