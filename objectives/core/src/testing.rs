@@ -90,16 +90,8 @@ pub fn randn<T: FloatDType>(
     shape: impl Into<Shape>,
     device: &Device,
 ) -> Result<Tensor> {
-    let shape = shape.into();
-    let values: Vec<f64> = TEST_RNG.with_borrow_mut(|rng| {
-        (0..shape.elem_count())
-            .map(|_| StandardNormal.sample(rng))
-            .collect()
-    });
-    (Tensor::from_vec(values, shape, &Device::Cpu)? * std.to_f64())?
-        .affine(1.0, mean.to_f64())?
-        .to_dtype(T::DTYPE)?
-        .to_device(device)
+    let scaled = (std.to_f64(), mean.to_f64());
+    draw::<T>(shape, device, scaled, |rng| StandardNormal.sample(rng))
 }
 
 /// `Tensor::rand`, reproducibly (see [`randn`]): uniform on `[lo, up)`.
@@ -109,15 +101,23 @@ pub fn uniform<T: FloatDType>(
     shape: impl Into<Shape>,
     device: &Device,
 ) -> Result<Tensor> {
-    let shape = shape.into();
-    let values: Vec<f64> = TEST_RNG.with_borrow_mut(|rng| {
-        (0..shape.elem_count())
-            .map(|_| rng.random::<f64>())
-            .collect()
-    });
     let (lo, up) = (lo.to_f64(), up.to_f64());
+    draw::<T>(shape, device, (up - lo, lo), |rng| rng.random::<f64>())
+}
+
+/// `scale · sample + shift` for every value of `shape`, sampled from the test's generator, as a
+/// `T` tensor on `device`.
+fn draw<T: FloatDType>(
+    shape: impl Into<Shape>,
+    device: &Device,
+    (scale, shift): (f64, f64),
+    sample: impl Fn(&mut ChaCha8Rng) -> f64,
+) -> Result<Tensor> {
+    let shape = shape.into();
+    let values: Vec<f64> =
+        TEST_RNG.with_borrow_mut(|rng| (0..shape.elem_count()).map(|_| sample(rng)).collect());
     Tensor::from_vec(values, shape, &Device::Cpu)?
-        .affine(up - lo, lo)?
+        .affine(scale, shift)?
         .to_dtype(T::DTYPE)?
         .to_device(device)
 }
