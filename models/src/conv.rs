@@ -301,7 +301,7 @@ fn im2col_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     let out = Shared(y.as_mut_ptr());
     for_each_index(
         g.n.div_ceil(nb),
-        Scratch::take,
+        Scratch::default,
         |col: &mut Scratch<T>, chunk| {
             let out = &out;
             let n0 = chunk * nb;
@@ -388,7 +388,7 @@ fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize, dx: &mut
     let dx_ptr = Shared(dx.as_mut_ptr());
     for_each_index(
         g.n.div_ceil(nb),
-        Scratch::take,
+        Scratch::default,
         |dcol: &mut Scratch<T>, chunk| {
             let dx_ptr = &dx_ptr;
             let n0 = chunk * nb;
@@ -453,7 +453,7 @@ fn row_block_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T])
     let out = Shared(dw_out.as_mut_ptr());
     for_each_index(
         blocks,
-        || [(); 2].map(|_| Scratch::take()),
+        <[Scratch<T>; 2]>::default,
         |[col, dwt]: &mut [Scratch<T>; 2], block| {
             let out = &out;
             let first_row = block * rows / blocks;
@@ -496,7 +496,7 @@ fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let per_image = g.out().iter().product::<usize>();
     let nb = g.images_per_chunk();
     let chunks = g.n.div_ceil(nb);
-    let partials = group_partial_sums(chunks, o * rows, Scratch::take, |col, chunk, dw| {
+    let partials = group_partial_sums(chunks, o * rows, Scratch::default, |col, chunk, dw| {
         let n0 = chunk * nb;
         let count = nb.min(g.n - n0);
         let width = count * per_image;
@@ -571,7 +571,7 @@ fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let span = (CHUNK_VALUES / rows.max(1)).clamp(1, per_image.max(1));
     let per_image_chunks = per_image.div_ceil(span);
     let chunks = g.n * per_image_chunks;
-    let partials = group_partial_sums(chunks, rows * o, Scratch::take, |patches, chunk, dwt| {
+    let partials = group_partial_sums(chunks, rows * o, Scratch::default, |patches, chunk, dwt| {
         let (n, first) = (chunk / per_image_chunks, (chunk % per_image_chunks) * span);
         let positions = first..(first + span).min(per_image);
         let count = positions.len();

@@ -35,15 +35,17 @@ pub(crate) struct Scratch<T: Float> {
     len: usize,
 }
 
-impl<T: Float> Scratch<T> {
-    /// An empty buffer; its first [`Scratch::resize`] draws one from the pool.
-    pub fn take() -> Self {
+/// An empty buffer; its first [`Scratch::resize`] draws one from the pool.
+impl<T: Float> Default for Scratch<T> {
+    fn default() -> Self {
         Self {
             buffer: Vec::new(),
             len: 0,
         }
     }
+}
 
+impl<T: Float> Scratch<T> {
     /// `len` values: the first ones kept as they are, any new ones NaN. The first call draws
     /// the pool's smallest buffer that holds `len` values (else its largest), so that buffers
     /// keep their sizes from call to call.
@@ -374,13 +376,13 @@ mod tests {
     /// [`SCRATCH_POOL`] buffers, the largest ones.
     #[test]
     fn scratch_buffers_are_reused_with_stale_values_and_nan_growth() {
-        let mut first = Scratch::<f32>::take();
+        let mut first = Scratch::<f32>::default();
         first.resize(6);
         assert!(first.iter().all(|v| v.is_nan()));
         first.copy_from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         let address = first.as_ptr();
         drop(first);
-        let mut again = Scratch::<f32>::take();
+        let mut again = Scratch::<f32>::default();
         again.resize(4);
         assert_eq!(
             (again.as_ptr(), &again[..]),
@@ -392,7 +394,7 @@ mod tests {
         drop(again);
         let many: Vec<Scratch<f32>> = (1..=SCRATCH_POOL + 2)
             .map(|len| {
-                let mut s = Scratch::take();
+                let mut s = Scratch::default();
                 s.resize(len * 100);
                 s
             })

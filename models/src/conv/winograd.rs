@@ -459,6 +459,33 @@ impl Winograd {
         }
     }
 
+    /// `V` of every input channel of chunk `chunk` (of `nb` images) of `x` into `v`, as
+    /// [`Self::input_transform`] lays it out; returns the chunk's images, its tiles `T` and
+    /// `V`'s row stride `ld`.
+    fn chunk_input_transform<T: Float>(
+        &self,
+        x: &[T],
+        chunk: usize,
+        nb: usize,
+        v: &mut Scratch<T>,
+        [rows, stage]: [&mut Scratch<T>; 2],
+    ) -> (Range<usize>, usize, usize) {
+        let n0 = chunk * nb;
+        let images = n0..n0 + nb.min(self.g.n - n0);
+        let lane = images.len() * self.tiles_per_image();
+        let ld = row_stride::<T>(lane);
+        v.resize(self.points() * self.g.c * ld);
+        vectorized(
+            #[inline(always)]
+            || {
+                for c in 0..self.g.c {
+                    self.input_transform(x, c, images.clone(), (v, ld), [rows, stage]);
+                }
+            },
+        );
+        (images, lane, ld)
+    }
+
     /// The convolution of `x`: `[C, N, D, H, W]` with `w`: `[O, C·k_vol]` into `y`:
     /// `[O, N·S_out]`, chunk by chunk of images on Candle's workers.
     pub fn forward<T: Float>(&self, x: &[T], w: &[T], y: &mut [T]) {
@@ -470,23 +497,10 @@ impl Winograd {
         let out = Shared(y.as_mut_ptr());
         for_each_index(
             g.n.div_ceil(nb),
-            || [(); 4].map(|_| Scratch::take()),
+            <[Scratch<T>; 4]>::default,
             |[v, m, rows, stage]: &mut [Scratch<T>; 4], chunk| {
-                let n0 = chunk * nb;
-                let count = nb.min(g.n - n0);
-                let lane = count * self.tiles_per_image();
-                let ld = row_stride::<T>(lane);
-                v.resize(points * g.c * ld);
+                let (images, lane, ld) = self.chunk_input_transform(x, chunk, nb, v, [rows, stage]);
                 m.resize(points * o * lane);
-                vectorized(
-                    #[inline(always)]
-                    || {
-                        for c in 0..g.c {
-                            let images = n0..n0 + count;
-                            self.input_transform(x, c, images, (v, ld), [rows, stage]);
-                        }
-                    },
-                );
                 for xi in 0..points {
                     // SAFETY: m, u and v hold `points` blocks of the sizes read and written.
                     unsafe {
@@ -505,7 +519,7 @@ impl Winograd {
                     || {
                         for oi in 0..o {
                             // SAFETY: `y` is [O, N·S_out]; this chunk writes its own images.
-                            let images = n0..n0 + count;
+                            let images = images.clone();
                             unsafe { self.output_transform(m, o, oi, images, out.0, stage) };
                         }
                     },
@@ -531,24 +545,16 @@ impl Winograd {
         let partials = group_partial_sums(
             chunks,
             points * g.c * o,
-            || [(); 4].map(|_| Scratch::take()),
+            <[Scratch<T>; 4]>::default,
             |[v, dyt, rows, stage]: &mut [Scratch<T>; 4], chunk, du| {
-                let n0 = chunk * nb;
-                let count = nb.min(g.n - n0);
-                let lane = count * self.tiles_per_image();
-                let ld = row_stride::<T>(lane);
-                v.resize(points * g.c * ld);
+                let (images, lane, ld) = self.chunk_input_transform(x, chunk, nb, v, [rows, stage]);
                 dyt.resize(points * o * ld);
                 vectorized(
                     #[inline(always)]
                     || {
-                        for c in 0..g.c {
-                            let images = n0..n0 + count;
-                            self.input_transform(x, c, images, (v, ld), [rows, stage]);
-                        }
                         for oi in 0..o {
                             let out = (&mut dyt[oi * ld..], o * ld);
-                            let images = n0..n0 + count;
+                            let images = images.clone();
                             self.output_grad_transform(dy, oi, images, out, [rows, stage]);
                         }
                     },
