@@ -287,6 +287,44 @@ mod tests {
         Ok(())
     }
 
+    /// The CPU update changes the moments in place: a saved state keeps the values it was saved
+    /// with, and so does the state a run was restored from.
+    #[test]
+    fn saved_and_loaded_states_are_not_changed_by_later_steps() -> Result<()> {
+        let cfg = TrainConfig::default();
+        let w = Var::new(&[1f32, -2.0, 3.0], &Device::Cpu)?;
+        let params = || vec![("w".into(), w.clone(), 1.0)];
+        let mut opt = Optimizer::new(&cfg, params(), &[]);
+        let step = |opt: &mut Optimizer| -> Result<()> {
+            opt.step(&w.as_tensor().sqr()?.sum_all()?.backward()?, 0.01)
+        };
+        step(&mut opt)?;
+        let saved = opt.state()?;
+        let values = |state: &HashMap<String, Tensor>| -> candle_core::Result<Vec<Vec<f32>>> {
+            ["m.w", "v.w"]
+                .iter()
+                .map(|k| state[*k].to_vec1::<f32>())
+                .collect()
+        };
+        let before = values(&saved)?;
+        step(&mut opt)?;
+        assert_eq!(
+            values(&saved)?,
+            before,
+            "a later step changed the saved state"
+        );
+        let mut restored = Optimizer::new(&cfg, params(), &[]);
+        restored.load_state(&saved)?;
+        step(&mut restored)?;
+        assert_eq!(
+            values(&saved)?,
+            before,
+            "a restored run's step changed its source"
+        );
+        assert_ne!(values(&restored.state()?)?, before);
+        Ok(())
+    }
+
     #[test]
     fn biases_are_not_decayed() {
         let cfg = TrainConfig {
