@@ -9,8 +9,9 @@
 //! for the GEMM nor for the backward. The input gradient of a stride-1 convolution is the
 //! forward convolution of `dy` with the flipped kernel (one GEMM of depth `O·kᴿ`); with a
 //! stride it is `dx = col2im(Wᵀ·dy)`. A stride-1 3×3 (3×3×3) convolution of at least 16
-//! channels in and out, over at least 64 tiles of 2×2 (2×2×2) outputs, takes Winograd's F(2, 3)
-//! instead ([`winograd`]): 2.25× (3.4×) fewer multiply-adds in its GEMMs, for the forward, the
+//! channels in and out, over at least 64 tiles, takes Winograd's minimal filtering instead
+//! ([`winograd`]): F(4×4, 3×3) on images, 4× fewer multiply-adds in its GEMMs (F(2×2, 3×3),
+//! 2.25×, on the smallest images), and F(2×2×2, 3×3×3) on volumes, 3.4×; for the forward, the
 //! dual convolution of the input gradient and the weight gradient alike. A 2D convolution is
 //! the 3D one with depth 1 and kernel depth 1, so one set of kernels serves both; a 1×1 stride-1
 //! convolution needs no im2col (its input is the column matrix). Chunks are fixed by the
@@ -283,7 +284,7 @@ fn conv_forward<T: Float>(g: Geom, x: &[T], w: &[T], o: usize) -> Vec<T> {
 }
 
 /// [`conv_forward`] into `y`: `[O, N·S_out]`, every value of which it writes: by Winograd's
-/// F(2, 3) where it applies, else by im2col.
+/// algorithm where one applies, else by im2col.
 fn conv_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     let o = y.len() / g.col_shape().1;
     match Winograd::new(g, o) {
@@ -411,7 +412,7 @@ fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize, dx: &mut
     );
 }
 
-/// `dW`: `[O, C·k_vol]` of [`conv_forward`]: by Winograd's F(2, 3) where it applies, else
+/// `dW`: `[O, C·k_vol]` of [`conv_forward`]: by Winograd's algorithm where one applies, else
 /// [`im2col_weight_grad`].
 fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut [T]) {
     match Winograd::new(g, dw.len() / g.col_shape().0) {

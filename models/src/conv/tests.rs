@@ -1,5 +1,6 @@
 use candle_core::{Device, Var};
 
+use super::winograd::Minimal;
 use super::*;
 use crate::util::testing::{finite_diff, max_abs_diff, rand_tensor};
 
@@ -389,24 +390,39 @@ fn max_diff(a: &[f64], b: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Stride-1 3×3 and 3×3×3 geometries with enough channels for F(2, 3): even and odd output
-/// extents, paddings 0 to 2, batches that split into several chunks and weight-gradient
-/// groups with a shorter last one, and more channel pairs (67 × 18) than one block of the
-/// kernel transform takes.
+/// Stride-1 3×3 and 3×3×3 geometries with enough channels for Winograd: even and odd output
+/// extents, extents that are not whole tiles of 4 or shorter than one, paddings 0 to 2,
+/// batches that split into several chunks and weight-gradient groups with a shorter last one,
+/// and more channel pairs (67 × 18) than one block of the kernel transform takes. Each has
+/// the 64 tiles of F(2, 3), F(4, 3) or both.
 fn winograd_cases() -> Vec<(Vec<usize>, usize)> {
     vec![
         (vec![16, 8, 5, 6], 1),
+        (vec![16, 8, 9, 10], 1),
         (vec![67, 16, 4, 4], 1),
+        (vec![67, 64, 4, 4], 1),
         (vec![16, 19, 4, 4], 1),
         (vec![17, 11, 7, 5], 0),
+        (vec![16, 40, 7, 6], 0),
         (vec![16, 8, 3, 8], 2),
+        (vec![16, 16, 3, 8], 2),
         (vec![16, 64, 2, 2], 1),
         (vec![16, 64, 1, 1], 2),
         (vec![16, 6, 3, 4, 5], 1),
+        (vec![16, 8, 5, 6, 7], 1),
         (vec![16, 32, 5, 3, 4], 0),
         (vec![16, 67, 2, 2, 2], 1),
         (vec![16, 64, 1, 2, 1], 2),
     ]
+}
+
+/// F(4, 3) and F(2, 3), each where it has its 64 tiles.
+fn winograd_variants(g: Geom, o: usize) -> Vec<Winograd> {
+    let f43 = Minimal::new(g, o).map(Winograd::F43);
+    [f43, Minimal::new(g, o).map(Winograd::F23)]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 #[test]
@@ -449,68 +465,123 @@ fn gemm_operand_rows_are_an_odd_number_of_cache_lines_apart() {
     }
 }
 
-/// F(2, 3) computes the convolution im2col computes (f64, to rounding), its weight gradient,
-/// and through the dual convolution its input gradient.
+/// F(4, 3) and F(2, 3) compute the convolution im2col computes (f64, to rounding), its weight
+/// gradient, and through the dual convolution its input gradient; on images and volumes, each
+/// of the two takes several of the cases.
 #[test]
 fn winograd_equals_im2col_forward_and_gradients() {
+    let mut taken = [[0; 2]; 2];
     for (i, (dims, pad)) in winograd_cases().into_iter().enumerate() {
         let g = Geom::new("test", &dims, 3, 1, pad).unwrap();
         let o = 18;
-        let winograd = Winograd::new(g, o).expect("a Winograd geometry");
+        let variants = winograd_variants(g, o);
+        assert!(!variants.is_empty(), "{dims:?}: a Winograd geometry");
         let seed = 40 + 3 * i as u64;
         let x = rand_values(seed, &dims);
         let w = rand_values(seed + 1, &[o, g.c * g.kernel_volume()]);
         let dy = rand_values(seed + 2, &g.out_dims(o, dims.len() - 2));
-        let mut fast = vec![f64::NAN; dy.len()];
-        winograd.forward(&x, &w, &mut fast);
-        let mut plain = vec![0.0; dy.len()];
-        im2col_forward_into(g, &x, &w, &mut plain);
-        let d = max_diff(&fast, &plain);
-        assert!(d < 1e-12, "{dims:?} p {pad}: forward diff {d}");
-
-        let mut fast = vec![f64::NAN; w.len()];
-        winograd.weight_grad(&x, &dy, &mut fast);
-        let mut plain = vec![0.0; w.len()];
-        im2col_weight_grad(g, &x, &dy, &mut plain);
-        let d = max_diff(&fast, &plain);
-        assert!(d < 1e-11, "{dims:?} p {pad}: weight gradient diff {d}");
-
         let dual = g.input_grad_geometry(o).unwrap();
-        assert!(Winograd::new(dual, g.c).is_some());
-        let fast = conv_forward(dual, &dy, &flipped_transpose(&w, o, g), g.c);
-        let mut plain = vec![0.0; x.len()];
-        input_grad_scattered(g, &w, &dy, o, &mut plain);
-        let d = max_diff(&fast, &plain);
-        assert!(d < 1e-12, "{dims:?} p {pad}: input gradient diff {d}");
+        let mut plain_y = vec![0.0; dy.len()];
+        im2col_forward_into(g, &x, &w, &mut plain_y);
+        let mut plain_dw = vec![0.0; w.len()];
+        im2col_weight_grad(g, &x, &dy, &mut plain_dw);
+        let mut plain_dx = vec![0.0; x.len()];
+        input_grad_scattered(g, &w, &dy, o, &mut plain_dx);
+        for winograd in variants {
+            let name = format!("{winograd:?}");
+            taken[matches!(winograd, Winograd::F23(_)) as usize][dims.len() - 4] += 1;
+            let mut fast = vec![f64::NAN; dy.len()];
+            winograd.forward(&x, &w, &mut fast);
+            let d = max_diff(&fast, &plain_y);
+            assert!(d < 1e-12, "{name}, {dims:?} p {pad}: forward diff {d}");
+
+            let mut fast = vec![f64::NAN; w.len()];
+            winograd.weight_grad(&x, &dy, &mut fast);
+            let d = max_diff(&fast, &plain_dw);
+            assert!(
+                d < 1e-11,
+                "{name}, {dims:?} p {pad}: weight gradient diff {d}"
+            );
+
+            let same = |d| match winograd {
+                Winograd::F43(_) => Minimal::new(d, g.c).map(Winograd::F43),
+                Winograd::F23(_) => Minimal::new(d, g.c).map(Winograd::F23),
+            };
+            // A padding-2 case's dual has fewer tiles, and may take the other algorithm.
+            let dual_winograd = same(dual)
+                .or_else(|| Winograd::new(dual, g.c))
+                .expect("a Winograd dual");
+            let mut fast = vec![f64::NAN; x.len()];
+            dual_winograd.forward(&dy, &flipped_transpose(&w, o, g), &mut fast);
+            let d = max_diff(&fast, &plain_dx);
+            assert!(
+                d < 1e-12,
+                "{name}, {dims:?} p {pad}: input gradient diff {d}"
+            );
+        }
+    }
+    assert!(
+        taken.iter().flatten().all(|&n| n >= 3),
+        "cases taken {taken:?}"
+    );
+}
+
+/// In f32, F(2, 3) is as accurate as im2col on images and volumes, and F(4×4, 3×3) within 20×
+/// it and 10⁻⁵ of the outputs' scale: all against the f64 convolution, at the depth of a ResNet
+/// layer (576 products per output) and of a 3D ResNet layer (864).
+#[test]
+fn winograd_in_f32_is_about_as_accurate_as_im2col() {
+    for (dims, c) in [(vec![64, 4, 16, 16], 64), (vec![32, 8, 8, 8, 8], 32)] {
+        let g = Geom::new("test", &dims, 3, 1, 1).unwrap();
+        let o = c;
+        let x = rand_values(60, &dims);
+        let w = rand_values(61, &[o, g.c * g.kernel_volume()]);
+        let mut exact = vec![0.0; o * g.col_shape().1];
+        im2col_forward_into(g, &x, &w, &mut exact);
+        let [x32, w32] = [&x, &w].map(|v| v.iter().map(|&v| v as f32).collect::<Vec<_>>());
+        let error = |y: &[f32]| {
+            y.iter()
+                .zip(&exact)
+                .map(|(&a, &b)| (a as f64 - b).abs())
+                .fold(0.0, f64::max)
+        };
+        let mut y = vec![f32::NAN; exact.len()];
+        im2col_forward_into(g, &x32, &w32, &mut y);
+        let im2col = error(&y);
+        Minimal::<2, 4>::new(g, o)
+            .unwrap()
+            .forward(&x32, &w32, &mut y);
+        let f23 = error(&y);
+        assert!(
+            f23 < 2.0 * im2col,
+            "{dims:?}: F(2, 3) {f23:e}, im2col {im2col:e}"
+        );
+        let Some(Winograd::F43(f43)) = Winograd::new(g, o) else {
+            assert_eq!(dims.len(), 5, "images take F(4, 3)");
+            continue;
+        };
+        f43.forward(&x32, &w32, &mut y);
+        let f43 = error(&y);
+        let scale = exact.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        assert!(
+            f43 < 20.0 * im2col && f43 < 1e-5 * scale,
+            "{dims:?}: F(4, 3) {f43:e}, im2col {im2col:e}, outputs up to {scale}"
+        );
     }
 }
 
-/// In f32, F(2, 3) is as accurate as im2col: both against the f64 convolution, at a ResNet
-/// layer's depth (576 products per output).
+/// Images of at least 2×2 tiles of 4×4 outputs take F(4, 3); images of one such tile, and
+/// volumes, take F(2, 3).
 #[test]
-fn winograd_in_f32_is_as_accurate_as_im2col() {
-    let dims = [64, 4, 8, 8];
-    let g = Geom::new("test", &dims, 3, 1, 1).unwrap();
-    let o = 64;
-    let x = rand_values(60, &dims);
-    let w = rand_values(61, &[o, g.c * 9]);
-    let mut exact = vec![0.0; o * g.col_shape().1];
-    im2col_forward_into(g, &x, &w, &mut exact);
-    let [x32, w32] = [&x, &w].map(|v| v.iter().map(|&v| v as f32).collect::<Vec<_>>());
-    let error = |forward: fn(Geom, &[f32], &[f32], &mut [f32])| {
-        let mut y = vec![0.0f32; exact.len()];
-        forward(g, &x32, &w32, &mut y);
-        y.iter()
-            .zip(&exact)
-            .map(|(&a, &b)| (a as f64 - b).abs())
-            .fold(0.0, f64::max)
-    };
-    let winograd = error(|g, x, w, y| Winograd::new(g, 64).unwrap().forward(x, w, y));
-    let im2col = error(im2col_forward_into);
-    assert!(
-        winograd < 2.0 * im2col && winograd < 1e-4,
-        "max error: Winograd {winograd:e}, im2col {im2col:e}"
-    );
+fn winograd_takes_f43_on_images_of_several_tiles() {
+    let winograd = |dims: &[usize]| Winograd::new(Geom::new("test", dims, 3, 1, 1).unwrap(), 64);
+    assert!(matches!(winograd(&[64, 8, 32, 32]), Some(Winograd::F43(_))));
+    assert!(matches!(winograd(&[64, 16, 5, 5]), Some(Winograd::F43(_))));
+    assert!(matches!(winograd(&[64, 128, 4, 4]), Some(Winograd::F23(_))));
+    assert!(matches!(
+        winograd(&[64, 8, 16, 16, 16]),
+        Some(Winograd::F23(_))
+    ));
 }
 
 /// The convolution op of a Winograd geometry against the composed convolution of other

@@ -1,26 +1,30 @@
-//! Winograd's minimal filtering F(2, 3) on every axis of a stride-1 3×3 or 3×3×3 convolution:
-//! F(2×2, 3×3) and F(2×2×2, 3×3×3) (Lavin & Gray, "Fast Algorithms for Convolutional Neural
-//! Networks", CVPR 2016, eq. 7–8, nested per axis).
+//! Winograd's minimal filtering F(m, 3) on every axis of a stride-1 3×3 or 3×3×3 convolution
+//! (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016, eq. 7–8 and
+//! §4.2, nested per axis): F(4×4, 3×3) on images with enough tiles of 4×4 outputs, else
+//! F(2×2, 3×3), and F(2×2×2, 3×3×3) on volumes ([`Winograd`] says why).
 //!
-//! Each 2×2 (2×2×2) output tile `Y` is `Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A` of its 4×4 (4×4×4) input
-//! tile `d`, which overlaps its neighbours by 2, and the kernel `g`, the transforms applied
-//! along every axis. Summed over input channels, the element-wise products become one GEMM per
-//! transform point `ξ` (16, or 64): `M[ξ] (O × T) = U[ξ] (O × C) · V[ξ] (C × T)` over the `T`
-//! tiles, with `U = G g Gᵀ` and `V = Bᵀ d B`: 16 multiply-adds per output channel, input
-//! channel and tile where im2col spends 36 (64 where it spends 216), and a tile's padding is
-//! never multiplied by the taps that miss the image.
+//! Each m×m (m×m×m) output tile `Y` is `Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A` of its n×n (n×n×n) input
+//! tile `d`, `n = m + 2`, which overlaps its neighbours by 2, and the kernel `g`, the
+//! transforms applied along every axis. Summed over input channels, the element-wise products
+//! become one GEMM per transform point `ξ` (n² or n³ of them):
+//! `M[ξ] (O × T) = U[ξ] (O × C) · V[ξ] (C × T)` over the `T` tiles, with `U = G g Gᵀ` and
+//! `V = Bᵀ d B`. Per output channel, input channel and output, im2col spends 9 (27)
+//! multiply-adds, F(2, 3) 4 (8) and F(4, 3) 2.25 (3.4); a tile's padding is never multiplied
+//! by the taps that miss the image.
 //!
 //! The backward is the same algorithm transposed: the weight gradient is
 //! `dU[ξ] = Σ_t (A dY Aᵀ)[ξ, t] · V[ξ, t]` and `dW = Gᵀ dU G`, and the input gradient of a
 //! stride-1 convolution is the forward of its dual convolution (`dy` with the flipped kernel,
 //! see `conv.rs`), which takes this path as well. F(2, 3)'s transforms have coefficients 0, ±½
-//! and ±1, so its rounding error is that of im2col (tested against it).
+//! and ±1, so its rounding error is that of im2col; F(4, 3)'s interpolate at 0, ±1, ±2 and ∞,
+//! with coefficients up to 8 and down to 1/24, and its f32 error on images is about 11× im2col's,
+//! 5·10⁻⁶ of the outputs' scale (both tested against it).
 //!
 //! Every transform is a small matrix applied to rows of lanes. A chunk's tiles are ordered
 //! `[t_d, t_h, image, t_w]`, so one row holds a transform point of every tile of the chunk: the
-//! width transforms read the even and odd positions of each input row, the height and depth
-//! transforms read rows kept split by the parity of their position, shifted by one tile, and
-//! all of them run over whole rows.
+//! width transforms read each input row split by the residue of its positions mod m, the
+//! height and depth transforms read rows kept split by the residue of their position, shifted
+//! by one tile, and all of them run over whole rows.
 
 use std::ops::Range;
 
@@ -29,50 +33,135 @@ use ssl_linalg::for_each_index;
 use super::{group_partial_sums, Geom, Shared, CHUNK_VALUES};
 use crate::util::{gemm_into, row_stride, vectorized, Float, Scratch};
 
-/// Input transform `Bᵀ` of F(2, 3).
-const BT: [[f64; 4]; 4] = [
-    [1.0, 0.0, -1.0, 0.0],
-    [0.0, 1.0, 1.0, 0.0],
-    [0.0, -1.0, 1.0, 0.0],
-    [0.0, 1.0, 0.0, -1.0],
-];
-/// Kernel transform `G` of F(2, 3).
-const G: [[f64; 3]; 4] = [
-    [1.0, 0.0, 0.0],
-    [0.5, 0.5, 0.5],
-    [0.5, -0.5, 0.5],
-    [0.0, 0.0, 1.0],
-];
-/// Output transform `Aᵀ` of F(2, 3).
-const AT: [[f64; 4]; 2] = [[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]];
-/// `A`, which carries an output tile's gradient back to the transform points.
-const A: [[f64; 2]; 4] = [[1.0, 0.0], [1.0, 1.0], [1.0, -1.0], [0.0, -1.0]];
-/// `Gᵀ`, which carries the transformed kernel's gradient back to the taps.
-const GT: [[f64; 4]; 3] = [
-    [1.0, 0.5, 0.5, 0.0],
-    [0.0, 0.5, -0.5, 0.0],
-    [0.0, 0.5, 0.5, 1.0],
-];
+/// The transforms of F(m, 3), `n = m + 2`: `Bᵀ` (input), `G` (kernel) and `Aᵀ` (output), and
+/// the transposes the backward applies.
+pub(super) trait Transforms<const M: usize, const N: usize> {
+    const BT: [[f64; N]; N];
+    const G: [[f64; 3]; N];
+    const AT: [[f64; N]; M];
+    /// `A`, which carries an output tile's gradient back to the transform points.
+    const A: [[f64; M]; N] = transpose(Self::AT);
+    /// `Gᵀ`, which carries the transformed kernel's gradient back to the taps.
+    const GT: [[f64; N]; 3] = transpose(Self::G);
+}
+
+/// F(2, 3): interpolation at 0, ±1 and ∞ (Lavin & Gray, eq. 7).
+impl Transforms<2, 4> for Minimal<2, 4> {
+    const BT: [[f64; 4]; 4] = [
+        [1.0, 0.0, -1.0, 0.0],
+        [0.0, 1.0, 1.0, 0.0],
+        [0.0, -1.0, 1.0, 0.0],
+        [0.0, 1.0, 0.0, -1.0],
+    ];
+    const G: [[f64; 3]; 4] = [
+        [1.0, 0.0, 0.0],
+        [0.5, 0.5, 0.5],
+        [0.5, -0.5, 0.5],
+        [0.0, 0.0, 1.0],
+    ];
+    const AT: [[f64; 4]; 2] = [[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]];
+}
+
+/// F(4, 3): interpolation at 0, ±1, ±2 and ∞ (Lavin & Gray, §4.2).
+impl Transforms<4, 6> for Minimal<4, 6> {
+    const BT: [[f64; 6]; 6] = [
+        [4.0, 0.0, -5.0, 0.0, 1.0, 0.0],
+        [0.0, -4.0, -4.0, 1.0, 1.0, 0.0],
+        [0.0, 4.0, -4.0, -1.0, 1.0, 0.0],
+        [0.0, -2.0, -1.0, 2.0, 1.0, 0.0],
+        [0.0, 2.0, -1.0, -2.0, 1.0, 0.0],
+        [0.0, 4.0, 0.0, -5.0, 0.0, 1.0],
+    ];
+    const G: [[f64; 3]; 6] = [
+        [1.0 / 4.0, 0.0, 0.0],
+        [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
+        [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
+        [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0],
+        [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0],
+        [0.0, 0.0, 1.0],
+    ];
+    const AT: [[f64; 6]; 4] = [
+        [1.0, 1.0, 1.0, 1.0, 1.0, 0.0],
+        [0.0, 1.0, -1.0, 2.0, -2.0, 0.0],
+        [0.0, 1.0, 1.0, 4.0, 4.0, 0.0],
+        [0.0, 1.0, -1.0, 8.0, -8.0, 1.0],
+    ];
+}
+
+const fn transpose<const I: usize, const J: usize>(m: [[f64; J]; I]) -> [[f64; I]; J] {
+    let mut t = [[0.0; I]; J];
+    let mut i = 0;
+    while i < I {
+        let mut j = 0;
+        while j < J {
+            t[j][i] = m[i][j];
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+}
 
 /// Fewest input and output channels for which the transforms pay: below it (the stem's 1–3
 /// image channels) the GEMMs are too shallow and im2col's single deep GEMM is faster.
 const MIN_CHANNELS: usize = 16;
 
-/// Fewest tiles in a chunk's products: each `U[ξ]` (`O × C`, 16 or 64 of them) is streamed
+/// Fewest tiles in a chunk's products: each `U[ξ]` (`O × C`, n² or n³ of them) is streamed
 /// once per chunk, so with fewer tiles the GEMMs wait on memory (the 3D ResNet's 2³ and 4³
-/// layers, 1 and 8 tiles a volume at 4 volumes a view, were 3× slower than im2col).
+/// layers, 1 and 8 tiles of F(2, 3) a volume at 4 volumes a view, were 3× slower than im2col).
 const MIN_TILES: usize = 64;
 
 /// Channel pairs per block of the kernel transform: its rows of taps stay in L2.
 const KERNEL_LANES: usize = 1024;
 
-/// Output positions of a tile per axis, input positions of a tile per axis.
-const TILE: usize = 2;
-const ALPHA: usize = 4;
+/// Fewest F(4, 3) tiles per image for it to take an image convolution. With one tile an image
+/// (ResNet-18's last stage on 32² inputs), a chunk's GEMMs pack each of the 36 `U[ξ]` for a
+/// quarter of the tiles F(2, 3) gives them, and that costs more than the multiply-adds saved
+/// (row 1 of the step bench, medians of 4 alternating runs: 2,121 ms with F(2, 3) there,
+/// 2,257 ms with F(4, 3)).
+const F43_MIN_TILES_PER_IMAGE: usize = 4;
 
-/// The tiling of one convolution geometry.
+/// Winograd's algorithm for one convolution geometry: F(4×4, 3×3) on images of at least
+/// [`F43_MIN_TILES_PER_IMAGE`] of its tiles, else F(2, 3) on every axis. Volumes keep F(2, 3):
+/// there F(4, 3)'s f32 error is 28× im2col's (three axes of its larger coefficients), and row 4
+/// of the step bench was no faster with it (1,471 against 1,434 ms, medians of 3).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Winograd {
+pub(super) enum Winograd {
+    F43(Minimal<4, 6>),
+    F23(Minimal<2, 4>),
+}
+
+impl Winograd {
+    /// The algorithm for `g` with `o` output channels, where one applies: a 3×3 or 3×3×3
+    /// kernel at stride 1 with padding ≤ 2, at least [`MIN_CHANNELS`] channels in and out.
+    pub fn new(g: Geom, o: usize) -> Option<Self> {
+        let f43 = Minimal::<4, 6>::new(g, o)
+            .filter(|f| !f.volumetric && f.tiles_per_image() >= F43_MIN_TILES_PER_IMAGE);
+        f43.map(Self::F43)
+            .or_else(|| Minimal::new(g, o).map(Self::F23))
+    }
+
+    /// The convolution of `x`: `[C, N, D, H, W]` with `w`: `[O, C·k_vol]` into `y`:
+    /// `[O, N·S_out]`, every value of which it writes.
+    pub fn forward<T: Float>(&self, x: &[T], w: &[T], y: &mut [T]) {
+        match self {
+            Self::F43(f) => f.forward(x, w, y),
+            Self::F23(f) => f.forward(x, w, y),
+        }
+    }
+
+    /// The weight gradient `dW`: `[O, C·k_vol]` of [`Self::forward`] from `dy`: `[O, N·S_out]`.
+    pub fn weight_grad<T: Float>(&self, x: &[T], dy: &[T], dw: &mut [T]) {
+        match self {
+            Self::F43(f) => f.weight_grad(x, dy, dw),
+            Self::F23(f) => f.weight_grad(x, dy, dw),
+        }
+    }
+}
+
+/// F(m, 3) per axis (`n = m + 2` inputs per tile and axis) on one convolution geometry.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Minimal<const M: usize, const N: usize> {
     g: Geom,
     /// A 3×3×3 kernel on volumes; else a 3×3 kernel on images (depth 1, one tile deep).
     volumetric: bool,
@@ -80,9 +169,13 @@ pub(super) struct Winograd {
     tiles: [usize; 3],
 }
 
-impl Winograd {
-    /// The tiling of `g` with `o` output channels, where F(2, 3) applies: a 3×3 or 3×3×3
-    /// kernel at stride 1 with padding ≤ 2, at least [`MIN_CHANNELS`] channels in and out.
+impl<const M: usize, const N: usize> Minimal<M, N>
+where
+    Self: Transforms<M, N>,
+{
+    /// The tiling of `g` with `o` output channels, where F(m, 3) applies: a 3×3 or 3×3×3 kernel
+    /// at stride 1 with padding ≤ 2, at least [`MIN_CHANNELS`] channels in and out, and at
+    /// least [`MIN_TILES`] tiles in the batch.
     pub fn new(g: Geom, o: usize) -> Option<Self> {
         let volumetric = g.k == [3, 3, 3];
         let fits = (volumetric || g.k == [1, 3, 3] && g.pad[0] == 0)
@@ -92,12 +185,12 @@ impl Winograd {
         let out = g.out();
         let tiles = [
             if volumetric {
-                out[0].div_ceil(TILE)
+                out[0].div_ceil(M)
             } else {
                 out[0]
             },
-            out[1].div_ceil(TILE),
-            out[2].div_ceil(TILE),
+            out[1].div_ceil(M),
+            out[2].div_ceil(M),
         ];
         let many_tiles = g.n * tiles.iter().product::<usize>() >= MIN_TILES;
         (fits && many_tiles).then_some(Self {
@@ -107,21 +200,21 @@ impl Winograd {
         })
     }
 
-    /// Output positions of a tile along the depth: 2 on volumes, 1 on images.
+    /// Output positions of a tile along the depth: m on volumes, 1 on images.
     fn depth_tile(&self) -> usize {
         if self.volumetric {
-            TILE
+            M
         } else {
             1
         }
     }
 
-    /// Transform points per tile: 16 on images, 64 on volumes.
+    /// Transform points per tile: n² on images, n³ on volumes.
     fn points(&self) -> usize {
         if self.volumetric {
-            ALPHA * ALPHA * ALPHA
+            N * N * N
         } else {
-            ALPHA * ALPHA
+            N * N
         }
     }
 
@@ -171,7 +264,7 @@ impl Winograd {
                 let dims = [self.g.k[0], 3, 3, lanes];
                 vectorized(
                     #[inline(always)]
-                    || transform_axes(&G, buf, tmp, dims, self.first_axis()),
+                    || transform_axes(&Self::G, buf, tmp, dims, self.first_axis()),
                 );
                 for (point, row) in buf.chunks(lanes).enumerate() {
                     // SAFETY: U has `points` rows of `oc` values; this block alone writes
@@ -190,13 +283,13 @@ impl Winograd {
     /// `v[(ξ·C + c)·ld + t]` for the `T` tiles `t` (`ld` ≥ `T`, a [`row_stride`]: the weight
     /// gradient's GEMM packs `V` down its columns); `rows` and `stage` are scratch.
     ///
-    /// First along the width, as each zero-padded input row is read: split into its even and
-    /// odd positions `e` and `o`, it gives the rows `e[t] − e[t+1]`, `o[t] + e[t+1]`,
-    /// `e[t+1] − o[t]` and `o[t] − o[t+1]` over its tiles `t`. These are kept as
-    /// `rows[ξ_w, padded d, parity of the padded h, padded h / 2, image, t_w]`, so that input
-    /// row `2·t_h + i` of every tile row `t_h` is one run of lanes, shifted by `i / 2` rows;
-    /// the height transform reads them so, and on volumes writes
-    /// `stage[ξ_h, ξ_w, parity of the padded d, padded d / 2, t_h, image, t_w]` for the depth
+    /// First along the width, as each zero-padded input row is read: split into the residues
+    /// `s_r` of its positions mod m, tile `t`'s inputs are `s_{i mod m}[t + ⌊i/m⌋]`, `i < n`,
+    /// and `Bᵀ` of them gives its n rows over the tiles. These are kept as
+    /// `rows[ξ_w, padded d, padded h mod m, ⌊padded h / m⌋, image, t_w]`, so that input row
+    /// `m·t_h + i` of every tile row `t_h` is one run of lanes, shifted by `⌊i/m⌋` rows; the
+    /// height transform reads them so, and on volumes writes
+    /// `stage[ξ_h, ξ_w, padded d mod m, ⌊padded d / m⌋, t_h, image, t_w]` for the depth
     /// transform to read the same way.
     #[inline(always)]
     fn input_transform<T: Float>(
@@ -216,79 +309,75 @@ impl Winograd {
         let lanes = nb * tiles_w;
         let plane = tiles_h * lanes;
         let total = tiles_d * plane;
-        // Padded depths read (one on images), and a parity's rows of padded heights.
-        let pd = if self.volumetric {
-            TILE * tiles_d + 2
-        } else {
-            1
-        };
-        let half_h = (tiles_h + 1) * lanes;
-        rows.resize(ALPHA * pd * 2 * half_h);
-        // One input row, zero-padded to the tiles' width, and its even and odd positions.
-        let mut padded = vec![zero; TILE * tiles_w + 2];
-        let (mut even, mut odd) = (vec![zero; tiles_w + 1], vec![zero; tiles_w + 1]);
+        // Padded depths read (one on images), and a residue's rows of padded heights.
+        let pd = if self.volumetric { M * tiles_d + 2 } else { 1 };
+        let part_h = (tiles_h + 1) * lanes;
+        rows.resize(N * pd * M * part_h);
+        // One input row, zero-padded to whole tiles, and its residues `[r, t]` mod m.
+        let run = tiles_w + 1;
+        let mut padded = vec![zero; M * run];
+        let mut residues = vec![zero; M * run];
         let inside = width.min(padded.len() - g.pad[2]);
         let src = &x[(c * g.n + n0) * volume..][..nb * volume];
         for d in 0..pd {
             let d_in = d.checked_sub(g.pad[0]).filter(|&d| d < depth);
-            for p in 0..TILE * tiles_h + 2 {
-                let at = (d * 2 + p % 2) * half_h + (p / 2) * lanes;
+            for p in 0..M * tiles_h + 2 {
+                let at = (d * M + p % M) * part_h + (p / M) * lanes;
                 let h_in = p.checked_sub(g.pad[1]).filter(|&h| h < height);
                 for image in 0..nb {
                     let lane = at + image * tiles_w;
-                    let [r0, r1, r2, r3] = split_strided(rows, lane, pd * 2 * half_h, tiles_w);
+                    let dst: [_; N] = split_strided(rows, lane, pd * M * part_h, tiles_w);
                     let (Some(d_in), Some(h_in)) = (d_in, h_in) else {
-                        for row in [r0, r1, r2, r3] {
+                        for row in dst {
                             row.fill(zero);
                         }
                         continue;
                     };
                     let input = &src[image * volume + (d_in * height + h_in) * width..][..inside];
                     padded[g.pad[2]..][..inside].copy_from_slice(input);
-                    for ((e, o), pair) in even.iter_mut().zip(&mut odd).zip(padded.chunks_exact(2))
-                    {
-                        (*e, *o) = (pair[0], pair[1]);
+                    for (t, tile) in padded.chunks_exact(M).enumerate() {
+                        for (r, &value) in tile.iter().enumerate() {
+                            residues[r * run + t] = value;
+                        }
                     }
-                    let (e0, e1) = (&even[..tiles_w], &even[1..]);
-                    let (o0, o1) = (&odd[..tiles_w], &odd[1..]);
-                    for t in 0..tiles_w {
-                        r0[t] = e0[t] - e1[t];
-                        r1[t] = o0[t] + e1[t];
-                        r2[t] = e1[t] - o0[t];
-                        r3[t] = o0[t] - o1[t];
-                    }
+                    let src = std::array::from_fn(|i| &residues[(i % M) * run + i / M..]);
+                    mix_rows(&Self::BT, src, dst);
                 }
             }
         }
         let per_point = g.c * ld;
         if !self.volumetric {
             // Along the height, into V's rows of the points (ξ_h, ξ_w).
-            for xi_w in 0..ALPHA {
-                let src = parity_rows(&rows[xi_w * 2 * half_h..], half_h, lanes, plane);
+            for xi_w in 0..N {
+                let src = residue_rows::<T, M, N>(&rows[xi_w * M * part_h..], part_h, lanes);
                 let first = xi_w * per_point + c * ld;
-                mix_rows(&BT, src, split_strided(v, first, ALPHA * per_point, total));
+                mix_rows(
+                    &Self::BT,
+                    src,
+                    split_strided(v, first, N * per_point, total),
+                );
             }
             return;
         }
         // Along the height, into `stage`; then along the depth into V's rows of (ξ_d, ξ_h, ξ_w).
-        let half_d = (tiles_d + 1) * plane;
-        stage.resize(ALPHA * ALPHA * 2 * half_d);
-        for xi_w in 0..ALPHA {
+        let part_d = (tiles_d + 1) * plane;
+        stage.resize(N * N * M * part_d);
+        for xi_w in 0..N {
             for d in 0..pd {
-                let src = parity_rows(&rows[(xi_w * pd + d) * 2 * half_h..], half_h, lanes, plane);
-                let first = (xi_w * 2 + d % 2) * half_d + (d / 2) * plane;
+                let rows = &rows[(xi_w * pd + d) * M * part_h..];
+                let first = (xi_w * M + d % M) * part_d + (d / M) * plane;
                 mix_rows(
-                    &BT,
-                    src,
-                    split_strided(stage, first, ALPHA * 2 * half_d, plane),
+                    &Self::BT,
+                    residue_rows::<T, M, N>(rows, part_h, lanes),
+                    split_strided(stage, first, N * M * part_d, plane),
                 );
             }
         }
-        for xi_hw in 0..ALPHA * ALPHA {
-            let src = parity_rows(&stage[xi_hw * 2 * half_d..], half_d, plane, total);
+        for xi_hw in 0..N * N {
+            let src = residue_rows::<T, M, N>(&stage[xi_hw * M * part_d..], part_d, plane);
             let first = xi_hw * per_point + c * ld;
-            let stride = ALPHA * ALPHA * per_point;
-            mix_rows(&BT, src, split_strided(v, first, stride, total));
+            let stride = N * N * per_point;
+            mix_rows(&Self::BT, src, split_strided(v, first, stride, total));
         }
     }
 
@@ -318,62 +407,61 @@ impl Winograd {
         // tmp: [j_d, ξ_h, ξ_w, T] after the depth (volumes only), [j_d, j_h, ξ_w, T] after the
         // height, [j_d, j_h, j_w, T] after the width.
         let by_depth_len = if self.volumetric {
-            TILE * ALPHA * ALPHA * total
+            M * N * N * total
         } else {
             0
         };
-        let by_height_len = jd * TILE * ALPHA * total;
-        tmp.resize(by_depth_len + by_height_len + jd * TILE * TILE * total);
+        let by_height_len = jd * M * N * total;
+        tmp.resize(by_depth_len + by_height_len + jd * M * M * total);
         let (by_depth, rest) = tmp.split_at_mut(by_depth_len);
         let (by_height, by_all) = rest.split_at_mut(by_height_len);
         if self.volumetric {
-            for xi_hw in 0..ALPHA * ALPHA {
-                let src = std::array::from_fn(|xi_d| m_row(xi_d * ALPHA * ALPHA + xi_hw));
-                let dst = split_strided(by_depth, xi_hw * total, ALPHA * ALPHA * total, total);
-                mix_rows(&AT, src, dst);
+            for xi_hw in 0..N * N {
+                let src = std::array::from_fn(|xi_d| m_row(xi_d * N * N + xi_hw));
+                let dst = split_strided(by_depth, xi_hw * total, N * N * total, total);
+                mix_rows(&Self::AT, src, dst);
             }
         }
         let by_depth = &*by_depth;
         let depth_row = |j_d: usize, xi_hw: usize| match self.volumetric {
-            true => &by_depth[(j_d * ALPHA * ALPHA + xi_hw) * total..][..total],
+            true => &by_depth[(j_d * N * N + xi_hw) * total..][..total],
             false => m_row(xi_hw),
         };
         for j_d in 0..jd {
-            for xi_w in 0..ALPHA {
-                let src = std::array::from_fn(|xi_h| depth_row(j_d, xi_h * ALPHA + xi_w));
-                let first = (j_d * TILE * ALPHA + xi_w) * total;
+            for xi_w in 0..N {
+                let src = std::array::from_fn(|xi_h| depth_row(j_d, xi_h * N + xi_w));
+                let first = (j_d * M * N + xi_w) * total;
                 mix_rows(
-                    &AT,
+                    &Self::AT,
                     src,
-                    split_strided(by_height, first, ALPHA * total, total),
+                    split_strided(by_height, first, N * total, total),
                 );
             }
         }
-        for j_dh in 0..jd * TILE {
-            let src =
-                std::array::from_fn(|xi_w| &by_height[(j_dh * ALPHA + xi_w) * total..][..total]);
+        for j_dh in 0..jd * M {
+            let src = std::array::from_fn(|xi_w| &by_height[(j_dh * N + xi_w) * total..][..total]);
             mix_rows(
-                &AT,
+                &Self::AT,
                 src,
-                split_strided(by_all, j_dh * TILE * total, total, total),
+                split_strided(by_all, j_dh * M * total, total, total),
             );
         }
         let per_image = d_out * h_out * w_out;
         for (row, values) in by_all.chunks(total).enumerate() {
-            let (j_d, j_h, j_w) = (row / (TILE * TILE), (row / TILE) % TILE, row % TILE);
+            let (j_d, j_h, j_w) = (row / (M * M), (row / M) % M, row % M);
+            let count = w_out.saturating_sub(j_w).div_ceil(M);
             for (slice, values) in values.chunks(lanes).enumerate() {
-                let (d, h) = (jd * (slice / tiles_h) + j_d, TILE * (slice % tiles_h) + j_h);
+                let (d, h) = (jd * (slice / tiles_h) + j_d, M * (slice % tiles_h) + j_h);
                 if d >= d_out || h >= h_out {
                     continue;
                 }
-                let count = (w_out - j_w).div_ceil(TILE);
                 for (image, values) in values.chunks(tiles_w).enumerate() {
                     let first =
                         (oi * self.g.n + n0 + image) * per_image + (d * h_out + h) * w_out + j_w;
                     for (t_w, &value) in values[..count].iter().enumerate() {
-                        // SAFETY: (image, d, h, 2·t_w + j_w) lies inside the chunk's images
+                        // SAFETY: (image, d, h, m·t_w + j_w) lies inside the chunk's images
                         // of output channel `oi`.
-                        unsafe { *y.add(first + TILE * t_w) = value };
+                        unsafe { *y.add(first + M * t_w) = value };
                     }
                 }
             }
@@ -400,59 +488,57 @@ impl Winograd {
         let [d_out, h_out, w_out] = self.g.out();
         let jd = self.depth_tile();
         let per_image = d_out * h_out * w_out;
-        // rows[j_d, j_h, ξ_w, T]: along the width, A of each output row's pairs.
-        rows.resize(jd * TILE * ALPHA * total);
+        // rows[j_d, j_h, ξ_w, T]: along the width, A of each output row split by the residue
+        // of its positions mod m (`[j, t]`, zero past the edge).
+        rows.resize(jd * M * N * total);
+        let mut residues = vec![zero; M * tiles_w];
         let src = &dy[(oi * self.g.n + n0) * per_image..][..nb * per_image];
         for d in 0..jd * tiles_d {
             let (j_d, t_d) = (d % jd, d / jd);
-            for h in 0..TILE * tiles_h {
-                let at = (j_d * TILE + h % 2) * ALPHA * total + (t_d * tiles_h + h / 2) * lanes;
+            for h in 0..M * tiles_h {
+                let at = (j_d * M + h % M) * N * total + (t_d * tiles_h + h / M) * lanes;
                 for image in 0..nb {
                     let lane = at + image * tiles_w;
-                    let [r0, r1, r2, r3] = split_strided(rows, lane, total, tiles_w);
+                    let dst: [_; N] = split_strided(rows, lane, total, tiles_w);
                     if d >= d_out || h >= h_out {
-                        for row in [r0, r1, r2, r3] {
+                        for row in dst {
                             row.fill(zero);
                         }
                         continue;
                     }
                     let row = &src[image * per_image + (d * h_out + h) * w_out..][..w_out];
-                    for t in 0..tiles_w {
-                        let e = row[TILE * t];
-                        let o = row.get(TILE * t + 1).copied().unwrap_or(zero);
-                        (r0[t], r1[t], r2[t], r3[t]) = (e, e + o, e - o, zero - o);
+                    for (w, &value) in row.iter().enumerate() {
+                        residues[(w % M) * tiles_w + w / M] = value;
                     }
+                    let src = std::array::from_fn(|j| &residues[j * tiles_w..]);
+                    mix_rows(&Self::A, src, dst);
                 }
             }
         }
+        let row = |j: usize, xi_w: usize| &rows[(j * N + xi_w) * total..][..total];
         if !self.volumetric {
             // Along the height, into the rows of the points (ξ_h, ξ_w).
-            for xi_w in 0..ALPHA {
-                let src = parity_rows(&rows[xi_w * total..], ALPHA * total, 0, total);
-                let dst = split_strided(out, xi_w * point_stride, ALPHA * point_stride, total);
-                mix_rows(&A, src, dst);
+            for xi_w in 0..N {
+                let src = std::array::from_fn(|j_h| row(j_h, xi_w));
+                let dst = split_strided(out, xi_w * point_stride, N * point_stride, total);
+                mix_rows(&Self::A, src, dst);
             }
             return;
         }
         // Along the height into stage[j_d, ξ_h, ξ_w, T], then along the depth.
-        stage.resize(TILE * ALPHA * ALPHA * total);
-        for j_d in 0..TILE {
-            for xi_w in 0..ALPHA {
-                let src = parity_rows(
-                    &rows[(j_d * TILE * ALPHA + xi_w) * total..],
-                    ALPHA * total,
-                    0,
-                    total,
-                );
-                let first = (j_d * ALPHA * ALPHA + xi_w) * total;
-                mix_rows(&A, src, split_strided(stage, first, ALPHA * total, total));
+        stage.resize(M * N * N * total);
+        for j_d in 0..M {
+            for xi_w in 0..N {
+                let src = std::array::from_fn(|j_h| row(j_d * M + j_h, xi_w));
+                let first = (j_d * N * N + xi_w) * total;
+                mix_rows(&Self::A, src, split_strided(stage, first, N * total, total));
             }
         }
-        for xi_hw in 0..ALPHA * ALPHA {
-            let src = parity_rows(&stage[xi_hw * total..], ALPHA * ALPHA * total, 0, total);
-            let stride = ALPHA * ALPHA * point_stride;
+        for xi_hw in 0..N * N {
+            let src = std::array::from_fn(|j_d| &stage[(j_d * N * N + xi_hw) * total..][..total]);
+            let stride = N * N * point_stride;
             mix_rows(
-                &A,
+                &Self::A,
                 src,
                 split_strided(out, xi_hw * point_stride, stride, total),
             );
@@ -574,7 +660,7 @@ impl Winograd {
             },
         );
         // Per input channel on the workers: the partial sums in group order, `Gᵀ dU G` from
-        // the [(4,) 4, 4, O] points to the [(3,) 3, 3, O] taps, and those into dW's layout.
+        // the [(n,) n, n, O] points to the [(3,) 3, 3, O] taps, and those into dW's layout.
         let dw_ptr = Shared(dw.as_mut_ptr());
         let first = self.first_axis();
         for_each_index(
@@ -595,7 +681,7 @@ impl Winograd {
                 }
                 vectorized(
                     #[inline(always)]
-                    || transform_axes(&GT, sum, tmp, [points / 16, ALPHA, ALPHA, o], first),
+                    || transform_axes(&Self::GT, sum, tmp, [points / (N * N), N, N, o], first),
                 );
                 for (tap, row) in sum.chunks(o).enumerate() {
                     for (oi, &value) in row.iter().enumerate() {
@@ -632,8 +718,9 @@ fn transform_axes<T: Float, const I: usize, const J: usize>(
     }
 }
 
-/// `dst[i] = Σ_j coef[i][j] · src[j]` lane by lane: a transform along one axis, on rows of
-/// independent lanes. Inlined with a constant `coef`, its products by ±1 and zeros fold away.
+/// `dst[i] = Σ_j coef[i][j] · src[j]` lane by lane, for the `dst` rows' lanes: a transform
+/// along one axis, on rows of independent lanes. Inlined with a constant `coef`, its loops
+/// unroll, and its products by ±1 and zeros fold away.
 #[inline(always)]
 fn mix_rows<T: Float, const I: usize, const J: usize>(
     coef: &[[f64; J]; I],
@@ -642,28 +729,37 @@ fn mix_rows<T: Float, const I: usize, const J: usize>(
 ) {
     let n = dst[0].len();
     let src = src.map(|row| &row[..n]);
-    let mut dst = dst.map(|row| &mut row[..n]);
+    let dst = dst.map(|row| &mut row[..n]);
     for lane in 0..n {
-        let values = src.map(|row| row[lane]);
-        for (i, row) in dst.iter_mut().enumerate() {
-            let mut sum: Option<T> = None;
-            for (&k, &value) in coef[i].iter().zip(&values) {
-                if k != 0.0 {
-                    let term = T::from_f64(k) * value;
-                    sum = Some(sum.map_or(term, |s| s + term));
+        let mut values = [T::from_f64(0.0); J];
+        for j in 0..J {
+            values[j] = src[j][lane];
+        }
+        for i in 0..I {
+            let mut sum = None;
+            for j in 0..J {
+                if coef[i][j] != 0.0 {
+                    let term = T::from_f64(coef[i][j]) * values[j];
+                    sum = Some(match sum {
+                        Some(sum) => sum + term,
+                        None => term,
+                    });
                 }
             }
-            row[lane] = sum.unwrap_or(T::from_f64(0.0));
+            dst[i][lane] = sum.unwrap_or(T::from_f64(0.0));
         }
     }
 }
 
-/// The rows `i` of `len` values of `base` at `(i % 2)·half + (i / 2)·step`: where rows are
-/// kept split by the parity of their position (each parity's rows `step` apart, the odd ones
-/// `half` after the even ones), row `2t + i` of every `t` at once. (Two rows `half` apart
-/// with `step` 0.)
-fn parity_rows<T, const N: usize>(base: &[T], half: usize, step: usize, len: usize) -> [&[T]; N] {
-    std::array::from_fn(|i| &base[(i % 2) * half + (i / 2) * step..][..len])
+/// The rows `i` of `base` at `(i mod m)·part + ⌊i/m⌋·step`, each to its end: where rows are
+/// kept split by the residue of their position mod m (each residue's rows `step` apart, one
+/// residue `part` after the other), row `m·t + i` of every `t` at once.
+fn residue_rows<T, const M: usize, const R: usize>(
+    base: &[T],
+    part: usize,
+    step: usize,
+) -> [&[T]; R] {
+    std::array::from_fn(|i| &base[(i % M) * part + (i / M) * step..])
 }
 
 /// `N` disjoint rows of `len` values of `buf`, the first at `first` and each `stride` after the
