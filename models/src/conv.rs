@@ -20,6 +20,8 @@
 //! ops (zero padding and `index_select` per kernel offset), whose autograd gives the same
 //! gradients.
 
+use std::ops::Range;
+
 use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Tensor};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::for_each_index;
@@ -41,6 +43,28 @@ pub(crate) struct Geom {
     pub k: [usize; 3],
     pub stride: [usize; 3],
     pub pad: [usize; 3],
+}
+
+/// Workers whose counts [`balanced_chunks`] shares chunks evenly among: 1, 2, 4 or 8.
+const WORKER_MULTIPLE: usize = 8;
+
+/// How many chunks `n` images make at `per_chunk` images a chunk, rounded up to a multiple of
+/// [`WORKER_MULTIPLE`] where every chunk keeps at least `min_images`: Candle's workers take
+/// contiguous ranges of chunks, and 19 chunks of 7 images (the last of 2) gave one of two
+/// workers 70 images and the other 58. Fixed by the shapes; [`chunk_images`] sizes them.
+fn balanced_chunks(n: usize, per_chunk: usize, min_images: usize) -> usize {
+    let count = n.div_ceil(per_chunk.max(1));
+    let balanced = count.next_multiple_of(WORKER_MULTIPLE).max(1);
+    if n / balanced >= min_images.max(1) {
+        balanced
+    } else {
+        count
+    }
+}
+
+/// The images of chunk `chunk` of `chunks` over `n` images: sizes within one of each other.
+fn chunk_images(n: usize, chunks: usize, chunk: usize) -> Range<usize> {
+    chunk * n / chunks..(chunk + 1) * n / chunks
 }
 
 impl Geom {
@@ -181,12 +205,14 @@ fn group_partial_sums<T: Float, S>(
 }
 
 impl Geom {
-    /// Images per chunk: about [`CHUNK_VALUES`] column values, and at least 8 chunks when the
-    /// batch allows (work for every thread); independent of the thread count.
-    fn images_per_chunk(&self) -> usize {
+    /// Chunks of images: about [`CHUNK_VALUES`] column values each, and at least 8 chunks
+    /// when the batch allows (work for every thread), shared evenly among workers
+    /// ([`balanced_chunks`]); independent of the thread count.
+    fn chunks(&self) -> usize {
         let (rows, _) = self.col_shape();
         let per_image = rows * self.out().iter().product::<usize>();
-        (CHUNK_VALUES / per_image.max(1)).clamp(1, self.n.div_ceil(8).max(1))
+        let nb = (CHUNK_VALUES / per_image.max(1)).clamp(1, self.n.div_ceil(8).max(1));
+        balanced_chunks(self.n, nb, 1)
     }
 }
 
@@ -298,30 +324,26 @@ fn im2col_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     let (rows, cols) = g.col_shape();
     let o = y.len() / cols;
     let per_image = g.out().iter().product::<usize>();
-    let nb = g.images_per_chunk();
+    let chunks = g.chunks();
     let out = Shared(y.as_mut_ptr());
-    for_each_index(
-        g.n.div_ceil(nb),
-        Scratch::default,
-        |col: &mut Scratch<T>, chunk| {
-            let out = &out;
-            let n0 = chunk * nb;
-            let count = nb.min(g.n - n0);
-            let width = count * per_image;
-            col.resize(rows * width);
-            im2col_chunk(&g, x, (n0, count), 0, (col, width));
-            // SAFETY: `y` is [O, N·S_out]; this chunk writes its own columns of every row.
-            unsafe {
-                gemm_into(
-                    (o, width, rows),
-                    (out.0.add(n0 * per_image), cols, 1),
-                    (w.as_ptr(), rows, 1),
-                    (col.as_ptr(), width, 1),
-                    false,
-                )
-            };
-        },
-    );
+    for_each_index(chunks, Scratch::default, |col: &mut Scratch<T>, chunk| {
+        let out = &out;
+        let images = chunk_images(g.n, chunks, chunk);
+        let (n0, count) = (images.start, images.len());
+        let width = count * per_image;
+        col.resize(rows * width);
+        im2col_chunk(&g, x, (n0, count), 0, (col, width));
+        // SAFETY: `y` is [O, N·S_out]; this chunk writes its own columns of every row.
+        unsafe {
+            gemm_into(
+                (o, width, rows),
+                (out.0.add(n0 * per_image), cols, 1),
+                (w.as_ptr(), rows, 1),
+                (col.as_ptr(), width, 1),
+                false,
+            )
+        };
+    });
 }
 
 /// Gradients of [`conv_forward`] from `dy`, in one buffer: `dx` (`[C, N, D, H, W]`, only where
@@ -385,31 +407,27 @@ fn flipped_transpose<T: Float>(w: &[T], o: usize, g: Geom) -> Vec<T> {
 fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize, dx: &mut [T]) {
     let (rows, cols) = g.col_shape();
     let per_image = g.out().iter().product::<usize>();
-    let nb = g.images_per_chunk();
+    let chunks = g.chunks();
     let dx_ptr = Shared(dx.as_mut_ptr());
-    for_each_index(
-        g.n.div_ceil(nb),
-        Scratch::default,
-        |dcol: &mut Scratch<T>, chunk| {
-            let dx_ptr = &dx_ptr;
-            let n0 = chunk * nb;
-            let count = nb.min(g.n - n0);
-            let width = count * per_image;
-            dcol.resize(rows * width);
-            // SAFETY: dcol is this task's own; dy and W are read in bounds; the chunk's images of
-            // dx are written by this task alone.
-            unsafe {
-                gemm_into(
-                    (rows, width, o),
-                    (dcol.as_mut_ptr(), width, 1),
-                    (w.as_ptr(), 1, rows),
-                    (dy[n0 * per_image..].as_ptr(), cols, 1),
-                    false,
-                );
-                col2im_chunk(&g, dcol, n0, count, dx_ptr.0);
-            }
-        },
-    );
+    for_each_index(chunks, Scratch::default, |dcol: &mut Scratch<T>, chunk| {
+        let dx_ptr = &dx_ptr;
+        let images = chunk_images(g.n, chunks, chunk);
+        let (n0, count) = (images.start, images.len());
+        let width = count * per_image;
+        dcol.resize(rows * width);
+        // SAFETY: dcol is this task's own; dy and W are read in bounds; the chunk's images of
+        // dx are written by this task alone.
+        unsafe {
+            gemm_into(
+                (rows, width, o),
+                (dcol.as_mut_ptr(), width, 1),
+                (w.as_ptr(), 1, rows),
+                (dy[n0 * per_image..].as_ptr(), cols, 1),
+                false,
+            );
+            col2im_chunk(&g, dcol, n0, count, dx_ptr.0);
+        }
+    });
 }
 
 /// `dW`: `[O, C·k_vol]` of [`conv_forward`]: by Winograd's algorithm where one applies, else
@@ -495,11 +513,10 @@ fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let (rows, cols) = g.col_shape();
     let o = dw_out.len() / rows;
     let per_image = g.out().iter().product::<usize>();
-    let nb = g.images_per_chunk();
-    let chunks = g.n.div_ceil(nb);
+    let chunks = g.chunks();
     let partials = group_partial_sums(chunks, o * rows, Scratch::default, |col, chunk, dw| {
-        let n0 = chunk * nb;
-        let count = nb.min(g.n - n0);
+        let images = chunk_images(g.n, chunks, chunk);
+        let (n0, count) = (images.start, images.len());
         let width = count * per_image;
         col.resize(rows * width);
         im2col_chunk(&g, x, (n0, count), 0, (col, width));

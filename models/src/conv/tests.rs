@@ -202,7 +202,7 @@ fn the_chunked_op_equals_the_composed_convolution_of_other_devices() {
             let x = Var::from_tensor(&rand_tensor(17, &[2, n, 4, 5, 6], DType::F64)).unwrap();
             let w = Var::from_tensor(&rand_tensor(18, &[3, 2 * k * k * k], DType::F64)).unwrap();
             let g = Geom::new("test", x.dims(), k, stride, pad).unwrap();
-            assert!(n == 1 || n.div_ceil(g.images_per_chunk()) >= WEIGHT_GRAD_GROUPS);
+            assert!(n == 1 || g.chunks() >= WEIGHT_GRAD_GROUPS);
             let op = x.as_tensor().apply_op2(w.as_tensor(), ConvOp(g)).unwrap();
             let composed = w
                 .as_tensor()
@@ -691,5 +691,38 @@ fn im2row_is_im2col_transposed() {
                 );
             }
         }
+    }
+}
+
+/// Chunks cover the batch once, in order, their sizes within one image of each other; their
+/// count is a multiple of 8 where every chunk keeps its fewest images, else as asked.
+#[test]
+fn chunks_are_balanced_over_the_batch() {
+    for (n, per_chunk, min_images, expected) in [
+        (128, 7, 1, 24),
+        (128, 14, 4, 16),
+        (128, 16, 1, 8),
+        (128, 7, 6, 19),
+        (5, 2, 1, 3),
+        (1, 1, 1, 1),
+        (0, 1, 1, 0),
+    ] {
+        let chunks = balanced_chunks(n, per_chunk, min_images);
+        assert_eq!(chunks, expected, "{n} images, {per_chunk} a chunk");
+        let sizes: Vec<_> = (0..chunks).map(|c| chunk_images(n, chunks, c)).collect();
+        assert!(sizes.windows(2).all(|w| w[0].end == w[1].start));
+        assert_eq!(sizes.first().map_or(0, |r| r.start), 0);
+        assert_eq!(sizes.last().map_or(0, |r| r.end), n);
+        let (min, max) = sizes.iter().fold((usize::MAX, 0), |(lo, hi), r| {
+            (lo.min(r.len()), hi.max(r.len()))
+        });
+        assert!(
+            chunks == 0 || max - min <= 1,
+            "{n} images: sizes {min}..={max}"
+        );
+        assert!(
+            !chunks.is_multiple_of(8) || min >= min_images,
+            "{n} images: {min} a chunk"
+        );
     }
 }

@@ -30,7 +30,7 @@ use std::ops::Range;
 
 use ssl_linalg::for_each_index;
 
-use super::{group_partial_sums, Geom, Shared, CHUNK_VALUES};
+use super::{balanced_chunks, chunk_images, group_partial_sums, Geom, Shared, CHUNK_VALUES};
 use crate::util::{gemm_into, row_stride, vectorized, Float, Scratch};
 
 /// The transforms of F(m, 3), `n = m + 2`: `Bᵀ` (input), `G` (kernel) and `Aᵀ` (output), and
@@ -231,14 +231,16 @@ where
         self.tiles.iter().product()
     }
 
-    /// Images per chunk: the larger of a chunk's transformed input and output about
+    /// Chunks of images: the larger of a chunk's transformed input and output about
     /// [`CHUNK_VALUES`], and at least 8 chunks when the batch allows, but at least
-    /// [`MIN_TILES`] tiles; fixed by the shapes.
-    fn images_per_chunk(&self, o: usize) -> usize {
+    /// [`MIN_TILES`] tiles a chunk; shared evenly among workers where that keeps
+    /// [`MIN_TILES`] ([`balanced_chunks`]). Fixed by the shapes.
+    fn chunks(&self, o: usize) -> usize {
         let tiles = self.tiles_per_image();
         let per_image = self.points() * self.g.c.max(o) * tiles;
         let by_size = (CHUNK_VALUES / per_image.max(1)).clamp(1, self.g.n.div_ceil(8).max(1));
-        by_size.max(MIN_TILES.div_ceil(tiles)).min(self.g.n)
+        let nb = by_size.max(MIN_TILES.div_ceil(tiles)).min(self.g.n);
+        balanced_chunks(self.g.n, nb, MIN_TILES.div_ceil(tiles))
     }
 
     /// `U = G g Gᵀ`: `[points, O·C]` from the kernel `w`: `[O, C·k_vol]`, a block of
@@ -545,19 +547,17 @@ where
         }
     }
 
-    /// `V` of every input channel of chunk `chunk` (of `nb` images) of `x` into `v`, as
+    /// `V` of every input channel of chunk `chunk` of `chunks` of `x` into `v`, as
     /// [`Self::input_transform`] lays it out; returns the chunk's images, its tiles `T` and
     /// `V`'s row stride `ld`.
     fn chunk_input_transform<T: Float>(
         &self,
         x: &[T],
-        chunk: usize,
-        nb: usize,
+        (chunk, chunks): (usize, usize),
         v: &mut Scratch<T>,
         [rows, stage]: [&mut Scratch<T>; 2],
     ) -> (Range<usize>, usize, usize) {
-        let n0 = chunk * nb;
-        let images = n0..n0 + nb.min(self.g.n - n0);
+        let images = chunk_images(self.g.n, chunks, chunk);
         let lane = images.len() * self.tiles_per_image();
         let ld = row_stride::<T>(lane);
         v.resize(self.points() * self.g.c * ld);
@@ -579,13 +579,14 @@ where
         let o = w.len() / (g.c * g.kernel_volume());
         let points = self.points();
         let u = self.kernel_transform(w);
-        let nb = self.images_per_chunk(o);
+        let chunks = self.chunks(o);
         let out = Shared(y.as_mut_ptr());
         for_each_index(
-            g.n.div_ceil(nb),
+            chunks,
             <[Scratch<T>; 4]>::default,
             |[v, m, rows, stage]: &mut [Scratch<T>; 4], chunk| {
-                let (images, lane, ld) = self.chunk_input_transform(x, chunk, nb, v, [rows, stage]);
+                let chunk = (chunk, chunks);
+                let (images, lane, ld) = self.chunk_input_transform(x, chunk, v, [rows, stage]);
                 m.resize(points * o * lane);
                 for xi in 0..points {
                     // SAFETY: m, u and v hold `points` blocks of the sizes read and written.
@@ -626,14 +627,14 @@ where
         let kv = g.kernel_volume();
         let o = dw.len() / (g.c * kv);
         let points = self.points();
-        let nb = self.images_per_chunk(o);
-        let chunks = g.n.div_ceil(nb);
+        let chunks = self.chunks(o);
         let partials = group_partial_sums(
             chunks,
             points * g.c * o,
             <[Scratch<T>; 4]>::default,
             |[v, dyt, rows, stage]: &mut [Scratch<T>; 4], chunk, du| {
-                let (images, lane, ld) = self.chunk_input_transform(x, chunk, nb, v, [rows, stage]);
+                let chunk = (chunk, chunks);
+                let (images, lane, ld) = self.chunk_input_transform(x, chunk, v, [rows, stage]);
                 dyt.resize(points * o * ld);
                 vectorized(
                     #[inline(always)]
