@@ -319,6 +319,21 @@ fn conv_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     }
 }
 
+/// The columns `[C·k_vol, width]` of chunk `chunk` of `chunks` of `x` into `col`, `width` the
+/// chunk's images times `S_out`; returns its first image and `width`.
+fn chunk_columns<T: Float>(
+    g: &Geom,
+    x: &[T],
+    (chunk, chunks): (usize, usize),
+    col: &mut Scratch<T>,
+) -> (usize, usize) {
+    let images = chunk_images(g.n, chunks, chunk);
+    let width = images.len() * g.out().iter().product::<usize>();
+    col.resize(g.col_shape().0 * width);
+    im2col_chunk(g, x, (images.start, images.len()), 0, (col, width));
+    (images.start, width)
+}
+
 /// [`conv_forward_into`] as im2col and GEMM, chunk by chunk of images on Candle's workers.
 fn im2col_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     let (rows, cols) = g.col_shape();
@@ -328,11 +343,7 @@ fn im2col_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     let out = Shared(y.as_mut_ptr());
     for_each_index(chunks, Scratch::default, |col: &mut Scratch<T>, chunk| {
         let out = &out;
-        let images = chunk_images(g.n, chunks, chunk);
-        let (n0, count) = (images.start, images.len());
-        let width = count * per_image;
-        col.resize(rows * width);
-        im2col_chunk(&g, x, (n0, count), 0, (col, width));
+        let (n0, width) = chunk_columns(&g, x, (chunk, chunks), col);
         // SAFETY: `y` is [O, N·S_out]; this chunk writes its own columns of every row.
         unsafe {
             gemm_into(
@@ -515,11 +526,7 @@ fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let per_image = g.out().iter().product::<usize>();
     let chunks = g.chunks();
     let partials = group_partial_sums(chunks, o * rows, Scratch::default, |col, chunk, dw| {
-        let images = chunk_images(g.n, chunks, chunk);
-        let (n0, count) = (images.start, images.len());
-        let width = count * per_image;
-        col.resize(rows * width);
-        im2col_chunk(&g, x, (n0, count), 0, (col, width));
+        let (n0, width) = chunk_columns(&g, x, (chunk, chunks), col);
         // SAFETY: dW is this task's own; dy and col are read in bounds.
         unsafe {
             gemm_into(
