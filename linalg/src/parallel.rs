@@ -5,6 +5,8 @@
 //! op would put rayon's threads beside a spinning worker, two threads to a core; run on
 //! Candle's pool instead, the spinning worker takes its share of the work at once.
 
+use std::mem::MaybeUninit;
+
 use candle_core::utils::barrier_pool;
 use candle_core::{
     bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor, WithDType,
@@ -85,6 +87,32 @@ where
             unsafe { *shared.0.add(index) = value };
         },
     );
+    results
+}
+
+/// Appends `len` values to `out`, written chunk by chunk by `f(index, chunk)` as in
+/// [`map_chunks_mut`], without filling them with zeros first: for an op's output that its kernel
+/// overwrites, the fill is a pass over memory that only delays the kernel's own (`vec![0; n]`
+/// is a `calloc`, which on reused heap memory is a `memset`). Returns `f`'s values in chunk
+/// order. Should `f` panic, `out` keeps its old length.
+///
+/// # Safety
+/// `f` writes every element of the chunk it is given.
+pub unsafe fn extend_by_chunks<T, R>(
+    out: &mut Vec<T>,
+    len: usize,
+    chunk: usize,
+    f: impl Fn(usize, &mut [MaybeUninit<T>]) -> R + Sync,
+) -> Vec<R>
+where
+    T: Send,
+    R: Send + Default,
+{
+    out.reserve_exact(len);
+    let start = out.len();
+    let results = map_chunks_mut(&mut out.spare_capacity_mut()[..len], chunk, f);
+    // SAFETY: the chunks cover `start..start + len`, and the caller's `f` wrote each of them.
+    unsafe { out.set_len(start + len) };
     results
 }
 
@@ -341,6 +369,26 @@ mod tests {
             );
             let expected: Vec<usize> = (1..=len).collect();
             assert_eq!(out, expected, "len {len}, chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn extend_by_chunks_appends_every_chunk_after_the_old_values() {
+        for (len, chunk) in [(0, 3), (1, 3), (10, 3), (1000, 7)] {
+            let mut out = vec![-1i64, -2];
+            // SAFETY: the closure writes every element of its chunk.
+            let firsts = unsafe {
+                extend_by_chunks(&mut out, len, chunk, |index, part| {
+                    for (offset, v) in part.iter_mut().enumerate() {
+                        v.write((index * chunk + offset) as i64);
+                    }
+                    index * chunk
+                })
+            };
+            let expected: Vec<i64> = [-1, -2].into_iter().chain(0..len as i64).collect();
+            assert_eq!(out, expected, "len {len}, chunk {chunk}");
+            let starts: Vec<usize> = (0..len.div_ceil(chunk)).map(|i| i * chunk).collect();
+            assert_eq!(firsts, starts);
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, Var};
 use candle_nn::{Init, VarBuilder};
-use ssl_linalg::map_chunks_mut;
+use ssl_linalg::extend_by_chunks;
 
 use crate::util::{contiguous_slice, lane_sum, owned_part, vectorized, Float};
 
@@ -41,27 +41,31 @@ fn bn_fwd_kernel<T: Float>(
     relu: bool,
 ) -> (Vec<T>, Vec<f64>, Vec<f64>) {
     let c = gamma.len();
-    let mut out = vec![T::from_f64(0.0); c * m];
-    let stats: Vec<(f64, f64)> = map_chunks_mut(&mut out, m.max(1), |ci, dst| {
-        let src = &x[ci * m..][..m];
-        vectorized(
-            #[inline(always)]
-            || {
-                let mean = lane_sum(src, src, src, |v, _, _| v.to_f64()) / m as f64;
-                let var = lane_sum(src, src, src, |v, _, _| (v.to_f64() - mean).powi(2)) / m as f64;
-                let inv = 1.0 / (var + eps).sqrt();
-                let scale = gamma[ci].to_f64() * inv;
-                let shift = beta[ci].to_f64() - mean * scale;
-                let (scale, shift) = (T::from_f64(scale), T::from_f64(shift));
-                let zero = T::from_f64(0.0);
-                for (d, &s) in dst.iter_mut().zip(src) {
-                    let y = s * scale + shift;
-                    *d = if relu && y <= zero { zero } else { y };
-                }
-                (mean, var)
-            },
-        )
-    });
+    let mut out = Vec::new();
+    // SAFETY: each channel's loop writes all of its chunk (`src` has its length).
+    let stats: Vec<(f64, f64)> = unsafe {
+        extend_by_chunks(&mut out, c * m, m.max(1), |ci, dst| {
+            let src = &x[ci * m..][..m];
+            vectorized(
+                #[inline(always)]
+                || {
+                    let mean = lane_sum(src, src, src, |v, _, _| v.to_f64()) / m as f64;
+                    let var =
+                        lane_sum(src, src, src, |v, _, _| (v.to_f64() - mean).powi(2)) / m as f64;
+                    let inv = 1.0 / (var + eps).sqrt();
+                    let scale = gamma[ci].to_f64() * inv;
+                    let shift = beta[ci].to_f64() - mean * scale;
+                    let (scale, shift) = (T::from_f64(scale), T::from_f64(shift));
+                    let zero = T::from_f64(0.0);
+                    for (d, &s) in dst.iter_mut().zip(src) {
+                        let y = s * scale + shift;
+                        d.write(if relu && y <= zero { zero } else { y });
+                    }
+                    (mean, var)
+                },
+            )
+        })
+    };
     let (mean, var) = stats.into_iter().unzip();
     (out, mean, var)
 }
@@ -156,40 +160,42 @@ impl BnBwd {
         let c = self.gamma.len();
         let m = x.len() / c.max(1);
         let zero = T::from_f64(0.0);
-        let mut out = vec![zero; c * m + 2 * c];
-        let (dx_all, _) = out.split_at_mut(c * m);
+        let mut out = Vec::with_capacity(c * m + 2 * c);
         let relu = self.relu;
         // The gradient reaching the BN output: none where the ReLU was off.
         let passed = move |g: T, r: T| if relu && r <= zero { zero } else { g };
-        let sums: Vec<(f64, f64)> = map_chunks_mut(dx_all, m.max(1), |ci, dst| {
-            let xs = &x[ci * m..][..m];
-            let rs = &res[ci * m..][..m];
-            let gs = &g[ci * m..][..m];
-            let (mean, inv) = (self.mean[ci], self.inv_std[ci]);
-            vectorized(
-                #[inline(always)]
-                || {
-                    let dbeta = lane_sum(gs, rs, xs, |g, r, _| passed(g, r).to_f64());
-                    let dgamma = inv
-                        * lane_sum(gs, rs, xs, |g, r, x| {
-                            passed(g, r).to_f64() * (x.to_f64() - mean)
-                        });
-                    // dx = γ·inv·(g − dβ/M − x̂·dγ/M) = k·g + slope·(x − mean) + offset
-                    let k = self.gamma[ci] * inv;
-                    let slope = -k * inv * dgamma / m as f64;
-                    let offset = -k * dbeta / m as f64;
-                    let [k, slope, offset, mean] = [k, slope, offset, mean].map(T::from_f64);
-                    for (((d, &gv), &r), &xv) in dst.iter_mut().zip(gs).zip(rs).zip(xs) {
-                        *d = k * passed(gv, r) + slope * (xv - mean) + offset;
-                    }
-                    (dgamma, dbeta)
-                },
-            )
-        });
-        for (ci, (dg, db)) in sums.into_iter().enumerate() {
-            out[c * m + ci] = T::from_f64(dg);
-            out[c * m + c + ci] = T::from_f64(db);
-        }
+        // SAFETY: each channel's loop writes all of its chunk (`gs`, `rs`, `xs` have its length).
+        let sums: Vec<(f64, f64)> = unsafe {
+            extend_by_chunks(&mut out, c * m, m.max(1), |ci, dst| {
+                let xs = &x[ci * m..][..m];
+                let rs = &res[ci * m..][..m];
+                let gs = &g[ci * m..][..m];
+                let (mean, inv) = (self.mean[ci], self.inv_std[ci]);
+                vectorized(
+                    #[inline(always)]
+                    || {
+                        let dbeta = lane_sum(gs, rs, xs, |g, r, _| passed(g, r).to_f64());
+                        let dgamma = inv
+                            * lane_sum(gs, rs, xs, |g, r, x| {
+                                passed(g, r).to_f64() * (x.to_f64() - mean)
+                            });
+                        // dx = γ·inv·(g − dβ/M − x̂·dγ/M) = k·g + slope·(x − mean) + offset
+                        let k = self.gamma[ci] * inv;
+                        let slope = -k * inv * dgamma / m as f64;
+                        let offset = -k * dbeta / m as f64;
+                        let [k, slope, offset, mean] = [k, slope, offset, mean].map(T::from_f64);
+                        for (((d, &gv), &r), &xv) in dst.iter_mut().zip(gs).zip(rs).zip(xs) {
+                            d.write(k * passed(gv, r) + slope * (xv - mean) + offset);
+                        }
+                        (dgamma, dbeta)
+                    },
+                )
+            })
+        };
+        // One sum per channel; none at all for an empty batch (M = 0), whose sums are zero.
+        let sum = |ci: usize, part: fn(&(f64, f64)) -> f64| sums.get(ci).map_or(0.0, part);
+        out.extend((0..c).map(|ci| T::from_f64(sum(ci, |s| s.0))));
+        out.extend((0..c).map(|ci| T::from_f64(sum(ci, |s| s.1))));
         out
     }
 }

@@ -8,7 +8,7 @@
 //! and dtypes use Candle's op.
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
-use ssl_linalg::map_chunks_mut;
+use ssl_linalg::extend_by_chunks;
 
 use crate::util::{contiguous_slice, vectorized, Float};
 
@@ -25,35 +25,41 @@ pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
 }
 
 fn gelu_kernel<T: Float>(x: &[T]) -> Vec<T> {
-    let mut out = vec![T::zero(); x.len()];
-    map_chunks_mut(&mut out, BLOCK, |block, dst| {
-        let src = &x[block * BLOCK..][..dst.len()];
-        vectorized(
-            #[inline(always)]
-            || {
-                for (o, &v) in dst.iter_mut().zip(src) {
-                    *o = v * v.normal_cdf();
-                }
-            },
-        )
-    });
+    let mut out = Vec::new();
+    // SAFETY: each chunk's loop writes all of it (`src` has its length).
+    unsafe {
+        extend_by_chunks(&mut out, x.len(), BLOCK, |block, dst| {
+            let src = &x[block * BLOCK..][..dst.len()];
+            vectorized(
+                #[inline(always)]
+                || {
+                    for (o, &v) in dst.iter_mut().zip(src) {
+                        o.write(v * v.normal_cdf());
+                    }
+                },
+            )
+        })
+    };
     out
 }
 
 fn gelu_bwd_kernel<T: Float>(x: &[T], g: &[T]) -> Vec<T> {
-    let mut out = vec![T::zero(); x.len()];
-    map_chunks_mut(&mut out, BLOCK, |block, dst| {
-        let start = block * BLOCK;
-        let (xs, gs) = (&x[start..][..dst.len()], &g[start..][..dst.len()]);
-        vectorized(
-            #[inline(always)]
-            || {
-                for ((o, &v), &gv) in dst.iter_mut().zip(xs).zip(gs) {
-                    *o = gv * (v.normal_cdf() + v * v.normal_density());
-                }
-            },
-        )
-    });
+    let mut out = Vec::new();
+    // SAFETY: each chunk's loop writes all of it (`xs` and `gs` have its length).
+    unsafe {
+        extend_by_chunks(&mut out, x.len(), BLOCK, |block, dst| {
+            let start = block * BLOCK;
+            let (xs, gs) = (&x[start..][..dst.len()], &g[start..][..dst.len()]);
+            vectorized(
+                #[inline(always)]
+                || {
+                    for ((o, &v), &gv) in dst.iter_mut().zip(xs).zip(gs) {
+                        o.write(gv * (v.normal_cdf() + v * v.normal_density()));
+                    }
+                },
+            )
+        })
+    };
     out
 }
 

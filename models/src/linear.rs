@@ -12,7 +12,7 @@
 
 use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Tensor};
 use candle_nn::{Init, VarBuilder};
-use ssl_linalg::{for_each_chunk_mut, matmul_strided};
+use ssl_linalg::{extend_by_chunks, for_each_chunk_mut, matmul_strided};
 
 use crate::autocast::{matrix_product, precision, Precision};
 use crate::util::{contiguous_slice, owned_part, Float};
@@ -86,19 +86,21 @@ fn linear_forward<T: Float>(
     bias: Option<&[T]>,
     (rows, in_dim, out_dim): (usize, usize, usize),
 ) -> Result<Vec<T>> {
-    let mut y = vec![T::zero(); rows * out_dim];
-    if let Some(b) = bias {
-        for_each_chunk_mut(
-            &mut y,
-            BLOCK * out_dim,
-            || (),
-            |_, _, block| {
-                for row in block.chunks_mut(out_dim) {
-                    row.copy_from_slice(b);
-                }
-            },
-        );
-    }
+    let mut y = match bias {
+        Some(b) => {
+            let mut y = Vec::new();
+            // SAFETY: a block's rows are `D_out` long, as `b`, and together cover the block.
+            unsafe {
+                extend_by_chunks(&mut y, rows * out_dim, BLOCK * out_dim, |_, block| {
+                    for row in block.chunks_mut(out_dim) {
+                        row.write_copy_of_slice(b);
+                    }
+                })
+            };
+            y
+        }
+        None => vec![T::zero(); rows * out_dim],
+    };
     matmul_strided(
         (x, (in_dim, 1)),
         (w, (1, in_dim)),

@@ -8,7 +8,7 @@
 //! each view, every step. Other devices and dtypes use Candle's ops.
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
-use ssl_linalg::map_chunks_mut;
+use ssl_linalg::extend_by_chunks;
 
 use crate::util::{contiguous_slice, vectorized, Float};
 
@@ -33,19 +33,22 @@ pub fn residual_relu(h: &Tensor, shortcut: &Tensor) -> Result<Tensor> {
 /// each block's loop compiled under [`vectorized`].
 #[inline(always)]
 fn elementwise<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
-    let mut out = vec![T::from_f64(0.0); a.len()];
-    map_chunks_mut(&mut out, BLOCK, |block, dst| {
-        let start = block * BLOCK;
-        let (a, b) = (&a[start..][..dst.len()], &b[start..][..dst.len()]);
-        vectorized(
-            #[inline(always)]
-            || {
-                for ((o, &a), &b) in dst.iter_mut().zip(a).zip(b) {
-                    *o = f(a, b);
-                }
-            },
-        )
-    });
+    let mut out = Vec::new();
+    // SAFETY: each chunk's loop writes all of it (`a` and `b` have its length).
+    unsafe {
+        extend_by_chunks(&mut out, a.len(), BLOCK, |block, dst| {
+            let start = block * BLOCK;
+            let (a, b) = (&a[start..][..dst.len()], &b[start..][..dst.len()]);
+            vectorized(
+                #[inline(always)]
+                || {
+                    for ((o, &a), &b) in dst.iter_mut().zip(a).zip(b) {
+                        o.write(f(a, b));
+                    }
+                },
+            )
+        })
+    };
     out
 }
 
