@@ -165,7 +165,7 @@ impl BnBwd {
         // The gradient reaching the BN output: none where the ReLU was off.
         let passed = move |g: T, r: T| if relu && r <= zero { zero } else { g };
         // SAFETY: each channel's loop writes all of its chunk (`gs`, `rs`, `xs` have its length).
-        let sums: Vec<(f64, f64)> = unsafe {
+        let mut sums: Vec<(f64, f64)> = unsafe {
             extend_by_chunks(&mut out, c * m, m.max(1), |ci, dst| {
                 let xs = &x[ci * m..][..m];
                 let rs = &res[ci * m..][..m];
@@ -192,10 +192,10 @@ impl BnBwd {
                 )
             })
         };
-        // One sum per channel; none at all for an empty batch (M = 0), whose sums are zero.
-        let sum = |ci: usize, part: fn(&(f64, f64)) -> f64| sums.get(ci).map_or(0.0, part);
-        out.extend((0..c).map(|ci| T::from_f64(sum(ci, |s| s.0))));
-        out.extend((0..c).map(|ci| T::from_f64(sum(ci, |s| s.1))));
+        // An empty batch (M = 0) has no chunks, and its sums are zero.
+        sums.resize(c, (0.0, 0.0));
+        out.extend(sums.iter().map(|&(dgamma, _)| T::from_f64(dgamma)));
+        out.extend(sums.iter().map(|&(_, dbeta)| T::from_f64(dbeta)));
         out
     }
 }

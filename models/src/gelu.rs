@@ -10,10 +10,7 @@
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use ssl_linalg::extend_by_chunks;
 
-use crate::util::{contiguous_slice, vectorized, Float};
-
-/// Elements per parallel block.
-const BLOCK: usize = 1 << 14;
+use crate::util::{contiguous_slice, vectorized, zip_map, Float, ELEMENTWISE_BLOCK};
 
 /// `GELU(x)` elementwise (the erf form).
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
@@ -28,8 +25,8 @@ fn gelu_kernel<T: Float>(x: &[T]) -> Vec<T> {
     let mut out = Vec::new();
     // SAFETY: each chunk's loop writes all of it (`src` has its length).
     unsafe {
-        extend_by_chunks(&mut out, x.len(), BLOCK, |block, dst| {
-            let src = &x[block * BLOCK..][..dst.len()];
+        extend_by_chunks(&mut out, x.len(), ELEMENTWISE_BLOCK, |block, dst| {
+            let src = &x[block * ELEMENTWISE_BLOCK..][..dst.len()];
             vectorized(
                 #[inline(always)]
                 || {
@@ -44,23 +41,7 @@ fn gelu_kernel<T: Float>(x: &[T]) -> Vec<T> {
 }
 
 fn gelu_bwd_kernel<T: Float>(x: &[T], g: &[T]) -> Vec<T> {
-    let mut out = Vec::new();
-    // SAFETY: each chunk's loop writes all of it (`xs` and `gs` have its length).
-    unsafe {
-        extend_by_chunks(&mut out, x.len(), BLOCK, |block, dst| {
-            let start = block * BLOCK;
-            let (xs, gs) = (&x[start..][..dst.len()], &g[start..][..dst.len()]);
-            vectorized(
-                #[inline(always)]
-                || {
-                    for ((o, &v), &gv) in dst.iter_mut().zip(xs).zip(gs) {
-                        o.write(gv * (v.normal_cdf() + v * v.normal_density()));
-                    }
-                },
-            )
-        })
-    };
-    out
+    zip_map(x, g, |v, gv| gv * (v.normal_cdf() + v * v.normal_density()))
 }
 
 struct GeluFwd;
@@ -140,8 +121,10 @@ mod tests {
 
     #[test]
     fn f32_values_and_gradients_match_f64_to_f32_rounding() {
-        let x =
-            Var::from_tensor(&(rand_tensor(4, &[BLOCK + 5], DType::F64) * 6.0).unwrap()).unwrap();
+        let x = Var::from_tensor(
+            &(rand_tensor(4, &[ELEMENTWISE_BLOCK + 5], DType::F64) * 6.0).unwrap(),
+        )
+        .unwrap();
         let x32 = Var::from_tensor(&x.to_dtype(DType::F32).unwrap()).unwrap();
         let value_and_grad = |x: &Var| {
             let y = gelu_erf(x.as_tensor()).unwrap();
@@ -156,8 +139,8 @@ mod tests {
     #[test]
     fn gradient_matches_finite_differences() {
         // Two parallel blocks and a partial one.
-        let x = (rand_tensor(2, &[2 * BLOCK + 17], DType::F64) * 4.0).unwrap();
-        let r = rand_tensor(3, &[2 * BLOCK + 17], DType::F64);
+        let x = (rand_tensor(2, &[2 * ELEMENTWISE_BLOCK + 17], DType::F64) * 4.0).unwrap();
+        let r = rand_tensor(3, &[2 * ELEMENTWISE_BLOCK + 17], DType::F64);
         let var = Var::from_tensor(&x).unwrap();
         let grads = (gelu_erf(var.as_tensor()).unwrap() * &r)
             .unwrap()
@@ -174,7 +157,7 @@ mod tests {
                 .to_scalar::<f64>()
                 .unwrap()
         };
-        for i in [0, 5, BLOCK + 3, 2 * BLOCK + 16] {
+        for i in [0, 5, ELEMENTWISE_BLOCK + 3, 2 * ELEMENTWISE_BLOCK + 16] {
             let fd = finite_diff(&x, i, &loss);
             assert!(
                 (grad[i] - fd).abs() < 1e-7,

@@ -7,13 +7,8 @@
 //! gradient added into zeros). A CIFAR ResNet-18 at 128 images joins 8 blocks of 4 to 34 MB,
 //! each view, every step. Other devices and dtypes use Candle's ops.
 
+use crate::util::{contiguous_slice, zip_map, Float};
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
-use ssl_linalg::extend_by_chunks;
-
-use crate::util::{contiguous_slice, vectorized, Float};
-
-/// Elements per parallel block.
-const BLOCK: usize = 1 << 14;
 
 /// `relu(h + shortcut)` of two tensors of one shape.
 pub fn residual_relu(h: &Tensor, shortcut: &Tensor) -> Result<Tensor> {
@@ -29,39 +24,16 @@ pub fn residual_relu(h: &Tensor, shortcut: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// `f(a[i], b[i])` for every `i`, a block of [`BLOCK`] values at a time on Candle's workers,
-/// each block's loop compiled under [`vectorized`].
-#[inline(always)]
-fn elementwise<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
-    let mut out = Vec::new();
-    // SAFETY: each chunk's loop writes all of it (`a` and `b` have its length).
-    unsafe {
-        extend_by_chunks(&mut out, a.len(), BLOCK, |block, dst| {
-            let start = block * BLOCK;
-            let (a, b) = (&a[start..][..dst.len()], &b[start..][..dst.len()]);
-            vectorized(
-                #[inline(always)]
-                || {
-                    for ((o, &a), &b) in dst.iter_mut().zip(a).zip(b) {
-                        o.write(f(a, b));
-                    }
-                },
-            )
-        })
-    };
-    out
-}
-
 /// `max(a + b, 0)` elementwise.
 fn forward_kernel<T: Float>(a: &[T], b: &[T]) -> Vec<T> {
     let zero = T::from_f64(0.0);
-    elementwise(a, b, |a, b| if a + b > zero { a + b } else { zero })
+    zip_map(a, b, |a, b| if a + b > zero { a + b } else { zero })
 }
 
 /// `g · [y > 0]` elementwise.
 fn backward_kernel<T: Float>(y: &[T], g: &[T]) -> Vec<T> {
     let zero = T::from_f64(0.0);
-    elementwise(y, g, |y, g| if y > zero { g } else { zero })
+    zip_map(y, g, |y, g| if y > zero { g } else { zero })
 }
 
 /// Applies `kernel` to two f32 or f64 storages of one dtype.
@@ -143,7 +115,7 @@ mod tests {
     #[test]
     fn forward_and_gradients_equal_candles_add_and_relu() {
         // Two parallel blocks and a partial one; both inputs track gradients.
-        let shape = [3, 2 * BLOCK / 3 + 7];
+        let shape = [3, 2 * crate::util::ELEMENTWISE_BLOCK / 3 + 7];
         let h = Var::from_tensor(&rand_tensor(1, &shape, DType::F64)).unwrap();
         let s = Var::from_tensor(&rand_tensor(2, &shape, DType::F64)).unwrap();
         let r = rand_tensor(3, &shape, DType::F64);

@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 
 use candle_core::{CpuStorage, Layout, Result, Tensor, WithDType};
+use ssl_linalg::extend_by_chunks;
 
 /// Float element types the custom ops support (f32 and f64).
 pub(crate) trait Float: WithDType + Copy + Send + Sync + std::ops::AddAssign {
@@ -121,6 +122,33 @@ pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
         }
     }
     f()
+}
+
+/// Elements per parallel block of an elementwise kernel.
+pub(crate) const ELEMENTWISE_BLOCK: usize = 1 << 14;
+
+/// `f(a[i], b[i])` for every `i` of two slices of one length, a block of
+/// [`ELEMENTWISE_BLOCK`] values at a time on Candle's workers, each block's loop compiled under
+/// [`vectorized`] and written straight into the output's uninitialised capacity.
+#[inline(always)]
+pub(crate) fn zip_map<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
+    let mut out = Vec::new();
+    // SAFETY: each chunk's loop writes all of it (`a` and `b` have its length).
+    unsafe {
+        extend_by_chunks(&mut out, a.len(), ELEMENTWISE_BLOCK, |block, dst| {
+            let start = block * ELEMENTWISE_BLOCK;
+            let (a, b) = (&a[start..][..dst.len()], &b[start..][..dst.len()]);
+            vectorized(
+                #[inline(always)]
+                || {
+                    for ((o, &a), &b) in dst.iter_mut().zip(a).zip(b) {
+                        o.write(f(a, b));
+                    }
+                },
+            )
+        })
+    };
+    out
 }
 
 /// Independent partial sums per reduction in [`lane_sum`]: this many lanes, summed in a fixed
