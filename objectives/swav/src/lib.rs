@@ -45,6 +45,7 @@ mod tests;
 /// and in the dtype of `scores`.
 pub fn sinkhorn(scores: &Tensor, epsilon: f64, iterations: usize) -> candle_core::Result<Tensor> {
     let (b, k) = scores.dims2()?;
+    let (device, dtype) = (scores.device().clone(), scores.dtype());
     let cpu = candle_core::Device::Cpu;
     let scores = scores.detach().to_device(&cpu)?.flatten_all()?;
     // Widened in Rust: Candle's own f32 → f64 conversion is several times slower.
@@ -91,8 +92,8 @@ pub fn sinkhorn(scores: &Tensor, epsilon: f64, iterations: usize) -> candle_core
     }
     q.iter_mut().for_each(|x| *x *= b as f64);
     Tensor::from_vec(q, (b, k), &cpu)?
-        .to_dtype(scores.dtype())?
-        .to_device(scores.device())
+        .to_dtype(dtype)?
+        .to_device(&device)
 }
 
 /// The swapped-prediction loss `L = mean_s (1/(V − 1)) Σ_{v≠s} mean_i CE(q_i^s, softmax(S_v[i]/τ))`
