@@ -21,6 +21,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use ssl_linalg::for_each_index;
 
 use crate::autocast::{matrix_product, precision, Precision};
+use crate::dispatch::fused_kernels;
 use crate::softmax::softmax_last_dim;
 use crate::util::{contiguous_slice, gemm_into, vectorized, Float};
 
@@ -33,7 +34,7 @@ pub fn multi_head_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
             "attention needs a packed q/k/v width divisible by 3 × {heads} heads, got {width}"
         );
     }
-    let fused = qkv.device().is_cpu()
+    let fused = fused_kernels(qkv.device())
         && matches!(qkv.dtype(), DType::F32 | DType::F64)
         && precision() == Precision::F32;
     if fused {

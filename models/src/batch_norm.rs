@@ -12,6 +12,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, Var};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::extend_by_chunks;
 
+use crate::dispatch::fused_kernels;
 use crate::util::{contiguous_slice, lane_sum, owned_part, vectorized, Float};
 
 /// Per-channel batch statistics saved by the forward for the backward and running stats.
@@ -339,7 +340,7 @@ impl BatchNorm {
         if m < 2 {
             candle_core::bail!("batch norm in train mode needs more than one value per channel");
         }
-        let (y, mean, var) = match x.device().is_cpu() {
+        let (y, mean, var) = match fused_kernels(x.device()) {
             true => self.train_fused(x, relu)?,
             false => self.train_composed(x, relu)?,
         };

@@ -27,6 +27,7 @@ use candle_nn::{Init, VarBuilder};
 use ssl_linalg::for_each_index;
 
 use crate::autocast::matrix_product;
+use crate::dispatch::fused_kernels;
 use crate::util::{contiguous_slice, gemm_into, owned_part, row_stride, Float, Scratch};
 use winograd::Winograd;
 
@@ -891,7 +892,7 @@ impl Conv {
             if self.kernel == 1 && self.stride == 1 && self.padding == 0 {
                 // The input already is the column matrix.
                 ssl_linalg::matmul(wm, &x.reshape((rows, cols))?)
-            } else if x.device().is_cpu() {
+            } else if fused_kernels(x.device()) {
                 volumes.apply_op2(&wm.contiguous()?, ConvOp(g))
             } else {
                 wm.matmul(&im2col_composed(&volumes, g)?)

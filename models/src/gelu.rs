@@ -10,11 +10,12 @@
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use ssl_linalg::extend_by_chunks;
 
+use crate::dispatch::fused_kernels;
 use crate::util::{contiguous_slice, vectorized, zip_map, Float, ELEMENTWISE_BLOCK};
 
 /// `GELU(x)` elementwise (the erf form).
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
-    if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
+    if fused_kernels(x.device()) && matches!(x.dtype(), DType::F32 | DType::F64) {
         x.contiguous()?.apply_op1(GeluFwd)
     } else {
         x.gelu_erf()

@@ -13,6 +13,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::map_chunks_mut;
 
+use crate::dispatch::fused_kernels;
 use crate::util::{contiguous_slice, lane_sum, owned_part, vectorized, Float};
 
 /// Rows per parallel block.
@@ -42,7 +43,7 @@ impl LayerNorm {
         if x.dim(D::Minus1)? != d {
             candle_core::bail!("layer norm of width {d} got input {:?}", x.dims());
         }
-        let fused = x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64);
+        let fused = fused_kernels(x.device()) && matches!(x.dtype(), DType::F32 | DType::F64);
         if !fused {
             return self.forward_composed(x);
         }

@@ -1,6 +1,7 @@
 //! Candle encoders and heads for candle-ssl, with fast CPU convolution and batch norm.
 //!
 //! - [`autocast`]: bf16 operands for every matrix product, as `torch.autocast`.
+//! - [`dispatch`]: fused CPU kernels or composed Candle ops (the GPU's path), per device.
 //! - [`mod@linear`]: `x Wᵀ + b` over the last axis of any rank.
 //! - [`conv`]: 2D/3D im2col + GEMM convolution on channel-major activations.
 //! - [`pool`]: 2D/3D max pooling with padding.
@@ -18,6 +19,7 @@ pub mod autocast;
 pub mod batch_norm;
 pub mod conv;
 pub mod digits_cnn;
+pub mod dispatch;
 pub mod gelu;
 pub mod layer_norm;
 pub mod linear;

@@ -15,6 +15,7 @@ use candle_nn::{Init, VarBuilder};
 use ssl_linalg::{extend_by_chunks, for_each_chunk_mut, matmul_strided};
 
 use crate::autocast::{matrix_product, precision, Precision};
+use crate::dispatch::fused_kernels;
 use crate::util::{contiguous_slice, owned_part, Float};
 
 #[derive(Debug, Clone)]
@@ -58,7 +59,7 @@ impl Module for Linear {
         let rows = x.elem_count() / in_dim.max(1);
         *shape.last_mut().expect("checked above") = out_dim;
         let x = x.reshape((rows, in_dim))?;
-        let fused = x.device().is_cpu()
+        let fused = fused_kernels(x.device())
             && matches!(x.dtype(), DType::F32 | DType::F64)
             && self.weight.dtype() == x.dtype()
             && precision() == Precision::F32;

@@ -13,6 +13,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use ssl_linalg::{for_each_chunk_mut, map_chunks_mut};
 
 use crate::conv::{gather_windows, Geom};
+use crate::dispatch::fused_kernels;
 use crate::util::{contiguous_slice, vectorized, Float};
 
 /// Max pooling of `x`: `[C, N, *S]` (spatial rank 2 or 3) with a cubic window of side
@@ -33,7 +34,7 @@ pub fn max_pool_channel_major(
     }
     let g = Geom::new("max pool", x.dims(), kernel, stride, padding)?;
     let out_dims = g.out_dims(g.c, x.rank() - 2);
-    if !x.device().is_cpu() {
+    if !fused_kernels(x.device()) {
         let volumes = x.reshape((g.c, g.n, g.size[0], g.size[1], g.size[2]))?;
         return gather_windows(&volumes, g, f64::NEG_INFINITY)?
             .max(0)?

@@ -9,6 +9,7 @@
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 use ssl_linalg::map_chunks_mut;
 
+use crate::dispatch::fused_kernels;
 use crate::util::{contiguous_slice, Float};
 
 /// Rows per parallel block.
@@ -16,7 +17,7 @@ const BLOCK_ROWS: usize = 64;
 
 /// Softmax of `x`: `[…, K]` over its last axis (`torch.softmax(x, -1)`).
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
+    if fused_kernels(x.device()) && matches!(x.dtype(), DType::F32 | DType::F64) {
         x.contiguous()?.apply_op1(SoftmaxFwd)
     } else {
         candle_nn::ops::softmax(x, D::Minus1)
