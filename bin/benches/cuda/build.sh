@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds the CUDA `ssl`, the train_step bench and the CUDA parity tests on a machine WITHOUT a
+# CUDA toolkit or GPU, for a GPU machine with driver 580 (CUDA 13.0) and an sm_90 card (H100,
+# H200), then packs them stripped into DIR/cuda-bins.txz for bin/benches/cuda/device.sh.
+#
+#   bin/benches/cuda/build.sh DIR    (CUDA_WHEELS: where the toolkit wheels go, /tmp/cuda13)
+#
+# nvcc comes from NVIDIA's PyPI wheels, pinned to 13.0: PTX from a newer nvcc has an ISA the
+# 13.0 driver cannot load. cudarc links libcuda.so.1 at build time, and the driver library is
+# not on PyPI, so the link uses a stub of the driver functions cudarc declares; the real one is
+# loaded on the GPU machine. cuBLAS, cuRAND and the CUDA runtime are the wheels' (13.x sonames).
+set -euo pipefail
+out=$(realpath "${1:?usage: build.sh DIR}")
+root=${CUDA_WHEELS:-/tmp/cuda13}
+cu=$root/nvidia/cu13
+repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+if [ ! -x "$cu/bin/nvcc" ]; then
+  mkdir -p "$root/wheels"
+  for p in nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-crt nvidia-cuda-runtime nvidia-cuda-cccl \
+           nvidia-cuda-nvrtc nvidia-cublas; do
+    python3 -m pip download -q --no-deps -d "$root/wheels" "$p==13.0.*"
+  done
+  python3 -m pip download -q --no-deps -d "$root/wheels" "nvidia-curand==10.4.*"
+  for w in "$root"/wheels/*.whl; do python3 -m zipfile -e "$w" "$root"; done
+  chmod +x "$cu"/bin/* "$cu"/nvvm/bin/*
+  (cd "$cu/lib" && for l in cublas cublasLt cudart nvrtc; do ln -sf "lib$l.so.13" "lib$l.so"; done \
+     && ln -sf libcurand.so.10 libcurand.so)
+  mkdir -p "$cu/lib/stubs"
+  (cd "$repo" && cargo fetch -q)
+  sys=$(find ~/.cargo/registry/src -path '*cudarc-*/src/driver/sys/mod.rs' | head -1)
+  grep -oE '^ *fn cu[A-Za-z0-9_]*\(' "$sys" | sed -E 's/ *fn (cu[A-Za-z0-9_]*)\(/\1/' | sort -u \
+    | awk '{print "int " $1 "(void) { return 999; }"}' > "$root/cuda_stub.c"
+  cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$cu/lib/stubs/libcuda.so" "$root/cuda_stub.c"
+fi
+export PATH=$cu/bin:$PATH CUDA_ROOT=$cu CUDA_HOME=$cu CUDA_COMPUTE_CAP=90 \
+  LIBRARY_PATH=$cu/lib/stubs:$cu/lib CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/tmp/target_cuda}
+cd "$repo"
+cargo build --release -p ssl --features cuda --bins --bench train_step
+cargo test --release -p ssl --features cuda --test cuda --no-run
+mkdir -p "$out" && staging=$(mktemp -d)
+newest() { ls -t "$CARGO_TARGET_DIR"/release/deps/"$1"-* | grep -v '\.d$' | head -1; }
+cp "$CARGO_TARGET_DIR/release/ssl" "$staging/ssl"
+cp "$(newest train_step)" "$staging/train_step"
+cp "$(newest cuda)" "$staging/cuda_test"
+strip "$staging"/*
+tar -C "$staging" -cf - ssl train_step cuda_test | xz -T0 -6 > "$out/cuda-bins.txz"
+rm -r "$staging"
+ls -l "$out/cuda-bins.txz"
