@@ -21,7 +21,7 @@ use ssl::config::RunConfig;
 use ssl::optim::Optimizer;
 use ssl::setup;
 use ssl::trainer::{self, Model, StepInput};
-use ssl_core::{Batch, ParamStore, Progress, SingleProcess};
+use ssl_core::{Batch, Progress, SingleProcess};
 
 fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);
@@ -52,14 +52,7 @@ struct Bench {
 impl Bench {
     fn model(&self, cfg: &RunConfig) -> Result<(Model, Optimizer)> {
         let model = trainer::build_model(cfg, &self.data, &self.device)?;
-        let params = model
-            .store
-            .vars()
-            .into_iter()
-            .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
-            .map(|(n, v)| (n, v, 1.0))
-            .collect();
-        let optimizer = Optimizer::new(&cfg.train, params, &["probe."]);
+        let optimizer = trainer::optimizer(cfg, &model);
         Ok((model, optimizer))
     }
 

@@ -19,17 +19,14 @@
 //! `cargo bench -p ssl --bench train_step -- --row all --threads 2 [--steps 10] [--warmup 2]
 //! [--device cuda]` (a GPU run needs `--features cuda`; the peak RSS is then host memory only).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use ssl::config::{apply_set, RunConfig};
-use ssl::optim::Optimizer;
 use ssl::setup::DataSplit;
 use ssl::trainer::{self, StepInput};
-use ssl_core::{ParamStore, Progress};
-use ssl_data::{Dataset, Samples};
+use ssl_core::Progress;
 
 /// Instances in the training set (IConE's table rows).
 const INSTANCES: usize = 1024;
@@ -143,27 +140,6 @@ fn config(row: &Row) -> Result<RunConfig> {
     RunConfig::from_yaml_value(root)
 }
 
-/// A training set of [`INSTANCES`] samples of `shape`: only its shape, size and labels are
-/// read (the step's images are drawn here), so it holds no pixels.
-fn split(shape: &[usize]) -> DataSplit {
-    let dataset = Dataset {
-        name: "bench".into(),
-        samples: Samples::F32(Vec::new()),
-        labels: (0..INSTANCES as u32).map(|i| i % 10).collect(),
-        shape: shape.to_vec(),
-        num_classes: 10,
-    };
-    DataSplit {
-        dataset: Arc::new(dataset),
-        seed: 0,
-        train: (0..INSTANCES).collect(),
-        test: Vec::new(),
-        minority_classes: Vec::new(),
-        normalize: ssl_data::Normalization::None,
-        findings: None,
-    }
-}
-
 fn peak_rss_mib() -> f64 {
     // SAFETY: getrusage only writes the struct it is given.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -175,16 +151,9 @@ fn run_row(index: usize, args: &Args) -> Result<()> {
     let row = &ROWS[index];
     let cfg = config(row)?;
     let device = ssl::setup::device(&args.device)?;
-    let data = split(row.shape);
+    let data = DataSplit::shape_only(row.shape, INSTANCES);
     let mut model = trainer::build_model(&cfg, &data, &device)?;
-    let params = model
-        .store
-        .vars()
-        .into_iter()
-        .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
-        .map(|(n, v)| (n, v, 1.0))
-        .collect();
-    let mut optimizer = Optimizer::new(&cfg.train, params, &["probe."]);
+    let mut optimizer = trainer::optimizer(&cfg, &model);
     let (b, v) = (cfg.train.batch_size, cfg.train.views);
     let mut shape = vec![v * b];
     shape.extend(row.shape);

@@ -57,6 +57,30 @@ pub struct DataSplit {
     pub findings: Option<Arc<Findings>>,
 }
 
+impl DataSplit {
+    /// A training split of `instances` samples of `shape` that holds no pixels (labels
+    /// `i mod 10`), for benches and tests that draw their own inputs: only its shape, size and
+    /// labels are read.
+    pub fn shape_only(shape: &[usize], instances: usize) -> Self {
+        let dataset = Dataset {
+            name: "shape-only".into(),
+            samples: ssl_data::Samples::F32(Vec::new()),
+            labels: (0..instances as u32).map(|i| i % 10).collect(),
+            shape: shape.to_vec(),
+            num_classes: 10,
+        };
+        Self {
+            dataset: Arc::new(dataset),
+            seed: 0,
+            train: (0..instances).collect(),
+            test: Vec::new(),
+            minority_classes: Vec::new(),
+            normalize: Normalization::None,
+            findings: None,
+        }
+    }
+}
+
 /// The 0/1 flags of a multi-label data set, row `i` for sample `i`, row-major.
 pub struct Findings {
     pub columns: usize,

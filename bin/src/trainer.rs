@@ -116,6 +116,27 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
     })
 }
 
+/// The optimiser of `cfg.train` over `model`'s trainable variables: every student parameter
+/// (not the EMA teacher's, not the batch-norm buffers), the online probe's at `probe_lr`.
+pub fn optimizer(cfg: &RunConfig, model: &Model) -> Optimizer {
+    let t = &cfg.train;
+    let probe_scale = t.probe_lr / t.lr;
+    let params = model
+        .store
+        .vars()
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
+        .map(|(n, v)| {
+            let scale = match n.starts_with("probe.") {
+                true => probe_scale,
+                false => 1.0,
+            };
+            (n, v, scale)
+        })
+        .collect();
+    Optimizer::new(t, params, &["probe."])
+}
+
 /// Sets every `teacher.*` variable to its student counterpart (an EMA teacher starts as a copy).
 fn copy_student_to_teacher(store: &ParamStore) -> Result<()> {
     let student = store.tensors();
@@ -351,22 +372,7 @@ fn train(
     let t = &cfg.train;
     let steps_per_epoch = loader.steps_per_epoch() / t.accumulate;
     let total_steps = steps_per_epoch * t.epochs;
-    let probe_scale = t.probe_lr / t.lr;
-    let params: Vec<_> = model
-        .store
-        .vars()
-        .into_iter()
-        .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
-        .map(|(n, v)| {
-            let scale = if n.starts_with("probe.") {
-                probe_scale
-            } else {
-                1.0
-            };
-            (n, v, scale)
-        })
-        .collect();
-    let mut optimizer = Optimizer::new(t, params, &["probe."]);
+    let mut optimizer = optimizer(cfg, model);
     let ckpt_dir = dir.join("checkpoint");
     let mut state = TrainerState {
         epochs_done: 0,

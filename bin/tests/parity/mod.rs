@@ -8,16 +8,13 @@
 //! such a perturbation makes on the reference path.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
 use ssl::config::{apply_set, RunConfig};
-use ssl::optim::Optimizer;
 use ssl::setup::DataSplit;
-use ssl::trainer::{self, Model, StepInput};
-use ssl_core::{ParamStore, Progress};
-use ssl_data::{Dataset, Samples};
+use ssl::trainer::{self, StepInput};
+use ssl_core::Progress;
 
 /// Relative error of a loss: f32 sums in different orders and kernels.
 const LOSS_TOLERANCE: f64 = 1e-4;
@@ -45,26 +42,6 @@ pub fn config(sets: &[&str]) -> Result<RunConfig> {
     RunConfig::from_yaml_value(root)
 }
 
-/// A training set of `instances` samples of `shape` whose pixels are never read.
-fn shape_only_split(shape: &[usize], instances: usize) -> DataSplit {
-    let dataset = Dataset {
-        name: "shapes".into(),
-        samples: Samples::F32(Vec::new()),
-        labels: (0..instances as u32).map(|i| i % 10).collect(),
-        shape: shape.to_vec(),
-        num_classes: 10,
-    };
-    DataSplit {
-        dataset: Arc::new(dataset),
-        seed: 0,
-        train: (0..instances).collect(),
-        test: Vec::new(),
-        minority_classes: Vec::new(),
-        normalize: ssl_data::Normalization::None,
-        findings: None,
-    }
-}
-
 /// `[n, shape...]` uniform values in [−1, 1) from a fixed xorshift sequence, on the CPU.
 fn inputs(n: usize, shape: &[usize]) -> Result<Tensor> {
     let mut dims = vec![n];
@@ -79,17 +56,6 @@ fn inputs(n: usize, shape: &[usize]) -> Result<Tensor> {
         })
         .collect();
     Ok(Tensor::from_vec(values, dims, &Device::Cpu)?)
-}
-
-fn optimizer(cfg: &RunConfig, model: &Model) -> Optimizer {
-    let params = model
-        .store
-        .vars()
-        .into_iter()
-        .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
-        .map(|(n, v)| (n, v, 1.0))
-        .collect();
-    Optimizer::new(&cfg.train, params, &["probe."])
 }
 
 fn norm(t: &Tensor) -> Result<f64> {
@@ -147,7 +113,7 @@ pub fn trace(
             gradients.insert(name, g.to_device(&Device::Cpu)?);
         }
     }
-    let mut optimizer = optimizer(cfg, &model);
+    let mut optimizer = trainer::optimizer(cfg, &model);
     let losses = (0..steps)
         .map(|step| Ok(trainer::training_step(&mut model, &mut optimizer, &input(step))?.loss))
         .collect::<Result<_>>()?;
@@ -303,7 +269,7 @@ pub const ENCODER_ROWS: [EncoderRow; 4] = [
 /// the reference's own sensitivity. Prints the comparison; returns its disagreements.
 pub fn check_encoder_row(row: &EncoderRow, device: &Device, composed: bool) -> Result<Vec<String>> {
     let cfg = config(row.sets)?;
-    let data = shape_only_split(row.shape, 64);
+    let data = DataSplit::shape_only(row.shape, 64);
     let (b, v) = (cfg.train.batch_size, cfg.train.views);
     let images = inputs(v * b, row.shape)?;
     // One f32 rounding of every input.
