@@ -784,14 +784,7 @@ mod tests {
     /// the full batch's update.
     fn gmm_model(cfg: &RunConfig, data: &DataSplit) -> (Model, Optimizer) {
         let model = build_model(cfg, data, &Device::Cpu).unwrap();
-        let params = model
-            .store
-            .vars()
-            .into_iter()
-            .filter(|(n, _)| !ParamStore::is_buffer(n))
-            .map(|(n, v)| (n, v, 1.0))
-            .collect();
-        let optimizer = Optimizer::new(&cfg.train, params, &[]);
+        let optimizer = optimizer(cfg, &model);
         (model, optimizer)
     }
 

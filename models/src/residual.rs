@@ -7,9 +7,10 @@
 //! gradient added into zeros). A CIFAR ResNet-18 at 128 images joins 8 blocks of 4 to 34 MB,
 //! each view, every step. Other devices and dtypes use Candle's ops.
 
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
+
 use crate::dispatch::fused_kernels;
 use crate::util::{contiguous_slice, zip_map, Float};
-use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 
 /// `relu(h + shortcut)` of two tensors of one shape.
 pub fn residual_relu(h: &Tensor, shortcut: &Tensor) -> Result<Tensor> {
