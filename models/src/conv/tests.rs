@@ -312,7 +312,8 @@ fn im2col_overwrites_a_reused_buffer() {
         let expected = composed.flatten_all().unwrap().to_vec1::<f64>().unwrap();
         for ld in [cols, cols + 7] {
             let mut col = vec![f64::NAN; rows * ld];
-            im2col_chunk(&g, &values, (0, g.n), 0, (&mut col, ld));
+            let arranged = PhaseRows::of(&g).arrange(&values);
+            im2col_chunk(&g, &arranged, (0, g.n), 0, (&mut col, ld));
             let written: Vec<f64> = col
                 .chunks(ld)
                 .flat_map(|row| &row[..cols])
@@ -675,7 +676,13 @@ fn im2row_is_im2col_transposed() {
         let per_image = cols / g.n;
         let x = rand_values(80, &dims);
         let mut col = vec![f64::NAN; rows * cols];
-        im2col_chunk(&g, &x, (0, g.n), 0, (&mut col, cols));
+        im2col_chunk(
+            &g,
+            &PhaseRows::of(&g).arrange(&x),
+            (0, g.n),
+            0,
+            (&mut col, cols),
+        );
         let (n, first) = (1, per_image / 3);
         let positions = first..per_image;
         let ld = rows + 5;
@@ -723,6 +730,81 @@ fn chunks_are_balanced_over_the_batch() {
         assert!(
             !chunks.is_multiple_of(8) || min >= min_images,
             "{n} images: {min} a chunk"
+        );
+    }
+}
+
+/// Every row of `W` values in the [`PhaseRows`] layout and back: `x[w]` lies at `offset(w)`,
+/// and `add_into` restores the input, for widths the stride does and does not divide.
+#[test]
+fn phase_rows_store_each_value_once_at_its_offset() {
+    for (width, stride) in [(8, 2), (7, 2), (5, 3), (1, 2), (2, 3), (6, 1)] {
+        let g = Geom::new("test", &[2, 3, 4, width], 1, stride, 0).unwrap();
+        let phases = PhaseRows::of(&g);
+        let x = rand_values(90, &[2, 3, 4, width]);
+        let arranged = phases.arrange(&x);
+        for (row, arranged_row) in x.chunks(width).zip(arranged.chunks(width)) {
+            for (w, &value) in row.iter().enumerate() {
+                assert_eq!(
+                    arranged_row[phases.offset(w)],
+                    value,
+                    "W {width} s {stride}"
+                );
+            }
+        }
+        let mut back = vec![0.0; x.len()];
+        phases.add_into(&arranged, &mut back);
+        assert_eq!(back, x, "W {width} s {stride}");
+    }
+}
+
+/// A skinny convolution (few output positions, a large `W`: the 3D ResNet's 2³ layers) takes
+/// the products that read `W` in place, and they equal the chunked ones: the forward, the
+/// input gradient and the weight gradient, for 2D and 3D kernels, strides and paddings, fewer
+/// output channels than blocks, and an empty batch.
+#[test]
+fn skinny_products_equal_the_chunked_ones() {
+    let deep = Geom::new("test", &[512, 4, 2, 2, 2], 3, 1, 1).unwrap();
+    let wide = Geom::new("test", &[64, 4, 16, 16, 16], 3, 1, 1).unwrap();
+    assert!(deep.skinny() && !wide.skinny());
+    for (dims, k, stride, pad, o) in [
+        (vec![6, 4, 2, 2, 2], 3, 1, 1, 10),
+        (vec![5, 2, 4, 3, 5], 3, 2, 1, 3),
+        (vec![2, 1, 7, 6, 5], 7, 2, 3, 4),
+        (vec![7, 3, 4, 4], 3, 1, 1, 9),
+        (vec![4, 2, 5, 6], 1, 2, 0, 6),
+        (vec![3, 0, 4, 4], 3, 1, 1, 5),
+    ] {
+        let g = Geom::new("test", &dims, k, stride, pad).unwrap();
+        assert!(g.skinny(), "{dims:?}");
+        let (rows, cols) = g.col_shape();
+        let x = rand_values(91, &dims);
+        let w = rand_values(92, &[o, rows]);
+        let dy = rand_values(93, &[o, cols]);
+        let case = format!("{dims:?} k {k} s {stride} p {pad} o {o}");
+        if cols == 0 {
+            let mut dw = vec![f64::NAN; o * rows];
+            skinny_weight_grad(g, &x, &dy, &mut dw);
+            assert!(dw.iter().all(|&v| v == 0.0), "{case}");
+            continue;
+        }
+
+        let (mut skinny, mut chunked) = (vec![f64::NAN; o * cols], vec![f64::NAN; o * cols]);
+        skinny_forward_into(g, &x, &w, &mut skinny);
+        im2col_forward_into(g, &x, &w, &mut chunked);
+        assert!(max_diff(&skinny, &chunked) < 1e-12, "forward {case}");
+
+        let (mut skinny, mut chunked) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+        skinny_input_grad(g, &w, &dy, &mut skinny);
+        input_grad_scattered(g, &w, &dy, o, &mut chunked);
+        assert!(max_diff(&skinny, &chunked) < 1e-12, "input gradient {case}");
+
+        let (mut skinny, mut chunked) = (vec![f64::NAN; o * rows], vec![f64::NAN; o * rows]);
+        skinny_weight_grad(g, &x, &dy, &mut skinny);
+        im2col_weight_grad(g, &x, &dy, &mut chunked);
+        assert!(
+            max_diff(&skinny, &chunked) < 1e-12,
+            "weight gradient {case}"
         );
     }
 }
