@@ -176,11 +176,15 @@ fn for_each_row(g: &Geom, [kd, kh, _]: [usize; 3], mut f: impl FnMut(usize, usiz
 /// (`w0 + j·s`, `j = 0, 1, …`) then lie next to each other, so im2col copies runs and col2im
 /// adds runs instead of gathering and scattering single values (the 3D stem's forward, 7³ at
 /// stride 2 on 4 volumes of 64³, went from 65–80 to 50–56 ms). At stride 1 it is the input's
-/// own layout.
+/// own layout, and a 1-wide kernel keeps it too: it reads one value in `s`, and rearranging
+/// the whole input for that cost more than it saved (a ResNet's 1×1 stride-2 projections).
 #[derive(Debug, Clone, Copy)]
 struct PhaseRows {
     width: usize,
+    /// The phases a row is stored in.
     stride: usize,
+    /// How far apart the values one kernel column reads along a row lie in this layout.
+    step: usize,
 }
 
 /// Rows per task when [`PhaseRows`] converts a whole input on Candle's workers.
@@ -188,9 +192,18 @@ const PHASE_ROWS_PER_TASK: usize = 1024;
 
 impl PhaseRows {
     fn of(g: &Geom) -> Self {
-        Self {
-            width: g.size[2],
-            stride: g.stride[2],
+        let (width, stride) = (g.size[2], g.stride[2]);
+        match g.k[2] {
+            1 => Self {
+                width,
+                stride: 1,
+                step: stride,
+            },
+            _ => Self {
+                width,
+                stride,
+                step: 1,
+            },
         }
     }
 
@@ -335,7 +348,18 @@ fn im2col_chunk<T: Float>(
             for_each_row(g, offsets, |o, i| {
                 dst[next..o + ows.start].fill(zero);
                 let drow = &mut dst[o..o + w_out];
-                drow[ows.clone()].copy_from_slice(&src[i + run..][..ows.len()]);
+                let values = &src[i + run..];
+                match phases.step {
+                    1 => drow[ows.clone()].copy_from_slice(&values[..ows.len()]),
+                    step => {
+                        for (d, &v) in drow[ows.clone()]
+                            .iter_mut()
+                            .zip(values.iter().step_by(step))
+                        {
+                            *d = v;
+                        }
+                    }
+                }
                 drow[ows.end..].fill(zero);
                 next = o + w_out;
             });
@@ -374,9 +398,18 @@ unsafe fn col2im_chunk<T: Float>(
         for (j, src) in src_row.chunks(per_image).enumerate() {
             let dst = &mut acc[(c * nb + j) * volume..][..volume];
             for_each_row(g, offsets, |o, i| {
-                let sums = dst[i + run..][..ows.len()].iter_mut();
-                for (d, &v) in sums.zip(&src[o + ows.start..o + ows.end]) {
-                    *d += v;
+                let values = &src[o + ows.start..o + ows.end];
+                match phases.step {
+                    1 => {
+                        for (d, &v) in dst[i + run..][..ows.len()].iter_mut().zip(values) {
+                            *d += v;
+                        }
+                    }
+                    step => {
+                        for (d, &v) in dst[i + run..].iter_mut().step_by(step).zip(values) {
+                            *d += v;
+                        }
+                    }
                 }
             });
         }

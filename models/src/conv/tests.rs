@@ -735,12 +735,16 @@ fn chunks_are_balanced_over_the_batch() {
 }
 
 /// Every row of `W` values in the [`PhaseRows`] layout and back: `x[w]` lies at `offset(w)`,
-/// and `add_into` restores the input, for widths the stride does and does not divide.
+/// and `add_into` restores the input, for widths the stride does and does not divide; a
+/// 1-wide kernel keeps the input's layout and reads every `s`-th value.
 #[test]
 fn phase_rows_store_each_value_once_at_its_offset() {
+    let pointwise = PhaseRows::of(&Geom::new("test", &[2, 3, 4, 8], 1, 2, 0).unwrap());
+    assert_eq!((pointwise.stride, pointwise.step), (1, 2));
     for (width, stride) in [(8, 2), (7, 2), (5, 3), (1, 2), (2, 3), (6, 1)] {
-        let g = Geom::new("test", &[2, 3, 4, width], 1, stride, 0).unwrap();
+        let g = Geom::new("test", &[2, 3, 4, width], 3, stride, 1).unwrap();
         let phases = PhaseRows::of(&g);
+        assert_eq!((phases.stride, phases.step), (stride, 1));
         let x = rand_values(90, &[2, 3, 4, width]);
         let arranged = phases.arrange(&x);
         for (row, arranged_row) in x.chunks(width).zip(arranged.chunks(width)) {
