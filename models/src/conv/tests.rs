@@ -403,6 +403,7 @@ fn winograd_cases() -> Vec<(Vec<usize>, usize)> {
         (vec![67, 16, 4, 4], 1),
         (vec![67, 64, 4, 4], 1),
         (vec![16, 19, 4, 4], 1),
+        (vec![16, 67, 4, 4], 1),
         (vec![17, 11, 7, 5], 0),
         (vec![16, 40, 7, 6], 0),
         (vec![16, 8, 3, 8], 2),
@@ -413,6 +414,7 @@ fn winograd_cases() -> Vec<(Vec<usize>, usize)> {
         (vec![16, 8, 5, 6, 7], 1),
         (vec![16, 32, 5, 3, 4], 0),
         (vec![16, 67, 2, 2, 2], 1),
+        (vec![16, 40, 4, 4, 4], 1),
         (vec![16, 64, 1, 2, 1], 2),
     ]
 }
@@ -472,6 +474,9 @@ fn gemm_operand_rows_are_an_odd_number_of_cache_lines_apart() {
 #[test]
 fn winograd_equals_im2col_forward_and_gradients() {
     let mut taken = [[0; 2]; 2];
+    // Images and volumes each in a batch of several chunks (and weight-gradient groups) of
+    // unequal sizes.
+    let mut split = [false; 2];
     for (i, (dims, pad)) in winograd_cases().into_iter().enumerate() {
         let g = Geom::new("test", &dims, 3, 1, pad).unwrap();
         let o = 18;
@@ -491,6 +496,11 @@ fn winograd_equals_im2col_forward_and_gradients() {
         for winograd in variants {
             let name = format!("{winograd:?}");
             taken[matches!(winograd, Winograd::F23(_)) as usize][dims.len() - 4] += 1;
+            let chunks = match winograd {
+                Winograd::F43(f) => f.chunks(o),
+                Winograd::F23(f) => f.chunks(o),
+            };
+            split[dims.len() - 4] |= chunks > 1 && g.n % chunks != 0;
             let mut fast = vec![f64::NAN; dy.len()];
             winograd.forward(&x, &w, &mut fast);
             let d = max_diff(&fast, &plain_y);
@@ -525,6 +535,7 @@ fn winograd_equals_im2col_forward_and_gradients() {
         taken.iter().flatten().all(|&n| n >= 3),
         "cases taken {taken:?}"
     );
+    assert_eq!(split, [true; 2], "images, volumes split into chunks");
 }
 
 /// In f32, F(2, 3) is as accurate as im2col on images and volumes, and F(4×4, 3×3) within 20×

@@ -106,10 +106,18 @@ const fn transpose<const I: usize, const J: usize>(m: [[f64; J]; I]) -> [[f64; I
 /// image channels) the GEMMs are too shallow and im2col's single deep GEMM is faster.
 const MIN_CHANNELS: usize = 16;
 
-/// Fewest tiles in a chunk's products: each `U[ξ]` (`O × C`, n² or n³ of them) is streamed
-/// once per chunk, so with fewer tiles the GEMMs wait on memory (the 3D ResNet's 2³ and 4³
-/// layers, 1 and 8 tiles of F(2, 3) a volume at 4 volumes a view, were 3× slower than im2col).
+/// Fewest tiles in the batch for Winograd's algorithm: each `U[ξ]` (`O × C`, n² or n³ of them)
+/// is streamed once per chunk, so with fewer tiles the GEMMs wait on memory (the 3D ResNet's
+/// 2³ and 4³ layers, 1 and 8 tiles of F(2, 3) a volume at 4 volumes a view, were 3× slower
+/// than im2col).
 const MIN_TILES: usize = 64;
+
+/// Fewest tiles in a chunk, where the batch has them: besides `U` streamed once per chunk,
+/// each chunk group of the weight gradient sums a whole `dU` (16 MB for 512 channels in and
+/// out). 128 rather than 64 took row 1's 512-channel 4² layer from 4 chunks to 2 and its
+/// weight gradient from 36 to 27 ms a call (256 channels at 8²: 22 to 17 ms); row 4 was
+/// unchanged.
+const MIN_CHUNK_TILES: usize = 128;
 
 /// Channel pairs per block of the kernel transform: its rows of taps stay in L2.
 const KERNEL_LANES: usize = 1024;
@@ -233,14 +241,15 @@ where
 
     /// Chunks of images: the larger of a chunk's transformed input and output about
     /// [`CHUNK_VALUES`], and at least 8 chunks when the batch allows, but at least
-    /// [`MIN_TILES`] tiles a chunk; shared evenly among workers where that keeps
-    /// [`MIN_TILES`] ([`balanced_chunks`]). Fixed by the shapes.
-    fn chunks(&self, o: usize) -> usize {
+    /// [`MIN_CHUNK_TILES`] tiles a chunk; shared evenly among workers where that keeps
+    /// [`MIN_CHUNK_TILES`] ([`balanced_chunks`]). Fixed by the shapes.
+    pub(super) fn chunks(&self, o: usize) -> usize {
         let tiles = self.tiles_per_image();
         let per_image = self.points() * self.g.c.max(o) * tiles;
         let by_size = (CHUNK_VALUES / per_image.max(1)).clamp(1, self.g.n.div_ceil(8).max(1));
-        let nb = by_size.max(MIN_TILES.div_ceil(tiles)).min(self.g.n);
-        balanced_chunks(self.g.n, nb, MIN_TILES.div_ceil(tiles))
+        let min_images = MIN_CHUNK_TILES.div_ceil(tiles);
+        let nb = by_size.max(min_images).min(self.g.n);
+        balanced_chunks(self.g.n, nb, min_images)
     }
 
     /// `U = G g Gᵀ`: `[points, O·C]` from the kernel `w`: `[O, C·k_vol]`, a block of
