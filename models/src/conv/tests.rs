@@ -500,7 +500,7 @@ fn winograd_equals_im2col_forward_and_gradients() {
                 Winograd::F43(f) => f.chunks(o),
                 Winograd::F23(f) => f.chunks(o),
             };
-            split[dims.len() - 4] |= chunks > 1 && g.n % chunks != 0;
+            split[dims.len() - 4] |= chunks > 1 && !g.n.is_multiple_of(chunks);
             let mut fast = vec![f64::NAN; dy.len()];
             winograd.forward(&x, &w, &mut fast);
             let d = max_diff(&fast, &plain_y);
