@@ -433,8 +433,9 @@ fn conv_forward<T: Float>(g: Geom, x: &[T], w: &[T], o: usize) -> Vec<T> {
     y
 }
 
-/// [`conv_forward`] into `y`: `[O, N·S_out]`, every value of which it writes: by Winograd's
-/// algorithm where one applies, else by im2col.
+/// [`conv_forward`] into `y`: `[O, N·S_out]`, every value of which it writes: a skinny
+/// convolution's as [`skinny_forward_into`], else by Winograd's algorithm where one applies,
+/// else by im2col.
 fn conv_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     if g.skinny() {
         return skinny_forward_into(g, x, w, y);
@@ -499,9 +500,10 @@ fn conv_backward<T: Float>(
     let dx_len = if input_grad { x.len() } else { 0 };
     let mut grads = vec![T::from_f64(0.0); dx_len + w.len()];
     let (dx, dw) = grads.split_at_mut(dx_len);
-    if input_grad {
+    if input_grad && g.skinny() {
+        skinny_input_grad(g, w, dy, dx);
+    } else if input_grad {
         match g.input_grad_geometry(o) {
-            _ if g.skinny() => skinny_input_grad(g, w, dy, dx),
             Some(dual) => conv_forward_into(dual, dy, &flipped_transpose(w, o, g), dx),
             None => input_grad_scattered(g, w, dy, o, dx),
         }
@@ -571,8 +573,8 @@ fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize, dx: &mut
     });
 }
 
-/// `dW`: `[O, C·k_vol]` of [`conv_forward`]: by Winograd's algorithm where one applies, else
-/// [`im2col_weight_grad`].
+/// `dW`: `[O, C·k_vol]` of [`conv_forward`]: a skinny convolution's as [`skinny_weight_grad`],
+/// else by Winograd's algorithm where one applies, else [`im2col_weight_grad`].
 fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut [T]) {
     if g.skinny() {
         return skinny_weight_grad(g, x, dy, dw);
@@ -703,7 +705,7 @@ fn im2row<T: Float>(
         let at = [p / (h_out * w_out), (p / w_out) % h_out, p % w_out];
         let [d0, h0, w0]: [isize; 3] = std::array::from_fn(|a| start(a, at[a]));
         // The kernel columns `k` whose input column `w0 + k` lies inside the row.
-        let first = w0.unsigned_abs().min(kw) * usize::from(w0 < 0);
+        let first = usize::try_from(-w0).unwrap_or(0).min(kw);
         let end = (width as isize - w0).clamp(first as isize, kw as isize) as usize;
         let iw = (w0 + first as isize) as usize;
         for (r, run) in patch[..g.c * kd * kh * kw].chunks_mut(kw).enumerate() {
@@ -814,20 +816,20 @@ fn skinny_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     let (rows, cols) = g.col_shape();
     let o = y.len() / cols.max(1);
     let col = batch_columns(&g, x);
-    let out = Shared(y.as_mut_ptr());
-    for_each_index(
-        SKINNY_BLOCKS,
+    let block_channels = o.div_ceil(SKINNY_BLOCKS).max(1);
+    for_each_chunk_mut(
+        y,
+        block_channels * cols,
         || (),
-        |_, block| {
-            let out = &out;
-            let channels = block * o / SKINNY_BLOCKS..(block + 1) * o / SKINNY_BLOCKS;
-            // SAFETY: `y` is [O, N·S_out]; this block writes its own rows `channels`.
+        |_, block, part| {
+            let first = block * block_channels;
+            // SAFETY: `part` holds this block's rows of y; the columns and W are read in bounds.
             unsafe {
                 gemm_into(
-                    (cols, channels.len(), rows),
-                    (out.0.add(channels.start * cols), 1, cols),
+                    (cols, part.len() / cols, rows),
+                    (part.as_mut_ptr(), 1, cols),
                     (col.as_ptr(), 1, cols),
-                    (w[channels.start * rows..].as_ptr(), 1, rows),
+                    (w[first * rows..].as_ptr(), 1, rows),
                     false,
                 )
             };
