@@ -138,12 +138,31 @@ fn span(rows: usize, cols: usize, (row_stride, col_stride): (usize, usize)) -> u
     }
 }
 
+/// How many parts the depth `k` of an `[m, k] × [k, n]` product is split into: two where the
+/// depth is at least twice the product's longer side (a weight gradient `Gᵀ X` over the rows of
+/// a batch), else one. A function of the shape alone, so the order of the sums, and the result,
+/// do not depend on the thread count. More parts measured slower on 2 cores (each adds an
+/// `[m, n]` partial to write and add) and remove no more packing.
+fn depth_parts(m: usize, n: usize, k: usize) -> usize {
+    if k >= 2 * m.max(n) {
+        2
+    } else {
+        1
+    }
+}
+
 /// `dst = A B`, or `dst += A B` where `accumulate`, in f32 or f64 for `a`: `[m, k]` and `b`:
 /// `[k, n]` each read through its element strides `(row, column)` and row-major `dst`: `[m, n]`.
-/// Blocks of `dst`'s rows (or of its columns, when it is wider than tall) go to Candle's CPU
-/// workers, each block one single-threaded GEMM (`gemm` crate, as Candle's own matmul), so a
-/// GEMM after a Candle op does not share the cores with Candle's spinning workers as a
-/// rayon-parallel one does.
+/// Each task is one single-threaded GEMM (`gemm` crate, as Candle's own matmul) on Candle's CPU
+/// workers, so a GEMM after a Candle op does not share the cores with Candle's spinning workers
+/// as a rayon-parallel one does.
+///
+/// The tasks are blocks of `dst`'s rows (or of its columns, when it is wider than tall), four a
+/// worker. Each block's GEMM packs its own copy of the operand all blocks share, which for a
+/// deep product (`Gᵀ X` over the rows of a batch, `k` ≫ `m`, `n`) is most of its work beyond
+/// the multiply-adds. Such a product is instead split along its depth ([`depth_parts`]): each
+/// part multiplies its own rows of both operands into a partial `[m, n]`, nothing is packed
+/// twice, and the partials are added in part order.
 pub fn matmul_strided<T: WithDType>(
     (a, a_strides): (&[T], (usize, usize)),
     (b, b_strides): (&[T], (usize, usize)),
@@ -167,16 +186,27 @@ pub fn matmul_strided<T: WithDType>(
     if n == 0 || m == 0 {
         return Ok(());
     }
+    let threads = barrier_pool().n_workers() + 1;
+    let parts = depth_parts(m, n, k);
     // Split the longer side of `dst` into blocks: row blocks repack B, column blocks repack A,
     // so a wide product (a convolution's [O, N·H·W]) is cut by columns.
     let by_rows = m >= n;
     let len = if by_rows { m } else { n };
-    let threads = barrier_pool().n_workers() + 1;
-    let size = len.div_ceil((4 * threads).min(len.div_ceil(8)).max(1));
+    let wanted = match parts {
+        1 => 4 * threads,
+        _ => threads.div_ceil(parts),
+    };
+    let size = len.div_ceil(wanted.min(len.div_ceil(8)).max(1));
+    let blocks = len.div_ceil(size);
+    // The partial products of parts 1.. (part 0 goes to `dst`).
+    let mut partials = vec![T::zero(); (parts - 1) * m * n];
     let dst_ptr = Shared(dst.as_mut_ptr());
-    barrier_pool().execute_chunked(len.div_ceil(size), |range| {
-        let dst_ptr = &dst_ptr;
-        for block in range {
+    let partials_ptr = Shared(partials.as_mut_ptr());
+    barrier_pool().execute_chunked(parts * blocks, |range| {
+        let (dst_ptr, partials_ptr) = (&dst_ptr, &partials_ptr);
+        for task in range {
+            let (part, block) = (task / blocks, task % blocks);
+            let (depth_start, depth_end) = (k * part / parts, k * (part + 1) / parts);
             let start = block * size;
             let count = size.min(len - start);
             let (rows, cols) = if by_rows { (count, n) } else { (m, count) };
@@ -184,17 +214,24 @@ pub fn matmul_strided<T: WithDType>(
                 true => (start * a_strides.0, 0, start * n),
                 false => (0, start * b_strides.1, start),
             };
-            // SAFETY: the block's rows or columns of `a`, `b` and `dst` lie in the bounds
-            // checked above, and no two blocks write the same entries of `dst`.
+            let a_offset = a_offset + depth_start * a_strides.1;
+            let b_offset = b_offset + depth_start * b_strides.0;
+            let out = match part {
+                0 => dst_ptr.0,
+                // SAFETY: `partials` holds `parts - 1` outputs of `m · n` values.
+                _ => unsafe { partials_ptr.0.add((part - 1) * m * n) },
+            };
+            // SAFETY: the block's rows or columns of `a`, `b` and `dst` (or its partial) lie in
+            // the bounds checked above, and no two tasks write the same entries.
             unsafe {
                 gemm::gemm(
                     rows,
                     cols,
-                    k,
-                    dst_ptr.0.add(dst_offset),
+                    depth_end - depth_start,
+                    out.add(dst_offset),
                     1,
                     n as isize,
-                    accumulate,
+                    accumulate && part == 0,
                     a.as_ptr().add(a_offset),
                     a_strides.1 as isize,
                     a_strides.0 as isize,
@@ -211,6 +248,23 @@ pub fn matmul_strided<T: WithDType>(
             }
         }
     });
+    if parts > 1 {
+        const SUM_CHUNK: usize = 1 << 14;
+        for_each_chunk_mut(
+            dst,
+            SUM_CHUNK,
+            || (),
+            |_, index, chunk| {
+                let start = index * SUM_CHUNK;
+                for partial in partials.chunks_exact(m * n) {
+                    let partial = &partial[start..start + chunk.len()];
+                    for (d, &p) in chunk.iter_mut().zip(partial) {
+                        *d += p;
+                    }
+                }
+            },
+        );
+    }
     Ok(())
 }
 
@@ -427,6 +481,57 @@ mod tests {
             for v in [&a, &b] {
                 let (x, y) = (g_ours.get(v).unwrap(), g_ref.get(v).unwrap());
                 assert!(diff(x, y)? < 1e-12, "transposed {transposed}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Products at least twice as deep as their longer side take the depth-split path: the
+    /// same values (f64, to rounding) for row and column blocks, an odd depth, a transposed
+    /// factor, and `dst +=` as well as `dst =`; the split depends on the shape alone.
+    #[test]
+    fn deep_products_split_in_depth_match_the_plain_product() -> Result<()> {
+        use candle_core::Device;
+        assert_eq!(depth_parts(4, 9, 17), 1);
+        assert_eq!(
+            (depth_parts(4, 9, 18), depth_parts(1536, 384, 3152)),
+            (2, 2)
+        );
+        for (m, n, k) in [(9, 4, 31), (4, 9, 37), (1, 1, 2), (24, 40, 1001)] {
+            assert_eq!(depth_parts(m, n, k), 2);
+            let a = randn(0f64, 1., (m, k), &Device::Cpu)?;
+            let b = randn(0f64, 1., (k, n), &Device::Cpu)?;
+            let c = randn(0f64, 1., (m, n), &Device::Cpu)?;
+            let expected = a.matmul(&b)?.flatten_all()?.to_vec1::<f64>()?;
+            let c_host = c.flatten_all()?.to_vec1::<f64>()?;
+            let a_host = a.flatten_all()?.to_vec1::<f64>()?;
+            let bt_host = b.t()?.contiguous()?.flatten_all()?.to_vec1::<f64>()?;
+            let mut product = vec![f64::NAN; m * n];
+            matmul_strided(
+                (&a_host, (k, 1)),
+                (&bt_host, (1, k)),
+                (m, n, k),
+                &mut product,
+                false,
+            )?;
+            let mut sum = c_host.clone();
+            matmul_strided(
+                (&a_host, (k, 1)),
+                (&bt_host, (1, k)),
+                (m, n, k),
+                &mut sum,
+                true,
+            )?;
+            for i in 0..m * n {
+                let tolerance = 1e-12 * k as f64;
+                assert!(
+                    (product[i] - expected[i]).abs() < tolerance,
+                    "{m}×{n}×{k} at {i}"
+                );
+                assert!(
+                    (sum[i] - c_host[i] - expected[i]).abs() < tolerance,
+                    "{m}×{n}×{k} at {i}"
+                );
             }
         }
         Ok(())

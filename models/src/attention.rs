@@ -23,7 +23,7 @@ use ssl_linalg::for_each_index;
 use crate::autocast::{matrix_product, precision, Precision};
 use crate::dispatch::fused_kernels;
 use crate::softmax::softmax_last_dim;
-use crate::util::{contiguous_slice, gemm_into, vectorized, Float};
+use crate::util::{contiguous_slice, gemm_into, lane_max, lane_sum, vectorized, Float};
 
 /// Self-attention of the packed projection `qkv`: `[N, T, 3·D]` laid out as `[N, T, 3, H,
 /// D/H]` (timm's `qkv` linear layer), giving `[N, T, D]` with the heads concatenated.
@@ -122,17 +122,13 @@ fn attention_weights<T: Float>(h: Heads, qkv: &[T], pair: usize, p: &mut [T]) {
         #[inline(always)]
         || {
             for scores in p.chunks_mut(t) {
-                let max =
-                    scores.iter().fold(
-                        T::from_f64(f64::NEG_INFINITY),
-                        |m, &s| if s > m { s } else { m },
-                    );
+                let max = lane_max(scores);
                 for s in scores.iter_mut() {
                     *s = (*s - max) * scale;
                 }
                 T::exp_in_place(scores);
-                let sum = scores.iter().fold(T::zero(), |a, &e| a + e);
-                let inv = T::one() / sum;
+                let sum = lane_sum(scores, scores, scores, |e, _, _| e.to_f64());
+                let inv = T::from_f64(1.0 / sum);
                 for s in scores.iter_mut() {
                     *s *= inv;
                 }
@@ -209,10 +205,8 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T]) -> Vec<T> {
                 #[inline(always)]
                 || {
                     for (pr, dpr) in p.chunks(t).zip(dp.chunks_mut(t)) {
-                        let dot = pr
-                            .iter()
-                            .zip(dpr.iter())
-                            .fold(T::zero(), |a, (&x, &y)| a + x * y);
+                        let dot =
+                            T::from_f64(lane_sum(pr, dpr, pr, |x, y, _| x.to_f64() * y.to_f64()));
                         for (g, &w) in dpr.iter_mut().zip(pr) {
                             *g = w * (*g - dot) * scale;
                         }

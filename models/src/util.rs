@@ -176,6 +176,25 @@ pub(crate) fn lane_sum<T: Float>(a: &[T], b: &[T], c: &[T], term: impl Fn(T, T, 
     lanes.iter().sum::<f64>() + rest
 }
 
+/// The largest of `xs` (−∞ for none; NaNs are passed over, as by `if x > max`) over [`LANES`]
+/// partial maxima, which vectorise where one running maximum does not.
+#[inline(always)]
+pub(crate) fn lane_max<T: Float>(xs: &[T]) -> T {
+    let larger = |a: T, b: T| if b > a { b } else { a };
+    let mut lanes = [T::from_f64(f64::NEG_INFINITY); LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks
+        .remainder()
+        .iter()
+        .fold(lanes[0], |m, &x| larger(m, x));
+    for chunk in chunks {
+        for l in 0..LANES {
+            lanes[l] = larger(lanes[l], chunk[l]);
+        }
+    }
+    lanes.iter().fold(rest, |m, &x| larger(m, x))
+}
+
 /// `1/√(2π)`.
 const INV_SQRT_2PI: f64 = 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2;
 
@@ -433,6 +452,23 @@ mod tests {
         let kept = f32::with_scratch_pool(|pool| pool.iter().map(Vec::len).collect::<Vec<_>>());
         assert_eq!(kept.len(), SCRATCH_POOL);
         assert!(kept.iter().all(|&len| len >= 300), "{kept:?}");
+    }
+
+    /// The lane-wise maximum equals the sequential one for lengths below, at and past a
+    /// multiple of [`LANES`], and passes over NaN as `if x > max` does.
+    #[test]
+    fn lane_max_is_the_sequential_maximum() {
+        for len in [0, 1, 5, LANES, LANES + 1, 3 * LANES + 7, 197] {
+            let xs: Vec<f32> = (0..len).map(|i| ((i * 37) % 101) as f32 - 60.0).collect();
+            let expected = xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            assert_eq!(lane_max(&xs), expected, "len {len}");
+        }
+        let mut xs = vec![-3.0f64; 2 * LANES + 3];
+        xs[LANES + 2] = 7.5;
+        xs[2 * LANES + 1] = f64::NAN;
+        xs[0] = f64::NAN;
+        assert_eq!(lane_max(&xs), 7.5);
+        assert_eq!(lane_max(&[f32::NAN]), f32::NEG_INFINITY);
     }
 
     #[test]
