@@ -16,5 +16,5 @@ pub use gram::{gram, gram_of_columns};
 pub use norm::{l2_norm_keepdim, l2_normalize, logsumexp_rows, normalize_columns, normalize_rows};
 pub use parallel::{
     extend_by_chunks, for_each_chunk_mut, for_each_index, gram_blocks, map_chunks_mut, matmul,
-    matmul_detached, matmul_rows, matmul_strided,
+    matmul_detached, matmul_rows, matmul_strided, matmul_strided_uninit,
 };

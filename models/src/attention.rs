@@ -143,7 +143,8 @@ unsafe impl<T: Send> Sync for Shared<T> {}
 
 /// `O = P V` per pair into `[N, T, D]`.
 fn attention_forward<T: Float>(h: Heads, qkv: &[T]) -> Vec<T> {
-    let mut out = vec![T::zero(); h.n * h.t * h.d];
+    let len = h.n * h.t * h.d;
+    let mut out: Vec<T> = Vec::with_capacity(len);
     let dst = Shared(out.as_mut_ptr());
     let t = h.t;
     for_each_index(
@@ -152,7 +153,8 @@ fn attention_forward<T: Float>(h: Heads, qkv: &[T]) -> Vec<T> {
         |p: &mut Vec<T>, pair| {
             let dst = &dst;
             attention_weights(h, qkv, pair, p);
-            // SAFETY: v lies in `qkv` at row stride 3·D; the pair's columns of `out` are its own.
+            // SAFETY: v lies in `qkv` at row stride 3·D; the pair's columns of `out` (allocated,
+            // not yet initialised: the product writes them without reading) are its own.
             unsafe {
                 gemm_into(
                     (t, h.head_dim(), t),
@@ -164,12 +166,14 @@ fn attention_forward<T: Float>(h: Heads, qkv: &[T]) -> Vec<T> {
             }
         },
     );
+    // SAFETY: every pair wrote its head's columns of every row of `out`, which the pairs cover.
+    unsafe { out.set_len(len) };
     out
 }
 
 /// The gradient of `qkv`, `[N, T, 3·D]`, from the output gradient `dO`: `[N, T, D]`.
 fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T]) -> Vec<T> {
-    let mut grad = vec![T::zero(); qkv.len()];
+    let mut grad: Vec<T> = Vec::with_capacity(qkv.len());
     let dst = Shared(grad.as_mut_ptr());
     let (t, hd, row) = (h.t, h.head_dim(), 3 * h.d);
     for_each_index(
@@ -233,6 +237,9 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T]) -> Vec<T> {
             }
         },
     );
+    // SAFETY: every pair wrote its head's q, k and v columns of every row of `grad`, which the
+    // pairs cover.
+    unsafe { grad.set_len(qkv.len()) };
     grad
 }
 

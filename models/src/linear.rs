@@ -12,7 +12,7 @@
 
 use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Tensor};
 use candle_nn::{Init, VarBuilder};
-use ssl_linalg::{extend_by_chunks, for_each_chunk_mut, matmul_strided};
+use ssl_linalg::{extend_by_chunks, for_each_chunk_mut, matmul_strided, matmul_strided_uninit};
 
 use crate::autocast::{matrix_product, precision, Precision};
 use crate::dispatch::fused_kernels;
@@ -130,38 +130,43 @@ fn linear_backward<T: Float>(
 ) -> Result<Vec<T>> {
     let dx_len = if wanted.input { x.len() } else { 0 };
     let db_len = if wanted.bias { out_dim } else { 0 };
-    let mut grads = vec![T::zero(); dx_len + w.len() + db_len];
-    let (dx, rest) = grads.split_at_mut(dx_len);
+    let len = dx_len + w.len() + db_len;
+    let mut grads = Vec::with_capacity(len);
+    let (dx, rest) = grads.spare_capacity_mut()[..len].split_at_mut(dx_len);
     let (dw, db) = rest.split_at_mut(w.len());
     if wanted.input {
-        matmul_strided(
+        matmul_strided_uninit(
             (g, (out_dim, 1)),
             (w, (in_dim, 1)),
             (rows, in_dim, out_dim),
             dx,
-            false,
         )?;
     }
-    matmul_strided(
+    matmul_strided_uninit(
         (g, (1, out_dim)),
         (x, (in_dim, 1)),
         (out_dim, in_dim, rows),
         dw,
-        false,
     )?;
     for_each_chunk_mut(
         db,
         BLOCK,
         || (),
-        |_, block, sums| {
+        |_, block, db| {
             let first = block * BLOCK;
+            let mut sums = [T::zero(); BLOCK];
             for row in g.chunks(out_dim) {
                 for (s, &v) in sums.iter_mut().zip(&row[first..]) {
                     *s += v;
                 }
             }
+            for (d, &s) in db.iter_mut().zip(&sums) {
+                d.write(s);
+            }
         },
     );
+    // SAFETY: the two products wrote `dx` and `dW`, and the loop above every value of `db`.
+    unsafe { grads.set_len(len) };
     Ok(grads)
 }
 
