@@ -541,32 +541,23 @@ mod tests {
             let c_host = c.flatten_all()?.to_vec1::<f64>()?;
             let a_host = a.flatten_all()?.to_vec1::<f64>()?;
             let bt_host = b.t()?.contiguous()?.flatten_all()?.to_vec1::<f64>()?;
-            let mut product = vec![f64::NAN; m * n];
-            matmul_strided(
-                (&a_host, (k, 1)),
-                (&bt_host, (1, k)),
-                (m, n, k),
-                &mut product,
-                false,
-            )?;
-            let mut sum = c_host.clone();
-            matmul_strided(
-                (&a_host, (k, 1)),
-                (&bt_host, (1, k)),
-                (m, n, k),
-                &mut sum,
-                true,
-            )?;
-            for i in 0..m * n {
-                let tolerance = 1e-12 * k as f64;
-                assert!(
-                    (product[i] - expected[i]).abs() < tolerance,
-                    "{m}×{n}×{k} at {i}"
-                );
-                assert!(
-                    (sum[i] - c_host[i] - expected[i]).abs() < tolerance,
-                    "{m}×{n}×{k} at {i}"
-                );
+            // `dst =` over NaN (every value must be written), and `dst +=` over `c`.
+            for (accumulate, start) in [(false, vec![f64::NAN; m * n]), (true, c_host.clone())] {
+                let mut out = start;
+                matmul_strided(
+                    (&a_host, (k, 1)),
+                    (&bt_host, (1, k)),
+                    (m, n, k),
+                    &mut out,
+                    accumulate,
+                )?;
+                for i in 0..m * n {
+                    let base = if accumulate { c_host[i] } else { 0.0 };
+                    assert!(
+                        (out[i] - base - expected[i]).abs() < 1e-12 * k as f64,
+                        "{m}×{n}×{k} at {i}, accumulate {accumulate}"
+                    );
+                }
             }
         }
         Ok(())
