@@ -166,9 +166,9 @@ fn depth_parts(m: usize, n: usize, k: usize) -> usize {
 /// The tasks are blocks of `dst`'s rows (or of its columns, when it is wider than tall),
 /// [`BLOCKS_PER_WORKER`] a worker. Each block's GEMM packs its own copy of the operand all
 /// blocks share, which for a deep product (`Gᵀ X` over the rows of a batch, `k` ≫ `m`, `n`) is
-/// most of its work beyond the multiply-adds. Such a product is instead split along its depth ([`depth_parts`]): each
-/// part multiplies its own rows of both operands into a partial `[m, n]`, nothing is packed
-/// twice, and the partials are added in part order.
+/// most of its work beyond the multiply-adds. Such a product is instead split along its depth
+/// ([`depth_parts`]): each part multiplies its own rows of both operands into a partial
+/// `[m, n]`, nothing is packed twice, and the partials are added in part order.
 pub fn matmul_strided<T: WithDType>(
     a: (&[T], (usize, usize)),
     b: (&[T], (usize, usize)),
@@ -231,8 +231,10 @@ unsafe fn matmul_raw<T: WithDType>(
     };
     let size = len.div_ceil(wanted.min(len.div_ceil(8)).max(1));
     let blocks = len.div_ceil(size);
-    // The partial products of parts 1.. (part 0 goes to `dst`).
-    let mut partials = vec![T::zero(); (parts - 1) * m * n];
+    // The partial products of parts 1.. (part 0 goes to `dst`), each written whole by its
+    // part's GEMMs before the sum reads it, so never zeroed.
+    let partials_len = (parts - 1) * m * n;
+    let mut partials: Vec<T> = Vec::with_capacity(partials_len);
     let dst_ptr = Shared(dst);
     let partials_ptr = Shared(partials.as_mut_ptr());
     barrier_pool().execute_chunked(parts * blocks, |range| {
@@ -281,6 +283,8 @@ unsafe fn matmul_raw<T: WithDType>(
             }
         }
     });
+    // SAFETY: the blocks of each part > 0 wrote every value of its partial (see above).
+    unsafe { partials.set_len(partials_len) };
     if parts > 1 {
         const SUM_CHUNK: usize = 1 << 14;
         // SAFETY: part 0 wrote every value of `dst`, which the caller lends for `m · n` values.
