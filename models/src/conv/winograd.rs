@@ -457,22 +457,26 @@ where
                 split_strided(by_all, j_dh * M * total, total, total),
             );
         }
+        // Each output row of each image at once, from the m rows `j_w` of its (j_d, j_h).
         let per_image = d_out * h_out * w_out;
-        for (row, values) in by_all.chunks(total).enumerate() {
-            let (j_d, j_h, j_w) = (row / (M * M), (row / M) % M, row % M);
-            let count = w_out.saturating_sub(j_w).div_ceil(M);
-            for (slice, values) in values.chunks(lanes).enumerate() {
+        for (j_dh, by_w) in by_all.chunks(M * total).enumerate() {
+            let (j_d, j_h) = (j_dh / M, j_dh % M);
+            let by_w: [_; M] = std::array::from_fn(|j_w| &by_w[j_w * total..][..total]);
+            for slice in 0..tiles_d * tiles_h {
                 let (d, h) = (jd * (slice / tiles_h) + j_d, M * (slice % tiles_h) + j_h);
                 if d >= d_out || h >= h_out {
                     continue;
                 }
-                for (image, values) in values.chunks(tiles_w).enumerate() {
-                    let first =
-                        (oi * self.g.n + n0 + image) * per_image + (d * h_out + h) * w_out + j_w;
-                    for (t_w, &value) in values[..count].iter().enumerate() {
-                        // SAFETY: (image, d, h, m·t_w + j_w) lies inside the chunk's images
-                        // of output channel `oi`.
-                        unsafe { *y.add(first + M * t_w) = value };
+                for image in 0..nb {
+                    let first = (oi * self.g.n + n0 + image) * per_image + (d * h_out + h) * w_out;
+                    // SAFETY: row (image, d, h) lies inside the chunk's images of output
+                    // channel `oi`, which no other thread writes.
+                    let row = unsafe { std::slice::from_raw_parts_mut(y.add(first), w_out) };
+                    let lane = slice * lanes + image * tiles_w;
+                    for (t_w, outputs) in row.chunks_mut(M).enumerate() {
+                        for (j_w, value) in outputs.iter_mut().enumerate() {
+                            *value = by_w[j_w][lane + t_w];
+                        }
                     }
                 }
             }
