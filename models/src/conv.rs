@@ -32,7 +32,9 @@ use ssl_linalg::{for_each_chunk_mut, for_each_index};
 
 use crate::autocast::matrix_product;
 use crate::dispatch::fused_kernels;
-use crate::util::{contiguous_slice, gemm_into, owned_part, row_stride, Float, Scratch};
+use crate::util::{
+    contiguous_slice, gemm_into, owned_part, row_stride, written_whole, Float, Scratch,
+};
 use winograd::Winograd;
 
 mod winograd;
@@ -428,12 +430,12 @@ unsafe impl<T: Send> Sync for Shared<T> {}
 
 /// `y = W · im2col(x)`: `[O, N·S_out]`, chunk by chunk of images on Candle's workers.
 fn conv_forward<T: Float>(g: Geom, x: &[T], w: &[T], o: usize) -> Vec<T> {
-    let mut y = vec![T::from_f64(0.0); o * g.col_shape().1];
-    conv_forward_into(g, x, w, &mut y);
-    y
+    // SAFETY: conv_forward_into writes every value of `y` and reads none.
+    unsafe { written_whole(o * g.col_shape().1, |y| conv_forward_into(g, x, w, y)) }
 }
 
-/// [`conv_forward`] into `y`: `[O, N·S_out]`, every value of which it writes: a skinny
+/// [`conv_forward`] into `y`: `[O, N·S_out]`, every value of which it writes without reading
+/// it first: a skinny
 /// convolution's as [`skinny_forward_into`], else by Winograd's algorithm where one applies,
 /// else by im2col.
 fn conv_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
@@ -498,18 +500,27 @@ fn conv_backward<T: Float>(
     input_grad: bool,
 ) -> Vec<T> {
     let dx_len = if input_grad { x.len() } else { 0 };
-    let mut grads = vec![T::from_f64(0.0); dx_len + w.len()];
-    let (dx, dw) = grads.split_at_mut(dx_len);
-    if input_grad && g.skinny() {
-        skinny_input_grad(g, w, dy, dx);
-    } else if input_grad {
-        match g.input_grad_geometry(o) {
-            Some(dual) => conv_forward_into(dual, dy, &flipped_transpose(w, o, g), dx),
-            None => input_grad_scattered(g, w, dy, o, dx),
+    let write = |grads: &mut [T]| {
+        let (dx, dw) = grads.split_at_mut(dx_len);
+        let dual = g.input_grad_geometry(o).filter(|_| !g.skinny());
+        match (input_grad, dual) {
+            (false, _) => {}
+            (true, Some(dual)) => conv_forward_into(dual, dy, &flipped_transpose(w, o, g), dx),
+            // These two add into `dx`.
+            (true, None) if g.skinny() => {
+                dx.fill(T::from_f64(0.0));
+                skinny_input_grad(g, w, dy, dx);
+            }
+            (true, None) => {
+                dx.fill(T::from_f64(0.0));
+                input_grad_scattered(g, w, dy, o, dx);
+            }
         }
-    }
-    weight_grad(g, x, dy, dw);
-    grads
+        weight_grad(g, x, dy, dw);
+    };
+    // SAFETY: `dx` is written whole by the dual convolution, or zeroed and then added into, and
+    // `dW` written whole by weight_grad.
+    unsafe { written_whole(dx_len + w.len(), write) }
 }
 
 impl Geom {
@@ -573,7 +584,7 @@ fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize, dx: &mut
     });
 }
 
-/// `dW`: `[O, C·k_vol]` of [`conv_forward`]: a skinny convolution's as [`skinny_weight_grad`],
+/// `dW`: `[O, C·k_vol]` of [`conv_forward`], every value written without reading it first: a skinny convolution's as [`skinny_weight_grad`],
 /// else by Winograd's algorithm where one applies, else [`im2col_weight_grad`].
 fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut [T]) {
     if g.skinny() {

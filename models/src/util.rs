@@ -124,6 +124,22 @@ pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// A fresh `Vec` of `len` values, all written by `write` without a zero fill first: for an
+/// output its kernel overwrites whole, the fill is a pass over memory on the calling thread
+/// alone while the workers wait (`vec![0; n]` on reused heap memory is a `memset`).
+///
+/// # Safety
+/// `write` writes every value of the slice it is given before reading it.
+pub(crate) unsafe fn written_whole<T: Float>(len: usize, write: impl FnOnce(&mut [T])) -> Vec<T> {
+    let mut out = Vec::with_capacity(len);
+    // SAFETY: the capacity holds `len` values; the caller's `write` writes each before any read.
+    unsafe {
+        write(std::slice::from_raw_parts_mut(out.as_mut_ptr(), len));
+        out.set_len(len);
+    }
+    out
+}
+
 /// Elements per parallel block of an elementwise kernel.
 pub(crate) const ELEMENTWISE_BLOCK: usize = 1 << 14;
 

@@ -257,7 +257,8 @@ where
     fn kernel_transform<T: Float>(&self, w: &[T]) -> Vec<T> {
         let kv = self.g.kernel_volume();
         let oc = w.len() / kv;
-        let mut u = vec![T::from_f64(0.0); self.points() * oc];
+        let len = self.points() * oc;
+        let mut u: Vec<T> = Vec::with_capacity(len);
         let out = Shared(u.as_mut_ptr());
         for_each_index(
             oc.div_ceil(KERNEL_LANES),
@@ -287,6 +288,8 @@ where
                 }
             },
         );
+        // SAFETY: the blocks wrote every column of every point's row of U.
+        unsafe { u.set_len(len) };
         u
     }
 
