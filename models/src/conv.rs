@@ -545,15 +545,24 @@ impl Geom {
 /// of [`Geom::input_grad_geometry`] (reversing the flat offset flips every axis).
 fn flipped_transpose<T: Float>(w: &[T], o: usize, g: Geom) -> Vec<T> {
     let kv = g.kernel_volume();
-    let mut flipped = vec![T::from_f64(0.0); w.len()];
-    for (oc, taps) in w.chunks(kv).enumerate() {
-        let (oi, c) = (oc / g.c, oc % g.c);
-        let dst = &mut flipped[(c * o + oi) * kv..][..kv];
-        for (d, &t) in dst.iter_mut().zip(taps.iter().rev()) {
-            *d = t;
-        }
-    }
-    flipped
+    let write = |flipped: &mut [T]| {
+        // One input channel's `[O, k_vol]` block a task: a 512-channel kernel is 2.4 M values.
+        for_each_chunk_mut(
+            flipped,
+            o * kv,
+            || (),
+            |_, c, block| {
+                for (oi, dst) in block.chunks_mut(kv).enumerate() {
+                    let taps = &w[(oi * g.c + c) * kv..][..kv];
+                    for (d, &t) in dst.iter_mut().zip(taps.iter().rev()) {
+                        *d = t;
+                    }
+                }
+            },
+        );
+    };
+    // SAFETY: the blocks cover `flipped`, and each writes all of its own.
+    unsafe { written_whole(w.len(), write) }
 }
 
 /// `dx += col2im(Wᵀ·dy)`, chunk by chunk of images on Candle's workers: the input gradient of
