@@ -394,7 +394,8 @@ fn max_diff(a: &[f64], b: &[f64]) -> f64 {
 /// Stride-1 3×3 and 3×3×3 geometries with enough channels for Winograd: even and odd output
 /// extents, extents that are not whole tiles of 4 or shorter than one, paddings 0 to 2,
 /// batches that split into several chunks and weight-gradient groups with a shorter last one,
-/// and more channel pairs (67 × 18) than one block of the kernel transform takes. Each has
+/// more channel pairs (67 × 18) than one block of the kernel transform takes, and input
+/// channels (17, 67) past whole blocks of the weight gradient's last step. Each has
 /// the 64 tiles of F(2, 3), F(4, 3) or both.
 fn winograd_cases() -> Vec<(Vec<usize>, usize)> {
     vec![

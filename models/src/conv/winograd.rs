@@ -119,6 +119,11 @@ const MIN_TILES: usize = 64;
 /// unchanged.
 const MIN_CHUNK_TILES: usize = 128;
 
+/// Input channels per task of the weight gradient's last step: each task writes a run of
+/// `16 · k_vol` values in every row of `dW` (`[O, C·k_vol]`) instead of `k_vol`, a row apart,
+/// per channel.
+const GRAD_CHANNEL_BLOCK: usize = 16;
+
 /// Channel pairs per block of the kernel transform: its rows of taps stay in L2.
 const KERNEL_LANES: usize = 1024;
 
@@ -676,34 +681,50 @@ where
                 }
             },
         );
-        // Per input channel on the workers: the partial sums in group order, `Gᵀ dU G` from
-        // the [(n,) n, n, O] points to the [(3,) 3, 3, O] taps, and those into dW's layout.
+        // Per block of input channels on the workers: for each channel, the partial sums in
+        // group order and `Gᵀ dU G` from the [(n,) n, n, O] points to the [(3,) 3, 3, O] taps;
+        // then the block's taps into dW's layout, a run of them per output channel.
         let dw_ptr = Shared(dw.as_mut_ptr());
         let first = self.first_axis();
         for_each_index(
-            g.c,
-            || [(); 2].map(|_| Vec::new()),
-            |[sum, tmp]: &mut [Vec<T>; 2], c| {
+            g.c.div_ceil(GRAD_CHANNEL_BLOCK),
+            || [(); 3].map(|_| Vec::new()),
+            |[sum, tmp, taps]: &mut [Vec<T>; 3], block| {
                 let dw_ptr = &dw_ptr;
-                sum.clear();
-                for xi in 0..points {
-                    let row = (xi * g.c + c) * o;
-                    let start = sum.len();
-                    sum.extend_from_slice(&partials[0][row..][..o]);
-                    for partial in &partials[1..] {
-                        for (s, &p) in sum[start..].iter_mut().zip(&partial[row..][..o]) {
-                            *s += p;
+                let channels =
+                    block * GRAD_CHANNEL_BLOCK..g.c.min((block + 1) * GRAD_CHANNEL_BLOCK);
+                taps.clear();
+                for c in channels.clone() {
+                    sum.clear();
+                    for xi in 0..points {
+                        let row = (xi * g.c + c) * o;
+                        let start = sum.len();
+                        sum.extend_from_slice(&partials[0][row..][..o]);
+                        for partial in &partials[1..] {
+                            for (s, &p) in sum[start..].iter_mut().zip(&partial[row..][..o]) {
+                                *s += p;
+                            }
                         }
                     }
+                    vectorized(
+                        #[inline(always)]
+                        || transform_axes(&Self::GT, sum, tmp, [points / (N * N), N, N, o], first),
+                    );
+                    taps.extend_from_slice(sum);
                 }
-                vectorized(
-                    #[inline(always)]
-                    || transform_axes(&Self::GT, sum, tmp, [points / (N * N), N, N, o], first),
-                );
-                for (tap, row) in sum.chunks(o).enumerate() {
-                    for (oi, &value) in row.iter().enumerate() {
-                        // SAFETY: dW is [O, C, k_vol]; this task alone writes input channel `c`.
-                        unsafe { *dw_ptr.0.add((oi * g.c + c) * kv + tap) = value };
+                // taps: [channel, tap, O].
+                let run = channels.len() * kv;
+                for oi in 0..o {
+                    // SAFETY: dW is [O, C, k_vol]; this task alone writes input channels
+                    // `channels`, a run of `run` values in each output channel's row.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            dw_ptr.0.add((oi * g.c + channels.start) * kv),
+                            run,
+                        )
+                    };
+                    for (value, at) in dst.iter_mut().zip((0..run).map(|i| i * o + oi)) {
+                        *value = taps[at];
                     }
                 }
             },
