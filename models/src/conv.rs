@@ -541,21 +541,30 @@ impl Geom {
     }
 }
 
+/// Input channels per task of [`flipped_transpose`].
+const FLIP_CHANNEL_BLOCK: usize = 16;
+
 /// `W̃[c, o, r] = W[o, c, k_vol − 1 − r]`: `[C, O·k_vol]` from `W`: `[O, C·k_vol]`, the kernel
 /// of [`Geom::input_grad_geometry`] (reversing the flat offset flips every axis).
 fn flipped_transpose<T: Float>(w: &[T], o: usize, g: Geom) -> Vec<T> {
     let kv = g.kernel_volume();
     let write = |flipped: &mut [T]| {
-        // One input channel's `[O, k_vol]` block a task: a 512-channel kernel is 2.4 M values.
+        // `FLIP_CHANNEL_BLOCK` input channels' `[O, k_vol]` blocks a task, reading a run of
+        // their taps from each row of `W` (a 512-channel kernel is 2.4 M values).
         for_each_chunk_mut(
             flipped,
-            o * kv,
+            FLIP_CHANNEL_BLOCK * o * kv,
             || (),
-            |_, c, block| {
-                for (oi, dst) in block.chunks_mut(kv).enumerate() {
-                    let taps = &w[(oi * g.c + c) * kv..][..kv];
-                    for (d, &t) in dst.iter_mut().zip(taps.iter().rev()) {
-                        *d = t;
+            |_, block, dst| {
+                let c0 = block * FLIP_CHANNEL_BLOCK;
+                let channels = dst.len() / (o * kv);
+                for oi in 0..o {
+                    let src = &w[(oi * g.c + c0) * kv..][..channels * kv];
+                    for (ci, taps) in src.chunks(kv).enumerate() {
+                        let dst = &mut dst[(ci * o + oi) * kv..][..kv];
+                        for (d, &t) in dst.iter_mut().zip(taps.iter().rev()) {
+                            *d = t;
+                        }
                     }
                 }
             },
@@ -664,10 +673,15 @@ fn row_block_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T])
                     );
                 }
             }
-            for (r, line) in dwt.chunks(o).enumerate() {
-                for (oi, &value) in line.iter().enumerate() {
-                    // SAFETY: column `first_row + r` of dW belongs to this block alone.
-                    unsafe { *out.0.add(oi * rows + first_row + r) = value };
+            // dW's rows in turn, each taking a run of this block's columns.
+            for oi in 0..o {
+                // SAFETY: columns `first_row..first_row + block_rows` of dW belong to this
+                // block alone.
+                let run = unsafe {
+                    std::slice::from_raw_parts_mut(out.0.add(oi * rows + first_row), block_rows)
+                };
+                for (r, value) in run.iter_mut().enumerate() {
+                    *value = dwt[r * o + oi];
                 }
             }
         },
