@@ -32,9 +32,7 @@ use ssl_linalg::{for_each_chunk_mut, for_each_index};
 
 use crate::autocast::matrix_product;
 use crate::dispatch::fused_kernels;
-use crate::util::{
-    contiguous_slice, gemm_into, owned_part, row_stride, written_whole, Float, Scratch,
-};
+use crate::util::{contiguous_slice, gemm_into, row_stride, written_whole, Float, Scratch};
 use winograd::Winograd;
 
 mod winograd;
@@ -489,38 +487,25 @@ fn im2col_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     });
 }
 
-/// Gradients of [`conv_forward`] from `dy`, in one buffer: `dx` (`[C, N, D, H, W]`, only where
-/// `input_grad`), then `dW` (`[O, C·k_vol]`).
-fn conv_backward<T: Float>(
-    g: Geom,
-    x: &[T],
-    w: &[T],
-    dy: &[T],
-    o: usize,
-    input_grad: bool,
-) -> Vec<T> {
-    let dx_len = if input_grad { x.len() } else { 0 };
-    let write = |grads: &mut [T]| {
-        let (dx, dw) = grads.split_at_mut(dx_len);
-        let dual = g.input_grad_geometry(o).filter(|_| !g.skinny());
-        match (input_grad, dual) {
-            (false, _) => {}
-            (true, Some(dual)) => conv_forward_into(dual, dy, &flipped_transpose(w, o, g), dx),
-            // These two add into `dx`.
-            (true, None) if g.skinny() => {
-                dx.fill(T::from_f64(0.0));
-                skinny_input_grad(g, w, dy, dx);
+/// `dx`: `[C, N, D, H, W]` of [`conv_forward`] from `dy`: the dual convolution's forward where
+/// there is one (writing every value), else zeros and the skinny or scattered gradient added in.
+fn input_grad<T: Float>(g: Geom, x_len: usize, w: &[T], dy: &[T], o: usize) -> Vec<T> {
+    match g.input_grad_geometry(o).filter(|_| !g.skinny()) {
+        // SAFETY: conv_forward_into writes every value of `dx` and reads none.
+        Some(dual) => unsafe {
+            written_whole(x_len, |dx| {
+                conv_forward_into(dual, dy, &flipped_transpose(w, o, g), dx)
+            })
+        },
+        None => {
+            let mut dx = vec![T::from_f64(0.0); x_len];
+            match g.skinny() {
+                true => skinny_input_grad(g, w, dy, &mut dx),
+                false => input_grad_scattered(g, w, dy, o, &mut dx),
             }
-            (true, None) => {
-                dx.fill(T::from_f64(0.0));
-                input_grad_scattered(g, w, dy, o, dx);
-            }
+            dx
         }
-        weight_grad(g, x, dy, dw);
-    };
-    // SAFETY: `dx` is written whole by the dual convolution, or zeroed and then added into, and
-    // `dW` written whole by weight_grad.
-    unsafe { written_whole(dx_len + w.len(), write) }
+    }
 }
 
 impl Geom {
@@ -942,12 +927,20 @@ fn skinny_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut [T]) {
 /// whose backward ([`ConvBwd`]) recomputes the columns instead of keeping them.
 struct ConvOp(Geom);
 
-/// Backward of [`ConvOp`]: inputs (x, W, dy), output flat `[dx (C·N·V), dW (O·C·k_vol)]`,
-/// without `dx` where `input_grad` is false (an input that tracks no gradient, as the images
-/// entering the stem: its `dx` costs as much as the forward).
+/// One gradient of [`ConvOp`] from inputs (x, W, dy): `dx` or `dW`, each an op of its own so
+/// that each is a buffer of its own (a parameter's gradient lives until the optimiser step).
+/// An input that tracks no gradient (the images entering the stem) gets no `dx`: it costs as
+/// much as the forward.
 struct ConvBwd {
     geom: Geom,
-    input_grad: bool,
+    of: Operand,
+}
+
+/// Which gradient a [`ConvBwd`] computes.
+#[derive(Clone, Copy)]
+enum Operand {
+    Input,
+    Weight,
 }
 
 impl candle_core::CustomOp2 for ConvOp {
@@ -988,18 +981,13 @@ impl candle_core::CustomOp2 for ConvOp {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let input_grad = x.track_op();
-        let op = ConvBwd {
-            geom: self.0,
-            input_grad,
-        };
-        let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &op)?;
-        let n = if input_grad { x.elem_count() } else { 0 };
-        let dx = match input_grad {
-            true => Some(all.narrow(0, 0, n)?.reshape(x.shape())?),
+        let grad = grad.contiguous()?;
+        let of = |of| ConvBwd { geom: self.0, of };
+        let dx = match x.track_op() {
+            true => Some(x.apply_op3_no_bwd(w, &grad, &of(Operand::Input))?),
             false => None,
         };
-        let dw = owned_part(&all, n, w.elem_count())?.reshape(w.shape())?;
+        let dw = x.apply_op3_no_bwd(w, &grad, &of(Operand::Weight))?;
         Ok((dx, Some(dw)))
     }
 }
@@ -1017,32 +1005,30 @@ impl candle_core::CustomOp3 for ConvBwd {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (g, o) = (self.geom, l2.dims()[0]);
+        type Arg<'a> = (&'a CpuStorage, &'a Layout);
+        fn grad<T: Float>(op: &ConvBwd, [x, w, dy]: [Arg; 3]) -> Result<Vec<T>> {
+            let (g, o) = (op.geom, w.1.dims()[0]);
+            let (w, dy) = (contiguous_slice(w.0, w.1)?, contiguous_slice(dy.0, dy.1)?);
+            Ok(match op.of {
+                Operand::Input => input_grad(g, x.1.shape().elem_count(), w, dy, o),
+                // SAFETY: weight_grad writes every value of `dW` and reads none.
+                Operand::Weight => unsafe {
+                    let x = contiguous_slice(x.0, x.1)?;
+                    written_whole(w.len(), |dw| weight_grad(g, x, dy, dw))
+                },
+            })
+        }
+        let args = [(s1, l1), (s2, l2), (s3, l3)];
         let out = match s1 {
-            CpuStorage::F32(_) => CpuStorage::F32(conv_backward::<f32>(
-                g,
-                contiguous_slice(s1, l1)?,
-                contiguous_slice(s2, l2)?,
-                contiguous_slice(s3, l3)?,
-                o,
-                self.input_grad,
-            )),
-            CpuStorage::F64(_) => CpuStorage::F64(conv_backward::<f64>(
-                g,
-                contiguous_slice(s1, l1)?,
-                contiguous_slice(s2, l2)?,
-                contiguous_slice(s3, l3)?,
-                o,
-                self.input_grad,
-            )),
+            CpuStorage::F32(_) => CpuStorage::F32(grad(self, args)?),
+            CpuStorage::F64(_) => CpuStorage::F64(grad(self, args)?),
             _ => candle_core::bail!("the convolution supports f32 and f64 only"),
         };
-        let dx_len = if self.input_grad {
-            l1.shape().elem_count()
-        } else {
-            0
+        let shape = match self.of {
+            Operand::Input => l1.shape(),
+            Operand::Weight => l2.shape(),
         };
-        Ok((out, Shape::from(dx_len + l2.shape().elem_count())))
+        Ok((out, shape.clone()))
     }
 }
 
