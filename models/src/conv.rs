@@ -432,10 +432,9 @@ fn conv_forward<T: Float>(g: Geom, x: &[T], w: &[T], o: usize) -> Vec<T> {
     unsafe { written_whole(o * g.col_shape().1, |y| conv_forward_into(g, x, w, y)) }
 }
 
-/// [`conv_forward`] into `y`: `[O, N·S_out]`, every value of which it writes without reading
-/// it first: a skinny
-/// convolution's as [`skinny_forward_into`], else by Winograd's algorithm where one applies,
-/// else by im2col.
+/// [`conv_forward`] into `y`: `[O, N·S_out]`, every value of which it writes without reading it
+/// first: a skinny convolution's as [`skinny_forward_into`], else by Winograd's algorithm where
+/// one applies, else by im2col.
 fn conv_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [T]) {
     if g.skinny() {
         return skinny_forward_into(g, x, w, y);
@@ -587,8 +586,9 @@ fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize, dx: &mut
     });
 }
 
-/// `dW`: `[O, C·k_vol]` of [`conv_forward`], every value written without reading it first: a skinny convolution's as [`skinny_weight_grad`],
-/// else by Winograd's algorithm where one applies, else [`im2col_weight_grad`].
+/// `dW`: `[O, C·k_vol]` of [`conv_forward`], every value written without reading it first: a
+/// skinny convolution's as [`skinny_weight_grad`], else by Winograd's algorithm where one
+/// applies, else [`im2col_weight_grad`].
 fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut [T]) {
     if g.skinny() {
         return skinny_weight_grad(g, x, dy, dw);

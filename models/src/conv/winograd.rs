@@ -723,8 +723,8 @@ where
                             run,
                         )
                     };
-                    for (value, at) in dst.iter_mut().zip((0..run).map(|i| i * o + oi)) {
-                        *value = taps[at];
+                    for (i, value) in dst.iter_mut().enumerate() {
+                        *value = taps[i * o + oi];
                     }
                 }
             },
