@@ -31,7 +31,7 @@ use std::ops::Range;
 use ssl_linalg::for_each_index;
 
 use super::{balanced_chunks, chunk_images, group_partial_sums, Geom, Shared, CHUNK_VALUES};
-use crate::util::{gemm_into, row_stride, vectorized, Float, Scratch};
+use crate::util::{gemm_into, row_stride, vectorized, written_whole, Float, Scratch};
 
 /// The transforms of F(m, 3), `n = m + 2`: `Bᵀ` (input), `G` (kernel) and `Aᵀ` (output), and
 /// the transposes the backward applies.
@@ -262,40 +262,39 @@ where
     fn kernel_transform<T: Float>(&self, w: &[T]) -> Vec<T> {
         let kv = self.g.kernel_volume();
         let oc = w.len() / kv;
-        let len = self.points() * oc;
-        let mut u: Vec<T> = Vec::with_capacity(len);
-        let out = Shared(u.as_mut_ptr());
-        for_each_index(
-            oc.div_ceil(KERNEL_LANES),
-            || [(); 2].map(|_| Vec::new()),
-            |[buf, tmp]: &mut [Vec<T>; 2], block| {
-                let out = &out;
-                let pairs = block * KERNEL_LANES..oc.min((block + 1) * KERNEL_LANES);
-                let lanes = pairs.len();
-                buf.resize(kv * lanes, T::from_f64(0.0));
-                for (lane, taps) in w[pairs.start * kv..pairs.end * kv].chunks(kv).enumerate() {
-                    for (tap, &v) in taps.iter().enumerate() {
-                        buf[tap * lanes + lane] = v;
+        let write = |u: &mut [T]| {
+            let out = Shared(u.as_mut_ptr());
+            for_each_index(
+                oc.div_ceil(KERNEL_LANES),
+                || [(); 2].map(|_| Vec::new()),
+                |[buf, tmp]: &mut [Vec<T>; 2], block| {
+                    let out = &out;
+                    let pairs = block * KERNEL_LANES..oc.min((block + 1) * KERNEL_LANES);
+                    let lanes = pairs.len();
+                    buf.resize(kv * lanes, T::from_f64(0.0));
+                    for (lane, taps) in w[pairs.start * kv..pairs.end * kv].chunks(kv).enumerate() {
+                        for (tap, &v) in taps.iter().enumerate() {
+                            buf[tap * lanes + lane] = v;
+                        }
                     }
-                }
-                let dims = [self.g.k[0], 3, 3, lanes];
-                vectorized(
-                    #[inline(always)]
-                    || transform_axes(&Self::G, buf, tmp, dims, self.first_axis()),
-                );
-                for (point, row) in buf.chunks(lanes).enumerate() {
-                    // SAFETY: U has `points` rows of `oc` values; this block alone writes
-                    // columns `pairs` of each.
-                    unsafe {
-                        let dst = out.0.add(point * oc + pairs.start);
-                        std::ptr::copy_nonoverlapping(row.as_ptr(), dst, lanes);
+                    let dims = [self.g.k[0], 3, 3, lanes];
+                    vectorized(
+                        #[inline(always)]
+                        || transform_axes(&Self::G, buf, tmp, dims, self.first_axis()),
+                    );
+                    for (point, row) in buf.chunks(lanes).enumerate() {
+                        // SAFETY: U has `points` rows of `oc` values; this block alone writes
+                        // columns `pairs` of each.
+                        unsafe {
+                            let dst = out.0.add(point * oc + pairs.start);
+                            std::ptr::copy_nonoverlapping(row.as_ptr(), dst, lanes);
+                        }
                     }
-                }
-            },
-        );
-        // SAFETY: the blocks wrote every column of every point's row of U.
-        unsafe { u.set_len(len) };
-        u
+                },
+            );
+        };
+        // SAFETY: the blocks write every column of every point's row of U.
+        unsafe { written_whole(self.points() * oc, write) }
     }
 
     /// `V = Bᵀ d B` of channel `c` of `images` of `x`: `[C, N, D, H, W]`, written at
