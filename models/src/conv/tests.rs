@@ -299,6 +299,34 @@ fn bf16_autocast_convolves_the_rounded_operands() {
     assert!(error > 0.0 && error < 0.05, "bf16 vs f32: {error}");
 }
 
+/// A stride that passes the padded input's end: the window as large as the padded input is
+/// still its only one, gathered whole (the composed gather slices `out·s` values per axis).
+#[test]
+fn the_composed_gather_takes_a_window_as_large_as_the_padded_input_at_any_stride() {
+    for (size, k, stride, pad) in [(3, 3, 2, 0), (1, 3, 2, 1), (2, 4, 3, 1)] {
+        let x = rand_tensor(21, &[2, 1, size, size, size], DType::F64);
+        let g = Geom::new("test", x.dims(), k, stride, pad).unwrap();
+        assert_eq!(g.out(), [1, 1, 1]);
+        let windows = gather_windows(&x, g, f64::NAN).unwrap();
+        assert_eq!(windows.dims(), [k * k * k, 2, 1, 1, 1, 1]);
+        let padded: Vec<f64> = windows.flatten_all().unwrap().to_vec1().unwrap();
+        let values: Vec<f64> = x.flatten_all().unwrap().to_vec1().unwrap();
+        for (r, pair) in padded.chunks(2).enumerate() {
+            let [d, h, w] = g.offsets(r).map(|o| o as isize - pad as isize);
+            let inside = [d, h, w].iter().all(|&i| (0..size as isize).contains(&i));
+            for (c, &v) in pair.iter().enumerate() {
+                match inside {
+                    true => {
+                        let i = ((c * size + d as usize) * size + h as usize) * size + w as usize;
+                        assert_eq!(v, values[i], "size {size} k {k} s {stride} p {pad}");
+                    }
+                    false => assert!(v.is_nan(), "size {size} k {k}: padding is the fill"),
+                }
+            }
+        }
+    }
+}
+
 /// im2col writes every value of its rows (a copy or a padding zero), so a reused buffer's old
 /// values never leak into the columns, whether its rows are packed or further apart.
 #[test]
