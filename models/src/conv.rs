@@ -1062,10 +1062,11 @@ pub(crate) fn gather_windows(x: &Tensor, g: Geom, fill: f64) -> Result<Tensor> {
         padded = pad_axis(&padded, 2 + a, g.pad[a], g.pad[a] + tail, fill)?;
     }
     let mut windows = vec![padded];
-    for a in 0..3 {
+    for (a, &count) in out.iter().enumerate() {
+        let (axis, stride) = (2 + a, g.stride[a]);
         windows = windows
             .iter()
-            .flat_map(|t| (0..g.k[a]).map(move |k| strided_from(t, 2 + a, k, out[a], g.stride[a])))
+            .flat_map(|t| (0..g.k[a]).map(move |k| strided_from(t, axis, k, count, stride)))
             .collect::<Result<Vec<_>>>()?;
     }
     Tensor::stack(&windows, 0)
