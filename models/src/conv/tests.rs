@@ -498,8 +498,8 @@ fn gemm_operand_rows_are_an_odd_number_of_cache_lines_apart() {
 }
 
 /// F(4, 3) and F(2, 3) compute the convolution im2col computes (f64, to rounding), its weight
-/// gradient, and through the dual convolution its input gradient; on images and volumes, each
-/// of the two takes several of the cases.
+/// gradient (each chunk by chunk and step by step), and through the dual convolution its input
+/// gradient; on images and volumes, each of the two takes several of the cases.
 #[test]
 fn winograd_equals_im2col_forward_and_gradients() {
     let mut taken = [[0; 2]; 2];
@@ -530,18 +530,35 @@ fn winograd_equals_im2col_forward_and_gradients() {
                 Winograd::F23(f) => f.chunks(o),
             };
             split[dims.len() - 4] |= chunks > 1 && !g.n.is_multiple_of(chunks);
-            let mut fast = vec![f64::NAN; dy.len()];
-            winograd.forward(&x, &w, &mut fast);
-            let d = max_diff(&fast, &plain_y);
-            assert!(d < 1e-12, "{name}, {dims:?} p {pad}: forward diff {d}");
+            // Chunk by chunk, and step by step as for few chunks, whatever this one has.
+            for stepwise in [false, true] {
+                let mut fast = vec![f64::NAN; dy.len()];
+                match winograd {
+                    Winograd::F43(f) => f.forward_by(&x, &w, &mut fast, stepwise),
+                    Winograd::F23(f) => f.forward_by(&x, &w, &mut fast, stepwise),
+                }
+                let d = max_diff(&fast, &plain_y);
+                let how = if stepwise {
+                    "step by step"
+                } else {
+                    "by chunks"
+                };
+                assert!(
+                    d < 1e-12,
+                    "{name} {how}, {dims:?} p {pad}: forward diff {d}"
+                );
 
-            let mut fast = vec![f64::NAN; w.len()];
-            winograd.weight_grad(&x, &dy, &mut fast);
-            let d = max_diff(&fast, &plain_dw);
-            assert!(
-                d < 1e-11,
-                "{name}, {dims:?} p {pad}: weight gradient diff {d}"
-            );
+                let mut fast = vec![f64::NAN; w.len()];
+                match winograd {
+                    Winograd::F43(f) => f.weight_grad_by(&x, &dy, &mut fast, stepwise),
+                    Winograd::F23(f) => f.weight_grad_by(&x, &dy, &mut fast, stepwise),
+                }
+                let d = max_diff(&fast, &plain_dw);
+                assert!(
+                    d < 1e-11,
+                    "{name} {how}, {dims:?} p {pad}: weight gradient diff {d}"
+                );
+            }
 
             let same = |d| match winograd {
                 Winograd::F43(_) => Minimal::new(d, g.c).map(Winograd::F43),

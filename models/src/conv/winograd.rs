@@ -124,6 +124,17 @@ const MIN_CHUNK_TILES: usize = 128;
 /// per channel.
 const GRAD_CHANNEL_BLOCK: usize = 16;
 
+/// Fewest chunks for [`Minimal::forward`] and [`Minimal::weight_grad`] to give each worker
+/// whole chunks. With fewer (row 1's 256- and 512-channel layers are 2 chunks of 32 images, one
+/// a thread), nothing evens out a worker slower than the other, and each step of the chunks is
+/// shared out instead ([`Minimal::forward_stepwise`], [`Minimal::weight_grad_stepwise`]): those
+/// layers' forward + backward 0.84 and 0.89 of chunk by chunk (in-process A/B, 20 alternating
+/// repetitions), row 1's step 0.94 (16 alternating pairs).
+const STEPWISE_BELOW_CHUNKS: usize = 4;
+
+/// Input or output channels per task of the transforms shared out step by step.
+const STEP_CHANNELS: usize = 16;
+
 /// Channel pairs per block of the kernel transform: its rows of taps stay in L2.
 const KERNEL_LANES: usize = 1024;
 
@@ -309,13 +320,17 @@ where
     /// height transform reads them so, and on volumes writes
     /// `stage[ξ_h, ξ_w, padded d mod m, ⌊padded d / m⌋, t_h, image, t_w]` for the depth
     /// transform to read the same way.
+    ///
+    /// # Safety
+    /// `v` points to `points·C·ld` values, and no other thread reads or writes channel `c`'s
+    /// rows of them meanwhile.
     #[inline(always)]
-    fn input_transform<T: Float>(
+    unsafe fn input_transform<T: Float>(
         &self,
         x: &[T],
         c: usize,
         images: Range<usize>,
-        (v, ld): (&mut [T], usize),
+        (v, ld): (*mut T, usize),
         [rows, stage]: [&mut Scratch<T>; 2],
     ) {
         let (n0, nb) = (images.start, images.len());
@@ -369,11 +384,9 @@ where
             for xi_w in 0..N {
                 let src = residue_rows::<T, M, N>(&rows[xi_w * M * part_h..], part_h, lanes);
                 let first = xi_w * per_point + c * ld;
-                mix_rows(
-                    &Self::BT,
-                    src,
-                    split_strided(v, first, N * per_point, total),
-                );
+                // SAFETY: channel c's rows of V, which the caller lends this call alone.
+                let dst = unsafe { strided_rows(v, first, N * per_point, total) };
+                mix_rows(&Self::BT, src, dst);
             }
             return;
         }
@@ -395,7 +408,9 @@ where
             let src = residue_rows::<T, M, N>(&stage[xi_hw * M * part_d..], part_d, plane);
             let first = xi_hw * per_point + c * ld;
             let stride = N * N * per_point;
-            mix_rows(&Self::BT, src, split_strided(v, first, stride, total));
+            // SAFETY: channel c's rows of V, which the caller lends this call alone.
+            let dst = unsafe { strided_rows(v, first, stride, total) };
+            mix_rows(&Self::BT, src, dst);
         }
     }
 
@@ -493,13 +508,17 @@ where
     /// `A dY Aᵀ` of output channel `oi` of `images` of `dy`: `[O, N·S_out]`, its point `ξ`
     /// written as the `T` values at `out[ξ·point_stride..]` (positions past the edge have no
     /// gradient); `rows` and `stage` are scratch.
+    ///
+    /// # Safety
+    /// `out` points to `points · point_stride` values, and no other thread reads or writes
+    /// those written here meanwhile.
     #[inline(always)]
-    fn output_grad_transform<T: Float>(
+    unsafe fn output_grad_transform<T: Float>(
         &self,
         dy: &[T],
         oi: usize,
         images: Range<usize>,
-        (out, point_stride): (&mut [T], usize),
+        (out, point_stride): (*mut T, usize),
         [rows, stage]: [&mut Scratch<T>; 2],
     ) {
         let (n0, nb) = (images.start, images.len());
@@ -542,7 +561,9 @@ where
             // Along the height, into the rows of the points (ξ_h, ξ_w).
             for xi_w in 0..N {
                 let src = std::array::from_fn(|j_h| row(j_h, xi_w));
-                let dst = split_strided(out, xi_w * point_stride, N * point_stride, total);
+                // SAFETY: rows of this call's values, which the caller lends it alone.
+                let dst =
+                    unsafe { strided_rows(out, xi_w * point_stride, N * point_stride, total) };
                 mix_rows(&Self::A, src, dst);
             }
             return;
@@ -559,11 +580,9 @@ where
         for xi_hw in 0..N * N {
             let src = std::array::from_fn(|j_d| &stage[(j_d * N * N + xi_hw) * total..][..total]);
             let stride = N * N * point_stride;
-            mix_rows(
-                &Self::A,
-                src,
-                split_strided(out, xi_hw * point_stride, stride, total),
-            );
+            // SAFETY: rows of this call's values, which the caller lends it alone.
+            let dst = unsafe { strided_rows(out, xi_hw * point_stride, stride, total) };
+            mix_rows(&Self::A, src, dst);
         }
     }
 
@@ -585,21 +604,47 @@ where
             #[inline(always)]
             || {
                 for c in 0..self.g.c {
-                    self.input_transform(x, c, images.clone(), (v, ld), [rows, stage]);
+                    // SAFETY: v holds `points·C·ld` values, and this task alone writes them.
+                    unsafe {
+                        self.input_transform(
+                            x,
+                            c,
+                            images.clone(),
+                            (v.as_mut_ptr(), ld),
+                            [rows, stage],
+                        )
+                    };
                 }
             },
         );
         (images, lane, ld)
     }
 
+    /// Whether [`Self::forward`] and [`Self::weight_grad`] share out the steps of their
+    /// `chunks` chunks rather than whole chunks: where there are fewer than
+    /// [`STEPWISE_BELOW_CHUNKS`].
+    fn stepwise(chunks: usize) -> bool {
+        chunks < STEPWISE_BELOW_CHUNKS
+    }
+
     /// The convolution of `x`: `[C, N, D, H, W]` with `w`: `[O, C·k_vol]` into `y`:
-    /// `[O, N·S_out]`, chunk by chunk of images on Candle's workers.
+    /// `[O, N·S_out]`, every value written, on Candle's workers: chunk by chunk of images, or
+    /// step by step of few chunks ([`Self::stepwise`]).
     pub fn forward<T: Float>(&self, x: &[T], w: &[T], y: &mut [T]) {
+        let o = w.len() / (self.g.c * self.g.kernel_volume());
+        self.forward_by(x, w, y, Self::stepwise(self.chunks(o)));
+    }
+
+    /// [`Self::forward`] step by step ([`Self::forward_stepwise`]) or chunk by chunk.
+    pub(super) fn forward_by<T: Float>(&self, x: &[T], w: &[T], y: &mut [T], stepwise: bool) {
         let g = self.g;
         let o = w.len() / (g.c * g.kernel_volume());
         let points = self.points();
         let u = self.kernel_transform(w);
         let chunks = self.chunks(o);
+        if stepwise {
+            return self.forward_stepwise(x, &u, o, chunks, y);
+        }
         let out = Shared(y.as_mut_ptr());
         for_each_index(
             chunks,
@@ -635,6 +680,179 @@ where
         );
     }
 
+    /// The chunks of [`Self::forward_stepwise`] and [`Self::weight_grad_stepwise`], laid out
+    /// one after another in buffers of every chunk's `V` and of every chunk's `out_values(T,
+    /// ld)` products or transformed gradients; with those buffers' lengths.
+    fn step_chunks<T>(
+        &self,
+        chunks: usize,
+        out_values: impl Fn(usize, usize) -> usize,
+    ) -> (Vec<StepChunk>, usize, usize) {
+        let (mut v_len, mut out_len) = (0, 0);
+        let layout = (0..chunks)
+            .map(|chunk| {
+                let images = chunk_images(self.g.n, chunks, chunk);
+                let lane = images.len() * self.tiles_per_image();
+                let ld = row_stride::<T>(lane);
+                let step = StepChunk {
+                    images,
+                    lane,
+                    ld,
+                    v_at: v_len,
+                    out_at: out_len,
+                };
+                v_len += self.points() * self.g.c * ld;
+                out_len += out_values(lane, ld);
+                step
+            })
+            .collect();
+        (layout, v_len, out_len)
+    }
+
+    /// `V` of every chunk of `layout` into `v`, a block of [`STEP_CHANNELS`] input channels of
+    /// a chunk a task.
+    fn stepwise_input_transform<T: Float>(&self, x: &[T], layout: &[StepChunk], v: &mut [T]) {
+        let c = self.g.c;
+        let blocks = c.div_ceil(STEP_CHANNELS);
+        let v_ptr = Shared(v.as_mut_ptr());
+        for_each_index(
+            layout.len() * blocks,
+            <[Scratch<T>; 2]>::default,
+            |[rows, stage]: &mut [Scratch<T>; 2], task| {
+                let v_ptr = &v_ptr;
+                let step = &layout[task / blocks];
+                let block = task % blocks;
+                vectorized(
+                    #[inline(always)]
+                    || {
+                        for ci in block * STEP_CHANNELS..c.min((block + 1) * STEP_CHANNELS) {
+                            let images = step.images.clone();
+                            // SAFETY: the chunk's V, `points·C·ld` values from `v_at`, lies in
+                            // `v`; this task alone writes channel ci's rows of it.
+                            unsafe {
+                                let v = (v_ptr.0.add(step.v_at), step.ld);
+                                self.input_transform(x, ci, images, v, [rows, stage]);
+                            }
+                        }
+                    },
+                );
+            },
+        );
+    }
+
+    /// [`Self::forward`] of few chunks, each step shared among the workers: the input transform
+    /// a block of [`STEP_CHANNELS`] input channels of a chunk a task, then the products a point
+    /// of a chunk a task, then the output transform a block of output channels of a chunk a
+    /// task. The same values as chunk by chunk.
+    fn forward_stepwise<T: Float>(&self, x: &[T], u: &[T], o: usize, chunks: usize, y: &mut [T]) {
+        let (c, points) = (self.g.c, self.points());
+        let (layout, v_len, m_len) = self.step_chunks::<T>(chunks, |lane, _| points * o * lane);
+        let (mut v, mut m) = (Scratch::<T>::default(), Scratch::<T>::default());
+        v.resize(v_len);
+        m.resize(m_len);
+        self.stepwise_input_transform(x, &layout, &mut v);
+        let m_ptr = Shared(m.as_mut_ptr());
+        for_each_index(
+            chunks * points,
+            || (),
+            |_, task| {
+                let m_ptr = &m_ptr;
+                let (step, xi) = (&layout[task / points], task % points);
+                // SAFETY: the chunk's M and V, from `out_at` and `v_at`, hold `points` blocks of
+                // the sizes written and read; this task alone writes block ξ of its M.
+                unsafe {
+                    gemm_into(
+                        (o, step.lane, c),
+                        (m_ptr.0.add(step.out_at + xi * o * step.lane), step.lane, 1),
+                        (u[xi * o * c..].as_ptr(), c, 1),
+                        (v[step.v_at + xi * c * step.ld..].as_ptr(), step.ld, 1),
+                        false,
+                    );
+                }
+            },
+        );
+        let blocks = o.div_ceil(STEP_CHANNELS);
+        let out = Shared(y.as_mut_ptr());
+        for_each_index(chunks * blocks, Scratch::default, |tmp, task| {
+            let out = &out;
+            let (step, block) = (&layout[task / blocks], task % blocks);
+            let m = &m[step.out_at..];
+            vectorized(
+                #[inline(always)]
+                || {
+                    for oi in block * STEP_CHANNELS..o.min((block + 1) * STEP_CHANNELS) {
+                        let images = step.images.clone();
+                        // SAFETY: `y` is [O, N·S_out]; this task alone writes channel oi of the
+                        // chunk's images.
+                        unsafe { self.output_transform(m, o, oi, images, out.0, tmp) };
+                    }
+                },
+            );
+        });
+    }
+
+    /// `dU`: `[points, C, O]` of [`Self::weight_grad`] for few chunks, each step shared among
+    /// the workers: `V` and `Ŷ` of every chunk a block of channels of a chunk a task, then the
+    /// products a point a task, summed over the chunks in order. Every value written.
+    fn weight_grad_stepwise<T: Float>(&self, x: &[T], dy: &[T], o: usize, chunks: usize) -> Vec<T> {
+        let (c, points) = (self.g.c, self.points());
+        let (layout, v_len, dyt_len) = self.step_chunks::<T>(chunks, |_, ld| points * o * ld);
+        let (mut v, mut dyt) = (Scratch::<T>::default(), Scratch::<T>::default());
+        v.resize(v_len);
+        dyt.resize(dyt_len);
+        self.stepwise_input_transform(x, &layout, &mut v);
+        let blocks = o.div_ceil(STEP_CHANNELS);
+        let dyt_ptr = Shared(dyt.as_mut_ptr());
+        for_each_index(
+            chunks * blocks,
+            <[Scratch<T>; 2]>::default,
+            |[rows, stage]: &mut [Scratch<T>; 2], task| {
+                let dyt_ptr = &dyt_ptr;
+                let (step, block) = (&layout[task / blocks], task % blocks);
+                vectorized(
+                    #[inline(always)]
+                    || {
+                        for oi in block * STEP_CHANNELS..o.min((block + 1) * STEP_CHANNELS) {
+                            let images = step.images.clone();
+                            // SAFETY: the chunk's Ŷ, `points·O·ld` values from `out_at`, lies
+                            // in `dyt`; this task alone writes channel oi's rows of it.
+                            unsafe {
+                                let out = dyt_ptr.0.add(step.out_at + oi * step.ld);
+                                let out = (out, o * step.ld);
+                                self.output_grad_transform(dy, oi, images, out, [rows, stage]);
+                            }
+                        }
+                    },
+                );
+            },
+        );
+        let write = |du: &mut [T]| {
+            let du_ptr = Shared(du.as_mut_ptr());
+            for_each_index(
+                points,
+                || (),
+                |_, xi| {
+                    let du_ptr = &du_ptr;
+                    for (i, step) in layout.iter().enumerate() {
+                        // SAFETY: dU holds `points` blocks of `C·O` values, this task's block
+                        // ξ alone; the chunk's V and Ŷ hold the blocks read.
+                        unsafe {
+                            gemm_into(
+                                (c, o, step.lane),
+                                (du_ptr.0.add(xi * c * o), o, 1),
+                                (v[step.v_at + xi * c * step.ld..].as_ptr(), step.ld, 1),
+                                (dyt[step.out_at + xi * o * step.ld..].as_ptr(), 1, step.ld),
+                                i > 0,
+                            );
+                        }
+                    }
+                },
+            );
+        };
+        // SAFETY: chunk 0's product writes every value of each block ξ, the others add to it.
+        unsafe { written_whole(points * c * o, write) }
+    }
+
     /// The weight gradient `dW`: `[O, C·k_vol]` of [`Self::forward`] from `dy`:
     /// `[O, N·S_out]`, as partial sums over groups of chunks ([`group_partial_sums`]) of
     /// `dUᵀ[ξ] (C × O) = V[ξ] · Ŷ[ξ]ᵀ` with `Ŷ = A dY Aᵀ`, added in a fixed order, then `Gᵀ dU G`.
@@ -642,44 +860,60 @@ where
     /// `Ŷ` is kept as `[points, O, T]` and read transposed by the GEMM: on row 1 of the step bench
     /// that costs the GEMMs 60 ms more a step than a `[16, T, O]` copy would, and saves the
     /// copy's 90 ms.
+    ///
+    /// Of few chunks ([`Self::stepwise`]), `dU` is one sum over the chunks in order, its
+    /// steps shared out as in the forward ([`Self::weight_grad_stepwise`]).
     pub fn weight_grad<T: Float>(&self, x: &[T], dy: &[T], dw: &mut [T]) {
+        let o = dw.len() / (self.g.c * self.g.kernel_volume());
+        self.weight_grad_by(x, dy, dw, Self::stepwise(self.chunks(o)));
+    }
+
+    /// [`Self::weight_grad`] step by step or chunk by chunk.
+    pub(super) fn weight_grad_by<T: Float>(&self, x: &[T], dy: &[T], dw: &mut [T], stepwise: bool) {
         let g = self.g;
         let kv = g.kernel_volume();
         let o = dw.len() / (g.c * kv);
         let points = self.points();
         let chunks = self.chunks(o);
-        let partials = group_partial_sums(
-            chunks,
-            points * g.c * o,
-            <[Scratch<T>; 4]>::default,
-            |[v, dyt, rows, stage]: &mut [Scratch<T>; 4], chunk, du| {
-                let chunk = (chunk, chunks);
-                let (images, lane, ld) = self.chunk_input_transform(x, chunk, v, [rows, stage]);
-                dyt.resize(points * o * ld);
-                vectorized(
-                    #[inline(always)]
-                    || {
-                        for oi in 0..o {
-                            let out = (&mut dyt[oi * ld..], o * ld);
-                            let images = images.clone();
-                            self.output_grad_transform(dy, oi, images, out, [rows, stage]);
+        let partials = if stepwise {
+            vec![self.weight_grad_stepwise(x, dy, o, chunks)]
+        } else {
+            group_partial_sums(
+                chunks,
+                points * g.c * o,
+                <[Scratch<T>; 4]>::default,
+                |[v, dyt, rows, stage]: &mut [Scratch<T>; 4], chunk, du| {
+                    let chunk = (chunk, chunks);
+                    let (images, lane, ld) = self.chunk_input_transform(x, chunk, v, [rows, stage]);
+                    dyt.resize(points * o * ld);
+                    vectorized(
+                        #[inline(always)]
+                        || {
+                            for oi in 0..o {
+                                let out = (dyt[oi * ld..].as_mut_ptr(), o * ld);
+                                let images = images.clone();
+                                // SAFETY: dyt holds `points · O · ld` values, this task's own.
+                                unsafe {
+                                    self.output_grad_transform(dy, oi, images, out, [rows, stage])
+                                };
+                            }
+                        },
+                    );
+                    for xi in 0..points {
+                        // SAFETY: du, v and dyt hold `points` blocks of the sizes used.
+                        unsafe {
+                            gemm_into(
+                                (g.c, o, lane),
+                                (du[xi * g.c * o..].as_mut_ptr(), o, 1),
+                                (v[xi * g.c * ld..].as_ptr(), ld, 1),
+                                (dyt[xi * o * ld..].as_ptr(), 1, ld),
+                                true,
+                            );
                         }
-                    },
-                );
-                for xi in 0..points {
-                    // SAFETY: du, v and dyt hold `points` blocks of the sizes used.
-                    unsafe {
-                        gemm_into(
-                            (g.c, o, lane),
-                            (du[xi * g.c * o..].as_mut_ptr(), o, 1),
-                            (v[xi * g.c * ld..].as_ptr(), ld, 1),
-                            (dyt[xi * o * ld..].as_ptr(), 1, ld),
-                            true,
-                        );
                     }
-                }
-            },
-        );
+                },
+            )
+        };
         // Per block of input channels on the workers: for each channel, the partial sums in
         // group order and `Gᵀ dU G` from the [(n,) n, n, O] points to the [(3,) 3, 3, O] taps;
         // then the block's taps into dW's layout, a run of them per output channel.
@@ -808,9 +1042,35 @@ fn split_strided<T, const N: usize>(
     len: usize,
 ) -> [&mut [T]; N] {
     assert!(stride >= len && first + (N - 1) * stride + len <= buf.len());
-    let ptr = buf.as_mut_ptr();
-    // SAFETY: the rows lie inside `buf` (checked) and do not overlap (`stride ≥ len`).
+    // SAFETY: the rows lie inside `buf` (checked), which is borrowed mutably while they live.
+    unsafe { strided_rows(buf.as_mut_ptr(), first, stride, len) }
+}
+
+/// [`split_strided`] of the buffer at `ptr`.
+///
+/// # Safety
+/// The rows lie inside one allocation, `stride ≥ len`, and nothing else reads or writes them
+/// while they live.
+unsafe fn strided_rows<'a, T, const N: usize>(
+    ptr: *mut T,
+    first: usize,
+    stride: usize,
+    len: usize,
+) -> [&'a mut [T]; N] {
+    debug_assert!(stride >= len);
+    // SAFETY: as the caller promises.
     std::array::from_fn(|i| unsafe {
         std::slice::from_raw_parts_mut(ptr.add(first + i * stride), len)
     })
+}
+
+/// A chunk of images of [`Minimal::forward_stepwise`] or [`Minimal::weight_grad_stepwise`]:
+/// its tiles `T` (`lane`), its `V`'s row stride, and where its `V` and its products (or
+/// transformed gradients) begin in the buffers of every chunk.
+struct StepChunk {
+    images: Range<usize>,
+    lane: usize,
+    ld: usize,
+    v_at: usize,
+    out_at: usize,
 }
