@@ -680,16 +680,18 @@ where
         );
     }
 
-    /// The chunks of [`Self::forward_stepwise`] and [`Self::weight_grad_stepwise`], laid out
-    /// one after another in buffers of every chunk's `V` and of every chunk's `out_values(T,
-    /// ld)` products or transformed gradients; with those buffers' lengths.
-    fn step_chunks<T>(
+    /// The first step of [`Self::forward_stepwise`] and [`Self::weight_grad_stepwise`]: their
+    /// chunks laid out one after another, every chunk's `V` of `x` in one buffer (a block of
+    /// [`STEP_CHANNELS`] input channels of a chunk a task), and room for every chunk's
+    /// `out_values(T, ld)` products or transformed gradients in another.
+    fn stepwise_inputs<T: Float>(
         &self,
+        x: &[T],
         chunks: usize,
         out_values: impl Fn(usize, usize) -> usize,
-    ) -> (Vec<StepChunk>, usize, usize) {
+    ) -> (Vec<StepChunk>, Scratch<T>, Scratch<T>) {
         let (mut v_len, mut out_len) = (0, 0);
-        let layout = (0..chunks)
+        let layout: Vec<_> = (0..chunks)
             .map(|chunk| {
                 let images = chunk_images(self.g.n, chunks, chunk);
                 let lane = images.len() * self.tiles_per_image();
@@ -706,38 +708,26 @@ where
                 step
             })
             .collect();
-        (layout, v_len, out_len)
-    }
-
-    /// `V` of every chunk of `layout` into `v`, a block of [`STEP_CHANNELS`] input channels of
-    /// a chunk a task.
-    fn stepwise_input_transform<T: Float>(&self, x: &[T], layout: &[StepChunk], v: &mut [T]) {
-        let c = self.g.c;
-        let blocks = c.div_ceil(STEP_CHANNELS);
+        let (mut v, mut out) = (Scratch::<T>::default(), Scratch::<T>::default());
+        v.resize(v_len);
+        out.resize(out_len);
         let v_ptr = Shared(v.as_mut_ptr());
-        for_each_index(
-            layout.len() * blocks,
+        for_each_step_channel(
+            &layout,
+            self.g.c,
             <[Scratch<T>; 2]>::default,
-            |[rows, stage]: &mut [Scratch<T>; 2], task| {
+            #[inline(always)]
+            |[rows, stage]: &mut [Scratch<T>; 2], step, ci| {
                 let v_ptr = &v_ptr;
-                let step = &layout[task / blocks];
-                let block = task % blocks;
-                vectorized(
-                    #[inline(always)]
-                    || {
-                        for ci in block * STEP_CHANNELS..c.min((block + 1) * STEP_CHANNELS) {
-                            let images = step.images.clone();
-                            // SAFETY: the chunk's V, `points·C·ld` values from `v_at`, lies in
-                            // `v`; this task alone writes channel ci's rows of it.
-                            unsafe {
-                                let v = (v_ptr.0.add(step.v_at), step.ld);
-                                self.input_transform(x, ci, images, v, [rows, stage]);
-                            }
-                        }
-                    },
-                );
+                // SAFETY: the chunk's V, `points·C·ld` values from `v_at`, lies in `v`; this task
+                // alone writes channel ci's rows of it.
+                unsafe {
+                    let v = (v_ptr.0.add(step.v_at), step.ld);
+                    self.input_transform(x, ci, step.images.clone(), v, [rows, stage]);
+                }
             },
         );
+        (layout, v, out)
     }
 
     /// [`Self::forward`] of few chunks, each step shared among the workers: the input transform
@@ -746,11 +736,7 @@ where
     /// task. The same values as chunk by chunk.
     fn forward_stepwise<T: Float>(&self, x: &[T], u: &[T], o: usize, chunks: usize, y: &mut [T]) {
         let (c, points) = (self.g.c, self.points());
-        let (layout, v_len, m_len) = self.step_chunks::<T>(chunks, |lane, _| points * o * lane);
-        let (mut v, mut m) = (Scratch::<T>::default(), Scratch::<T>::default());
-        v.resize(v_len);
-        m.resize(m_len);
-        self.stepwise_input_transform(x, &layout, &mut v);
+        let (layout, v, mut m) = self.stepwise_inputs(x, chunks, |lane, _| points * o * lane);
         let m_ptr = Shared(m.as_mut_ptr());
         for_each_index(
             chunks * points,
@@ -771,24 +757,20 @@ where
                 }
             },
         );
-        let blocks = o.div_ceil(STEP_CHANNELS);
         let out = Shared(y.as_mut_ptr());
-        for_each_index(chunks * blocks, Scratch::default, |tmp, task| {
-            let out = &out;
-            let (step, block) = (&layout[task / blocks], task % blocks);
-            let m = &m[step.out_at..];
-            vectorized(
-                #[inline(always)]
-                || {
-                    for oi in block * STEP_CHANNELS..o.min((block + 1) * STEP_CHANNELS) {
-                        let images = step.images.clone();
-                        // SAFETY: `y` is [O, N·S_out]; this task alone writes channel oi of the
-                        // chunk's images.
-                        unsafe { self.output_transform(m, o, oi, images, out.0, tmp) };
-                    }
-                },
-            );
-        });
+        for_each_step_channel(
+            &layout,
+            o,
+            Scratch::default,
+            #[inline(always)]
+            |tmp, step, oi| {
+                let out = &out;
+                let m = &m[step.out_at..];
+                // SAFETY: `y` is [O, N·S_out]; this task alone writes channel oi of the chunk's
+                // images.
+                unsafe { self.output_transform(m, o, oi, step.images.clone(), out.0, tmp) };
+            },
+        );
     }
 
     /// `dU`: `[points, C, O]` of [`Self::weight_grad`] for few chunks, each step shared among
@@ -796,34 +778,21 @@ where
     /// products a point a task, summed over the chunks in order. Every value written.
     fn weight_grad_stepwise<T: Float>(&self, x: &[T], dy: &[T], o: usize, chunks: usize) -> Vec<T> {
         let (c, points) = (self.g.c, self.points());
-        let (layout, v_len, dyt_len) = self.step_chunks::<T>(chunks, |_, ld| points * o * ld);
-        let (mut v, mut dyt) = (Scratch::<T>::default(), Scratch::<T>::default());
-        v.resize(v_len);
-        dyt.resize(dyt_len);
-        self.stepwise_input_transform(x, &layout, &mut v);
-        let blocks = o.div_ceil(STEP_CHANNELS);
+        let (layout, v, mut dyt) = self.stepwise_inputs(x, chunks, |_, ld| points * o * ld);
         let dyt_ptr = Shared(dyt.as_mut_ptr());
-        for_each_index(
-            chunks * blocks,
+        for_each_step_channel(
+            &layout,
+            o,
             <[Scratch<T>; 2]>::default,
-            |[rows, stage]: &mut [Scratch<T>; 2], task| {
+            #[inline(always)]
+            |[rows, stage]: &mut [Scratch<T>; 2], step, oi| {
                 let dyt_ptr = &dyt_ptr;
-                let (step, block) = (&layout[task / blocks], task % blocks);
-                vectorized(
-                    #[inline(always)]
-                    || {
-                        for oi in block * STEP_CHANNELS..o.min((block + 1) * STEP_CHANNELS) {
-                            let images = step.images.clone();
-                            // SAFETY: the chunk's Ŷ, `points·O·ld` values from `out_at`, lies
-                            // in `dyt`; this task alone writes channel oi's rows of it.
-                            unsafe {
-                                let out = dyt_ptr.0.add(step.out_at + oi * step.ld);
-                                let out = (out, o * step.ld);
-                                self.output_grad_transform(dy, oi, images, out, [rows, stage]);
-                            }
-                        }
-                    },
-                );
+                // SAFETY: the chunk's Ŷ, `points·O·ld` values from `out_at`, lies in `dyt`; this
+                // task alone writes channel oi's rows of it.
+                unsafe {
+                    let out = (dyt_ptr.0.add(step.out_at + oi * step.ld), o * step.ld);
+                    self.output_grad_transform(dy, oi, step.images.clone(), out, [rows, stage]);
+                }
             },
         );
         let write = |du: &mut [T]| {
@@ -1062,6 +1031,30 @@ unsafe fn strided_rows<'a, T, const N: usize>(
     std::array::from_fn(|i| unsafe {
         std::slice::from_raw_parts_mut(ptr.add(first + i * stride), len)
     })
+}
+
+/// `f(scratch, chunk, channel)` for every chunk of `layout` and each of `channels` channels, a
+/// block of [`STEP_CHANNELS`] channels of a chunk a task on Candle's workers, vectorised: the
+/// transforms of [`Minimal::forward_stepwise`] and [`Minimal::weight_grad_stepwise`].
+#[inline(always)]
+fn for_each_step_channel<S>(
+    layout: &[StepChunk],
+    channels: usize,
+    init: impl Fn() -> S + Sync,
+    f: impl Fn(&mut S, &StepChunk, usize) + Sync,
+) {
+    let blocks = channels.div_ceil(STEP_CHANNELS);
+    for_each_index(layout.len() * blocks, init, |scratch, task| {
+        let (step, block) = (&layout[task / blocks], task % blocks);
+        vectorized(
+            #[inline(always)]
+            || {
+                for channel in block * STEP_CHANNELS..channels.min((block + 1) * STEP_CHANNELS) {
+                    f(scratch, step, channel);
+                }
+            },
+        );
+    });
 }
 
 /// A chunk of images of [`Minimal::forward_stepwise`] or [`Minimal::weight_grad_stepwise`]:
