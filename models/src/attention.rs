@@ -8,14 +8,19 @@
 //! the scores and the weights, `[N·H, T, T]` each. [`multi_head_attention`] reads every head
 //! straight from `qkv`: `[N, T, 3·D]` through strides, computes each `(image, head)` pair on
 //! one of Candle's workers with its scores in a `[T, T]` scratch, and writes `[N, T, D]`
-//! directly. Its backward recomputes the weights from `q` and `k` (as FlashAttention does:
-//! Dao et al., NeurIPS 2022, Alg. 2) and writes the gradient of `qkv` in `qkv`'s own layout:
+//! directly. Where `qkv` takes part in autograd, the forward keeps the weights `P` of every pair
+//! (`[N·H, T, T]`, 15 MB for ViT-S at 32 images) for the backward, as PyTorch's composed
+//! attention does; recomputing them there instead (as FlashAttention does: Dao et al., NeurIPS
+//! 2022, Alg. 2) was a sixth of the backward's products and half its exponentials. The backward
+//! writes the gradient of `qkv` in `qkv`'s own layout:
 //!
 //! `dV = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dQ = dS K / √d`,
 //! `dK = dSᵀ Q / √d`.
 //!
 //! Other devices, dtypes and bf16 autocast take the composed path, whose gradients the tests
 //! compare with the fused op's.
+
+use std::sync::Mutex;
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use ssl_linalg::for_each_index;
@@ -38,7 +43,8 @@ pub fn multi_head_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
         && matches!(qkv.dtype(), DType::F32 | DType::F64)
         && precision() == Precision::F32;
     if fused {
-        qkv.contiguous()?.apply_op1(Attention { heads })
+        let weights = qkv.track_op().then(Default::default);
+        qkv.contiguous()?.apply_op1(Attention { heads, weights })
     } else {
         composed(qkv, heads, (n, t, width / 3))
     }
@@ -141,17 +147,31 @@ fn attention_weights<T: Float>(h: Heads, qkv: &[T], pair: usize, p: &mut [T]) {
 struct Shared<T>(*mut T);
 unsafe impl<T: Send> Sync for Shared<T> {}
 
-/// `O = P V` per pair into `[N, T, D]`.
-fn attention_forward<T: Float>(h: Heads, qkv: &[T]) -> Vec<T> {
+/// `O = P V` per pair into `[N, T, D]`, and where `keep`, the weights `P` of every pair:
+/// `[N·H, T, T]`.
+fn attention_forward<T: Float>(h: Heads, qkv: &[T], keep: bool) -> (Vec<T>, Option<Vec<T>>) {
     let len = h.n * h.t * h.d;
     let mut out: Vec<T> = Vec::with_capacity(len);
     let dst = Shared(out.as_mut_ptr());
     let t = h.t;
+    let kept_len = if keep { h.n * h.heads * t * t } else { 0 };
+    let mut kept: Vec<T> = Vec::with_capacity(kept_len);
+    let kept_ptr = Shared(kept.as_mut_ptr());
     for_each_index(
         h.n * h.heads,
-        || vec![T::zero(); t * t],
-        |p: &mut Vec<T>, pair| {
-            let dst = &dst;
+        || match keep {
+            true => Vec::new(),
+            false => vec![T::zero(); t * t],
+        },
+        |scratch: &mut Vec<T>, pair| {
+            let (dst, kept_ptr) = (&dst, &kept_ptr);
+            let p = match keep {
+                // SAFETY: `kept` has room for `T·T` values per pair; this pair's are its own.
+                true => unsafe {
+                    std::slice::from_raw_parts_mut(kept_ptr.0.add(pair * t * t), t * t)
+                },
+                false => &mut scratch[..],
+            };
             attention_weights(h, qkv, pair, p);
             // SAFETY: v lies in `qkv` at row stride 3·D; the pair's columns of `out` (allocated,
             // not yet initialised: the product writes them without reading) are its own.
@@ -166,22 +186,36 @@ fn attention_forward<T: Float>(h: Heads, qkv: &[T]) -> Vec<T> {
             }
         },
     );
-    // SAFETY: every pair wrote its head's columns of every row of `out`, which the pairs cover.
-    unsafe { out.set_len(len) };
-    out
+    // SAFETY: every pair wrote its head's columns of every row of `out`, which the pairs cover,
+    // and (where kept) all `T·T` of its weights.
+    unsafe {
+        out.set_len(len);
+        kept.set_len(kept_len);
+    }
+    (out, keep.then_some(kept))
 }
 
-/// The gradient of `qkv`, `[N, T, 3·D]`, from the output gradient `dO`: `[N, T, D]`.
-fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T]) -> Vec<T> {
+/// The gradient of `qkv`, `[N, T, 3·D]`, from the output gradient `dO`: `[N, T, D]` and the
+/// forward's weights `[N·H, T, T]` where it kept them (else they are recomputed).
+fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T], kept: Option<&[T]>) -> Vec<T> {
     let mut grad: Vec<T> = Vec::with_capacity(qkv.len());
     let dst = Shared(grad.as_mut_ptr());
     let (t, hd, row) = (h.t, h.head_dim(), 3 * h.d);
     for_each_index(
         h.n * h.heads,
-        || (vec![T::zero(); t * t], vec![T::zero(); t * t]),
-        |(p, dp): &mut (Vec<T>, Vec<T>), pair| {
+        || {
+            let recomputed = if kept.is_some() { 0 } else { t * t };
+            (vec![T::zero(); recomputed], vec![T::zero(); t * t])
+        },
+        |(scratch, dp): &mut (Vec<T>, Vec<T>), pair| {
             let dst = &dst;
-            attention_weights(h, qkv, pair, p);
+            let p = match kept {
+                Some(kept) => &kept[pair * t * t..][..t * t],
+                None => {
+                    attention_weights(h, qkv, pair, scratch);
+                    &scratch[..]
+                }
+            };
             let d_o = d_out[h.merged(pair)..].as_ptr();
             let at = |part: usize| qkv[h.packed(pair, part)..].as_ptr();
             // SAFETY: every operand lies in its buffer at the strides given; the pair's q, k
@@ -246,6 +280,9 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T]) -> Vec<T> {
 /// [`multi_head_attention`] on the CPU: `qkv` → `[N, T, D]`.
 struct Attention {
     heads: usize,
+    /// Where `qkv` takes part in autograd: the forward's weights `[N·H, T, T]`, until the
+    /// backward takes them.
+    weights: Option<Mutex<Option<CpuStorage>>>,
 }
 
 impl candle_core::CustomOp1 for Attention {
@@ -255,23 +292,42 @@ impl candle_core::CustomOp1 for Attention {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let h = Heads::from_layout(l, self.heads)?;
-        let out = match s {
-            CpuStorage::F32(_) => CpuStorage::F32(attention_forward(h, contiguous_slice(s, l)?)),
-            CpuStorage::F64(_) => CpuStorage::F64(attention_forward(h, contiguous_slice(s, l)?)),
+        let keep = self.weights.is_some();
+        let (out, kept) = match s {
+            CpuStorage::F32(_) => {
+                let (out, kept) = attention_forward(h, contiguous_slice(s, l)?, keep);
+                (CpuStorage::F32(out), kept.map(CpuStorage::F32))
+            }
+            CpuStorage::F64(_) => {
+                let (out, kept) = attention_forward(h, contiguous_slice(s, l)?, keep);
+                (CpuStorage::F64(out), kept.map(CpuStorage::F64))
+            }
             _ => candle_core::bail!("ssl-attention supports f32 and f64 only"),
         };
+        if let Some(weights) = &self.weights {
+            *weights.lock().unwrap_or_else(|e| e.into_inner()) = kept;
+        }
         Ok((out, Shape::from((h.n, h.t, h.d))))
     }
 
     fn bwd(&self, qkv: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let op = AttentionBwd { heads: self.heads };
+        // A second backward over the same graph finds the weights taken and recomputes them.
+        let weights = self
+            .weights
+            .as_ref()
+            .and_then(|w| w.lock().unwrap_or_else(|e| e.into_inner()).take());
+        let op = AttentionBwd {
+            heads: self.heads,
+            weights,
+        };
         Ok(Some(qkv.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
     }
 }
 
-/// Backward of [`Attention`]: (qkv, dO) → dqkv.
+/// Backward of [`Attention`]: (qkv, dO) → dqkv, from the forward's weights where it kept them.
 struct AttentionBwd {
     heads: usize,
+    weights: Option<CpuStorage>,
 }
 
 impl candle_core::CustomOp2 for AttentionBwd {
@@ -287,17 +343,24 @@ impl candle_core::CustomOp2 for AttentionBwd {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let h = Heads::from_layout(l1, self.heads)?;
+        fn run<T: Float>(
+            h: Heads,
+            (qkv, lq): (&CpuStorage, &Layout),
+            (d_out, lo): (&CpuStorage, &Layout),
+            weights: Option<&CpuStorage>,
+        ) -> Result<Vec<T>> {
+            let kept = weights.map(|w| w.as_slice::<T>()).transpose()?;
+            Ok(attention_backward(
+                h,
+                contiguous_slice(qkv, lq)?,
+                contiguous_slice(d_out, lo)?,
+                kept,
+            ))
+        }
+        let (a, b, w) = ((s1, l1), (s2, l2), self.weights.as_ref());
         let grad = match s1 {
-            CpuStorage::F32(_) => CpuStorage::F32(attention_backward(
-                h,
-                contiguous_slice(s1, l1)?,
-                contiguous_slice(s2, l2)?,
-            )),
-            CpuStorage::F64(_) => CpuStorage::F64(attention_backward(
-                h,
-                contiguous_slice(s1, l1)?,
-                contiguous_slice(s2, l2)?,
-            )),
+            CpuStorage::F32(_) => CpuStorage::F32(run(h, a, b, w)?),
+            CpuStorage::F64(_) => CpuStorage::F64(run(h, a, b, w)?),
             _ => candle_core::bail!("ssl-attention supports f32 and f64 only"),
         };
         Ok((grad, l1.shape().clone()))
@@ -348,6 +411,27 @@ mod tests {
         let (y32, g32) = value_and_grad(&qkv32, &r32, |x| multi_head_attention(x, heads));
         assert!(max_abs_diff(&y32, &y_ref) < 1e-5);
         assert!(max_abs_diff(&g32, &g_ref) < 1e-5);
+    }
+
+    #[test]
+    fn the_backward_from_kept_weights_equals_the_one_that_recomputes_them() {
+        let (n, t, heads, hd) = (2, 9, 2, 4);
+        let qkv = rand_tensor(5, &[n, t, 3 * heads * hd], DType::F64) * 2.0;
+        let qkv = Var::from_tensor(&qkv.unwrap()).unwrap();
+        let r = rand_tensor(6, &[n, t, heads * hd], DType::F64);
+        let y = multi_head_attention(qkv.as_tensor(), heads).unwrap();
+        let loss = (&y * &r).unwrap().sum_all().unwrap();
+        let kept = loss.backward().unwrap();
+        // The first backward took the kept weights; a second one recomputes them.
+        let recomputed = loss.backward().unwrap();
+        let (kept, recomputed) = (
+            kept.get(qkv.as_tensor()).unwrap(),
+            recomputed.get(qkv.as_tensor()).unwrap(),
+        );
+        assert!(max_abs_diff(kept, recomputed) < 1e-15);
+        // Outside autograd nothing is kept, and the output is the same.
+        let plain = multi_head_attention(&qkv.as_tensor().detach(), heads).unwrap();
+        assert_eq!(max_abs_diff(&plain, &y), 0.0);
     }
 
     #[test]
