@@ -9,10 +9,10 @@
 //! straight from `qkv`: `[N, T, 3·D]` through strides, computes each `(image, head)` pair on
 //! one of Candle's workers with its scores in a `[T, T]` scratch, and writes `[N, T, D]`
 //! directly. Where `qkv` takes part in autograd, the forward keeps the weights `P` of every pair
-//! (`[N·H, T, T]`, 15 MB for ViT-S at 32 images) for the backward, as PyTorch's composed
-//! attention does; recomputing them there instead (as FlashAttention does: Dao et al., NeurIPS
-//! 2022, Alg. 2) was a sixth of the backward's products and half its exponentials. The backward
-//! writes the gradient of `qkv` in `qkv`'s own layout:
+//! (`[N·H, T, T]`, 15 MB a layer for ViT-S at 16 images) for the backward, as PyTorch's
+//! composed attention does; recomputing them there instead (as FlashAttention does: Dao et al.,
+//! NeurIPS 2022, Alg. 2) was a fifth of the backward's products and half of all the exponentials.
+//! The backward writes the gradient of `qkv` in `qkv`'s own layout:
 //!
 //! `dV = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dQ = dS K / √d`,
 //! `dK = dSᵀ Q / √d`.
