@@ -2,10 +2,10 @@
 
 Each pair runs `train_step` (this crate's bench binary) and `train_step.py` (PyTorch) once each,
 one fresh process after the other; even pairs run ours first, odd pairs PyTorch first. On a
-shared machine the second process of a pair tends to run faster (about 5 % on the 2-core VM of
-the README's table), and single runs drift by ±10 % within minutes, so a ratio is only worth
-the pairs behind it: the per-pair ratio ours / PyTorch is reported at the median over all
-pairs and over each order alone, with its range.
+shared machine the order can matter (the second process of a pair ran 5.5 % faster in one set
+of row 3 pairs on the 2-core VM of the README's table), and single runs drift by ±10 % within
+minutes, so a ratio is only worth the pairs behind it: the per-pair ratio ours / PyTorch is
+reported at the median over all pairs and over each order alone, with its range.
 
     python3 bin/benches/train_step_pairs.py [--rows 1,2,3,4] [--pairs 4] [--threads 2]
         [--steps 5] [--warmup 1] [--ours PATH]
