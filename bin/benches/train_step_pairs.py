@@ -44,7 +44,10 @@ def build_bench():
 
 def run(cmd):
     """Runs one step-timing process and returns its JSON record (the last line it prints)."""
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    except OSError as e:
+        sys.exit(f"error: cannot run `{cmd[0]}`: {e.strerror}; check --ours or build the bench")
     lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
     if done.returncode != 0 or not lines:
         sys.exit(f"error: `{' '.join(cmd)}` failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
@@ -58,7 +61,7 @@ def summary(ratios):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,2,3,4", help="comma-separated rows of train_step (1–4)")
-    p.add_argument("--pairs", type=int, default=4, help="pairs per row, half in each order")
+    p.add_argument("--pairs", type=int, default=4, help="pairs per row (even), half in each order")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
@@ -66,8 +69,9 @@ def main():
     a = p.parse_args()
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
     bad = [r for r in rows if r not in {"1", "2", "3", "4"}]
-    if bad or a.pairs < 2:
-        p.error(f"--rows takes rows 1–4 (got {a.rows}) and --pairs at least 2, one of each order")
+    if bad or a.pairs < 2 or a.pairs % 2:
+        p.error(f"--rows takes rows 1–4 (got {a.rows}) and --pairs an even number ≥ 2, half in "
+                f"each order (got {a.pairs})")
     ours_bin = a.ours or build_bench()
     common = ["--threads", str(a.threads), "--steps", str(a.steps), "--warmup", str(a.warmup)]
     table = []
@@ -86,6 +90,7 @@ def main():
             print(f"row {row} pair {i + 1} ({order[0]} first): ours {o['median_ms']:.0f} ms, "
                   f"PyTorch {t['median_ms']:.0f} ms, ratio {o['median_ms'] / t['median_ms']:.3f}",
                   flush=True)
+
         def ratios(first=None):
             return [o["median_ms"] / t["median_ms"] for f, o, t in pairs if first in (None, f)]
 
