@@ -7,7 +7,7 @@
 
 use std::mem::MaybeUninit;
 
-use candle_core::utils::barrier_pool;
+use candle_core::utils::{barrier_pool, in_barrier_pool};
 use candle_core::{
     bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor, WithDType,
 };
@@ -219,13 +219,19 @@ unsafe fn matmul_raw<T: WithDType>(
     if n == 0 || m == 0 {
         return Ok(());
     }
-    let threads = barrier_pool().n_workers() + 1;
+    // Inside a share of a pool call (one view's backward on a worker) the product runs on this
+    // thread alone, as one block.
+    let threads = match in_barrier_pool() {
+        true => 1,
+        false => barrier_pool().n_workers() + 1,
+    };
     let parts = depth_parts(m, n, k);
     // Split the longer side of `dst` into blocks: row blocks repack B, column blocks repack A,
     // so a wide product (a convolution's [O, N·H·W]) is cut by columns.
     let by_rows = m >= n;
     let len = if by_rows { m } else { n };
     let wanted = match parts {
+        1 if threads == 1 => 1,
         1 => BLOCKS_PER_WORKER * threads,
         _ => threads.div_ceil(parts),
     };
@@ -431,11 +437,18 @@ impl CustomOp2 for Matmul {
         _out: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        // ∂A = G Bᵀ (Bᵀ a strided view), ∂B = Aᵀ G (Aᵀ copied: the row-major operand).
+        // ∂A = G Bᵀ (Bᵀ a strided view), ∂B = Aᵀ G (Aᵀ copied: the row-major operand), each only
+        // for an operand that takes part in autograd (not for ViT's image patches, say).
         let grad = grad.contiguous()?;
-        let grad_a = matmul(&grad, &b.t()?)?.detach();
-        let grad_b = matmul(&a.t()?.contiguous()?, &grad)?.detach();
-        Ok((Some(grad_a), Some(grad_b)))
+        let grad_a = match a.track_op() {
+            true => Some(matmul(&grad, &b.t()?)?.detach()),
+            false => None,
+        };
+        let grad_b = match b.track_op() {
+            true => Some(matmul(&a.t()?.contiguous()?, &grad)?.detach()),
+            false => None,
+        };
+        Ok((grad_a, grad_b))
     }
 }
 
@@ -521,6 +534,12 @@ mod tests {
                 let (x, y) = (g_ours.get(v).unwrap(), g_ref.get(v).unwrap());
                 assert!(diff(x, y)? < 1e-12, "transposed {transposed}");
             }
+            // A constant factor (ViT's image patches) gets no gradient; the other the same one.
+            let constant = a.as_tensor().detach();
+            let ours = matmul(&constant, &b_view(b.as_tensor())?)?;
+            let g_const = (ours * &w)?.sum_all()?.backward()?;
+            assert!(g_const.get(&constant).is_none());
+            assert!(diff(g_const.get(&b).unwrap(), g_ref.get(&b).unwrap())? < 1e-12);
         }
         Ok(())
     }

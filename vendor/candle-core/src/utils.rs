@@ -58,6 +58,21 @@ thread_local! {
     static IN_BARRIER_POOL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Whether this thread is running a share of a barrier-pool call (a worker, or the calling
+/// thread during its own share): a parallel op started here runs inline, on this thread alone.
+pub fn in_barrier_pool() -> bool {
+    IN_BARRIER_POOL.with(|f| f.get())
+}
+
+/// Restores the calling thread's [`IN_BARRIER_POOL`] flag when its share of a call ends.
+struct InPoolGuard(bool);
+
+impl Drop for InPoolGuard {
+    fn drop(&mut self) {
+        IN_BARRIER_POOL.with(|f| f.set(self.0));
+    }
+}
+
 unsafe fn call_trampoline<F: Fn(usize)>(data: *const (), tid: usize) {
     (*(data as *const F))(tid);
 }
@@ -286,9 +301,12 @@ impl BarrierPool {
             gen: new_gen,
         };
 
-        // Main thread participates as worker n (workers are 0..n-1).
+        // Main thread participates as worker n (workers are 0..n-1), and counts as in the pool
+        // while it does: an op that its share runs goes inline, as on a worker, instead of
+        // waiting for the call lock this thread holds.
+        let _in_pool = InPoolGuard(IN_BARRIER_POOL.with(|f| f.replace(true)));
         f(n);
-        // _guard drops here, waiting for root workers.
+        // _in_pool restores this thread's flag, then _guard drops, waiting for root workers.
     }
 
     // Uniform, short work units can avoid shared-cursor contention by assigning
