@@ -121,8 +121,24 @@ impl Block {
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = (x + self.attention(&self.norm1.forward(x)?)?)?;
-        let h = gelu_erf(&self.fc1.forward(&self.norm2.forward(&x)?)?)?;
+        self.mlp_residual(&x)
+    }
+
+    /// `x + mlp(norm2(x))`, row by row.
+    fn mlp_residual(&self, x: &Tensor) -> Result<Tensor> {
+        let h = gelu_erf(&self.fc1.forward(&self.norm2.forward(x)?)?)?;
         x + self.fc2.forward(&h)?
+    }
+
+    /// The class token's row of [`Block::forward`], `[N, T, D]` → `[N, D]`: attention reads
+    /// every token, but after it each row is on its own, so the output projection, the MLP and
+    /// the residual adds run on the class token's row alone. For the last block, whose other
+    /// rows the encoder drops, that is three quarters of its linear layers' work left out.
+    fn forward_class_token(&self, x: &Tensor) -> Result<Tensor> {
+        let mixed = multi_head_attention(&self.qkv.forward(&self.norm1.forward(x)?)?, self.heads)?;
+        let class = |t: &Tensor| t.narrow(1, 0, 1)?.squeeze(1);
+        let x = (class(x)? + self.proj.forward(&class(&mixed)?)?)?;
+        self.mlp_residual(&x)
     }
 }
 
@@ -268,10 +284,14 @@ impl VisionTransformer {
         let n = tokens.dim(0)?;
         let cls = self.cls_token.broadcast_as((n, 1, self.cfg.embed_dim))?;
         let mut h = Tensor::cat(&[&cls, &tokens], 1)?.broadcast_add(&self.positions(gh, gw)?)?;
-        for block in &self.blocks {
+        let Some((last, blocks)) = self.blocks.split_last() else {
+            return self.norm.forward(&h.narrow(1, 0, 1)?.squeeze(1)?);
+        };
+        for block in blocks {
             h = block.forward(&h)?;
         }
-        self.norm.forward(&h.narrow(1, 0, 1)?.squeeze(1)?)
+        // Only the class token leaves the encoder: the last block computes its row alone.
+        self.norm.forward(&last.forward_class_token(&h)?)
     }
 
     /// Token width `D`.

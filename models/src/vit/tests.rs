@@ -188,3 +188,48 @@ fn train_and_eval_agree_and_bad_sizes_are_clear_errors() {
         .forward(&rand_tensor(5, &[2, 1, 32, 32], DType::F32))
         .is_err());
 }
+
+/// The encoder's last block computes the class token's row alone; values and every gradient
+/// must equal those of the whole block with the other rows dropped after it.
+#[test]
+fn the_class_token_alone_in_the_last_block_equals_the_whole_block() {
+    let cfg = VitConfig {
+        patch_size: 4,
+        embed_dim: 8,
+        depth: 2,
+        num_heads: 2,
+        mlp_ratio: 2,
+        in_channels: 1,
+        img_size: 8,
+    };
+    let store = ParamStore::new(9);
+    let vit = VisionTransformer::new(&cfg, store.var_builder(&Device::Cpu).set_dtype(DType::F64))
+        .unwrap();
+    for (name, (_, var)) in store.vars().iter().enumerate() {
+        let noise = rand_tensor(40 + name as u64, var.dims(), DType::F64);
+        var.set(&(var.as_tensor() + (noise * 0.3).unwrap()).unwrap())
+            .unwrap();
+    }
+    let x = rand_tensor(30, &[3, 1, 8, 8], DType::F64);
+    let whole_blocks = |x: &Tensor| -> Result<Tensor> {
+        let (tokens, gh, gw) = vit.embed_patches(x)?;
+        let cls = vit
+            .cls_token
+            .broadcast_as((tokens.dim(0)?, 1, cfg.embed_dim))?;
+        let mut h = Tensor::cat(&[&cls, &tokens], 1)?.broadcast_add(&vit.positions(gh, gw)?)?;
+        for block in &vit.blocks {
+            h = block.forward(&h)?;
+        }
+        vit.norm.forward(&h.narrow(1, 0, 1)?.squeeze(1)?)
+    };
+    let (ours, whole) = (vit.forward(&x).unwrap(), whole_blocks(&x).unwrap());
+    assert_eq!(ours.dims(), &[3, 8]);
+    assert!(max_abs_diff(&ours, &whole) < 1e-12);
+    let r = rand_tensor(31, &[3, 8], DType::F64);
+    let grads = |y: Tensor| (y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+    let (g_ours, g_whole) = (grads(ours), grads(whole));
+    for (name, var) in store.vars() {
+        let (a, b) = (g_ours.get(&var).unwrap(), g_whole.get(&var).unwrap());
+        assert!(max_abs_diff(a, b) < 1e-12, "{name}");
+    }
+}
