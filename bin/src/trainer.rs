@@ -620,7 +620,7 @@ fn forward_views(
 /// both threads). Each pass's gradients are added to the total as soon as the passes before it
 /// are in, so the sum runs in root order whatever the thread count, and few stores are alive at
 /// once. Other devices take the roots in turn.
-fn backward_views(roots: &[Tensor]) -> Result<GradStore> {
+fn backward_views(roots: Vec<Tensor>) -> Result<GradStore> {
     if !roots.iter().all(|r| r.device().is_cpu()) {
         let mut total = GradStore::default();
         for root in roots {
@@ -628,23 +628,30 @@ fn backward_views(roots: &[Tensor]) -> Result<GradStore> {
         }
         return Ok(total);
     }
+    let count = roots.len();
+    let roots: Vec<Mutex<Option<Tensor>>> =
+        roots.into_iter().map(|r| Mutex::new(Some(r))).collect();
     let sum = Mutex::new(OrderedSum::default());
-    barrier_pool().execute_chunked(roots.len(), |range| {
+    barrier_pool().execute_chunked(count, |range| {
         for i in range {
-            let grads = roots[i].backward();
-            sum.lock()
+            let root = roots[i]
+                .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .add(i, grads);
+                .take();
+            let grads = root.map(|root| root.backward());
+            // The root, and with it the view's graph, is dropped here, before the sum.
+            if let Some(grads) = grads {
+                sum.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .add(i, grads);
+            }
         }
     });
     let sum = sum.into_inner().unwrap_or_else(PoisonError::into_inner);
     if let Some(e) = sum.error {
         return Err(e.into());
     }
-    ensure!(
-        sum.next == roots.len(),
-        "a view's backward pass did not run"
-    );
+    ensure!(sum.next == count, "a view's backward pass did not run");
     Ok(sum.total)
 }
 
@@ -812,17 +819,15 @@ pub fn forward_backward(
     }
     let mut grads = total.backward()?;
     // Each view's share of the loss, `⟨output, ∂L/∂output⟩` summed over its features and
-    // projections, has the loss's gradients for that view's graph.
-    let leaf_grads = [
-        (&view_features, grads.remove(&features)),
-        (&view_projections, grads.remove(&projections)),
-    ];
+    // projections, has the loss's gradients for that view's graph; the roots own the views'
+    // graphs from here, so each graph is freed as soon as its pass is done.
+    let leaf_grads = [grads.remove(&features), grads.remove(&projections)];
     let mut roots = Vec::with_capacity(all_views);
-    for view in 0..all_views {
+    for (view, outputs) in view_features.into_iter().zip(view_projections).enumerate() {
         let mut root: Option<Tensor> = None;
-        for (outputs, grad) in &leaf_grads {
+        for (output, grad) in [outputs.0, outputs.1].iter().zip(&leaf_grads) {
             if let Some(grad) = grad {
-                let share = (&outputs[view] * grad.narrow(0, view * b, b)?)?.sum_all()?;
+                let share = (output * grad.narrow(0, view * b, b)?)?.sum_all()?;
                 root = Some(match root {
                     Some(root) => (root + share)?,
                     None => share,
@@ -831,7 +836,7 @@ pub fn forward_backward(
         }
         roots.extend(root);
     }
-    grads.extend(backward_views(&roots)?)?;
+    grads.extend(backward_views(roots)?)?;
     let out = StepOutput {
         loss,
         terms,
