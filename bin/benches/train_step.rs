@@ -98,6 +98,21 @@ struct Args {
     warmup: usize,
 }
 
+const USAGE: &str = "\
+Usage: cargo bench -p ssl --bench train_step -- [OPTIONS]
+
+One training step (forward of every view, loss, backward, AdamW) of the issue's four encoder
+settings; prints one JSON line a row: the median step time and the peak RSS.
+
+Options:
+  --row <N|all>       1 ResNet-18 VICReg, 2 the same with FroSSL at V = 8, 3 ViT-S/16 IConE,
+                      4 3D ResNet-18 IConE, or all [default: all]
+  --device <DEVICE>   cpu, cuda[:N] or metal [default: cpu]
+  --threads <N>       CPU threads [default: 2]
+  --steps <N>         timed steps [default: 10]
+  --warmup <N>        untimed steps first [default: 2]
+  -h, --help          print this help";
+
 fn parse_args() -> Result<Args> {
     let mut args = Args {
         row: "all".into(),
@@ -117,9 +132,11 @@ fn parse_args() -> Result<Args> {
             "--warmup" => args.warmup = value()?.parse()?,
             // cargo bench passes --bench to every bench binary.
             "--bench" => {}
-            other => {
-                bail!("unknown argument `{other}`; use --row N|all, --device, --threads, --steps, --warmup")
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                std::process::exit(0);
             }
+            other => bail!("unknown argument `{other}`\n\n{USAGE}"),
         }
     }
     Ok(args)
