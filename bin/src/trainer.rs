@@ -621,32 +621,30 @@ fn forward_views(
 /// are in, so the sum runs in root order whatever the thread count, and few stores are alive at
 /// once. Other devices take the roots in turn.
 fn backward_views(roots: Vec<Tensor>) -> Result<GradStore> {
-    if !roots.iter().all(|r| r.device().is_cpu()) {
-        let mut total = GradStore::default();
-        for root in roots {
-            total.extend(root.backward()?)?;
-        }
-        return Ok(total);
-    }
     let count = roots.len();
+    let cpu = roots.iter().all(|r| r.device().is_cpu());
     let roots: Vec<Mutex<Option<Tensor>>> =
         roots.into_iter().map(|r| Mutex::new(Some(r))).collect();
     let sum = Mutex::new(OrderedSum::default());
-    barrier_pool().execute_chunked(count, |range| {
-        for i in range {
-            let root = roots[i]
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            let grads = root.map(|root| root.backward());
-            // The root, and with it the view's graph, is dropped here, before the sum.
-            if let Some(grads) = grads {
-                sum.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .add(i, grads);
-            }
-        }
-    });
+    let take_back = |i: usize| {
+        let Some(root) = roots[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        else {
+            return;
+        };
+        let grads = root.backward();
+        // The root, and with it the view's graph, goes before the sum.
+        drop(root);
+        sum.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add(i, grads);
+    };
+    match cpu {
+        true => barrier_pool().execute_chunked(count, |range| range.for_each(take_back)),
+        false => (0..count).for_each(take_back),
+    }
     let sum = sum.into_inner().unwrap_or_else(PoisonError::into_inner);
     if let Some(e) = sum.error {
         return Err(e.into());
@@ -898,6 +896,53 @@ mod tests {
         RunConfig::from_yaml_value(root).unwrap()
     }
 
+    /// The first `b` training instances of `data` (clean), their ids `0..b` and labels, and the
+    /// progress of a one-step run.
+    fn first_instances(data: &DataSplit, b: usize) -> (Tensor, Vec<u32>, Vec<u32>, Progress) {
+        let positions: Vec<usize> = data.train[..b].to_vec();
+        let clean = setup::samples(data, &positions, &Device::Cpu).unwrap();
+        let progress = Progress {
+            step: 0,
+            epoch: 0,
+            steps_per_epoch: 1,
+            total_steps: 1,
+            seed: 0,
+        };
+        let labels = setup::labels(&data.dataset, &positions);
+        (clean, (0..b as u32).collect(), labels, progress)
+    }
+
+    /// Stores arriving out of order are summed in index order, and the first error stops the
+    /// sum: what came before it stays, nothing after it is added.
+    #[test]
+    fn ordered_sum_adds_in_index_order_and_stops_at_the_first_error() {
+        let var = Var::new(&[0f32, 0.], &Device::Cpu).unwrap();
+        let store = |value: f32| -> candle_core::Result<GradStore> {
+            let mut grads = GradStore::default();
+            grads.insert(var.as_tensor(), Tensor::new(&[value, 1.0], &Device::Cpu)?);
+            Ok(grads)
+        };
+        let values = |sum: &OrderedSum| -> Vec<f32> {
+            sum.total.get(var.as_tensor()).unwrap().to_vec1().unwrap()
+        };
+        let mut sum = OrderedSum::default();
+        sum.add(2, store(4.0));
+        sum.add(1, store(2.0));
+        assert_eq!(sum.next, 0, "stores 1 and 2 wait for store 0");
+        assert!(sum.total.get(var.as_tensor()).is_none());
+        sum.add(0, store(1.0));
+        assert_eq!(sum.next, 3);
+        assert_eq!(values(&sum), [7.0, 3.0]);
+
+        let mut sum = OrderedSum::default();
+        sum.add(0, store(1.0));
+        sum.add(2, store(4.0));
+        sum.add(1, Err(candle_core::Error::Msg("pass 1 failed".into())));
+        assert_eq!(sum.next, 3);
+        assert_eq!(values(&sum), [1.0, 1.0]);
+        assert!(sum.error.unwrap().to_string().contains("pass 1 failed"));
+    }
+
     #[test]
     fn bf16_training_follows_f32_within_bf16_precision() {
         let losses = |precision: &str| -> Vec<f64> {
@@ -956,20 +1001,10 @@ mod tests {
         let cfg = gmm_config(&["train.probe_lr=0.1"]);
         let data = setup::data(&cfg).unwrap();
         let (b, v) = (8, 3);
-        let positions: Vec<usize> = data.train[..b].to_vec();
-        let clean = setup::samples(&data, &positions, &Device::Cpu).unwrap();
+        let (clean, ids, labels, progress) = first_instances(&data, b);
         let views: Vec<Tensor> = (0..v)
             .map(|i| (&clean * (1.0 - 0.1 * i as f64)).unwrap())
             .collect();
-        let ids: Vec<u32> = (0..b as u32).collect();
-        let labels = setup::labels(&data.dataset, &positions);
-        let progress = Progress {
-            step: 0,
-            epoch: 0,
-            steps_per_epoch: 1,
-            total_steps: 1,
-            seed: 0,
-        };
         let input = StepInput {
             images: Tensor::cat(&views, 0).unwrap(),
             views: v,
@@ -1050,20 +1085,10 @@ mod tests {
         ]);
         let data = setup::data(&cfg).unwrap();
         let (b, v) = (8, 2);
-        let positions: Vec<usize> = data.train[..b].to_vec();
-        let clean = setup::samples(&data, &positions, &Device::Cpu).unwrap();
+        let (clean, ids, labels, progress) = first_instances(&data, b);
         let views: Vec<Tensor> = (0..v)
             .map(|i| (&clean + (i as f64 + 1.0) * 0.1).unwrap())
             .collect();
-        let ids: Vec<u32> = (0..b as u32).collect();
-        let labels = setup::labels(&data.dataset, &positions);
-        let progress = Progress {
-            step: 0,
-            epoch: 0,
-            steps_per_epoch: 1,
-            total_steps: 1,
-            seed: 0,
-        };
         let input = |range: std::ops::Range<usize>| StepInput {
             images: Tensor::cat(
                 &views
