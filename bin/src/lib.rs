@@ -23,6 +23,7 @@ pub mod pretrained;
 pub mod progress;
 pub mod publish;
 pub mod setup;
+pub mod tensorboard;
 pub mod trainer;
 
 // Link the built-in objective crates so their registrations are collected.
