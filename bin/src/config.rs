@@ -2,13 +2,16 @@
 //!
 //! Layering: defaults ← recipe YAML (`--config`) ← `--set key=value` ← plain flags.
 
+use std::io::Read;
+use std::ops::Bound::{Excluded, Unbounded};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 use ssl_data::{ImageAugment, Normalization, Recipe, VolumeAugment};
 use ssl_models::autocast::Precision;
-use ssl_models::Stem;
+use ssl_models::{Stem, VitConfig};
 
 /// Everything a run needs; written resolved to `RUN_DIR/config.yaml`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -19,8 +22,25 @@ pub struct RunConfig {
     pub objective: ObjectiveSection,
     pub train: TrainConfig,
     pub eval: EvalConfig,
-    /// Run directory.
+    /// Run directory; empty: a new `runs/<objective>-<time>`, linked from `runs/latest`.
     pub out: PathBuf,
+    /// Result-changing keys a `--resume --allow-changed` changed, in order (empty for a run
+    /// that kept its configuration).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<ConfigChange>,
+}
+
+/// One key a resumed run changed, and from which step its new value holds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigChange {
+    /// Dotted key, e.g. `train.epochs`.
+    pub key: String,
+    /// The value before and after, as YAML (`~` for a key that was absent).
+    pub from: serde_yaml::Value,
+    pub to: serde_yaml::Value,
+    /// The first optimiser step taken with the new value.
+    pub step: usize,
 }
 
 impl Default for RunConfig {
@@ -31,7 +51,8 @@ impl Default for RunConfig {
             objective: ObjectiveSection::default(),
             train: TrainConfig::default(),
             eval: EvalConfig::default(),
-            out: PathBuf::from("runs/latest"),
+            out: PathBuf::new(),
+            history: Vec::new(),
         }
     }
 }
@@ -278,6 +299,7 @@ pub struct TrainConfig {
     pub lr: f64,
     /// Final learning rate of the cosine schedule.
     pub min_lr: f64,
+    /// Epochs of linear warm-up, at most `epochs` (when not given: 2, or `epochs` if fewer).
     pub warmup_epochs: usize,
     /// Decoupled (AdamW) or L2 (SGD/LARS) weight decay; biases and norm weights are excluded.
     pub weight_decay: f64,
@@ -290,7 +312,7 @@ pub struct TrainConfig {
     pub lars_eta: f64,
     pub drop_last: bool,
     pub seed: u64,
-    /// CPU threads (0 = all cores).
+    /// CPU threads (0 = all cores; more than [`MAX_THREADS_PER_CORE`] per core are capped).
     pub threads: usize,
     /// `cpu`, `cuda[:N]` or `metal`.
     pub device: String,
@@ -380,10 +402,15 @@ impl RunConfig {
     pub fn from_yaml_value(value: serde_yaml::Value) -> Result<Self> {
         let given =
             |section: &str, key: &str| value.get(section).and_then(|m| m.get(key)).is_some();
-        let (encoder_given, local_scale_given) =
-            (given("model", "encoder"), given("train", "local_scale"));
-        let mut config: RunConfig =
-            serde_yaml::from_value(value).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (encoder_given, local_scale_given, warmup_given) = (
+            given("model", "encoder"),
+            given("train", "local_scale"),
+            given("train", "warmup_epochs"),
+        );
+        let mut config: RunConfig = match serde_yaml::from_value(value.clone()) {
+            Ok(config) => config,
+            Err(e) => bail!("{}", keyed_error(&value, e)),
+        };
         config.objective.resolve()?;
         config.data.resolve();
         // Volumes get IConE's 3D ResNet-18 unless an encoder is named (the digits CNN is 2D).
@@ -394,6 +421,10 @@ impl RunConfig {
         if !local_scale_given {
             config.train.local_scale = config.data.recipe().local_crop_scale();
         }
+        if !warmup_given {
+            config.train.warmup_epochs = config.train.warmup_epochs.min(config.train.epochs);
+        }
+        config.train.threads = capped_threads(config.train.threads);
         config.validate()?;
         Ok(config)
     }
@@ -412,74 +443,413 @@ impl RunConfig {
 
     /// Reads a recipe file.
     pub fn from_file(path: &Path) -> Result<serde_yaml::Value> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        let text = read_config_text(path)?;
         serde_yaml::from_str(&text).with_context(|| format!("{} is not valid YAML", path.display()))
     }
 
-    /// Checks values that types do not.
+    /// Checks values that types do not, before anything is loaded or trained: every message names
+    /// the key, the value and what it may be.
     pub fn validate(&self) -> Result<()> {
-        let t = &self.train;
-        if t.epochs == 0 {
-            bail!("train.epochs must be ≥ 1");
+        self.train.validate()?;
+        self.data.validate()?;
+        self.model.validate()?;
+        self.eval.validate()?;
+        self.check_patches()
+    }
+
+    /// A ViT cuts its inputs into patches: the images (and multi-crop's local views) must be a
+    /// whole number of them across, or the first step fails. (The mixture's points are no
+    /// images: the encoder refuses them by shape.)
+    fn check_patches(&self) -> Result<()> {
+        if self.data.name == "gmm" {
+            return Ok(());
         }
-        if t.batch_size == 0 {
-            bail!("train.batch_size must be ≥ 1");
+        let patch = match self.model.encoder.as_str() {
+            "vit_t16" => VitConfig::tiny().patch_size,
+            "vit_s16" => VitConfig::small().patch_size,
+            "vit_b16" => VitConfig::base().patch_size,
+            _ => return Ok(()),
+        };
+        let (size, encoder) = (self.data.size, &self.model.encoder);
+        ensure!(
+            size.is_multiple_of(patch),
+            "model.encoder {encoder} cuts images into {patch}×{patch} patches, so data.size must be \
+             a multiple of {patch}, got {size} (e.g. --size {})",
+            (size / patch).max(1) * patch
+        );
+        let local = self.train.local_side(size);
+        ensure!(
+            self.train.local_views == 0 || local.is_multiple_of(patch),
+            "model.encoder {encoder} cuts images into {patch}×{patch} patches, so the local views' \
+             side must be a multiple of {patch}, got {local}{}; set train.local_size (DINO: 96 at 224)",
+            match self.train.local_size {
+                0 => format!(" (train.local_size 0: ⌈{size}·96/224⌉)"),
+                _ => String::new(),
+            }
+        );
+        Ok(())
+    }
+}
+
+/// Most CPU threads per core a run starts (`train.threads`, `--threads`): more only adds
+/// contention.
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// `requested` CPU threads (0: all cores), capped at [`MAX_THREADS_PER_CORE`] per core with a
+/// warning on stderr (once per process: a grid resolves many configurations).
+pub fn capped_threads(requested: usize) -> usize {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cap = MAX_THREADS_PER_CORE * cores;
+    if requested <= cap {
+        return requested;
+    }
+    if WARNED.swap(true, Ordering::Relaxed) {
+        return cap;
+    }
+    eprintln!(
+        "warning: {requested} threads asked for (train.threads / --threads) on {cores} cores; \
+         using {cap} ({MAX_THREADS_PER_CORE} per core)"
+    );
+    cap
+}
+
+/// Largest config file [`read_config_text`] reads: recipes and grids are a few KiB.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The text of a configuration file (recipe, grid, generalisation recipe), refused beyond
+/// [`MAX_CONFIG_BYTES`].
+pub fn read_config_text(path: &Path) -> Result<String> {
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("cannot read config file {} as UTF-8 text", path.display()))?;
+    ensure!(
+        text.len() as u64 <= MAX_CONFIG_BYTES,
+        "config file {} is larger than {} MiB; a recipe is a few KiB of YAML (is it the right file?)",
+        path.display(),
+        MAX_CONFIG_BYTES >> 20
+    );
+    Ok(text)
+}
+
+/// `Ok` when `value` is finite and in `range`; else an error naming `key`, the value, the range
+/// (`shown`, e.g. `[0, 1)`) and `hint` (the paper's default, …).
+fn in_range(
+    key: &str,
+    value: f64,
+    range: impl std::ops::RangeBounds<f64>,
+    shown: &str,
+    hint: &str,
+) -> Result<()> {
+    ensure!(
+        value.is_finite() && range.contains(&value),
+        "{key} must be {shown}{hint}, got {value}"
+    );
+    Ok(())
+}
+
+/// `Ok` when `value` is finite and > 0; else an error naming `key` and `hint`.
+fn positive(key: &str, value: f64, hint: &str) -> Result<()> {
+    in_range(key, value, (Excluded(0.0), Unbounded), "> 0", hint)
+}
+
+/// `Ok` when `value` ≥ 1; else an error naming `key` and `hint`.
+fn at_least_one(key: &str, value: usize, hint: &str) -> Result<()> {
+    ensure!(value >= 1, "{key} must be ≥ 1{hint}, got {value}");
+    Ok(())
+}
+
+impl TrainConfig {
+    /// Side of a multi-crop local view of images of side `side`: `local_size`, or
+    /// `⌈side · 96/224⌉` (DINO's 96 px at 224) when 0.
+    pub fn local_side(&self, side: usize) -> usize {
+        match self.local_size {
+            0 => (side * 96).div_ceil(224).max(1),
+            s => s,
         }
-        if t.views == 0 {
-            bail!("train.views must be ≥ 1");
+    }
+
+    fn validate(&self) -> Result<()> {
+        at_least_one("train.epochs", self.epochs, "")?;
+        at_least_one("train.batch_size", self.batch_size, "")?;
+        at_least_one("train.views", self.views, "")?;
+        at_least_one(
+            "train.accumulate",
+            self.accumulate,
+            " (1: no gradient accumulation)",
+        )?;
+        at_least_one(
+            "train.checkpoint_every",
+            self.checkpoint_every,
+            " (epochs between checkpoints; the last epoch is always saved)",
+        )?;
+        positive("train.lr", self.lr, " (default 1e-3)")?;
+        in_range(
+            "train.min_lr",
+            self.min_lr,
+            0.0..=self.lr,
+            &format!("in [0, train.lr] = [0, {}]", self.lr),
+            " (the cosine schedule's end; default 0)",
+        )?;
+        ensure!(
+            self.warmup_epochs <= self.epochs,
+            "train.warmup_epochs must be ≤ train.epochs ({}), got {}",
+            self.epochs,
+            self.warmup_epochs
+        );
+        in_range(
+            "train.weight_decay",
+            self.weight_decay,
+            0.0..,
+            "≥ 0",
+            " (default 1e-4)",
+        )?;
+        let (b1, b2) = self.betas;
+        for (key, beta) in [("train.betas[0]", b1), ("train.betas[1]", b2)] {
+            in_range(key, beta, 0.0..1.0, "in [0, 1)", " (Adam: [0.9, 0.999])")?;
         }
-        if t.accumulate == 0 {
-            bail!("train.accumulate must be ≥ 1 (1: no gradient accumulation)");
-        }
-        if !(t.lr.is_finite() && t.lr > 0.0) {
-            bail!("train.lr must be > 0, got {}", t.lr);
-        }
-        if !(0.0..1.0).contains(&self.data.subset_test_fraction) {
-            bail!(
-                "data.subset_test_fraction must be in [0, 1) (0: keep the test split; IConE: 0.2), got {}",
-                self.data.subset_test_fraction
-            );
-        }
-        if !(0.0..1.0).contains(&self.data.test_fraction) || self.data.test_fraction == 0.0 {
-            bail!(
-                "data.test_fraction must be in (0, 1), got {}",
-                self.data.test_fraction
-            );
-        }
-        if !ENCODERS.contains(&self.model.encoder.as_str()) {
-            bail!(
-                "unknown model.encoder `{}`; built in: {}",
-                self.model.encoder,
-                ENCODERS.join(", ")
-            );
-        }
-        if self.model.projector.is_empty() {
-            bail!("model.projector needs at least one width (the output), e.g. [512, 512]");
+        in_range(
+            "train.momentum",
+            self.momentum,
+            0.0..1.0,
+            "in [0, 1)",
+            " (default 0.9)",
+        )?;
+        positive("train.lars_eta", self.lars_eta, " (LARS; default 0.02)")?;
+        in_range(
+            "train.probe_lr",
+            self.probe_lr,
+            0.0..,
+            "≥ 0",
+            " (0: no online probe; default 0.1)",
+        )?;
+        let (lo, hi) = self.local_scale;
+        ensure!(
+            lo.is_finite() && hi.is_finite() && 0.0 < lo && lo <= hi && hi <= 1.0,
+            "train.local_scale must be [a, b] with 0 < a ≤ b ≤ 1 (the local crop's area fraction; \
+             DINO: [0.05, 0.4]), got [{lo}, {hi}]"
+        );
+        Ok(())
+    }
+}
+
+impl DataConfig {
+    fn validate(&self) -> Result<()> {
+        at_least_one("data.size", self.size, " (the image side in pixels)")?;
+        at_least_one("data.imbalance", self.imbalance, " (1: balanced)")?;
+        in_range(
+            "data.subset_test_fraction",
+            self.subset_test_fraction,
+            0.0..1.0,
+            "in [0, 1)",
+            " (0: keep the test split; IConE: 0.2)",
+        )?;
+        in_range(
+            "data.test_fraction",
+            self.test_fraction,
+            (Excluded(0.0), Excluded(1.0)),
+            "in (0, 1)",
+            " (default 0.2)",
+        )?;
+        let mut classes = self.classes.clone();
+        classes.sort_unstable();
+        classes.dedup();
+        ensure!(
+            classes.len() != 1,
+            "data.classes keeps the single class {:?}; the evaluation's linear probe and \
+             silhouette need at least 2 (empty: all classes)",
+            classes
+        );
+        Ok(())
+    }
+}
+
+impl ModelConfig {
+    fn validate(&self) -> Result<()> {
+        ensure!(
+            ENCODERS.contains(&self.encoder.as_str()),
+            "unknown model.encoder `{}`; built in: {}",
+            self.encoder,
+            ENCODERS.join(", ")
+        );
+        ensure!(
+            !self.mlp.is_empty() && !self.mlp.contains(&0),
+            "model.mlp must list widths ≥ 1 (hidden…, output; default [64, 64, 2]), got {:?}",
+            self.mlp
+        );
+        ensure!(
+            !self.projector.is_empty(),
+            "model.projector needs at least one width (the output), e.g. [512, 512]"
+        );
+        ensure!(
+            !self.projector.contains(&0),
+            "model.projector widths must be ≥ 1 (default [512, 512]), got {:?}",
+            self.projector
+        );
+        Ok(())
+    }
+}
+
+impl EvalConfig {
+    fn validate(&self) -> Result<()> {
+        at_least_one("eval.knn_k", self.knn_k, " (default 20)")?;
+        positive(
+            "eval.knn_t",
+            self.knn_t,
+            " (the k-NN temperature; default 0.07)",
+        )?;
+        positive(
+            "eval.probe_c",
+            self.probe_c,
+            " (the probe's inverse L2 strength; default 1)",
+        )?;
+        at_least_one(
+            "eval.monitor_every",
+            self.monitor_every,
+            " (epochs between k-NN monitors; the last epoch is always monitored)",
+        )?;
+        if self.spectrum_every > 0 {
+            at_least_one(
+                "eval.spectrum_top",
+                self.spectrum_top,
+                " while eval.spectrum_every > 0 (default 20)",
+            )?;
         }
         Ok(())
     }
 }
 
-/// Applies `key.path=value` (value parsed as YAML) onto a YAML mapping.
+/// The error of deserialising `value` as a [`RunConfig`], with the dotted key it concerns and
+/// serde's wording made plain: `train.lr: expected a number, got "abc"`. (Deserialising from a
+/// `Value` loses the path; parsing its text keeps it.)
+fn keyed_error(value: &serde_yaml::Value, error: serde_yaml::Error) -> String {
+    let keyed = serde_yaml::to_string(value)
+        .ok()
+        .and_then(|text| serde_yaml::from_str::<RunConfig>(&text).err());
+    let Some(keyed) = keyed else {
+        return plain_serde_message(&error.to_string());
+    };
+    let mut text = keyed.to_string();
+    // The line and column are those of the re-serialised text, not of anything the user wrote.
+    if let Some(at) = keyed.location() {
+        let suffix = format!(" at line {} column {}", at.line(), at.column());
+        if let Some(stripped) = text.strip_suffix(&suffix) {
+            text = stripped.to_string();
+        }
+    }
+    plain_serde_message(&text)
+}
+
+/// serde's `invalid type: string "abc", expected f64` as `expected a number, got "abc"` (a
+/// leading `key: ` kept).
+fn plain_serde_message(message: &str) -> String {
+    let (key, rest) = match message.split_once(": invalid ") {
+        Some((key, rest)) => (format!("{key}: "), format!("invalid {rest}")),
+        None => (String::new(), message.to_string()),
+    };
+    let Some((got, expected)) = rest
+        .strip_prefix("invalid type: ")
+        .or_else(|| rest.strip_prefix("invalid value: "))
+        .and_then(|r| r.split_once(", expected "))
+    else {
+        return message.to_string();
+    };
+    let expected = match expected {
+        "f64" | "f32" => "a number",
+        "usize" | "u64" | "u32" | "u16" | "u8" => "a whole number ≥ 0",
+        "i64" | "i32" => "a whole number",
+        other => other,
+    };
+    let got = ["string ", "integer ", "floating point ", "boolean "]
+        .iter()
+        .find_map(|kind| got.strip_prefix(kind))
+        .map_or(got, |v| v.trim_matches('`'))
+        .replace("unit value", "null");
+    format!("{key}expected {expected}, got {got}")
+}
+
+/// Applies `key.path=value` (value parsed as YAML) onto a YAML mapping. A mapping value merges
+/// into a mapping already there, key by key (so `--set train={epochs: 3}` keeps an earlier
+/// `--set train.lr=0.1`); `~` (null) resets a key; anything else replaces the value. Setting a
+/// key under a value that is not a mapping, or a non-mapping over a mapping, is an error naming
+/// both.
 pub fn apply_set(root: &mut serde_yaml::Value, assignment: &str) -> Result<()> {
     let Some((key, raw)) = assignment.split_once('=') else {
         bail!("--set expects key=value (e.g. train.lr=0.01), got `{assignment}`");
     };
+    ensure!(
+        !key.is_empty() && key.split('.').all(|part| !part.is_empty()),
+        "--set {assignment}: `{key}` is not a dotted key (e.g. train.lr)"
+    );
     let value: serde_yaml::Value = serde_yaml::from_str(raw)
         .with_context(|| format!("--set {key}: `{raw}` is not a YAML value"))?;
     let mut node = root;
+    let mut path = String::new();
     for part in key.split('.') {
-        if !node.is_mapping() {
+        if node.is_null() {
             *node = serde_yaml::Value::Mapping(Default::default());
         }
-        let map = node.as_mapping_mut().expect("just made a mapping");
+        let shown = (!node.is_mapping()).then(|| inline_yaml(node));
+        let Some(map) = node.as_mapping_mut() else {
+            bail!(
+                "--set {assignment}: `{}` is `{}` (given earlier), not a mapping with keys",
+                match path.is_empty() {
+                    true => "the configuration",
+                    false => &path,
+                },
+                shown.unwrap_or_default()
+            );
+        };
+        if !path.is_empty() {
+            path.push('.');
+        }
+        path.push_str(part);
         node = map
             .entry(serde_yaml::Value::String(part.to_string()))
             .or_insert(serde_yaml::Value::Null);
     }
-    *node = value;
+    merge(node, value, &path, assignment)
+}
+
+/// Sets `node` (at dotted `path`) to `value`, merging mappings key by key.
+fn merge(
+    node: &mut serde_yaml::Value,
+    value: serde_yaml::Value,
+    path: &str,
+    assignment: &str,
+) -> Result<()> {
+    if node.is_mapping() && !value.is_mapping() && !value.is_null() {
+        bail!(
+            "--set {assignment}: `{path}` holds the keys `{}` (given earlier), which `{}` would \
+             replace; set them one by one ({path}.KEY=VALUE), or `{path}=~` first to reset them",
+            inline_yaml(node),
+            inline_yaml(&value)
+        );
+    }
+    match (node, value) {
+        (serde_yaml::Value::Mapping(map), serde_yaml::Value::Mapping(given)) => {
+            for (key, value) in given {
+                let name = key.as_str().map_or_else(|| inline_yaml(&key), String::from);
+                let slot = map.entry(key).or_insert(serde_yaml::Value::Null);
+                merge(slot, value, &format!("{path}.{name}"), assignment)?;
+            }
+        }
+        (node, value) => *node = value,
+    }
     Ok(())
+}
+
+/// A YAML value on one line, for messages (`{"lr":0.1}`, `[1,2]`, `3`).
+fn inline_yaml(value: &serde_yaml::Value) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| {
+        serde_yaml::to_string(value)
+            .unwrap_or_default()
+            .trim()
+            .replace('\n', " ")
+    })
 }
 
 #[cfg(test)]
@@ -525,13 +895,6 @@ mod tests {
     /// What the data and recipe imply fills what is not given, and a given value wins.
     #[test]
     fn recipe_and_data_defaults_yield_to_given_values() -> Result<()> {
-        let resolve = |sets: &[&str]| -> Result<RunConfig> {
-            let mut root = serde_yaml::Value::Mapping(Default::default());
-            for set in sets {
-                apply_set(&mut root, set)?;
-            }
-            RunConfig::from_yaml_value(root)
-        };
         let swav = resolve(&["data.augment=swav"])?;
         assert_eq!(swav.train.local_scale, (0.05, 0.14));
         let dino = resolve(&["data.augment=dino"])?;
@@ -580,5 +943,207 @@ mod tests {
         let err = RunConfig::from_yaml_value(v).unwrap_err().to_string();
         assert!(err.contains("unknown field `learning_rate`"), "{err}");
         assert!(apply_set(&mut serde_yaml::Value::Null, "novalue").is_err());
+    }
+
+    fn resolve(sets: &[&str]) -> Result<RunConfig> {
+        let mut root = serde_yaml::Value::Mapping(Default::default());
+        for set in sets {
+            apply_set(&mut root, set)?;
+        }
+        RunConfig::from_yaml_value(root)
+    }
+
+    /// The error of resolving `sets`, `{:#}`-formatted.
+    fn refused(sets: &[&str]) -> String {
+        match resolve(sets) {
+            Ok(_) => panic!("{sets:?} was accepted"),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    /// Every value the types allow but a run cannot use is refused with its key, the value and
+    /// the range.
+    #[test]
+    fn out_of_range_values_are_refused_naming_key_value_and_range() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["train.epochs=0"], "train.epochs must be ≥ 1, got 0"),
+            (&["train.batch_size=0"], "train.batch_size must be ≥ 1, got 0"),
+            (&["train.views=0"], "train.views must be ≥ 1, got 0"),
+            (&["train.accumulate=0"], "train.accumulate must be ≥ 1"),
+            (&["train.checkpoint_every=0"], "train.checkpoint_every must be ≥ 1"),
+            (&["train.lr=0"], "train.lr must be > 0 (default 1e-3), got 0"),
+            (&["train.lr=.inf"], "train.lr must be > 0 (default 1e-3), got inf"),
+            (&["train.min_lr=-0.1"], "train.min_lr must be in [0, train.lr] = [0, 0.001]"),
+            (&["train.min_lr=0.01"], "got 0.01"),
+            (&["train.epochs=3", "train.warmup_epochs=4"], "train.warmup_epochs must be ≤ train.epochs (3), got 4"),
+            (&["train.weight_decay=-1e-4"], "train.weight_decay must be ≥ 0 (default 1e-4), got -0.0001"),
+            (&["train.betas=[1.0, 0.999]"], "train.betas[0] must be in [0, 1) (Adam: [0.9, 0.999]), got 1"),
+            (&["train.betas=[0.9, -0.1]"], "train.betas[1] must be in [0, 1)"),
+            (&["train.momentum=1"], "train.momentum must be in [0, 1) (default 0.9), got 1"),
+            (&["train.lars_eta=0"], "train.lars_eta must be > 0 (LARS; default 0.02), got 0"),
+            (&["train.probe_lr=-0.1"], "train.probe_lr must be ≥ 0 (0: no online probe; default 0.1), got -0.1"),
+            (&["train.local_scale=[0.0, 0.4]"], "train.local_scale must be [a, b] with 0 < a ≤ b ≤ 1"),
+            (&["train.local_scale=[0.5, 0.4]"], "got [0.5, 0.4]"),
+            (&["train.local_scale=[0.05, 1.5]"], "got [0.05, 1.5]"),
+            (&["data.size=0"], "data.size must be ≥ 1 (the image side in pixels), got 0"),
+            (&["data.imbalance=0"], "data.imbalance must be ≥ 1 (1: balanced), got 0"),
+            (&["data.test_fraction=0"], "data.test_fraction must be in (0, 1) (default 0.2), got 0"),
+            (&["data.test_fraction=1"], "data.test_fraction must be in (0, 1)"),
+            (&["data.subset_test_fraction=1"], "data.subset_test_fraction must be in [0, 1)"),
+            (&["data.classes=[4, 4]"], "data.classes keeps the single class [4]"),
+            (&["model.encoder=resnet9"], "unknown model.encoder `resnet9`"),
+            (&["model.mlp=[]"], "model.mlp must list widths ≥ 1 (hidden…, output; default [64, 64, 2]), got []"),
+            (&["model.mlp=[64, 0, 2]"], "got [64, 0, 2]"),
+            (&["model.projector=[]"], "model.projector needs at least one width"),
+            (&["model.projector=[512, 0]"], "model.projector widths must be ≥ 1 (default [512, 512]), got [512, 0]"),
+            (&["eval.knn_k=0"], "eval.knn_k must be ≥ 1 (default 20), got 0"),
+            (&["eval.knn_t=0"], "eval.knn_t must be > 0 (the k-NN temperature; default 0.07), got 0"),
+            (&["eval.probe_c=-1"], "eval.probe_c must be > 0 (the probe's inverse L2 strength; default 1), got -1"),
+            (&["eval.monitor_every=0"], "eval.monitor_every must be ≥ 1"),
+            (&["eval.spectrum_top=0"], "eval.spectrum_top must be ≥ 1 while eval.spectrum_every > 0"),
+            (&["model.encoder=vit_t16", "data.size=28"], "data.size must be a multiple of 16, got 28 (e.g. --size 16)"),
+            (&["model.encoder=vit_s16", "data.size=40"], "got 40 (e.g. --size 32)"),
+            (&["model.encoder=vit_t16", "data.size=32", "train.local_views=2"], "the local views' side must be a multiple of 16, got 14 (train.local_size 0: ⌈32·96/224⌉)"),
+        ];
+        for (sets, expected) in cases {
+            let e = refused(sets);
+            assert!(e.contains(expected), "{sets:?}: `{expected}` not in `{e}`");
+        }
+        // At the edges of their ranges, values are accepted.
+        resolve(&[
+            "train.min_lr=0.001",
+            "train.betas=[0.0, 0.0]",
+            "train.momentum=0",
+            "train.probe_lr=0",
+            "train.weight_decay=0",
+            "train.local_scale=[1.0, 1.0]",
+            "eval.spectrum_every=0",
+            "eval.spectrum_top=0",
+            "model.encoder=vit_t16",
+            "data.size=32",
+            "train.local_views=2",
+            "train.local_size=16",
+        ])
+        .unwrap();
+    }
+
+    /// A value of the wrong type names its dotted key and says what was expected, in words.
+    #[test]
+    fn type_errors_name_the_key() {
+        let cases: &[(&str, &str)] = &[
+            ("train.lr=abc", r#"train.lr: expected a number, got "abc""#),
+            (
+                "train.epochs=-1",
+                "train.epochs: expected a whole number ≥ 0, got -1",
+            ),
+            (
+                "train.epochs=2.5",
+                "train.epochs: expected a whole number ≥ 0, got 2.5",
+            ),
+            (
+                "train.drop_last=maybe",
+                r#"train.drop_last: expected a boolean, got "maybe""#,
+            ),
+            (
+                "train.betas=0.9",
+                "train.betas: expected a tuple of size 2, got 0.9",
+            ),
+            (
+                "train.optimizer=adam",
+                "train.optimizer: unknown variant `adam`",
+            ),
+            (
+                "data.augment_views=[{crop_scale: big}]",
+                "data.augment_views[0].crop_scale: ",
+            ),
+        ];
+        for (set, expected) in cases {
+            let e = refused(&[set]);
+            assert!(e.contains(expected), "{set}: `{expected}` not in `{e}`");
+            assert!(!e.contains(" at line "), "{set}: {e}");
+        }
+    }
+
+    /// A later mapping merges into an earlier one; a value cannot silently replace a mapping,
+    /// nor a key be set under a value that is not one.
+    #[test]
+    fn later_sets_merge_and_never_silently_drop_earlier_ones() -> Result<()> {
+        let c = resolve(&["train.lr=0.1", "train={epochs: 3}"])?;
+        assert_eq!((c.train.lr, c.train.epochs), (0.1, 3));
+        let c = resolve(&["objective.params.mu=10", "objective={params: {lambda: 2}}"])?;
+        let p = &c.objective.params;
+        assert_eq!(
+            (p["mu"].as_f64(), p["lambda"].as_f64()),
+            (Some(10.0), Some(2.0))
+        );
+        // `~` resets a mapping, which a value may then replace; a later scalar replaces a scalar.
+        let c = resolve(&[
+            "train={lr: 0.1}",
+            "train=~",
+            "train.epochs=3",
+            "train.epochs=4",
+        ])?;
+        assert_eq!((c.train.lr, c.train.epochs), (1e-3, 4));
+        let e = refused(&["train=3", "train.lr=0.1"]);
+        assert!(
+            e.contains("--set train.lr=0.1: `train` is `3` (given earlier), not a mapping"),
+            "{e}"
+        );
+        let e = refused(&["train.lr=0.1", "train=3"]);
+        assert!(
+            e.contains(r#"--set train=3: `train` holds the keys `{"lr":0.1}` (given earlier)"#),
+            "{e}"
+        );
+        let e = refused(&["objective.params.mu=10", "objective={params: 5}"]);
+        assert!(e.contains("`objective.params` holds the keys"), "{e}");
+        for bad in ["=3", "train..lr=3", ".lr=3"] {
+            let e = refused(&[bad]);
+            assert!(e.contains("is not a dotted key"), "{bad}: {e}");
+        }
+        Ok(())
+    }
+
+    /// The default warm-up fits short runs; a given one longer than the run is refused.
+    #[test]
+    fn the_default_warmup_fits_the_epochs() -> Result<()> {
+        assert_eq!(resolve(&["train.epochs=1"])?.train.warmup_epochs, 1);
+        assert_eq!(resolve(&[])?.train.warmup_epochs, 2);
+        let e = refused(&["train.epochs=1", "train.warmup_epochs=2"]);
+        assert!(
+            e.contains("train.warmup_epochs must be ≤ train.epochs (1)"),
+            "{e}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn thread_counts_are_capped_at_a_multiple_of_the_cores() -> Result<()> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(capped_threads(0), 0);
+        assert_eq!(capped_threads(3), 3);
+        assert_eq!(capped_threads(usize::MAX), MAX_THREADS_PER_CORE * cores);
+        let c = resolve(&["train.threads=1000000000"])?;
+        assert_eq!(c.train.threads, MAX_THREADS_PER_CORE * cores);
+        Ok(())
+    }
+
+    #[test]
+    fn config_files_are_read_up_to_a_size_limit() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("recipe.yaml");
+        std::fs::write(&path, "train:\n  lr: 0.5\n")?;
+        assert_eq!(
+            RunConfig::from_file(&path)?["train"]["lr"].as_f64(),
+            Some(0.5)
+        );
+        std::fs::write(&path, vec![b'#'; MAX_CONFIG_BYTES as usize + 1])?;
+        let e = RunConfig::from_file(&path).unwrap_err().to_string();
+        assert!(e.contains("is larger than 1 MiB"), "{e}");
+        let e = RunConfig::from_file(&dir.path().join("absent.yaml")).unwrap_err();
+        assert!(e.to_string().contains("cannot read config file"), "{e}");
+        std::fs::write(&path, "train: [unclosed")?;
+        let e = RunConfig::from_file(&path).unwrap_err();
+        assert!(e.to_string().contains("is not valid YAML"), "{e}");
+        Ok(())
     }
 }

@@ -7,7 +7,7 @@
 //! (§7, §13); with an imbalanced training set, the probe's balanced accuracy over the minority
 //! classes.
 
-use anyhow::Result;
+use anyhow::{ensure, Context, Result};
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 use ssl_eval::{Features, LinearProbeConfig};
@@ -51,6 +51,36 @@ pub fn clean_inputs<'a>(data: &'a DataSplit, device: &Device) -> (Inputs<'a>, In
         y: setup::labels(&data.dataset, positions),
     };
     (make(&data.train), make(&data.test))
+}
+
+/// Checks, before training, that the final evaluation can score the split: the linear probe
+/// needs two classes among the training instances; uniformity, silhouette and class alignment
+/// need two test samples, two test classes and a test class with two samples.
+pub fn check_split(data: &DataSplit) -> Result<()> {
+    let classes = |positions: &[usize]| {
+        let mut counts = std::collections::BTreeMap::<u32, usize>::new();
+        for &i in positions {
+            *counts.entry(data.dataset.labels[i]).or_default() += 1;
+        }
+        counts
+    };
+    let (train, test) = (classes(&data.train), classes(&data.test));
+    let fix = "check data.classes, data.train_size and data.subset_test_fraction";
+    ensure!(
+        train.len() >= 2,
+        "the training partition holds {} class(es) {:?}; the evaluation's linear probe needs at \
+         least 2 ({fix})",
+        train.len(),
+        train.keys().collect::<Vec<_>>()
+    );
+    ensure!(
+        test.len() >= 2 && test.values().any(|&n| n >= 2),
+        "the test partition holds {} image(s) of {} class(es); the evaluation needs at least 2 \
+         classes and 2 images of one class ({fix})",
+        data.test.len(),
+        test.len()
+    );
+    Ok(())
 }
 
 /// Most bytes of raw pixels (train and test together) the raw-inputs baseline takes as
@@ -251,6 +281,32 @@ pub fn write_embedding(
     crate::checkpoint::write_atomic(path, csv.as_bytes())
 }
 
+/// The `(x, y, label)` rows of a 2-D `embedding.csv` ([`write_embedding`]).
+pub fn read_embedding(path: &std::path::Path) -> Result<Vec<(f64, f64, u32)>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut points = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split(',').collect();
+        let parsed = match fields[..] {
+            [x, y, label] => x
+                .parse()
+                .ok()
+                .zip(y.parse().ok())
+                .zip(label.parse().ok())
+                .map(|((x, y), label)| (x, y, label)),
+            _ => None,
+        };
+        points.push(parsed.with_context(|| {
+            format!(
+                "{}: expected `x,y,label` rows, got `{line}`",
+                path.display()
+            )
+        })?);
+    }
+    Ok(points)
+}
+
 /// The result table as Markdown.
 pub fn table(rows: &[(String, Evaluation)], cfg: &RunConfig) -> String {
     let mut s = format!(
@@ -272,6 +328,33 @@ pub fn table(rows: &[(String, Evaluation)], cfg: &RunConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A split the final evaluation cannot score is refused before training: one training
+    /// class, or test images too few to hold two classes and a pair of one class.
+    #[test]
+    fn splits_the_evaluation_cannot_score_are_refused() -> Result<()> {
+        check_split(&setup::data(&RunConfig::default())?)?;
+        // Labels are `i mod 10`.
+        let mut data = DataSplit::shape_only(&[1, 2, 2], 40);
+        data.test = vec![1, 2, 11];
+        check_split(&data)?;
+        let refused = |data: &DataSplit| format!("{:#}", check_split(data).unwrap_err());
+        data.train = vec![0, 10, 20];
+        let e = refused(&data);
+        assert!(
+            e.contains(
+                "the training partition holds 1 class(es) [0]; the evaluation's linear probe"
+            ),
+            "{e}"
+        );
+        data.train = (0..20).collect();
+        for test in [vec![], vec![1, 2], vec![1, 11]] {
+            data.test = test;
+            let e = refused(&data);
+            assert!(e.contains("the evaluation needs at least 2 classes"), "{e}");
+        }
+        Ok(())
+    }
 
     #[test]
     fn minority_accuracy_is_the_mean_recall_over_minority_classes() {

@@ -61,8 +61,7 @@ const COLUMNS: [&str; 5] = [
 impl Recipe {
     /// Reads a recipe file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read recipe {}", path.display()))?;
+        let text = crate::config::read_config_text(path)?;
         let recipe: Self = serde_yaml::from_str(&text)
             .with_context(|| format!("invalid generalisation recipe {}", path.display()))?;
         recipe.validate()?;
@@ -71,8 +70,11 @@ impl Recipe {
 
     fn validate(&self) -> Result<()> {
         let [a, b] = &self.halves;
-        if a.is_empty() || b.is_empty() {
-            bail!("both `halves` need at least one class, e.g. halves: [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]");
+        if let Some(half) = [a, b].into_iter().find(|h| h.len() < 2) {
+            bail!(
+                "both `halves` need at least two classes (each run's linear probe tells classes \
+                 apart), got {half:?}; e.g. halves: [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]"
+            );
         }
         if let Some(c) = a.iter().find(|c| b.contains(c)) {
             bail!("the halves must be disjoint, but class {c} is in both");
@@ -246,7 +248,9 @@ mod tests {
         let e = recipe("objectives: [vicreg]\nhalves: [[0, 1], [1, 2]]").unwrap_err();
         assert!(e.to_string().contains("class 1 is in both"), "{e}");
         let e = recipe("objectives: [vicreg]\nhalves: [[], [1, 2]]").unwrap_err();
-        assert!(e.to_string().contains("at least one class"), "{e}");
+        assert!(e.to_string().contains("at least two classes"), "{e}");
+        let e = recipe("objectives: [vicreg]\nhalves: [[0, 1], [2]]").unwrap_err();
+        assert!(e.to_string().contains("got [2]"), "{e}");
         let e = recipe("objectives: [vicreg]\nhalves: [[0], [1]]\nseed: [1]").unwrap_err();
         assert!(e.to_string().contains("unknown field"), "{e}");
     }

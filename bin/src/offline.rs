@@ -93,12 +93,18 @@ impl SuiteConfig {
                 );
             }
         }
-        anyhow::ensure!(
+        ensure!(
             self.lidar_views >= 2 && self.lidar_samples >= 2,
             "LiDAR needs at least 2 samples with 2 views each, got {} × {}",
             self.lidar_samples,
             self.lidar_views
         );
+        if let Some(c) = self.probe_c {
+            ensure!(
+                c.is_finite() && c > 0.0,
+                "--probe-c must be > 0 (the probe's inverse L2 strength; metrics.md §1: 1), got {c}"
+            );
+        }
         Ok(())
     }
 
@@ -662,4 +668,35 @@ pub fn online_probe_accuracy(run_dir: &Path) -> Option<f64> {
         .rev()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find_map(|v| v.get("online_probe_accuracy")?.as_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suite_settings_are_checked_before_anything_is_embedded() {
+        let refused = |suite: SuiteConfig| format!("{:#}", suite.validate().unwrap_err());
+        SuiteConfig::default().validate().unwrap();
+        let e = refused(SuiteConfig {
+            metrics: vec!["knn".into(), "accuracy".into()],
+            ..SuiteConfig::default()
+        });
+        assert!(e.contains("unknown metric `accuracy`"), "{e}");
+        let e = refused(SuiteConfig {
+            lidar_views: 1,
+            ..SuiteConfig::default()
+        });
+        assert!(
+            e.contains("LiDAR needs at least 2 samples with 2 views each"),
+            "{e}"
+        );
+        for c in [0.0, -1.0, f64::NAN] {
+            let e = refused(SuiteConfig {
+                probe_c: Some(c),
+                ..SuiteConfig::default()
+            });
+            assert!(e.contains("--probe-c must be > 0"), "{c}: {e}");
+        }
+    }
 }

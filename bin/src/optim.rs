@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use candle_core::{backprop::GradStore, Tensor, Var};
 
 use crate::config::{OptimizerKind, TrainConfig};
@@ -167,7 +167,16 @@ impl Optimizer {
             s.v = moment(format!("v.{}", s.name))?;
         }
         // Checkpoints written before per-parameter counts kept one shared `steps`.
-        let count = |t: &Tensor| -> Result<usize> { Ok(t.to_vec1::<f32>()?[0] as usize) };
+        let count = |t: &Tensor| -> Result<usize> {
+            let steps = t.flatten_all()?.to_vec1::<f32>()?;
+            match steps.as_slice() {
+                [n] => Ok(*n as usize),
+                _ => bail!(
+                    "the optimiser state's step count holds {} values, not 1",
+                    steps.len()
+                ),
+            }
+        };
         let shared = state.get("steps").map(count).transpose()?.unwrap_or(0);
         for s in &mut self.slots {
             s.steps = match state.get(&format!("steps.{}", s.name)) {
@@ -193,7 +202,7 @@ pub fn learning_rate(step: usize, total: usize, warmup: usize, lr: f64, min_lr: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use candle_core::{DType, Device};
 
     fn quadratic_descent(kind: OptimizerKind, nesterov: bool) -> f32 {
         let cfg = TrainConfig {
@@ -284,6 +293,14 @@ mod tests {
         restored.load_state(&opt.state()?)?;
         let counts: Vec<usize> = restored.slots.iter().map(|s| s.steps).collect();
         assert_eq!(counts, vec![6, 1]);
+        // A damaged count is an error, not a panic.
+        let mut damaged = opt.state()?;
+        damaged.insert(
+            "steps.a".into(),
+            Tensor::zeros(0, DType::F32, &Device::Cpu)?,
+        );
+        let e = restored.load_state(&damaged).unwrap_err().to_string();
+        assert!(e.contains("step count holds 0 values, not 1"), "{e}");
         Ok(())
     }
 

@@ -214,7 +214,7 @@ fn image_folder(cfg: &RunConfig) -> Result<ssl_data::ImageFolder> {
         (!keep.is_empty()).then_some(&keep[..]),
         Some(&cache),
     )
-    .with_context(|| format!("image folder {}", root.display()))
+    .context("data.root")
 }
 
 /// Where decoded image folders are cached: `$SSL_CACHE`, else [`user_cache`].

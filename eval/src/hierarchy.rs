@@ -56,6 +56,9 @@ use crate::clustering::{
 };
 use crate::Features;
 
+/// Largest hierarchy file [`ClassHierarchy::load`] reads (a hierarchy is a few KiB).
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
 /// Position of the pair `(i, j)`, `i ≠ j`, in a condensed vector over `n` items.
 fn condensed_index(n: usize, i: usize, j: usize) -> usize {
     let (i, j) = if i < j { (i, j) } else { (j, i) };
@@ -646,8 +649,19 @@ impl ClassHierarchy {
 
     /// Reads and parses a hierarchy file (YAML or JSON).
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
+        use std::io::Read;
+        let file = std::fs::File::open(path)
             .with_context(|| format!("cannot read class-hierarchy file {}", path.display()))?;
+        let mut text = String::new();
+        file.take(MAX_FILE_BYTES + 1)
+            .read_to_string(&mut text)
+            .with_context(|| format!("cannot read class-hierarchy file {}", path.display()))?;
+        ensure!(
+            text.len() as u64 <= MAX_FILE_BYTES,
+            "class-hierarchy file {} is larger than {} MiB; a hierarchy is a few KiB of YAML",
+            path.display(),
+            MAX_FILE_BYTES >> 20
+        );
         Self::parse(&text).with_context(|| format!("in class-hierarchy file {}", path.display()))
     }
 
@@ -1102,6 +1116,17 @@ mod tests {
         assert_eq!(deep.level_labels(2, &all).unwrap(), vec![0, 0, 1, 2]);
         assert_eq!(deep.level_labels(3, &all).unwrap(), vec![0, 1, 2, 3]);
         assert_eq!(deep.classes(), &all);
+    }
+
+    #[test]
+    fn hierarchy_files_are_read_up_to_a_size_limit() {
+        let path = std::env::temp_dir().join(format!("ssl-hierarchy-{}.yaml", std::process::id()));
+        std::fs::write(&path, vec![b'#'; MAX_FILE_BYTES as usize + 1]).unwrap();
+        let e = format!("{:#}", ClassHierarchy::load(&path).unwrap_err());
+        assert!(e.contains("is larger than 1 MiB"), "{e}");
+        std::fs::write(&path, "[[0, 1], [2]]").unwrap();
+        assert_eq!(ClassHierarchy::load(&path).unwrap().classes(), &[0, 1, 2]);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
