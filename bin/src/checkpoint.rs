@@ -18,7 +18,7 @@ pub const OPTIMIZER: &str = "optimizer.safetensors";
 pub const STATE: &str = "trainer_state.json";
 
 /// Progress saved beside the weights.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct TrainerState {
     /// Epochs completed.
     pub epochs_done: usize,
@@ -40,13 +40,12 @@ fn tmp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Saves tensors as safetensors atomically.
+/// Saves tensors as safetensors atomically, with the mode the umask gives (the safetensors
+/// crate's own file writer makes its files 0600).
 pub fn save_tensors(path: &Path, tensors: &HashMap<String, Tensor>) -> Result<()> {
-    let tmp = tmp_path(path);
-    candle_core::safetensors::save(tensors, &tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot move {} into place", path.display()))
+    let bytes = safetensors::serialize(tensors, None)
+        .with_context(|| format!("cannot serialise the tensors of {}", path.display()))?;
+    write_atomic(path, &bytes)
 }
 
 /// Loads a safetensors file onto the CPU, with an error that says which file is bad.
@@ -169,6 +168,30 @@ mod tests {
             load_tensors(&dir.path().join("missing.safetensors")).unwrap_err()
         );
         assert!(err.contains("does not exist"), "{err}");
+        Ok(())
+    }
+
+    /// Checkpoint files get the modes the umask gives (0644 under 022), not a private 0600.
+    #[cfg(unix)]
+    #[test]
+    fn checkpoint_files_follow_the_umask() -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir()?;
+        let ckpt = dir.path().join("checkpoint");
+        // SAFETY: umask only swaps the process's file-creation mask; 022 is the usual one.
+        let old = unsafe { libc::umask(0o022) };
+        let saved = save(
+            &ckpt,
+            &HashMap::new(),
+            &HashMap::new(),
+            &TrainerState::default(),
+        );
+        unsafe { libc::umask(old) };
+        saved?;
+        for name in [MODEL, OPTIMIZER, STATE] {
+            let mode = std::fs::metadata(ckpt.join(name))?.permissions().mode() & 0o777;
+            assert_eq!(mode, 0o644, "{name}: {mode:o}");
+        }
         Ok(())
     }
 

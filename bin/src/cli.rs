@@ -12,11 +12,17 @@ use clap::{Parser, Subcommand};
 
 use crate::compare::{self, Grid};
 use crate::config::{apply_set, RunConfig, TrainConfig};
+use crate::rundir::{self, Start};
 use crate::{evaluate, trainer};
 
-/// Self-supervised pretraining of image encoders with Candle.
+/// Self-supervised pretraining of image encoders, compared fairly: joint-embedding objectives
+/// (VICReg, SimCLR, Barlow Twins, FroSSL, IConE, DINO, … see `ssl list`) on CNN, ResNet and ViT
+/// encoders, over the embedded digits, MedMNIST 2D/3D and image folders; every run ends in a
+/// table of probe accuracy and collapse metrics beside a random-init baseline.
+///
+/// With no command, `ssl` runs the main job: VICReg on the embedded digits (about a minute).
 #[derive(Parser, Debug)]
-#[command(name = "ssl", version, about, long_about = None)]
+#[command(name = "ssl", version, about)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -175,8 +181,22 @@ pub struct PushArgs {
     /// Write the repository's files to RUN/hub/ without uploading them.
     #[arg(long)]
     pub dry_run: bool,
+    /// Licence of the weights, as the Hub's id (e.g. cc-by-4.0, mit, other). Default: the
+    /// data set's (digits and MedMNIST: cc-by-4.0, DermaMNIST: cc-by-nc-4.0, gmm: apache-2.0);
+    /// required for image folders.
+    #[arg(long, value_name = "ID")]
+    pub license: Option<String>,
     #[command(flatten)]
     pub hub: HubArgs,
+}
+
+impl PushArgs {
+    fn stage_options(&self) -> crate::publish::StageOptions {
+        crate::publish::StageOptions {
+            license: self.license.clone(),
+            suite: None,
+        }
+    }
 }
 
 impl HubArgs {
@@ -191,59 +211,75 @@ impl HubArgs {
 
 #[derive(clap::Args, Debug, Default)]
 pub struct RunArgs {
-    /// Objective name (see `ssl list`).
+    /// Objective name or alias, see `ssl list` [default: vicreg]
     #[arg(long)]
     pub objective: Option<String>,
-    /// YAML recipe (see `configs/`).
-    #[arg(long)]
+    /// YAML recipe (see `configs/`); flags and `--set` override its keys
+    #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Override any config key, e.g. `--set train.lr=0.01 --set objective.params.mu=10`.
+    /// Override any config key, e.g. `--set train.lr=0.01 --set objective.params.mu=10`; a
+    /// later mapping merges into earlier ones (`~` resets a key), and a flag below that names
+    /// the same key must agree with it
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
-    /// Data set: digits, gmm, a MedMNIST flag (bloodmnist, …; the files from data.root) or
-    /// folder (an ImageNet-style image folder at --root)
+    /// Data set: digits (embedded), gmm, a MedMNIST flag (bloodmnist, …; the files from
+    /// --root or ~/.medmnist), a MedMNIST file (path/to/bloodmnist_64.npz: set and size from
+    /// its name), or folder (an image folder at --root) [default: digits]
     #[arg(long)]
     pub data: Option<String>,
     /// Where the data live (data.root): MedMNIST files, or the image folder
     #[arg(long, value_name = "PATH")]
     pub root: Option<PathBuf>,
     /// Image side: the digits' upsampled size, the MedMNIST file's (28, 64, 128, 224), or the
-    /// side folder images are resized and centre-cropped to
+    /// side folder images are resized and centre-cropped to [default: 16 for digits]
     #[arg(long)]
     pub size: Option<usize>,
+    /// Training epochs [default: 50]
     #[arg(long)]
     pub epochs: Option<usize>,
+    /// Instances per batch (per view) [default: 128]
     #[arg(long)]
     pub batch_size: Option<usize>,
-    /// Views per instance (global crops).
+    /// Views per instance (global crops) [default: 2]
     #[arg(long)]
     pub views: Option<usize>,
     /// Encoder (model.encoder): digits_cnn, mlp, resnet18, resnet34, resnet50, resnet18_3d,
-    /// vit_t16, vit_s16 or vit_b16
+    /// vit_t16, vit_s16 or vit_b16 [default: digits_cnn; resnet18_3d for 3D MedMNIST]
     #[arg(long)]
     pub encoder: Option<String>,
     /// Initial encoder weights (model.init): a safetensors file with PyTorch state-dict keys,
     /// or `torchvision:resnet50`, `timm:vit_small_patch16_224`, … for a converted file in
     /// $SSL_WEIGHTS (default ~/.cache/candle-ssl/weights), e.g. torchvision/resnet50.safetensors
+    /// [default: random initialisation]
     #[arg(long, value_name = "FILE|FRAMEWORK:NAME")]
     pub init: Option<String>,
-    /// Multi-crop: extra low-resolution local views per instance, seen by the student only.
+    /// Multi-crop: extra low-resolution local views per instance, seen by the student only
+    /// [default: 0]
     #[arg(long)]
     pub local_views: Option<usize>,
+    /// Seed of the initialisation, the data order and the augmentations [default: 0]
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Run directory.
-    #[arg(long)]
+    /// Run directory [default: a new runs/<objective>-<time>, linked from runs/latest]
+    #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// cpu, cuda[:N] or metal.
+    /// Replace the run already in --out (its files are removed first)
+    #[arg(long, requires = "out", conflicts_with = "resume")]
+    pub overwrite: bool,
+    /// Device: cpu, cuda[:N] or metal [default: cpu]
     #[arg(long)]
     pub device: Option<String>,
-    /// CPU threads (default: all cores).
+    /// CPU threads [default: all cores]
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Continue the run in `--out` from its last checkpoint.
+    /// Continue the run in --out (default: runs/latest) from its last checkpoint, with the
+    /// configuration it recorded
     #[arg(long)]
     pub resume: bool,
+    /// With --resume: accept these changed keys (or sections, e.g. `train.epochs,
+    /// objective.params`) from the checkpoint's step on; config.yaml records them under history
+    #[arg(long, value_delimiter = ',', value_name = "KEY", requires = "resume")]
+    pub allow_changed: Vec<String>,
 }
 
 #[derive(clap::Args, Debug, Default)]
@@ -315,6 +351,14 @@ impl CompareArgs {
 
 /// Entry point of every `ssl` binary: parses arguments, runs, prints errors like a Rust CLI.
 pub fn main() -> ExitCode {
+    // A closed stdout (`ssl list | head -1`) ends the process quietly, as it does `ls` or `cat`,
+    // instead of `println!` panicking on the broken pipe. (Sockets are unaffected: the standard
+    // library writes to them with MSG_NOSIGNAL / SO_NOSIGPIPE.)
+    #[cfg(unix)]
+    // SAFETY: called before any thread is started; SIG_DFL is a valid disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     crate::allocator::keep_freed_memory();
     let cli = Cli::parse();
     match execute(cli) {
@@ -330,10 +374,9 @@ pub fn main() -> ExitCode {
 pub fn execute(cli: Cli) -> Result<()> {
     match cli.command.unwrap_or(Command::Run(Box::default())) {
         Command::Run(args) => {
-            let resume = args.resume;
-            let cfg = resolve(&args)?;
+            let (cfg, start) = run_config(&args)?;
             set_threads(cfg.train.threads);
-            let outcome = trainer::run(&cfg, resume)?;
+            let outcome = trainer::run(&cfg, start)?;
             if outcome.evaluation.is_empty() {
                 println!("stopped early; run directory {}", outcome.dir.display());
             } else {
@@ -461,7 +504,7 @@ pub fn execute(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Push(args) if args.dry_run => {
-            let dir = crate::publish::stage(&args.run, &args.repo)?;
+            let dir = crate::publish::stage(&args.run, &args.repo, &args.stage_options())?;
             println!("staged {} for {} (not uploaded)", dir.display(), args.repo);
             Ok(())
         }
@@ -471,7 +514,8 @@ pub fn execute(cli: Cli) -> Result<()> {
                 update: args.update,
                 ..args.hub.options()
             };
-            let commit = crate::publish::push(&args.run, &args.repo, &opts)?;
+            let commit =
+                crate::publish::push(&args.run, &args.repo, &args.stage_options(), &opts)?;
             println!("pushed {} to {} ({commit})", args.run.display(), args.repo);
             Ok(())
         }
@@ -587,6 +631,7 @@ fn eval_source(path: &Path) -> Result<crate::offline::Source> {
     let cfg = RunConfig::load_run(&dir)?;
     let weights = match (path.is_file(), dir.join(crate::export::EXPORTED)) {
         (true, _) => path.to_path_buf(),
+        (false, _) if path.ends_with("checkpoint") => path.join(crate::checkpoint::MODEL),
         (false, exported) if exported.exists() => exported,
         (false, _) => dir.join("checkpoint").join(crate::checkpoint::MODEL),
     };
@@ -608,6 +653,12 @@ fn run_dir(path: &Path) -> Result<PathBuf> {
             path.display()
         );
     }
+    // RUN/checkpoint → RUN
+    if path.is_dir() && !path.join("config.yaml").exists() {
+        if let Some(run) = path.parent().filter(|p| p.join("config.yaml").exists()) {
+            return Ok(run.to_path_buf());
+        }
+    }
     if path.is_file() {
         // REPO/model.safetensors → REPO; RUN/checkpoint/model.safetensors → RUN
         let parent = path.parent().unwrap_or(Path::new("."));
@@ -620,6 +671,7 @@ fn run_dir(path: &Path) -> Result<PathBuf> {
 }
 
 fn set_threads(threads: usize) {
+    let threads = crate::config::capped_threads(threads);
     if threads > 0 {
         // Candle's CPU kernels read RAYON_NUM_THREADS; our own ops use rayon's global pool.
         std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
@@ -629,41 +681,110 @@ fn set_threads(threads: usize) {
     }
 }
 
-/// Defaults ← recipe ← `--set` ← flags, then validation and objective lookup.
-pub fn resolve(args: &RunArgs) -> Result<RunConfig> {
-    let mut root = match &args.config {
-        Some(path) => RunConfig::from_file(path)?,
-        None => serde_yaml::Value::Mapping(Default::default()),
+/// The configuration `ssl run` trains with, and how it treats its run directory. A resume
+/// starts from the run's recorded configuration (unless `--config` names one) and is held
+/// against it ([`rundir::check_resume`]).
+pub fn run_config(args: &RunArgs) -> Result<(RunConfig, Start)> {
+    if !args.resume {
+        let start = match args.overwrite {
+            true => Start::Overwrite,
+            false => Start::Fresh,
+        };
+        return Ok((resolve(args, None)?, start));
+    }
+    let dir = rundir::resume_target(args.out.as_deref())?;
+    let recorded = RunConfig::load_run(&dir)?;
+    let state = crate::checkpoint::load_state(&dir.join("checkpoint")).with_context(|| {
+        format!(
+            "{} has no checkpoint to resume from yet; start it again with --out {} --overwrite",
+            dir.display(),
+            dir.display()
+        )
+    })?;
+    // `train.stop_after_epochs` counts the epochs of one invocation: it is not carried over.
+    let base = match args.config {
+        Some(_) => None,
+        None => Some(serde_yaml::to_value(RunConfig {
+            train: TrainConfig {
+                stop_after_epochs: 0,
+                ..recorded.train.clone()
+            },
+            ..recorded.clone()
+        })?),
     };
+    let mut requested = resolve(args, base)?;
+    requested.out = dir;
+    let cfg = rundir::check_resume(&recorded, &requested, &args.allow_changed, state.step)?;
+    Ok((cfg, Start::Resume))
+}
+
+/// `base` (else defaults ← recipe) ← `--set` ← flags, then validation and objective lookup. A
+/// flag and a `--set` that give one key different values are an error, not an order to guess.
+pub fn resolve(args: &RunArgs, base: Option<serde_yaml::Value>) -> Result<RunConfig> {
+    let mut root = match (base, &args.config) {
+        (Some(base), _) => base,
+        (None, Some(path)) => RunConfig::from_file(path)?,
+        (None, None) => serde_yaml::Value::Mapping(Default::default()),
+    };
+    let mut set_only = serde_yaml::Value::Mapping(Default::default());
     for s in &args.set {
         apply_set(&mut root, s)?;
+        apply_set(&mut set_only, s)?;
     }
-    let flags: [(&str, Option<String>); 14] = [
-        ("objective.name", args.objective.clone()),
-        ("data.name", args.data.clone()),
-        (
-            "data.root",
-            args.root.as_ref().map(|p| format!("'{}'", p.display())),
+    let (data, data_file) = match args.data.as_deref().map(medmnist_file) {
+        Some(Ok(Some(file))) => (Some(file.flag.clone()), Some(file)),
+        Some(Err(e)) => return Err(e),
+        _ => (args.data.clone(), None),
+    };
+    let quoted = |p: &Path| format!("'{}'", p.display());
+    let root_dir = match (&args.root, &data_file) {
+        (Some(_), Some(file)) => bail!(
+            "--data {} is a file, which names its directory; drop --root {}",
+            file.path.display(),
+            args.root.as_deref().unwrap_or(Path::new("")).display()
         ),
-        ("data.size", args.size.map(|v| v.to_string())),
-        ("train.epochs", args.epochs.map(|v| v.to_string())),
-        ("train.batch_size", args.batch_size.map(|v| v.to_string())),
-        ("train.views", args.views.map(|v| v.to_string())),
-        ("model.encoder", args.encoder.clone()),
-        ("model.init", args.init.as_ref().map(|v| format!("'{v}'"))),
-        ("train.local_views", args.local_views.map(|v| v.to_string())),
-        ("train.seed", args.seed.map(|v| v.to_string())),
-        (
-            "out",
-            args.out.as_ref().map(|p| format!("'{}'", p.display())),
+        (Some(dir), None) => Some(quoted(dir)),
+        (None, Some(file)) => Some(quoted(&file.path)),
+        (None, None) => None,
+    };
+    let size = match (args.size, &data_file) {
+        (Some(given), Some(file)) if given != file.size => bail!(
+            "--size {given} disagrees with --data {}, a {}-pixel file; drop --size",
+            file.path.display(),
+            file.size
         ),
-        ("train.device", args.device.clone()),
-        ("train.threads", args.threads.map(|v| v.to_string())),
+        (given, file) => given.or(file.as_ref().map(|f| f.size)),
+    };
+    let flags: [(&str, &str, Option<String>); 14] = [
+        ("--objective", "objective.name", args.objective.clone()),
+        ("--data", "data.name", data),
+        ("--root", "data.root", root_dir),
+        ("--size", "data.size", size.map(|v| v.to_string())),
+        ("--epochs", "train.epochs", args.epochs.map(|v| v.to_string())),
+        ("--batch-size", "train.batch_size", args.batch_size.map(|v| v.to_string())),
+        ("--views", "train.views", args.views.map(|v| v.to_string())),
+        ("--encoder", "model.encoder", args.encoder.clone()),
+        ("--init", "model.init", args.init.as_ref().map(|v| format!("'{v}'"))),
+        ("--local-views", "train.local_views", args.local_views.map(|v| v.to_string())),
+        ("--seed", "train.seed", args.seed.map(|v| v.to_string())),
+        ("--out", "out", args.out.as_deref().map(quoted)),
+        ("--device", "train.device", args.device.clone()),
+        ("--threads", "train.threads", args.threads.map(|v| v.to_string())),
     ];
-    for (key, value) in flags {
-        if let Some(v) = value {
-            apply_set(&mut root, &format!("{key}={v}"))?;
+    for (flag, key, value) in flags {
+        let Some(v) = value else { continue };
+        let mut alone = serde_yaml::Value::Mapping(Default::default());
+        apply_set(&mut alone, &format!("{key}={v}"))?;
+        if let (Some(by_set), Some(by_flag)) = (lookup(&set_only, key), lookup(&alone, key)) {
+            if by_set != by_flag {
+                bail!(
+                    "{flag} and --set {key} give {key} different values ({} and {}); keep one",
+                    yaml_line(by_flag),
+                    yaml_line(by_set)
+                );
+            }
         }
+        apply_set(&mut root, &format!("{key}={v}"))?;
     }
     let cfg = RunConfig::from_yaml_value(root).context(match &args.config {
         Some(p) => format!("invalid configuration in {}", p.display()),
@@ -671,4 +792,118 @@ pub fn resolve(args: &RunArgs) -> Result<RunConfig> {
     })?;
     ssl_core::find(&cfg.objective.name)?;
     Ok(cfg)
+}
+
+/// The node at dotted `key` of a YAML tree, if there is one.
+fn lookup<'v>(root: &'v serde_yaml::Value, key: &str) -> Option<&'v serde_yaml::Value> {
+    key.split('.').try_fold(root, |node, part| node.get(part))
+}
+
+/// A YAML value on one line.
+fn yaml_line(v: &serde_yaml::Value) -> String {
+    serde_yaml::to_string(v)
+        .map(|s| s.trim().replace('\n', " "))
+        .unwrap_or_default()
+}
+
+/// A MedMNIST file that `--data` names by path: its flag and size read off the official name
+/// `FLAG.npz` (28 px) or `FLAG_SIZE.npz`.
+struct MedmnistFile {
+    path: PathBuf,
+    flag: String,
+    size: usize,
+}
+
+/// `Some` when `data` is a path to a `.npz` file (not a data set's name); an error when such a
+/// file is missing or its name is not a MedMNIST file's.
+fn medmnist_file(data: &str) -> Result<Option<MedmnistFile>> {
+    let path = Path::new(data);
+    if path.extension().is_none_or(|e| e != "npz") {
+        return Ok(None);
+    }
+    if !path.is_file() {
+        bail!(
+            "--data {data}: no such file; give a MedMNIST .npz file (e.g. ~/.medmnist/bloodmnist_64.npz,              fetched with `ssl data download bloodmnist --size 64`) or a data set name"
+        );
+    }
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let (flag, size) = match stem.rsplit_once('_') {
+        Some((flag, size)) => match size.parse::<usize>() {
+            Ok(size) => (flag.to_string(), size),
+            Err(_) => (stem.to_string(), 28),
+        },
+        None => (stem.to_string(), 28),
+    };
+    let info = ssl_data::medmnist_info(&flag).with_context(|| {
+        format!("--data {data}: the file name does not name a MedMNIST set (FLAG.npz or FLAG_SIZE.npz)")
+    })?;
+    info.md5_at(size)
+        .with_context(|| format!("--data {data}: {} has no {size}-pixel files", info.flag))?;
+    Ok(Some(MedmnistFile {
+        path: path.to_path_buf(),
+        flag: info.flag.to_string(),
+        size,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data_args(data: &Path, more: impl FnOnce(&mut RunArgs)) -> RunArgs {
+        let mut args = RunArgs {
+            data: Some(data.display().to_string()),
+            ..Default::default()
+        };
+        more(&mut args);
+        args
+    }
+
+    #[test]
+    fn a_medmnist_file_names_its_set_and_size() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("bloodmnist_64.npz");
+        std::fs::write(&file, b"")?;
+        let cfg = resolve(&data_args(&file, |_| {}), None)?;
+        assert_eq!(
+            (cfg.data.name.as_str(), cfg.data.size),
+            ("bloodmnist", 64)
+        );
+        assert_eq!(cfg.data.root.as_deref(), Some(file.as_path()));
+        let plain = dir.path().join("organmnist3d.npz");
+        std::fs::write(&plain, b"")?;
+        let cfg = resolve(&data_args(&plain, |_| {}), None)?;
+        assert_eq!((cfg.data.name.as_str(), cfg.data.size), ("organmnist3d", 28));
+
+        let error = |args: RunArgs| format!("{:#}", resolve(&args, None).unwrap_err());
+        let e = error(data_args(&file, |a| a.size = Some(28)));
+        assert!(e.contains("--size 28 disagrees") && e.contains("64-pixel"), "{e}");
+        let e = error(data_args(&file, |a| a.root = Some(dir.path().into())));
+        assert!(e.contains("drop --root"), "{e}");
+        let e = error(data_args(&dir.path().join("pathmnist_64.npz"), |_| {}));
+        assert!(e.contains("no such file") && e.contains("ssl data download"), "{e}");
+        let odd = dir.path().join("cifar10_32.npz");
+        std::fs::write(&odd, b"")?;
+        let e = error(data_args(&odd, |_| {}));
+        assert!(e.contains("does not name a MedMNIST set"), "{e}");
+        let big = dir.path().join("organmnist3d_224.npz");
+        std::fs::write(&big, b"")?;
+        let e = error(data_args(&big, |_| {}));
+        assert!(e.contains("has no 224-pixel files"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn eval_finds_the_run_of_a_checkpoint() -> Result<()> {
+        let run = tempfile::tempdir()?;
+        std::fs::create_dir(run.path().join("checkpoint"))?;
+        std::fs::write(run.path().join("config.yaml"), "")?;
+        let checkpoint = run.path().join("checkpoint");
+        assert_eq!(run_dir(&checkpoint)?, run.path());
+        assert_eq!(run_dir(&checkpoint.join("model.safetensors")).ok(), None);
+        std::fs::write(checkpoint.join("model.safetensors"), b"")?;
+        assert_eq!(run_dir(&checkpoint.join("model.safetensors"))?, run.path());
+        assert_eq!(run_dir(run.path())?, run.path());
+        Ok(())
+    }
 }

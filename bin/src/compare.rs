@@ -130,8 +130,7 @@ impl ObjectiveEntry {
 impl Grid {
     /// Reads a grid file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read grid file {}", path.display()))?;
+        let text = crate::config::read_config_text(path)?;
         let mut grid: Self = serde_yaml::from_str(&text)
             .with_context(|| format!("invalid grid file {}", path.display()))?;
         grid.name = path
@@ -317,7 +316,12 @@ pub fn run_cell(cell: &Cell) -> Result<Outcome> {
     let dir = &cell.config.out;
     let resume =
         dir.join("checkpoint").join(checkpoint::STATE).exists() && same_config(dir, &cell.config)?;
-    match trainer::run(&cell.config, resume) {
+    // The cell's directory is the grid's: a run of another configuration in it is replaced.
+    let start = match resume {
+        true => crate::rundir::Start::Resume,
+        false => crate::rundir::Start::Overwrite,
+    };
+    match trainer::run(&cell.config, start) {
         Ok(_) => Ok(finished(cell)?
             .unwrap_or_else(|| Outcome::Failed("the run ended without results.json".to_string()))),
         Err(e) => Ok(Outcome::Failed(format!("{e:#}"))),
@@ -825,20 +829,10 @@ fn embeddings_figure(cells: &[Cell], path: &Path) -> Result<bool> {
             continue;
         }
         let file = cell.config.out.join("embedding.csv");
-        let Ok(text) = std::fs::read_to_string(&file) else {
+        if !file.exists() {
             continue;
-        };
-        let mut points = Vec::new();
-        for line in text.lines() {
-            let fields: Vec<&str> = line.split(',').collect();
-            let [x, y, label] = fields[..] else {
-                bail!(
-                    "{}: expected `x,y,label` rows, got `{line}`",
-                    file.display()
-                );
-            };
-            points.push((x.parse()?, y.parse()?, label.parse()?));
         }
+        let points = crate::evaluate::read_embedding(&file)?;
         panels.push(ScatterPanel {
             title: format!("{} (seed {})", cell.label, cell.seed),
             points,

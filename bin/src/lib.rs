@@ -22,6 +22,8 @@ pub mod plot;
 pub mod pretrained;
 pub mod progress;
 pub mod publish;
+pub mod rundir;
+pub mod runlog;
 pub mod setup;
 pub mod tensorboard;
 pub mod trainer;

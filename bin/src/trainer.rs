@@ -5,7 +5,6 @@
 //! view's graph on its own, side by side on the CPU) → optimiser → objective hook. Every step is logged to `metrics.jsonl`; every `checkpoint_every` epochs and at the end
 //! the run is checkpointed atomically; `--resume` continues to the same final weights.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -23,10 +22,11 @@ use ssl_models::{Encoder, Projector};
 
 use crate::checkpoint::{self, TrainerState};
 use crate::config::RunConfig;
-use crate::diagnostics::{self, SpectrumLog};
-use crate::evaluate::{self, Evaluation};
+use crate::evaluate::{self, Evaluation, Inputs};
 use crate::optim::{learning_rate, Optimizer};
 use crate::progress;
+use crate::rundir::{self, Start};
+use crate::runlog::{RunLog, StepRecord};
 use crate::setup::{self, DataSplit};
 
 /// A model being trained: student networks, optional teacher, objective, probe.
@@ -224,23 +224,34 @@ pub struct RunOutcome {
     pub seconds: f64,
 }
 
-/// Trains `cfg` into `cfg.out` (resuming if asked) and evaluates against the baselines.
-pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
-    let start = Instant::now();
+/// Trains `cfg` into its run directory and evaluates it against the baselines. `start` says
+/// what the directory may already hold ([`rundir::prepare`]). Everything that can refuse the
+/// run (data, networks, views, the checkpoint a resume loads) is checked before the directory
+/// is touched.
+pub fn run(cfg: &RunConfig, start: Start) -> Result<RunOutcome> {
+    let started = Instant::now();
     let device = setup::device(&cfg.train.device)?;
     let data = setup::data(cfg)?;
+    evaluate::check_split(&data)?;
     let mut model = build_model(cfg, &data, &device)?;
     apply_init(cfg, &model)?;
     let loader = training_loader(cfg, &data)?;
+    let mut optimizer = optimizer(cfg, &model);
+    let resumed = match start {
+        Start::Resume => Some(restore(&cfg.out, &mut model, &mut optimizer)?),
+        Start::Fresh | Start::Overwrite => None,
+    };
     if model.precision == Precision::Bf16 && device.is_cpu() {
         eprintln!(
             "train.precision bf16 on the CPU is emulated (bf16-rounded operands, f32 products): \
              it checks a recipe in bf16 but is slower than f32; use it for speed on cuda or metal"
         );
     }
-    let dir = cfg.out.clone();
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("cannot create run directory {}", dir.display()))?;
+    let dir = rundir::prepare(cfg, start)?;
+    let cfg = &RunConfig {
+        out: dir.clone(),
+        ..cfg.clone()
+    };
     checkpoint::write_atomic(
         &dir.join("config.yaml"),
         serde_yaml::to_string(cfg)?.as_bytes(),
@@ -249,19 +260,30 @@ pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
         &dir.join("split.json"),
         serde_json::to_string(&data)?.as_bytes(),
     )?;
-    let finished = train(cfg, &data, loader, &mut model, &device, &dir, resume)?;
-    if !finished {
+    let mut log = RunLog::open(&dir, cfg, resumed.as_ref())?;
+    let mut training = Training::new(cfg, &loader, &mut model, &mut optimizer, &mut log, resumed);
+    if !training.run(&data, &device, &loader)? {
         return Ok(RunOutcome {
             dir,
             evaluation: Vec::new(),
-            seconds: start.elapsed().as_secs_f64(),
+            seconds: started.elapsed().as_secs_f64(),
         });
     }
+    let last_step = training.state.step.saturating_sub(1);
     let evaluation = evaluate::with_baselines(cfg, &data, &model, &device)?;
     if model.encoder.output_dim() == 2 {
-        evaluate::write_embedding(&dir.join("embedding.csv"), &data, &model, &device)?;
+        let csv = dir.join("embedding.csv");
+        evaluate::write_embedding(&csv, &data, &model, &device)?;
+        crate::plot::scatter_panels(
+            &dir.join(crate::runlog::EMBEDDING_PNG),
+            &[crate::plot::ScatterPanel {
+                title: format!("{}: test embeddings", cfg.objective.name),
+                points: evaluate::read_embedding(&csv)?,
+            }],
+        )?;
     }
-    let seconds = start.elapsed().as_secs_f64();
+    log.finish(last_step)?;
+    let seconds = started.elapsed().as_secs_f64();
     let results = json!({
         "seconds": seconds,
         "rows": evaluation.iter().map(|(n, e)| json!({"encoder": n, "metrics": e})).collect::<Vec<_>>(),
@@ -275,6 +297,28 @@ pub fn run(cfg: &RunConfig, resume: bool) -> Result<RunOutcome> {
         evaluation,
         seconds,
     })
+}
+
+/// Loads the last checkpoint of the run in `dir` into `model` and `optimizer`: where it stands.
+fn restore(dir: &Path, model: &mut Model, optimizer: &mut Optimizer) -> Result<TrainerState> {
+    let ckpt_dir = dir.join("checkpoint");
+    let state = checkpoint::load_state(&ckpt_dir)?;
+    model
+        .store
+        .load(&checkpoint::load_tensors(&ckpt_dir.join(checkpoint::MODEL))?)
+        .with_context(|| {
+            format!(
+                "cannot resume from {}: it was written for another model, objective or training-set size \
+                 (an instance table has one row per training instance); resume with the run's own \
+                 configuration ({}) or start a new run",
+                ckpt_dir.display(),
+                dir.join("config.yaml").display()
+            )
+        })?;
+    optimizer.load_state(&checkpoint::load_tensors(
+        &ckpt_dir.join(checkpoint::OPTIMIZER),
+    )?)?;
+    Ok(state)
 }
 
 /// The training view types of `cfg` for samples of `shape`: `data.augment_views` if given,
@@ -316,13 +360,9 @@ pub fn local_crop(
 ) -> LocalCrop {
     let t = &cfg.train;
     let side = shape.last().copied().unwrap_or(0);
-    let size = match t.local_size {
-        0 => (side * 96).div_ceil(224).max(1),
-        s => s,
-    };
     LocalCrop {
         interpolation,
-        ..LocalCrop::new(size, t.local_scale, then)
+        ..LocalCrop::new(t.local_side(side), t.local_scale, then)
     }
 }
 
@@ -360,207 +400,249 @@ fn training_loader(cfg: &RunConfig, data: &DataSplit) -> Result<Arc<ViewLoader>>
 /// Batches the loader builds ahead of the training step.
 const PREFETCH: usize = 2;
 
-/// The training loop. Returns whether the run reached its last epoch.
-fn train(
-    cfg: &RunConfig,
-    data: &DataSplit,
-    loader: Arc<ViewLoader>,
-    model: &mut Model,
-    device: &Device,
-    dir: &Path,
-    resume: bool,
-) -> Result<bool> {
-    let t = &cfg.train;
-    let steps_per_epoch = loader.steps_per_epoch() / t.accumulate;
-    let total_steps = steps_per_epoch * t.epochs;
-    let mut optimizer = optimizer(cfg, model);
-    let ckpt_dir = dir.join("checkpoint");
-    let mut state = TrainerState {
-        epochs_done: 0,
-        step: 0,
-    };
-    if resume {
-        state = checkpoint::load_state(&ckpt_dir)?;
-        model
-            .store
-            .load(&checkpoint::load_tensors(&ckpt_dir.join(checkpoint::MODEL))?)
-            .with_context(|| {
-                format!(
-                    "cannot resume from {}: it was written for another model, objective or training-set size \
-                     (an instance table has one row per training instance); resume with the run's own \
-                     configuration ({}) or start a fresh --out",
-                    ckpt_dir.display(),
-                    dir.join("config.yaml").display()
-                )
-            })?;
-        optimizer.load_state(&checkpoint::load_tensors(
-            &ckpt_dir.join(checkpoint::OPTIMIZER),
-        )?)?;
-    } else if dir.join("metrics.jsonl").exists() {
-        std::fs::remove_file(dir.join("metrics.jsonl"))?;
+/// A run in training: the model and optimiser, its logs, and where it stands.
+struct Training<'a> {
+    cfg: &'a RunConfig,
+    model: &'a mut Model,
+    optimizer: &'a mut Optimizer,
+    log: &'a mut RunLog,
+    state: TrainerState,
+    /// The step of the checkpoint on disk, if there is one.
+    checkpointed: Option<usize>,
+    steps_per_epoch: usize,
+    total_steps: usize,
+    /// The student's trainable parameters, and the teacher's under the same names (the EMA
+    /// hook pairs them by position).
+    student: Vec<(String, Var)>,
+    teacher: Option<Vec<(String, Var)>>,
+}
+
+impl<'a> Training<'a> {
+    fn new(
+        cfg: &'a RunConfig,
+        loader: &ViewLoader,
+        model: &'a mut Model,
+        optimizer: &'a mut Optimizer,
+        log: &'a mut RunLog,
+        resumed: Option<TrainerState>,
+    ) -> Self {
+        let steps_per_epoch = loader.steps_per_epoch() / cfg.train.accumulate;
+        let student = student_params(&model.store);
+        let teacher = model.teacher.as_ref().map(|_| {
+            model
+                .store
+                .vars_with_prefix("teacher.")
+                .into_iter()
+                .filter(|(n, _)| !ParamStore::is_buffer(n))
+                .map(|(n, v)| (n["teacher.".len()..].to_string(), v))
+                .collect()
+        });
+        Self {
+            cfg,
+            model,
+            optimizer,
+            log,
+            checkpointed: resumed.as_ref().map(|s| s.step),
+            state: resumed.unwrap_or_default(),
+            steps_per_epoch,
+            total_steps: steps_per_epoch * cfg.train.epochs,
+            student,
+            teacher,
+        }
     }
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("metrics.jsonl"))
-        .context("cannot open metrics.jsonl")?;
-    let mut spectrum = match cfg.eval.spectrum_every {
-        0 => None,
-        _ => Some(SpectrumLog::open(dir, resume, cfg.eval.spectrum_top)?),
-    };
-    let student = student_params(&model.store);
-    // Same names as `student` after the prefix, so both lists are in the same sorted order.
-    let teacher: Option<Vec<_>> = model.teacher.as_ref().map(|_| {
-        model
-            .store
-            .vars_with_prefix("teacher.")
-            .into_iter()
-            .filter(|(n, _)| !ParamStore::is_buffer(n))
-            .map(|(n, v)| (n["teacher.".len()..].to_string(), v))
-            .collect()
-    });
-    let (eval_train, eval_test) = evaluate::clean_inputs(data, device);
-    let bar = progress::bar(
-        total_steps as u64,
-        "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} steps {msg} ({eta})",
-    );
-    bar.set_position(state.step as u64);
-    let mut epochs_this_call = 0;
-    for epoch in state.epochs_done..t.epochs {
-        bar.set_prefix(format!("{}/{}", epoch + 1, t.epochs));
-        // Batches of this optimiser step so far, and their summed gradients.
-        let mut accumulated: Vec<StepOutput> = Vec::new();
-        let mut grads: Option<GradStore> = None;
-        let mut started = Instant::now();
-        let mut images = 0;
-        // Time this optimiser step spent waiting for its views (0 while the loader keeps ahead).
+
+    /// The training loop: every remaining epoch's optimiser steps, then its end (monitor,
+    /// checkpoint). Returns whether the run reached its last epoch.
+    fn run(&mut self, data: &DataSplit, device: &Device, loader: &Arc<ViewLoader>) -> Result<bool> {
+        let t = &self.cfg.train;
+        let monitor_inputs = evaluate::clean_inputs(data, device);
+        let bar = progress::bar(
+            self.total_steps as u64,
+            "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} steps {msg} ({eta})",
+        );
+        bar.set_position(self.state.step as u64);
+        let first = self.state.epochs_done;
+        for epoch in first..t.epochs {
+            bar.set_prefix(format!("{}/{}", epoch + 1, t.epochs));
+            // Batches beyond the last whole group of `accumulate` are dropped, as drop_last does.
+            let mut batches = loader.prefetch(epoch, self.steps_per_epoch * t.accumulate, PREFETCH);
+            for _ in 0..self.steps_per_epoch {
+                let loss = self.optimiser_step(epoch, data, device, &mut batches)?;
+                bar.set_message(format!("loss {loss:.4}"));
+                bar.inc(1);
+            }
+            let stopping = t.stop_after_epochs > 0 && epoch + 1 - first >= t.stop_after_epochs;
+            self.end_epoch(epoch, &monitor_inputs, stopping)?;
+            if stopping && epoch + 1 < t.epochs {
+                bar.abandon_with_message(
+                    "stopped early (train.stop_after_epochs); continue with --resume",
+                );
+                return Ok(false);
+            }
+        }
+        bar.finish_and_clear();
+        Ok(true)
+    }
+
+    /// One optimiser step: `train.accumulate` batches forward and backward, their mean
+    /// gradient applied, the objective's hook (EMA teachers, queues), the step logged. Returns
+    /// the loss.
+    fn optimiser_step(
+        &mut self,
+        epoch: usize,
+        data: &DataSplit,
+        device: &Device,
+        batches: &mut impl Iterator<Item = ssl_data::ViewBatch>,
+    ) -> Result<f64> {
+        let t = &self.cfg.train;
+        let started = Instant::now();
+        let progress = Progress {
+            step: self.state.step,
+            epoch,
+            steps_per_epoch: self.steps_per_epoch,
+            total_steps: self.total_steps,
+            seed: t.seed,
+        };
+        let lr = learning_rate(
+            self.state.step,
+            self.total_steps,
+            t.warmup_epochs * self.steps_per_epoch,
+            t.lr,
+            t.min_lr,
+        );
+        let (mut outs, mut grads, mut images) = (Vec::with_capacity(t.accumulate), None, 0);
         let mut data_wait = Duration::ZERO;
-        // Batches beyond the last whole group of `accumulate` are dropped, as drop_last does.
-        let mut batches = loader.prefetch(epoch, steps_per_epoch * t.accumulate, PREFETCH);
-        loop {
+        for _ in 0..t.accumulate {
             let asked = Instant::now();
-            let Some(view_batch) = batches.next() else {
-                break;
-            };
+            let mut view_batch = batches
+                .next()
+                .context("the data loader stopped before the epoch's last batch")?;
             data_wait += asked.elapsed();
-            let progress = Progress {
-                step: state.step,
-                epoch,
-                steps_per_epoch,
-                total_steps,
-                seed: t.seed,
-            };
-            let lr = learning_rate(
-                state.step,
-                total_steps,
-                t.warmup_epochs * steps_per_epoch,
-                t.lr,
-                t.min_lr,
-            );
-            let (v, b) = (view_batch.views_count, view_batch.batch_size);
-            let mut shape = vec![v * b];
-            shape.extend(&data.dataset.shape);
-            let local_images = match view_batch.local_count {
-                0 => None,
-                m => {
-                    let mut shape = vec![m * b];
-                    shape.extend(&view_batch.local_shape);
-                    Some(Tensor::from_vec(view_batch.local_views, shape, device)?)
-                }
-            };
-            let input = StepInput {
-                images: Tensor::from_vec(view_batch.views, shape, device)?,
-                views: v,
-                local_images,
-                instance_ids: &view_batch.instance_ids,
-                labels: &view_batch.labels,
-                progress,
-                lr,
-            };
-            let log_spectrum = spectrum
-                .as_ref()
-                .is_some_and(|_| state.step.is_multiple_of(cfg.eval.spectrum_every));
-            let (out, batch_grads) = forward_backward(model, &input).with_context(|| {
-                format!(
-                    "at step {} (epoch {}); training stopped and the last good checkpoint in {} is kept. Lower --set train.lr or check the data",
-                    state.step,
-                    epoch + 1,
-                    ckpt_dir.display()
-                )
-            })?;
-            images += v * input.instance_ids.len();
+            let input = step_input(&mut view_batch, &data.dataset.shape, device, progress, lr)?;
+            let (out, batch_grads) =
+                forward_backward(self.model, &input).with_context(|| self.stopped_at(epoch))?;
+            images += input.views * input.instance_ids.len();
             grads = Some(match grads.take() {
                 None => batch_grads,
-                Some(sum) => add_grads(&model.store, sum, &batch_grads)?,
+                Some(sum) => add_grads(&self.model.store, sum, &batch_grads)?,
             });
-            accumulated.push(out);
-            if accumulated.len() < t.accumulate {
-                continue;
-            }
-            let mut sum = grads.take().expect("at least one batch");
-            if t.accumulate > 1 {
-                scale_grads(&model.store, &mut sum, 1.0 / t.accumulate as f64)?;
-            }
-            optimizer.step(&sum, lr)?;
-            let out = mean_output(std::mem::take(&mut accumulated));
-            if let (Some(log), true) = (spectrum.as_mut(), log_spectrum) {
-                log.record(state.step, &out.projections)?;
-            }
-            model.objective.after_step(&StepContext {
-                progress,
-                student: &student,
-                teacher: teacher.as_deref(),
-            })?;
-            let images_per_s = images as f64 / started.elapsed().as_secs_f64();
-            let data_wait_ms = 1e3 * data_wait.as_secs_f64();
-            (images, started, data_wait) = (0, Instant::now(), Duration::ZERO);
-            let mut record = json!({"step": state.step, "epoch": epoch, "loss": out.loss, "lr": lr,
-                "images_per_s": images_per_s, "data_wait_ms": data_wait_ms});
-            for (name, value) in &out.terms {
-                record[name.as_str()] = json!(value);
-            }
-            if let Some(ce) = out.probe_ce {
-                record["probe_ce"] = json!(ce);
-            }
-            writeln!(log, "{record}")?;
-            bar.set_message(format!("loss {:.4}", out.loss));
-            bar.inc(1);
-            state.step += 1;
+            outs.push(out);
         }
-        state.epochs_done = epoch + 1;
-        epochs_this_call += 1;
-        let last = state.epochs_done == t.epochs;
-        if last
-            || state
-                .epochs_done
-                .is_multiple_of(cfg.eval.monitor_every.max(1))
-        {
-            let (knn, probe) = evaluate::monitor(cfg, model, &eval_train, &eval_test)?;
-            let record = json!({"epoch_end": epoch, "step": state.step, "knn_accuracy": knn, "online_probe_accuracy": probe});
-            writeln!(log, "{record}")?;
+        let mut grads = grads.context("train.accumulate is at least 1")?;
+        if t.accumulate > 1 {
+            scale_grads(&self.model.store, &mut grads, 1.0 / t.accumulate as f64)?;
         }
-        if let Some(log) = spectrum.as_mut() {
-            log.flush()?;
+        self.optimizer.step(&grads, lr)?;
+        let out = mean_output(outs);
+        if self.log.logs_spectrum(self.cfg, self.state.step) {
+            self.log.spectrum(self.state.step, &out.projections)?;
         }
-        let stopping = t.stop_after_epochs > 0 && epochs_this_call >= t.stop_after_epochs;
-        if last || stopping || state.epochs_done.is_multiple_of(t.checkpoint_every.max(1)) {
-            checkpoint::save(
-                &ckpt_dir,
-                &model.store.tensors(),
-                &optimizer.state()?,
-                &state,
-            )?;
-        }
-        if stopping && !last {
-            bar.abandon_with_message(
-                "stopped early (train.stop_after_epochs); continue with --resume",
-            );
-            return Ok(false);
-        }
+        self.model.objective.after_step(&StepContext {
+            progress,
+            student: &self.student,
+            teacher: self.teacher.as_deref(),
+        })?;
+        self.log.step(&StepRecord {
+            step: self.state.step,
+            epoch,
+            loss: out.loss,
+            terms: &out.terms,
+            probe_ce: out.probe_ce,
+            lr,
+            images_per_s: images as f64 / started.elapsed().as_secs_f64(),
+            data_wait_ms: 1e3 * data_wait.as_secs_f64(),
+        })?;
+        self.state.step += 1;
+        Ok(out.loss)
     }
-    bar.finish_and_clear();
-    diagnostics::plot_spectrum(dir)?;
-    Ok(true)
+
+    /// Where a failed step stopped the run, and what it left: only what is true of the disk.
+    fn stopped_at(&self, epoch: usize) -> String {
+        let dir = self.cfg.out.join("checkpoint");
+        let kept = match self.checkpointed {
+            Some(step) => format!(
+                "the checkpoint of step {step} in {} is kept (continue with --resume)",
+                dir.display()
+            ),
+            None => "no checkpoint had been written yet".to_string(),
+        };
+        format!(
+            "training stopped at step {} (epoch {}); {kept}",
+            self.state.step,
+            epoch + 1
+        )
+    }
+
+    /// The end of an epoch: the k-NN / online-probe monitor when due, the logs flushed, and a
+    /// checkpoint when due (every `checkpoint_every` epochs, the last, and before an early stop).
+    fn end_epoch(
+        &mut self,
+        epoch: usize,
+        monitor_inputs: &(Inputs, Inputs),
+        stopping: bool,
+    ) -> Result<()> {
+        let cfg = self.cfg;
+        self.state.epochs_done = epoch + 1;
+        let last = self.state.epochs_done == cfg.train.epochs;
+        if last
+            || self
+                .state
+                .epochs_done
+                .is_multiple_of(cfg.eval.monitor_every)
+        {
+            let (train, test) = monitor_inputs;
+            let (knn, probe) = evaluate::monitor(cfg, self.model, train, test)?;
+            self.log.epoch_end(epoch, self.state.step, knn, probe)?;
+        }
+        self.log.flush()?;
+        if last
+            || stopping
+            || self
+                .state
+                .epochs_done
+                .is_multiple_of(cfg.train.checkpoint_every)
+        {
+            checkpoint::save(
+                &cfg.out.join("checkpoint"),
+                &self.model.store.tensors(),
+                &self.optimizer.state()?,
+                &self.state,
+            )?;
+            self.checkpointed = Some(self.state.step);
+        }
+        Ok(())
+    }
+}
+
+/// One batch of views as the step's tensors on `device` (`sample_shape`: one image's), its
+/// ids and labels borrowed from `batch`.
+fn step_input<'b>(
+    batch: &'b mut ssl_data::ViewBatch,
+    sample_shape: &[usize],
+    device: &Device,
+    progress: Progress,
+    lr: f64,
+) -> Result<StepInput<'b>> {
+    let (v, b) = (batch.views_count, batch.batch_size);
+    let views = std::mem::take(&mut batch.views);
+    let images = Tensor::from_vec(views, [&[v * b], sample_shape].concat(), device)?;
+    let local_images = match batch.local_count {
+        0 => None,
+        m => Some(Tensor::from_vec(
+            std::mem::take(&mut batch.local_views),
+            [&[m * b], batch.local_shape.as_slice()].concat(),
+            device,
+        )?),
+    };
+    Ok(StepInput {
+        images,
+        views: v,
+        local_images,
+        instance_ids: &batch.instance_ids,
+        labels: &batch.labels,
+        progress,
+        lr,
+    })
 }
 
 /// The inputs of one optimisation step.
@@ -801,10 +883,16 @@ pub fn forward_backward(
     }
     let loss = scalar(&out.loss)?;
     if let Some((name, value)) = terms.iter().find(|(_, v)| !v.is_finite()) {
-        bail!("loss term `{name}` became non-finite ({value})");
+        bail!(
+            "loss term `{name}` became non-finite ({value}) at lr {:e}; lower train.lr or check the data",
+            input.lr
+        );
     }
     if !loss.is_finite() {
-        bail!("the loss became non-finite ({loss})");
+        bail!(
+            "the loss became non-finite ({loss}) at lr {:e}; lower train.lr or check the data",
+            input.lr
+        );
     }
     let mut total = out.loss;
     let mut probe_ce = None;

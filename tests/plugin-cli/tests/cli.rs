@@ -21,14 +21,12 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A short digits run: small projector, few epochs.
+/// A short digits run: small projector, 2 epochs unless `extra` sets `train.epochs`.
 fn quick(out: &Path, objective: &str, extra: &[&str]) -> Output {
     let mut args = vec![
         "run",
         "--objective",
         objective,
-        "--epochs",
-        "2",
         "--out",
         out.to_str().unwrap(),
         "--set",
@@ -36,6 +34,9 @@ fn quick(out: &Path, objective: &str, extra: &[&str]) -> Output {
         "--set",
         "train.warmup_epochs=0",
     ];
+    if !extra.iter().any(|a| a.starts_with("train.epochs=")) {
+        args.extend(["--epochs", "2"]);
+    }
     args.extend_from_slice(extra);
     ssl(&args)
 }
@@ -234,7 +235,229 @@ fn killed_teacher_runs_resume_to_the_uninterrupted_weights() {
             );
         }
         assert_eq!(a.len(), b.len());
+        assert_logged_once(&whole, &killed);
     }
+}
+
+/// The step records of `metrics.jsonl`: (step, loss bits).
+fn step_losses(run: &Path) -> Vec<(u64, u64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r.get("loss").is_some())
+        .map(|r| {
+            (
+                r["step"].as_u64().unwrap(),
+                r["loss"].as_f64().unwrap().to_bits(),
+            )
+        })
+        .collect()
+}
+
+/// A killed and resumed run logged every step once, as the uninterrupted run did, in
+/// `metrics.jsonl`, `spectrum.csv` and TensorBoard (whose scalars equal `metrics.jsonl`'s).
+fn assert_logged_once(whole: &Path, resumed: &Path) {
+    let (a, b) = (step_losses(whole), step_losses(resumed));
+    assert_eq!(a, b, "metrics.jsonl after kill and resume");
+    let steps: Vec<u64> = b.iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps, (0..steps.len() as u64).collect::<Vec<_>>());
+    let spectrum = |p: &Path| std::fs::read_to_string(p.join("spectrum.csv")).unwrap();
+    assert_eq!(spectrum(whole), spectrum(resumed), "spectrum.csv");
+    let board = ssl::tensorboard::read_dir(&resumed.join("tb")).unwrap();
+    let mut checked = 0;
+    for line in std::fs::read_to_string(resumed.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+    {
+        let record: serde_json::Value = serde_json::from_str(line).unwrap();
+        let step = record["step"].as_u64().unwrap();
+        // An epoch's monitor is drawn at the epoch's last step, whose weights it measured.
+        let at = match record.get("epoch_end") {
+            Some(_) => step - 1,
+            None => step,
+        };
+        for (key, value) in record.as_object().unwrap() {
+            if key == "step" || key.starts_with("epoch") {
+                continue;
+            }
+            if let Some(v) = value.as_f64() {
+                // TensorBoard's simple_value is an f32.
+                assert_eq!(board.scalar_at(key, at), [v as f32], "{key} at step {at}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(
+        board.scalars.len(),
+        checked,
+        "TensorBoard holds each value once"
+    );
+    assert!(board.images.iter().any(|i| i.tag == "spectrum"));
+}
+
+/// `ssl` run in `cwd`.
+fn ssl_in(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ssl-plugin"))
+        .args(args)
+        .current_dir(cwd)
+        .env("RAYON_NUM_THREADS", "2")
+        .env("SSL_CACHE", env!("CARGO_TARGET_TMPDIR"))
+        .output()
+        .expect("the fixture binary runs")
+}
+
+/// Without --out every run gets its own directory and runs/latest follows the newest; an
+/// explicit --out that holds a run needs --resume or --overwrite.
+#[test]
+fn runs_do_not_mix() {
+    let dir = tempfile::tempdir().unwrap();
+    let one_epoch = [
+        "run",
+        "--epochs",
+        "1",
+        "--set",
+        "model.projector=[64, 32]",
+        "--set",
+        "train.warmup_epochs=0",
+        "--set",
+        "eval.spectrum_every=0",
+    ];
+    let first = ssl_in(dir.path(), &one_epoch);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let second = ssl_in(dir.path(), &one_epoch);
+    assert!(second.status.success(), "{}", stderr(&second));
+    let mut runs: Vec<String> = std::fs::read_dir(dir.path().join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "latest")
+        .collect();
+    runs.sort();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs.iter().all(|r| r.starts_with("vicreg-")), "{runs:?}");
+    let latest = std::fs::read_link(dir.path().join("runs/latest")).unwrap();
+    assert!(
+        stdout(&second).contains(latest.to_str().unwrap()),
+        "{}",
+        stdout(&second)
+    );
+    assert!(dir.path().join("runs/latest/results.json").exists());
+
+    let out = dir.path().join("mine");
+    let out_s = out.to_str().unwrap();
+    let with_out = |more: &[&str]| {
+        ssl_in(
+            dir.path(),
+            &[&one_epoch[..], &["--out", out_s], more].concat(),
+        )
+    };
+    assert!(with_out(&[]).status.success());
+    let config = std::fs::read(out.join("config.yaml")).unwrap();
+    let again = with_out(&["--seed", "1"]);
+    assert!(!again.status.success());
+    assert!(
+        stderr(&again).contains("already holds a run") && stderr(&again).contains("--overwrite"),
+        "{}",
+        stderr(&again)
+    );
+    assert_eq!(
+        std::fs::read(out.join("config.yaml")).unwrap(),
+        config,
+        "a refused run wrote"
+    );
+    std::fs::write(out.join("notes.txt"), "the user's").unwrap();
+    let replaced = with_out(&["--seed", "1", "--overwrite"]);
+    assert!(replaced.status.success(), "{}", stderr(&replaced));
+    let text = std::fs::read_to_string(out.join("config.yaml")).unwrap();
+    assert!(text.contains("seed: 1"), "{text}");
+    assert!(
+        out.join("notes.txt").exists(),
+        "--overwrite removes only the run's files"
+    );
+    let o = ssl_in(dir.path(), &["run", "--overwrite"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("--out"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A resume that would change the result is refused, naming the keys and leaving the run as
+/// it was; allowed explicitly, the change is recorded with its step.
+#[test]
+fn resume_is_refused_when_the_configuration_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = quick(
+        &out,
+        "vicreg",
+        &[
+            "--set",
+            "train.epochs=2",
+            "--set",
+            "train.stop_after_epochs=1",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before: Vec<(String, Vec<u8>)> = [
+        "config.yaml",
+        "metrics.jsonl",
+        "checkpoint/model.safetensors",
+    ]
+    .iter()
+    .map(|f| (f.to_string(), std::fs::read(out.join(f)).unwrap()))
+    .collect();
+    let unchanged = |what: &str| {
+        for (f, bytes) in &before {
+            assert_eq!(
+                &std::fs::read(out.join(f)).unwrap(),
+                bytes,
+                "{what} changed {f}"
+            );
+        }
+    };
+    let resume =
+        |more: &[&str]| ssl(&[&["run", "--out", out.to_str().unwrap(), "--resume"], more].concat());
+    let o = resume(&["--set", "train.lr=0.01", "--batch-size", "64"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("train.lr: 0.001 → 0.01") && e.contains("train.batch_size: 128 → 64"),
+        "{e}"
+    );
+    assert!(
+        e.contains("--allow-changed train.batch_size,train.lr"),
+        "{e}"
+    );
+    unchanged("a refused resume");
+    let o = resume(&["--epochs", "3", "--allow-changed", "train.lr"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("does not change train.lr"),
+        "{}",
+        stderr(&o)
+    );
+    unchanged("a wrong allowance");
+    let o = resume(&["--allow-changed", "train.epochs"]);
+    assert!(!o.status.success(), "an allowance with no change");
+    // Allowed: trains on, and config.yaml says what changed from which step.
+    let o = resume(&["--epochs", "3", "--allow-changed", "train.epochs"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(out.join("config.yaml")).unwrap();
+    assert!(
+        text.contains("history:") && text.contains("key: train.epochs"),
+        "{text}"
+    );
+    let steps = step_losses(&out);
+    let per_epoch = steps.len() / 3;
+    assert!(text.contains(&format!("step: {per_epoch}")), "{text}");
+    // A flag and a --set that disagree are refused, not ordered silently.
+    let o = ssl(&["run", "--epochs", "2", "--set", "train.epochs=3"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--epochs and --set train.epochs"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
