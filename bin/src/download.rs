@@ -2,13 +2,15 @@
 //! mirror) into the directory `ssl run --data FLAG` reads them from.
 //!
 //! A download goes to `FILE.part` and is renamed to `FILE` only once its MD5 matches the
-//! published one, so the final name never holds a partial or corrupt file. A transfer that breaks
-//! (network failure, server closing early) keeps the `.part`, and the next attempt asks only for
-//! the rest with `Range: bytes=N-`; a server that ignores the range answers with the whole file,
-//! which then replaces the part.
+//! published one, so the final name never holds a partial or corrupt file, and a file already
+//! there is replaced by that rename alone: a download that fails leaves it byte for byte as it
+//! was. A transfer that breaks (network failure, server closing early) keeps the `.part`, and the
+//! next attempt asks only for the rest with `Range: bytes=N-`; a server that ignores the range
+//! answers with the whole file, which then replaces the part. Files are created with the mode
+//! `0o666 & !umask`, as any file the user creates.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -52,11 +54,12 @@ pub fn download_medmnist(
 
 /// Downloads `url` to `path` unless `path` already holds a file whose MD5 is `md5` (hex).
 ///
-/// An existing `path` with another MD5 is removed and fetched again. Bytes go to `path` +
-/// `.part`, resumed with a `Range` request when that file exists, and the part is renamed to
-/// `path` only when the MD5 of the whole file matches. On a wrong MD5 the part is deleted (the
-/// next attempt starts afresh); on a network failure or truncated transfer it is kept (the next
-/// attempt resumes). Every error names the problem and what to do about it.
+/// Bytes go to `path` + `.part`, resumed with a `Range` request when that file exists (or
+/// renamed without any request when it is already whole), and the part is renamed to `path`
+/// only when the MD5 of the whole file matches; an existing `path` with another MD5 stays as it
+/// is until then. On a wrong MD5 the part is deleted (the next attempt starts afresh); on a
+/// network failure or truncated transfer it is kept (the next attempt resumes). Every error
+/// names the problem and what to do about it.
 pub fn fetch_verified(url: &str, path: &Path, md5: &str, progress: bool) -> Result<Downloaded> {
     let md5 = md5.to_ascii_lowercase();
     let done = |already_present| Downloaded {
@@ -68,12 +71,11 @@ pub fn fetch_verified(url: &str, path: &Path, md5: &str, progress: bool) -> Resu
         if actual == md5 {
             return Ok(done(true));
         }
-        fs::remove_file(path)
-            .with_context(|| format!("cannot remove {}, whose MD5 is wrong", path.display()))?;
         note(
             progress,
             format!(
-                "removed {}: its MD5 {actual} is not the published {md5}; downloading it again",
+                "{}: its MD5 {actual} is not the published {md5}; downloading it again (the \
+                 file stays as it is until the new one has arrived and matched)",
                 path.display()
             ),
         );
@@ -94,7 +96,11 @@ pub fn fetch_verified(url: &str, path: &Path, md5: &str, progress: bool) -> Resu
 
     let mut restarted = false;
     loop {
-        let offset = fs::metadata(&part).map_or(0, |m| m.len());
+        let (offset, so_far) = hash_part(&part)?;
+        // A whole part whose rename did not happen.
+        if offset > 0 && hex(&so_far.clone().finalize()) == md5 {
+            return finish(&part, path).map(|()| done(false));
+        }
         let mut request = client.get(url);
         if offset > 0 {
             note(
@@ -107,17 +113,16 @@ pub fn fetch_verified(url: &str, path: &Path, md5: &str, progress: bool) -> Resu
             .send()
             .map_err(|e| broken(url, &part, offset, None, &anyhow!(e.without_url())))?;
         let status = response.status();
-        let start = match status {
-            StatusCode::OK => 0,
-            StatusCode::PARTIAL_CONTENT if range_start(&response) == Some(offset) => offset,
-            // The part is the whole file (the rename did not happen) or belongs to another
-            // file: keep it if it is right, else start over once.
+        let (start, so_far) = match status {
+            StatusCode::OK => (0, Md5::new()),
+            StatusCode::PARTIAL_CONTENT if range_start(&response) == Some(offset) => {
+                (offset, so_far)
+            }
+            // The part is not a beginning of this file (it is longer, or belongs to another
+            // one): start over, once.
             StatusCode::PARTIAL_CONTENT | StatusCode::RANGE_NOT_SATISFIABLE
                 if offset > 0 && !restarted =>
             {
-                if md5_file(&part)? == md5 {
-                    return finish(&part, path).map(|()| done(false));
-                }
                 fs::remove_file(&part)
                     .with_context(|| format!("cannot remove {}", part.display()))?;
                 restarted = true;
@@ -131,14 +136,18 @@ pub fn fetch_verified(url: &str, path: &Path, md5: &str, progress: bool) -> Resu
                 bail!("{url} answered HTTP {status}; {hint}");
             }
         };
-        let actual = transfer(response, url, &part, start, progress)?;
+        let actual = transfer(response, url, &part, start, so_far, progress)?;
         if actual != md5 {
             // Removed so that the next attempt does not resume from bad bytes.
             let _ = fs::remove_file(&part);
+            let kept = match path.is_file() {
+                true => format!(" ({} is left as it was)", path.display()),
+                false => String::new(),
+            };
             bail!(
                 "{url} sent a file whose MD5 is {actual}, not the published {md5}; the download \
-                 was deleted, so running the command again starts afresh (if this repeats, the \
-                 file at that address is not the published one: check --url)"
+                 was deleted{kept}, so running the command again starts afresh (if this repeats, \
+                 the file at that address is not the published one: check --url)"
             );
         }
         return finish(&part, path).map(|()| done(false));
@@ -152,31 +161,38 @@ pub fn part_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Appends the body of `response` to `part` (or writes it afresh when `start` is 0), hashing the
-/// bytes already there and the new ones; returns the MD5 of the whole file.
+/// The length of `part` and the MD5 state of its bytes (0 and a fresh state when there is none).
+fn hash_part(part: &Path) -> Result<(u64, Md5)> {
+    let mut hasher = Md5::new();
+    let mut file = match File::open(part) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, hasher)),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", part.display())),
+    };
+    let length = hash_into(&mut file, &mut hasher)
+        .with_context(|| format!("cannot read {}", part.display()))?;
+    Ok((length, hasher))
+}
+
+/// Writes the body of `response` into `part` from byte `start` (its length; 0 writes it afresh),
+/// `hasher` holding the MD5 state of the bytes before; returns the MD5 of the whole file.
 fn transfer(
     mut response: Response,
     url: &str,
     part: &Path,
     start: u64,
+    mut hasher: Md5,
     progress: bool,
 ) -> Result<String> {
     let mut file = OpenOptions::new()
-        .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(part)
         .map_err(|e| not_writable(part.parent().unwrap_or(Path::new(".")), e))?;
-    let mut hasher = Md5::new();
-    if start == 0 {
-        file.set_len(0)
-            .with_context(|| format!("cannot truncate {}", part.display()))?;
-    } else {
-        // Leaves the cursor at the end, where the new bytes go.
-        hash_into(&mut file, &mut hasher)
-            .with_context(|| format!("cannot read {}", part.display()))?;
-    }
+    file.set_len(start)
+        .and_then(|()| file.seek(SeekFrom::Start(start)))
+        .with_context(|| format!("cannot write {}", part.display()))?;
     let length = response.content_length();
     let total = length.map(|n| start + n);
     let bar = progress.then(|| {
@@ -276,12 +292,17 @@ fn md5_file(path: &Path) -> Result<String> {
     Ok(hex(&hasher.finalize()))
 }
 
-fn hash_into(reader: &mut impl Read, hasher: &mut Md5) -> io::Result<()> {
+/// Feeds what is left of `reader` to `hasher`; returns how many bytes that was.
+fn hash_into(reader: &mut impl Read, hasher: &mut Md5) -> io::Result<u64> {
     let mut buffer = vec![0u8; 1 << 16];
+    let mut total = 0;
     loop {
         match reader.read(&mut buffer) {
-            Ok(0) => return Ok(()),
-            Ok(n) => hasher.update(&buffer[..n]),
+            Ok(0) => return Ok(total),
+            Ok(n) => {
+                hasher.update(&buffer[..n]);
+                total += n as u64;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }

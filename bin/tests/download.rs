@@ -296,19 +296,121 @@ fn server_that_ignores_the_range_restarts_the_download() {
 }
 
 #[test]
-fn complete_part_left_before_the_rename_is_verified_and_kept() {
+fn complete_part_left_before_the_rename_is_verified_and_kept_without_a_request() {
     let (bytes, md5) = sample();
-    let server = Server::start(bytes.clone(), Mode::Serve);
+    // A server that would spoil it: the part must not be truncated for its answer.
+    let server = Server::start(b"not the file".to_vec(), Mode::IgnoreRange);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("breastmnist.npz");
     std::fs::write(part_path(&path), bytes).unwrap();
 
-    fetch_verified(&server.url(), &path, md5, false).unwrap();
+    let got = fetch_verified(&server.url(), &path, md5, false).unwrap();
 
+    assert!(!got.already_present);
     assert_eq!(&std::fs::read(&path).unwrap(), bytes);
     assert_eq!(listing(dir.path()), ["breastmnist.npz"]);
-    let ranges: Vec<_> = server.requests().into_iter().map(|r| r.range).collect();
-    assert_eq!(ranges, [Some(format!("bytes={}-", bytes.len()))]);
+    assert!(server.requests().is_empty());
+}
+
+/// A file already under the final name (here a valid archive, but not the one whose MD5 is
+/// asked for) is replaced only by the rename of a verified download: every failed replacement
+/// leaves it byte for byte as it was.
+#[test]
+fn a_failed_replacement_leaves_the_existing_file_as_it_was() {
+    let (bytes, _) = sample();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("breastmnist.npz");
+    std::fs::write(&path, bytes).unwrap();
+    let mut corrupt = bytes.clone();
+    corrupt[100] ^= 1;
+    let cut = bytes.len() / 2;
+    // A body with another MD5, an error status, a transfer cut short (last: it keeps a part).
+    for (body, mode, needle) in [
+        (
+            corrupt,
+            Mode::Serve,
+            format!("{} is left as it was", path.display()),
+        ),
+        (
+            bytes.clone(),
+            Mode::Status(503),
+            "try again later".to_string(),
+        ),
+        (bytes.clone(), Mode::CloseAfter(cut), "resumes".to_string()),
+    ] {
+        let server = Server::start(body, mode);
+
+        let err = fetch_verified(&server.url(), &path, OFFICIAL_BREASTMNIST_MD5, false);
+
+        let msg = format!("{:#}", err.unwrap_err());
+        assert!(msg.contains(&needle), "`{needle}` missing from: {msg}");
+        assert_eq!(&std::fs::read(&path).unwrap(), bytes, "{mode:?}");
+        assert_eq!(server.requests().len(), 1, "{mode:?}");
+    }
+    // What the broken transfer kept is still there for the next attempt.
+    assert_eq!(std::fs::read(part_path(&path)).unwrap(), &bytes[..cut]);
+}
+
+/// Sets the process's umask, restoring the previous one when dropped (also on a failed
+/// assertion). The umask is process-wide: no other test here looks at modes.
+#[cfg(unix)]
+struct Umask(libc::mode_t);
+
+#[cfg(unix)]
+impl Umask {
+    fn set(mask: libc::mode_t) -> Self {
+        // SAFETY: umask cannot fail; it only swaps the process's file-creation mask.
+        Self(unsafe { libc::umask(mask) })
+    }
+}
+
+#[cfg(unix)]
+impl Drop for Umask {
+    fn drop(&mut self) {
+        // SAFETY: as in `Umask::set`.
+        unsafe { libc::umask(self.0) };
+    }
+}
+
+/// Every file ssl creates for the user (a download, a MedMNIST-layout file, the decoded-image
+/// caches of MedMNIST and of image folders) gets `0o666 & !umask`, not a temporary file's 0600.
+#[cfg(unix)]
+#[test]
+fn created_files_follow_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    let (bytes, md5) = sample();
+    let server = Server::start(bytes.clone(), Mode::Serve);
+    for (mask, expected) in [(0o022, 0o644), (0o027, 0o640)] {
+        let _umask = Umask::set(mask);
+        let dir = tempfile::tempdir().unwrap();
+
+        let downloaded = dir.path().join("download").join("breastmnist.npz");
+        fetch_verified(&server.url(), &downloaded, md5, false).unwrap();
+        let written = dir.path().join("breastmnist.npz");
+        ssl_data::write_digits_as_medmnist(&written, "breastmnist", 28).unwrap();
+        ssl_data::load_medmnist(&written, "breastmnist", 28).unwrap();
+        let images = ssl_data::medmnist::image_cache_path(&written);
+        let root = dir.path().join("folder");
+        for class in ["a", "b"] {
+            std::fs::create_dir_all(root.join(class)).unwrap();
+            let mut ppm = b"P6\n2 2\n255\n".to_vec();
+            ppm.extend([90u8; 12]);
+            std::fs::write(root.join(class).join("0.ppm"), ppm).unwrap();
+        }
+        let cache = dir.path().join("cache");
+        ssl_data::load_image_folder(&root, 2, None, Some(&cache)).unwrap();
+        let folder_cache = std::fs::read_dir(&cache).unwrap().next().unwrap().unwrap();
+
+        for path in [downloaded, written, images, folder_cache.path()] {
+            assert_eq!(
+                mode(&path),
+                expected,
+                "{} under umask {mask:03o}",
+                path.display()
+            );
+        }
+    }
 }
 
 #[test]

@@ -17,20 +17,21 @@
 //!   test split, and the two must list the same classes) or a single `root/<class>`.
 //!
 //! Samples are stored HWC as [`Samples::U8`] with `channels_last = Some(3)`, read as `[3, S, S]`.
-//! Given a cache directory, the decoded bytes are written there once (streamed, a temporary
-//! file renamed into place) and memory-mapped on every later load, under a name digesting the
-//! size and every file's path, length and modification time, so a changed folder decodes anew.
+//! Given a cache directory, the decoded bytes are written there once (streamed, a partial file
+//! renamed into place) and memory-mapped on every later load, under a name digesting the size
+//! and every file's content ([`folder_cache_key`]), so a changed folder decodes anew.
 
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
 
 use anyhow::{bail, ensure, Context, Result};
 use image::imageops::FilterType;
 use md5::{Digest, Md5};
-use memmap2::Mmap;
 use rayon::prelude::*;
 
+use crate::cache::CacheBytes;
 use crate::dataset::{Dataset, Samples};
 
 /// File endings torchvision's `IMG_EXTENSIONS` accepts (compared lower-cased).
@@ -349,57 +350,91 @@ fn decode_into(samples: &[(PathBuf, u32)], size: usize, out: &mut [u8]) -> Resul
 /// Images decoded per write while filling a cache file.
 const CACHE_CHUNK: usize = 512;
 
-/// The cache file of `index` at `size` in `dir`: `folder-{size}px-{digest}.u8`, the MD5 of the
-/// size and each sample's path, label, length and modification time.
-pub fn folder_cache_path(index: &FolderIndex, size: usize, dir: &Path) -> Result<PathBuf> {
-    let stamps: Vec<(u64, u128)> = index
+/// Bytes read from each end of an image file for its part of the cache key.
+const KEY_SPAN: usize = 4096;
+
+/// The length of the file at `path` and the CRC-32 of its first and last [`KEY_SPAN`] bytes
+/// (of all of it when it is no longer than both).
+fn fingerprint(path: &Path) -> Result<(u64, u32)> {
+    let read = || -> std::io::Result<(u64, u32)> {
+        let mut file = File::open(path)?;
+        let len = file.metadata()?.len();
+        let mut crc = flate2::Crc::new();
+        let mut buffer = vec![0u8; 2 * KEY_SPAN];
+        match usize::try_from(len).ok().filter(|&n| n <= 2 * KEY_SPAN) {
+            Some(n) => {
+                file.read_exact(&mut buffer[..n])?;
+                crc.update(&buffer[..n]);
+            }
+            None => {
+                let (head, tail) = buffer.split_at_mut(KEY_SPAN);
+                file.read_exact(head)?;
+                file.seek(SeekFrom::End(-(KEY_SPAN as i64)))?;
+                file.read_exact(tail)?;
+                crc.update(&buffer);
+            }
+        }
+        Ok((len, crc.sum()))
+    };
+    read().with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// The key of the decoded bytes of `index` at `size`: the size, then each sample's length and
+/// the CRC-32 of its first and last 4 KiB, in sample order.
+///
+/// The decoded bytes depend on the files' contents in that order and on nothing else (not the
+/// paths or labels, which are taken from the scan on every load, so a moved or copied folder
+/// keeps its cache, and not modification times, which a replaced file may carry from anywhere).
+/// Hashing whole files would read the whole folder on every load (some 14 GB for ImageNet-100);
+/// the two ends cost two small reads per file and catch a replaced file: the head holds the format
+/// header and metadata and the tail the last coded bytes, which for PNG end in CRC-32s and an
+/// Adler-32 over all its pixel data. What goes unseen is an edit that keeps the length and both
+/// ends of a file longer than 8 KiB, such as a same-length patch inside a JPEG's coded data.
+pub fn folder_cache_key(index: &FolderIndex, size: usize) -> Result<String> {
+    let prints: Vec<(u64, u32)> = index
         .samples
         .par_iter()
-        .map(|(path, _)| {
-            let meta = std::fs::metadata(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            let modified = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_nanos());
-            Ok((meta.len(), modified))
-        })
+        .map(|(path, _)| fingerprint(path))
         .collect::<Result<_>>()?;
-    let mut digest = Md5::new();
-    digest.update(format!("candle-ssl image folder v1, {size} px\n"));
-    for ((path, label), (len, modified)) in index.samples.iter().zip(stamps) {
-        digest.update(path.as_os_str().as_encoded_bytes());
-        digest.update(format!("\0{label} {len} {modified}\n"));
+    let mut key = format!("candle-ssl image folder v2, {size} px\n");
+    for (len, crc) in prints {
+        key.push_str(&format!("{len} {crc:08x}\n"));
     }
-    let hex: String = digest
-        .finalize()
+    Ok(key)
+}
+
+/// The cache file of the content `key` at `size` in `dir`: `folder-{size}px-{MD5 of key}.u8`.
+pub fn folder_cache_path(key: &str, size: usize, dir: &Path) -> PathBuf {
+    let hex: String = Md5::digest(key)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    Ok(dir.join(format!("folder-{size}px-{hex}.u8")))
+    dir.join(format!("folder-{size}px-{hex}.u8"))
 }
 
 /// The decoded bytes of `index` memory-mapped from their cache file in `dir`, decoded into it
-/// first (a chunk of images at a time) when it is missing.
-fn cached_decode(index: &FolderIndex, size: usize, dir: &Path) -> Result<Mmap> {
+/// first (a chunk of images at a time) when it does not hold them.
+fn cached_decode(index: &FolderIndex, size: usize, dir: &Path) -> Result<CacheBytes> {
     let per_sample = size * size * 3;
     let total = index.samples.len() * per_sample;
-    let path = folder_cache_path(index, size, dir)?;
-    let complete = std::fs::metadata(&path).is_ok_and(|m| m.len() == total as u64);
-    if !complete {
-        crate::cache::write_cache(&path, "set SSL_CACHE to a writable directory", |out| {
+    let key = folder_cache_key(index, size)?;
+    let path = folder_cache_path(&key, size, dir);
+    crate::cache::cached(
+        &path,
+        total,
+        key.as_bytes(),
+        "set SSL_CACHE to a writable directory",
+        |out| {
             let mut chunk = vec![0u8; CACHE_CHUNK * per_sample];
             for samples in index.samples.chunks(CACHE_CHUNK) {
                 let bytes = &mut chunk[..samples.len() * per_sample];
                 decode_into(samples, size, bytes)?;
                 out.write_all(bytes)
-                    .with_context(|| format!("writing {}", path.display()))?;
+                    .with_context(|| format!("writing {} (disk full?)", path.display()))?;
             }
             Ok(())
-        })?;
-    }
-    crate::cache::map_cache(&path, total)
+        },
+    )
 }
 
 /// An image folder decoded at one size, with its split.

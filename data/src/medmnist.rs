@@ -14,11 +14,10 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, ensure, Context, Result};
-use memmap2::Mmap;
-
+use crate::cache::{CacheBytes, Partial};
 use crate::npy::{Dtype, NpyData, NpyHeader, Npz};
 use crate::{Dataset, Samples};
+use anyhow::{bail, ensure, Context, Result};
 
 /// The official record the files are published in (MedMNIST v3.0 data release).
 pub const ZENODO_RECORD: &str = "https://zenodo.org/records/10519652/files";
@@ -448,7 +447,8 @@ pub fn medmnist_path(root: &Path, info: &MedMnistInfo, size: usize) -> PathBuf {
 /// Reads `flag` at `size` from `root` (a directory of `.npz` files or the file itself). The
 /// images are inflated once, as a stream, into the cache file [`image_cache_path`] beside the
 /// `.npz` and memory-mapped from it, so they are never held decoded in memory; the labels are
-/// read from the archive.
+/// read from the archive. Every member read is checked against its CRC-32, so a corrupt file is
+/// refused here, before anything trains, with the command that downloads it again.
 pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
     let info = medmnist_info(flag)?;
     let md5 = info.md5_at(size)?;
@@ -462,7 +462,13 @@ pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
         info.url(size),
         root.display()
     );
-    let mut npz = Npz::open(&path)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let fix = format!(
+        "download it again with `ssl data download {} --size {size} --dir {}`",
+        info.flag,
+        dir.display()
+    );
+    let mut npz = Npz::open(&path, &fix)?;
     let mut label_matrix = Vec::with_capacity(info.splits.iter().sum::<usize>());
     let mut splits: [Range<usize>; 3] = [0..0, 0..0, 0..0];
     let mut start = 0;
@@ -503,40 +509,43 @@ pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
 }
 
 /// The decoded-image cache of the `.npz` at `path`: `{path without .npz}.images.u8`, the train,
-/// val and test images' stored bytes back to back.
+/// val and test images' stored bytes back to back, then the cache trailer.
 pub fn image_cache_path(path: &Path) -> PathBuf {
     path.with_extension("images.u8")
 }
 
-/// The memory-mapped image bytes of all three splits, from the cache when it is complete and
-/// not older than the `.npz`, else inflated into it first (a temporary file renamed into place,
-/// so an interrupted run leaves no partial cache).
-fn cached_images(npz: &mut Npz, path: &Path, info: &MedMnistInfo, size: usize) -> Result<Mmap> {
+/// The memory-mapped image bytes of all three splits, from the cache when it was made from an
+/// archive with the same content key as `npz` ([`Npz::content_key`]: its length and each
+/// member's CRC-32 and sizes, never its modification time), else inflated into it first, every
+/// member's CRC-32 checked (a partial file renamed into place once whole, so a corrupt archive or
+/// an interrupted run leaves no cache).
+fn cached_images(
+    npz: &mut Npz,
+    path: &Path,
+    info: &MedMnistInfo,
+    size: usize,
+) -> Result<CacheBytes> {
     let per_image: usize = info.stored_shape(size).iter().product();
     let total = info.splits.iter().sum::<usize>() * per_image;
     let cache = image_cache_path(path);
-    let fresh = |cache: &Path| -> Result<bool> {
-        let (Ok(c), Ok(source)) = (std::fs::metadata(cache), std::fs::metadata(path)) else {
-            return Ok(false);
-        };
-        Ok(c.len() == total as u64 && c.modified()? >= source.modified()?)
-    };
-    if !fresh(&cache)? {
-        let fix = "it goes beside the .npz: copy the file into a writable directory and point \
-                   data.root there";
-        crate::cache::write_cache(&cache, fix, |out| {
-            for (s, split) in SPLITS.iter().enumerate() {
-                let header = npz.stream(&format!("{split}_images"), |h, chunk| {
-                    check_images(info, size, s, h)?;
-                    out.write_all(chunk)
-                        .with_context(|| format!("writing {}", cache.display()))
-                })?;
-                check_images(info, size, s, &header)?;
-            }
-            Ok(())
-        })?;
-    }
-    crate::cache::map_cache(&cache, total)
+    let key = format!(
+        "candle-ssl MedMNIST images v2: {} at {size}\n{}",
+        info.flag,
+        npz.content_key()
+    );
+    let fix = "the decoded-image cache goes beside the .npz: copy the file into a writable \
+               directory and point data.root there";
+    crate::cache::cached(&cache, total, key.as_bytes(), fix, |out| {
+        for (s, split) in SPLITS.iter().enumerate() {
+            let header = npz.stream(&format!("{split}_images"), |h, chunk| {
+                check_images(info, size, s, h)?;
+                out.write_all(chunk)
+                    .with_context(|| format!("writing {} (disk full?)", cache.display()))
+            })?;
+            check_images(info, size, s, &header)?;
+        }
+        Ok(())
+    })
 }
 
 fn check_images(info: &MedMnistInfo, size: usize, split: usize, h: &NpyHeader) -> Result<()> {
@@ -608,7 +617,8 @@ fn decode_labels(
 
 /// Writes a MedMNIST-layout `.npz` (DEFLATE, like `np.savez_compressed`) for `info` at `size`:
 /// per split (train, val, test) the stored `u8` images (`N × stored_shape`) and `u8` labels
-/// (`N × label_columns`). Written to a temporary file beside `path`, then renamed.
+/// (`N × label_columns`). Written to a partial file beside `path` and renamed into place once
+/// whole; its mode follows the umask.
 pub fn write_medmnist_npz(
     path: &Path,
     info: &MedMnistInfo,
@@ -633,17 +643,10 @@ pub fn write_medmnist_npz(
         arrays.push((image_name.as_str(), images_header, images));
         arrays.push((label_name.as_str(), labels_header, labels));
     }
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut builder = tempfile::Builder::new();
-    #[cfg(unix)]
-    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
-    let tmp = builder
-        .tempfile_in(dir)
-        .with_context(|| format!("cannot write into {}", dir.display()))?;
-    crate::npy::write_npz(tmp.as_file(), arrays, true)?;
-    tmp.persist(path)
-        .with_context(|| format!("cannot rename into {}", path.display()))?;
-    Ok(())
+    let partial = Partial::create(path, "choose a writable directory")?;
+    crate::npy::write_npz(partial.file(), arrays, true)
+        .with_context(|| format!("writing {}", path.display()))?;
+    partial.persist()
 }
 
 /// The embedded digits packed in the exact layout and split sizes of MedMNIST dataset `flag` at
@@ -783,13 +786,16 @@ mod tests {
         write_digits_as_medmnist(&path, "breastmnist", 28)?;
         let first = load_medmnist(dir.path(), "breastmnist", 28)?;
         let cache = image_cache_path(&path);
-        assert_eq!(std::fs::metadata(&cache)?.len(), 780 * 28 * 28);
+        assert_eq!(
+            std::fs::metadata(&cache)?.len(),
+            (780 * 28 * 28 + crate::cache::TRAILER_LEN) as u64
+        );
         assert!(matches!(first.dataset.samples, Samples::U8 { .. }));
         // Copied out before the test edits the mapped file in place (ssl itself only ever
         // renames a complete cache into place, which leaves live maps untouched).
         let expected = first.dataset.sample(0).into_owned();
         drop(first);
-        // The cache is reused as it is (a marker byte survives) while the .npz is not newer.
+        // The cache is reused as it is (a marker byte survives) while the .npz is the same.
         let mut bytes = std::fs::read(&cache)?;
         bytes[0] = 255;
         std::fs::write(&cache, &bytes)?;
@@ -803,6 +809,130 @@ mod tests {
             .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
             .collect::<std::io::Result<_>>()?;
         assert_eq!(names.len(), 2, "only the .npz and its cache: {names:?}");
+        Ok(())
+    }
+
+    /// The names in `dir`, sorted.
+    fn names(dir: &Path) -> Result<Vec<String>> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()?;
+        names.sort();
+        Ok(names)
+    }
+
+    /// A BreastMNIST-layout file at `path` whose every pixel is `value`.
+    fn flat_breastmnist(path: &Path, value: u8) -> Result<()> {
+        let info = medmnist_info("breastmnist")?;
+        let splits = info.splits.map(|n| {
+            let images = NpyData::Bytes(vec![value; n * 28 * 28].into());
+            (images, NpyData::Bytes(vec![1u8; n].into()))
+        });
+        write_medmnist_npz(path, info, 28, splits)
+    }
+
+    #[test]
+    fn a_replaced_npz_is_cached_anew_even_with_an_older_mtime() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("breastmnist.npz");
+        flat_breastmnist(&path, 51)?;
+        assert_eq!(
+            load_medmnist(&path, "breastmnist", 28)?.dataset.sample(0)[0],
+            0.2
+        );
+        // Another file of the same layout, dated a day after the epoch: older than the cache.
+        flat_breastmnist(&path, 204)?;
+        let long_ago = std::time::UNIX_EPOCH + std::time::Duration::from_secs(86_400);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)?
+            .set_modified(long_ago)?;
+        assert_eq!(
+            load_medmnist(&path, "breastmnist", 28)?.dataset.sample(0)[0],
+            0.8
+        );
+        assert_eq!(
+            names(dir.path())?,
+            ["breastmnist.images.u8", "breastmnist.npz"]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_corrupt_npz_is_refused_with_the_member_and_the_download_command() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("breastmnist.npz");
+        write_digits_as_medmnist(&path, "breastmnist", 28)?;
+        let good = std::fs::read(&path)?;
+        // A cache made from the intact file does not hide a corrupt replacement.
+        load_medmnist(dir.path(), "breastmnist", 28)?;
+        std::fs::remove_file(image_cache_path(&path))?;
+        let fix = format!(
+            "download it again with `ssl data download breastmnist --size 28 --dir {}`",
+            dir.path().display()
+        );
+        let refused = |bytes: &[u8], member: &str, cached: bool| -> Result<()> {
+            if cached {
+                std::fs::write(&path, &good)?;
+                load_medmnist(dir.path(), "breastmnist", 28)?;
+            }
+            std::fs::write(&path, bytes)?;
+            let e = format!(
+                "{:#}",
+                load_medmnist(dir.path(), "breastmnist", 28).unwrap_err()
+            );
+            let named = format!("{}: member {member} ", path.display());
+            for needle in [named.as_str(), "corrupt", &fix] {
+                assert!(e.contains(needle), "`{needle}` missing from: {e}");
+            }
+            // Nothing partial is left behind; a cache is there only if it was before.
+            let mut expected = vec!["breastmnist.npz"];
+            if cached {
+                expected.insert(0, "breastmnist.images.u8");
+            }
+            assert_eq!(names(dir.path())?, expected);
+            if cached {
+                std::fs::remove_file(image_cache_path(&path))?;
+            }
+            Ok(())
+        };
+        // Wrong CRC-32s in the directory: of the images (with and without a cache from the
+        // intact file), and of the labels.
+        for (member, cached) in [
+            ("train_images.npy", false),
+            ("test_images.npy", true),
+            ("val_labels.npy", false),
+        ] {
+            let mut bytes = good.clone();
+            let at = crate::npy::tests::directory_crc_at(&bytes, member);
+            bytes[at] ^= 1;
+            refused(&bytes, member, cached)?;
+        }
+        // A flipped byte inside the compressed images.
+        let mut bytes = good.clone();
+        bytes[good.len() / 3] ^= 0x10;
+        refused(&bytes, "train_images.npy", false)?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_partial_cache_left_by_a_killed_run_is_removed_on_the_next_load() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("breastmnist.npz");
+        write_digits_as_medmnist(&path, "breastmnist", 28)?;
+        let partial = dir
+            .path()
+            .join("breastmnist.images.u8.ssl-partial-4194304-3");
+        std::fs::write(&partial, vec![9u8; 4096])?;
+        load_medmnist(dir.path(), "breastmnist", 28)?;
+        assert_eq!(
+            names(dir.path())?,
+            ["breastmnist.images.u8", "breastmnist.npz"]
+        );
+        // Also when the cache is already there and nothing is built.
+        std::fs::write(&partial, vec![9u8; 4096])?;
+        load_medmnist(dir.path(), "breastmnist", 28)?;
+        assert!(!partial.exists());
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 //! `{'descr': '|u1', 'fortran_order': False, 'shape': (89996, 28, 28, 3), }` and the raw C-order
 //! bytes. An `.npz` is a ZIP (ZIP64 for members over 4 GiB) of `.npy` members, stored or
 //! DEFLATE-compressed; the `zip` crate finds them through the central directory and inflates
-//! them as a stream.
+//! them as a stream, and every member read is checked against its CRC-32 there.
 
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, Write};
@@ -160,9 +160,9 @@ pub enum NpyData<'a> {
 pub type WriteBytes<'a> = Box<dyn FnMut(&mut dyn Write) -> Result<()> + 'a>;
 
 /// A writer that counts the bytes through it.
-struct Counted<W> {
-    inner: W,
-    bytes: usize,
+pub(crate) struct Counted<W> {
+    pub(crate) inner: W,
+    pub(crate) bytes: usize,
 }
 
 impl<W: Write> Write for Counted<W> {
@@ -220,22 +220,33 @@ fn write_npy(w: &mut impl Write, what: &str, header: &NpyHeader, data: NpyData) 
 pub struct Npz {
     archive: zip::ZipArchive<BufReader<File>>,
     path: std::path::PathBuf,
+    /// The file's length in bytes.
+    len: u64,
+    /// What to do about a corrupt file, ending every error that finds one.
+    fix: String,
 }
 
 impl Npz {
-    /// Opens `path`, reading the ZIP central directory.
-    pub fn open(path: &Path) -> Result<Self> {
+    /// Opens `path`, reading the ZIP central directory; `fix` says what to do when the file
+    /// turns out to be truncated or corrupt, now or when a member is read (e.g. the command
+    /// that downloads it again).
+    pub fn open(path: &Path, fix: &str) -> Result<Self> {
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let len = file
+            .metadata()
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .len();
         let archive = zip::ZipArchive::new(BufReader::new(file)).with_context(|| {
             format!(
-                "{} is not a valid .npz (ZIP) archive; the file may be truncated or corrupt — \
-                 delete it and download it again",
+                "{} is not a valid .npz (ZIP) archive: the file is truncated or corrupt; {fix}",
                 path.display()
             )
         })?;
         Ok(Self {
             archive,
             path: path.to_path_buf(),
+            len,
+            fix: fix.to_string(),
         })
     }
 
@@ -251,8 +262,30 @@ impl Npz {
         names
     }
 
+    /// A text naming the archive's content, from its central directory alone (nothing is
+    /// inflated): the file's length and each member's name, CRC-32, stored and inflated size.
+    /// Replacing any member changes its CRC-32 or sizes (barring a contrived CRC collision), so
+    /// a cache made from the members is keyed by this; bytes damaged on disk leave the directory
+    /// as it was and fail the CRC check of [`Npz::stream`] instead.
+    pub fn content_key(&self) -> String {
+        let mut key = format!("{} bytes\n", self.len);
+        for entry in (0..self.archive.len()).filter_map(|i| self.archive.by_index_data(i).ok()) {
+            key.push_str(&format!(
+                "{} crc32 {:08x}, {} bytes stored, {} inflated\n",
+                String::from_utf8_lossy(entry.name_raw()),
+                entry.crc32(),
+                entry.compressed_size(),
+                entry.size()
+            ));
+        }
+        key
+    }
+
     /// Streams array `name` (inflating it when compressed): its header, then `sink` is called
-    /// with consecutive chunks of its data bytes, `data_bytes()` in all.
+    /// with consecutive chunks of its data bytes, `data_bytes()` in all. The member is read to
+    /// its end and its CRC-32 checked against the central directory's, so a corrupt member is
+    /// an error naming the file, the member and the fix; as that is known only at the end,
+    /// whatever `sink` made of the chunks must then be thrown away.
     pub fn stream(
         &mut self,
         name: &str,
@@ -261,25 +294,42 @@ impl Npz {
         let member = format!("{name}.npy");
         let path = self.path.display().to_string();
         let names = self.names().join(", ");
-        let mut file = self
+        let fix = self.fix.as_str();
+        let file = self
             .archive
             .by_name(&member)
             .with_context(|| format!("{path} has no array `{name}` (it holds: {names})"))?;
-        let header = read_header(&mut file).with_context(|| format!("{path}: array `{name}`"))?;
+        let (stored, size) = (file.crc32(), file.size());
+        let mut file = Checked {
+            inner: file,
+            crc: flate2::Crc::new(),
+            read: 0,
+        };
+        let corrupt = |what: String| format!("{path}: member {member} {what}; {fix}");
+        // A header that does not parse is most likely damage, which the CRC check names.
+        let header = match read_header(&mut file) {
+            Ok(header) => header,
+            Err(e) => {
+                check_to_end(&mut file, stored, size, &corrupt)?;
+                return Err(e.context(format!("{path}: array `{name}`")));
+            }
+        };
         let mut left = header.data_bytes();
         let mut buffer = vec![0u8; 1 << 20];
         while left > 0 {
             let want = left.min(buffer.len());
             file.read_exact(&mut buffer[..want]).with_context(|| {
-                format!(
-                    "{path}: array `{name}` ends {left} bytes early (shape {:?}); the file is \
-                     truncated or corrupt — delete it and download it again",
+                corrupt(format!(
+                    "cannot be read to the end of its data ({left} of {} bytes left, shape \
+                     {:?}): the file is truncated or corrupt",
+                    header.data_bytes(),
                     header.shape
-                )
+                ))
             })?;
             sink(&header, &buffer[..want])?;
             left -= want;
         }
+        check_to_end(&mut file, stored, size, &corrupt)?;
         Ok(header)
     }
 
@@ -295,6 +345,50 @@ impl Npz {
         })?;
         Ok((header, data))
     }
+}
+
+/// A reader that keeps the CRC-32 and the count of the bytes read through it.
+struct Checked<R> {
+    inner: R,
+    crc: flate2::Crc,
+    read: u64,
+}
+
+impl<R: Read> Read for Checked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc.update(&buf[..n]);
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+/// Reads the rest of a member to its end through `file` and, once its declared `size` was read,
+/// checks the CRC-32 of every byte against `stored`, the central directory's (the `zip` crate
+/// checks it too at the end, with an error that names neither file nor member); `corrupt`
+/// words the error.
+fn check_to_end<R: Read>(
+    file: &mut Checked<R>,
+    stored: u32,
+    size: u64,
+    corrupt: &dyn Fn(String) -> String,
+) -> Result<()> {
+    let rest = std::io::copy(file, &mut std::io::sink());
+    let computed = file.crc.sum();
+    ensure!(
+        file.read != size || computed == stored,
+        corrupt(format!(
+            "fails its CRC-32 check (stored {stored:08x}, computed {computed:08x}): the file is \
+             corrupt"
+        ))
+    );
+    let what = format!(
+        "cannot be read to its end ({} of {size} bytes read): the file is truncated or corrupt",
+        file.read
+    );
+    rest.with_context(|| corrupt(what.clone()))?;
+    ensure!(file.read == size, corrupt(what));
+    Ok(())
 }
 
 /// Writes an `.npz` of `arrays` (name, header, data), DEFLATE-compressed like
@@ -321,8 +415,11 @@ pub fn write_npz(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The fix the tests' archives are opened with.
+    const FIX: &str = "fetch it anew";
 
     #[test]
     fn headers_parse_in_every_version_and_quoting() -> Result<()> {
@@ -384,7 +481,7 @@ mod tests {
         for compress in [false, true] {
             let path = dir.path().join(format!("a{compress}.npz"));
             write_npz(File::create(&path)?, arrays(), compress)?;
-            let mut npz = Npz::open(&path)?;
+            let mut npz = Npz::open(&path, FIX)?;
             assert_eq!(npz.names(), ["x", "y"]);
             let (h, data) = npz.read("x")?;
             assert_eq!(
@@ -423,15 +520,144 @@ mod tests {
         );
         let bytes = std::fs::read(&path)?;
         std::fs::write(&path, &bytes[..bytes.len() / 2])?;
-        let e = format!("{:#}", Npz::open(&path).err().expect("a truncated archive"));
-        assert!(e.contains("not a valid .npz"), "{e}");
-        std::fs::write(&path, b"hello")?;
-        assert!(Npz::open(&path).is_err());
         let e = format!(
             "{:#}",
-            Npz::open(&dir.path().join("missing.npz")).err().unwrap()
+            Npz::open(&path, FIX).err().expect("a truncated archive")
+        );
+        assert!(e.contains("not a valid .npz") && e.contains(FIX), "{e}");
+        std::fs::write(&path, b"hello")?;
+        assert!(Npz::open(&path, FIX).is_err());
+        let e = format!(
+            "{:#}",
+            Npz::open(&dir.path().join("missing.npz"), FIX)
+                .err()
+                .unwrap()
         );
         assert!(e.contains("cannot open"), "{e}");
+        Ok(())
+    }
+
+    /// `n` bytes of xorshift noise (incompressible) from `seed`.
+    fn noise(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// An archive of `x` (`data`, `u8`) then `y` (16 bytes), as bytes.
+    fn archive(data: &[u8], compress: bool) -> Result<Vec<u8>> {
+        let arrays = vec![
+            (
+                "x",
+                NpyHeader {
+                    dtype: Dtype::U8,
+                    shape: vec![data.len()],
+                },
+                NpyData::Bytes(data.into()),
+            ),
+            (
+                "y",
+                NpyHeader {
+                    dtype: Dtype::U8,
+                    shape: vec![16],
+                },
+                NpyData::Bytes(vec![3u8; 16].into()),
+            ),
+        ];
+        let mut bytes = std::io::Cursor::new(Vec::new());
+        write_npz(&mut bytes, arrays, compress)?;
+        Ok(bytes.into_inner())
+    }
+
+    /// Where the central-directory entry of `member` keeps its CRC-32 in the ZIP `bytes`.
+    pub(crate) fn directory_crc_at(bytes: &[u8], member: &str) -> usize {
+        let name = member.as_bytes();
+        (0..bytes.len() - 46 - name.len())
+            .find(|&i| {
+                bytes[i..].starts_with(b"PK\x01\x02")
+                    && bytes[i + 46..].starts_with(name)
+                    && usize::from(u16::from_le_bytes([bytes[i + 28], bytes[i + 29]])) == name.len()
+            })
+            .unwrap_or_else(|| panic!("{member} in the central directory"))
+            + 16
+    }
+
+    #[test]
+    fn members_failing_their_crc_are_refused_naming_the_file_member_and_fix() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("a.npz");
+        let data = noise(5000, 7);
+        let good = archive(&data, false)?;
+        let at = directory_crc_at(&good, "x.npy");
+        let crc = u32::from_le_bytes(good[at..at + 4].try_into()?);
+        let header_at = good.windows(6).position(|w| w == MAGIC).unwrap();
+        let read_x = |bytes: &[u8]| -> Result<String> {
+            std::fs::write(&path, bytes)?;
+            let mut npz = Npz::open(&path, FIX)?;
+            let e = npz.read("x").expect_err("a corrupt member");
+            // The other member is intact and reads.
+            assert_eq!(npz.read("y")?.1, [3u8; 16]);
+            Ok(format!("{e:#}"))
+        };
+        let named = format!("{}: member x.npy ", path.display());
+        // A flipped data byte, and a flipped magic byte (not reported as a foreign file).
+        for flip in [header_at + 1000, header_at] {
+            let mut bytes = good.clone();
+            bytes[flip] ^= 0x20;
+            let e = read_x(&bytes)?;
+            let sums = format!("fails its CRC-32 check (stored {crc:08x}, computed ");
+            for needle in [named.as_str(), &sums, "the file is corrupt", FIX] {
+                assert!(e.contains(needle), "`{needle}` missing from: {e}");
+            }
+            assert!(!e.contains("magic"), "{e}");
+        }
+        // A wrong CRC-32 in the directory over intact bytes.
+        let mut bytes = good.clone();
+        bytes[at..at + 4].copy_from_slice(&(crc ^ 1).to_le_bytes());
+        let e = read_x(&bytes)?;
+        let sums = format!("(stored {:08x}, computed {crc:08x})", crc ^ 1);
+        assert!(e.contains(&named) && e.contains(&sums), "{e}");
+        // A flipped byte in a DEFLATE stream: an inflate error or a CRC mismatch, named alike.
+        let text: Vec<u8> = (0..4000u32)
+            .flat_map(|i| format!("{i} ").into_bytes())
+            .collect();
+        let mut bytes = archive(&text, true)?;
+        bytes[30 + "x.npy".len() + 40] ^= 0x55;
+        let e = read_x(&bytes)?;
+        for needle in [named.as_str(), "corrupt", FIX] {
+            assert!(e.contains(needle), "`{needle}` missing from: {e}");
+        }
+        // The intact archive reads.
+        std::fs::write(&path, &good)?;
+        assert_eq!(Npz::open(&path, FIX)?.read("x")?.1, data);
+        Ok(())
+    }
+
+    #[test]
+    fn the_content_key_follows_every_member_byte() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("a.npz");
+        let key = |bytes: &[u8]| -> Result<String> {
+            std::fs::write(&path, bytes)?;
+            Ok(Npz::open(&path, FIX)?.content_key())
+        };
+        let first = key(&archive(&noise(100, 1), true)?)?;
+        assert!(
+            first.contains("x.npy crc32 ") && first.contains("y.npy crc32 "),
+            "{first}"
+        );
+        // Rewritten with the same members: the same key.
+        assert_eq!(key(&archive(&noise(100, 1), true)?)?, first);
+        // One byte of one member changed (the sizes stay): another key.
+        let mut changed = noise(100, 1);
+        changed[50] ^= 1;
+        assert_ne!(key(&archive(&changed, true)?)?, first);
         Ok(())
     }
 }

@@ -204,7 +204,10 @@ fn a_cached_folder_is_decoded_once_and_mapped_after() -> Result<()> {
     };
     let first = files(&cache)?;
     assert_eq!(first.len(), 1, "{first:?}");
-    assert_eq!(std::fs::metadata(&first[0])?.len(), 5 * 6 * 6 * 3);
+    assert_eq!(
+        std::fs::metadata(&first[0])?.len(),
+        (5 * 6 * 6 * 3 + crate::cache::TRAILER_LEN) as u64
+    );
     assert_eq!(cached.labels, plain.labels);
     for i in 0..plain.len() {
         assert_eq!(cached.sample(i), plain.sample(i));
@@ -227,5 +230,73 @@ fn a_cached_folder_is_decoded_once_and_mapped_after() -> Result<()> {
         .err()
         .expect("an error");
     assert!(format!("{e:#}").contains("SSL_CACHE"), "{e:#}");
+    Ok(())
+}
+
+/// A replaced image is decoded anew whatever its modification time says: one of the same byte
+/// length (BMP) dated like the original, or older; a partial cache left by a killed run goes.
+#[test]
+fn a_replaced_image_is_decoded_anew_whatever_its_mtime() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (root, cache) = (dir.path().join("images"), dir.path().join("cache"));
+    let image = root.join("a/0.bmp");
+    write(&image, &gradient(8, 8), ImageFormat::Bmp);
+    write(&root.join("b/0.bmp"), &gradient(8, 8), ImageFormat::Bmp);
+    let first = load_image_folder(&root, 8, None, Some(&cache))?.dataset;
+    assert_eq!(first.sample(0)[0], 0.0);
+    let stale = cache.join("folder-8px-0123.u8.ssl-partial-4194304-0");
+    std::fs::write(&stale, b"left by a killed run")?;
+    let original = std::fs::metadata(&image)?.modified()?;
+    let long_ago = std::time::UNIX_EPOCH + std::time::Duration::from_secs(86_400);
+    for (value, modified) in [(90, original), (180, long_ago)] {
+        let before = std::fs::metadata(&image)?.len();
+        write(
+            &image,
+            &RgbImage::from_pixel(8, 8, Rgb([value, 0, 0])),
+            ImageFormat::Bmp,
+        );
+        assert_eq!(std::fs::metadata(&image)?.len(), before);
+        std::fs::File::options()
+            .write(true)
+            .open(&image)?
+            .set_modified(modified)?;
+        let again = load_image_folder(&root, 8, None, Some(&cache))?.dataset;
+        assert_eq!(again.sample(0)[0], f32::from(value) / 255.0);
+    }
+    assert!(!stale.exists());
+    // Three contents of the folder, three caches; touching a file changes none.
+    assert_eq!(std::fs::read_dir(&cache)?.count(), 3);
+    std::fs::File::options()
+        .write(true)
+        .open(&image)?
+        .set_modified(std::time::SystemTime::now())?;
+    load_image_folder(&root, 8, None, Some(&cache))?;
+    assert_eq!(std::fs::read_dir(&cache)?.count(), 3);
+    Ok(())
+}
+
+#[test]
+fn the_key_reads_both_ends_of_a_long_file() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("long.bin");
+    let mut bytes = vec![0u8; 3 * KEY_SPAN];
+    std::fs::write(&path, &bytes)?;
+    let plain = fingerprint(&path)?;
+    assert_eq!(plain.0, 3 * KEY_SPAN as u64);
+    for at in [0, bytes.len() - 1] {
+        bytes[at] = 1;
+        std::fs::write(&path, &bytes)?;
+        assert_ne!(fingerprint(&path)?, plain, "a change at byte {at}");
+        bytes[at] = 0;
+    }
+    // The middle is not read (see `folder_cache_key`).
+    bytes[KEY_SPAN + 10] = 1;
+    std::fs::write(&path, &bytes)?;
+    assert_eq!(fingerprint(&path)?, plain);
+    let e = format!(
+        "{:#}",
+        fingerprint(&dir.path().join("gone.png")).unwrap_err()
+    );
+    assert!(e.contains("cannot read") && e.contains("gone.png"), "{e}");
     Ok(())
 }
