@@ -514,8 +514,7 @@ pub fn execute(cli: Cli) -> Result<()> {
                 update: args.update,
                 ..args.hub.options()
             };
-            let commit =
-                crate::publish::push(&args.run, &args.repo, &args.stage_options(), &opts)?;
+            let commit = crate::publish::push(&args.run, &args.repo, &args.stage_options(), &opts)?;
             println!("pushed {} to {} ({commit})", args.run.display(), args.repo);
             Ok(())
         }
@@ -760,16 +759,36 @@ pub fn resolve(args: &RunArgs, base: Option<serde_yaml::Value>) -> Result<RunCon
         ("--data", "data.name", data),
         ("--root", "data.root", root_dir),
         ("--size", "data.size", size.map(|v| v.to_string())),
-        ("--epochs", "train.epochs", args.epochs.map(|v| v.to_string())),
-        ("--batch-size", "train.batch_size", args.batch_size.map(|v| v.to_string())),
+        (
+            "--epochs",
+            "train.epochs",
+            args.epochs.map(|v| v.to_string()),
+        ),
+        (
+            "--batch-size",
+            "train.batch_size",
+            args.batch_size.map(|v| v.to_string()),
+        ),
         ("--views", "train.views", args.views.map(|v| v.to_string())),
         ("--encoder", "model.encoder", args.encoder.clone()),
-        ("--init", "model.init", args.init.as_ref().map(|v| format!("'{v}'"))),
-        ("--local-views", "train.local_views", args.local_views.map(|v| v.to_string())),
+        (
+            "--init",
+            "model.init",
+            args.init.as_ref().map(|v| format!("'{v}'")),
+        ),
+        (
+            "--local-views",
+            "train.local_views",
+            args.local_views.map(|v| v.to_string()),
+        ),
         ("--seed", "train.seed", args.seed.map(|v| v.to_string())),
         ("--out", "out", args.out.as_deref().map(quoted)),
         ("--device", "train.device", args.device.clone()),
-        ("--threads", "train.threads", args.threads.map(|v| v.to_string())),
+        (
+            "--threads",
+            "train.threads",
+            args.threads.map(|v| v.to_string()),
+        ),
     ];
     for (flag, key, value) in flags {
         let Some(v) = value else { continue };
@@ -835,7 +854,9 @@ fn medmnist_file(data: &str) -> Result<Option<MedmnistFile>> {
         None => (stem.to_string(), 28),
     };
     let info = ssl_data::medmnist_info(&flag).with_context(|| {
-        format!("--data {data}: the file name does not name a MedMNIST set (FLAG.npz or FLAG_SIZE.npz)")
+        format!(
+            "--data {data}: the file name does not name a MedMNIST set (FLAG.npz or FLAG_SIZE.npz)"
+        )
     })?;
     info.md5_at(size)
         .with_context(|| format!("--data {data}: {} has no {size}-pixel files", info.flag))?;
@@ -865,23 +886,29 @@ mod tests {
         let file = dir.path().join("bloodmnist_64.npz");
         std::fs::write(&file, b"")?;
         let cfg = resolve(&data_args(&file, |_| {}), None)?;
-        assert_eq!(
-            (cfg.data.name.as_str(), cfg.data.size),
-            ("bloodmnist", 64)
-        );
+        assert_eq!((cfg.data.name.as_str(), cfg.data.size), ("bloodmnist", 64));
         assert_eq!(cfg.data.root.as_deref(), Some(file.as_path()));
         let plain = dir.path().join("organmnist3d.npz");
         std::fs::write(&plain, b"")?;
         let cfg = resolve(&data_args(&plain, |_| {}), None)?;
-        assert_eq!((cfg.data.name.as_str(), cfg.data.size), ("organmnist3d", 28));
+        assert_eq!(
+            (cfg.data.name.as_str(), cfg.data.size),
+            ("organmnist3d", 28)
+        );
 
         let error = |args: RunArgs| format!("{:#}", resolve(&args, None).unwrap_err());
         let e = error(data_args(&file, |a| a.size = Some(28)));
-        assert!(e.contains("--size 28 disagrees") && e.contains("64-pixel"), "{e}");
+        assert!(
+            e.contains("--size 28 disagrees") && e.contains("64-pixel"),
+            "{e}"
+        );
         let e = error(data_args(&file, |a| a.root = Some(dir.path().into())));
         assert!(e.contains("drop --root"), "{e}");
         let e = error(data_args(&dir.path().join("pathmnist_64.npz"), |_| {}));
-        assert!(e.contains("no such file") && e.contains("ssl data download"), "{e}");
+        assert!(
+            e.contains("no such file") && e.contains("ssl data download"),
+            "{e}"
+        );
         let odd = dir.path().join("cifar10_32.npz");
         std::fs::write(&odd, b"")?;
         let e = error(data_args(&odd, |_| {}));
