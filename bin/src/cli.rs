@@ -280,6 +280,11 @@ pub struct RunArgs {
     /// objective.params`) from the checkpoint's step on; config.yaml records them under history
     #[arg(long, value_delimiter = ',', value_name = "KEY", requires = "resume")]
     pub allow_changed: Vec<String>,
+    /// Data parallelism: mpi (one process per rank, started by mpirun or srun; needs a build
+    /// with `--features mpi`) or none [default: mpi under a launcher of several processes
+    /// (OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS), else none]
+    #[arg(long, value_name = "mpi|none")]
+    pub distributed: Option<String>,
 }
 
 #[derive(clap::Args, Debug, Default)]
@@ -374,9 +379,23 @@ pub fn main() -> ExitCode {
 pub fn execute(cli: Cli) -> Result<()> {
     match cli.command.unwrap_or(Command::Run(Box::default())) {
         Command::Run(args) => {
-            let (cfg, start) = run_config(&args)?;
-            set_threads(cfg.train.threads);
-            let outcome = trainer::run(&cfg, start)?;
+            let requested = args.distributed.as_deref().map(str::parse).transpose()?;
+            let comm = ssl_dist::connect(requested)?;
+            let outcome = run_config(&args).and_then(|(cfg, start)| {
+                set_threads(cfg.train.threads);
+                Ok((trainer::run_on(&cfg, start, comm.as_ref())?, cfg))
+            });
+            let (outcome, cfg) = match outcome {
+                // A rank that stops must not leave the others waiting in a collective.
+                Err(e) if comm.world_size() > 1 => {
+                    eprintln!("error (rank {}): {e:#}", comm.rank());
+                    comm.abort(1)
+                }
+                outcome => outcome?,
+            };
+            if comm.rank() != 0 {
+                return Ok(());
+            }
             if outcome.evaluation.is_empty() {
                 println!("stopped early; run directory {}", outcome.dir.display());
             } else {
@@ -842,7 +861,8 @@ fn medmnist_file(data: &str) -> Result<Option<MedmnistFile>> {
     }
     if !path.is_file() {
         bail!(
-            "--data {data}: no such file; give a MedMNIST .npz file (e.g. ~/.medmnist/bloodmnist_64.npz,              fetched with `ssl data download bloodmnist --size 64`) or a data set name"
+            "--data {data}: no such file; give a MedMNIST .npz file (e.g. ~/.medmnist/bloodmnist_64.npz, \
+             fetched with `ssl data download bloodmnist --size 64`) or a data set name"
         );
     }
     let stem = path.file_stem().unwrap_or_default().to_string_lossy();

@@ -622,10 +622,16 @@ fn icone_trains_at_batch_one_and_refuses_what_it_cannot_take() {
         serde_json::from_str(&std::fs::read_to_string(out.join("split.json")).unwrap()).unwrap();
     assert_eq!(split["train"].as_array().unwrap().len(), 40);
 
-    // The table has one row per training instance: resuming on another subset is refused.
+    // Resuming on another subset is refused as a changed configuration; allowed, it is still
+    // refused, since the table has one row per training instance.
     let mut other = subset.to_vec();
     other[3] = "data.train_size=60";
     other.push("--resume");
+    let o = quick(&out, "icone", &other);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("data.train_size: 40 → 60"), "{e}");
+    other.extend(["--allow-changed", "data.train_size"]);
     let o = quick(&out, "icone", &other);
     assert!(!o.status.success());
     let e = stderr(&o);
@@ -990,15 +996,26 @@ fn export_writes_the_encoder_alone_with_pytorch_keys_and_a_staged_repo_evaluates
     );
     for part in [
         "- vicreg",
-        "datasets:\n- digits",
+        "license: cc-by-4.0",
         "| vicreg (ours) |",
         "`bn1.running_mean`",
     ] {
         assert!(card.contains(part), "the card lacks {part:?}:\n{card}");
     }
+    // The digits are on no Hub dataset: the card names none.
+    assert!(!card.contains("datasets:"), "{card}");
     let eval_json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(staged.join("eval.json")).unwrap()).unwrap();
-    assert_eq!(eval_json["rows"].as_array().unwrap().len(), 3);
+    // `ssl eval`'s schema: one column per checkpoint, its metrics by name.
+    assert_eq!(
+        eval_json["columns"].as_array().unwrap().len(),
+        1,
+        "{eval_json}"
+    );
+    assert!(
+        eval_json["columns"][0]["metrics"]["RankMe"].is_number(),
+        "{eval_json}"
+    );
     // The exported encoder evaluates exactly as the run's checkpoint does.
     let metrics = |source: &Path, out: &Path| {
         let o = ssl(&[
