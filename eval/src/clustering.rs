@@ -19,7 +19,9 @@
 //!   `i` by cosine similarity (self excluded), spectral embedding from the normalised Laplacian
 //!   `L = I − D^{-1/2} A D^{-1/2}` (rows of `D^{-1/2} U`, `U` = eigenvectors of the smallest
 //!   eigenvalues, one per cluster, as scikit-learn's `spectral_embedding`), Euclidean k-means
-//!   (k-means++, fixed seed, 10 restarts) on the embedding rows.
+//!   (k-means++, fixed seed, 10 restarts) on the embedding rows. The eigenvectors come from a
+//!   block Krylov iteration on the sparse affinity ([`SpectralEmbedding`]), not a dense
+//!   decomposition.
 //!
 //! The assignment step is an `f32` matrix product `[k, d] × [d, b]` per block of `b` rows, blocks
 //! and restarts in parallel (rayon); sums, costs and objectives are accumulated in `f64` in a
@@ -28,7 +30,8 @@
 use std::collections::HashMap;
 
 use anyhow::{ensure, Result};
-use nalgebra::{DMatrix, DMatrixView, SymmetricEigen};
+use faer::{ColMut, ColRef, Mat, MatRef, Scale, Side};
+use nalgebra::{DMatrix, DMatrixView};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
@@ -971,24 +974,211 @@ impl Default for SpectralConfig {
     }
 }
 
-/// The full spectral decomposition of the normalised Laplacian of the kNN affinity graph, so
-/// that clusterings with different numbers of clusters share one eigen-decomposition.
+/// The smallest eigenvalues of the normalised Laplacian of the kNN affinity graph and their
+/// embedding maps, so that clusterings with up to `n_components` clusters share one
+/// eigen-decomposition.
 ///
-/// Cost: `O(n² d)` for the graph and `O(n³)` time, `O(n²)` memory for the dense symmetric
-/// eigen-decomposition (about a second at n = 1000); meant for n up to a few thousand.
+/// The affinity is sparse (at most `2·n_neighbors` entries a row), so the eigenvectors come from
+/// a block Krylov (block Lanczos) iteration on it: `O(n·m²)` for a Krylov
+/// basis of `m` vectors, a few times `n_components`, instead of the `O(n³)` of a dense
+/// decomposition.
 #[derive(Debug, Clone)]
 pub struct SpectralEmbedding {
-    /// Eigenvalues of `L = I − D^{-1/2} A D^{-1/2}`, ascending.
+    /// The `n_components` smallest eigenvalues of `L = I − D^{-1/2} A D^{-1/2}`, ascending.
     pub laplacian_eigenvalues: Vec<f64>,
-    /// `[n, n]`: column `j` is `D^{-1/2} u_j`, `u_j` the eigenvector of the `j`-th smallest
-    /// eigenvalue.
-    maps: DMatrix<f64>,
+    /// `[n, n_components]`: column `j` is `D^{-1/2} u_j`, `u_j` the eigenvector of the `j`-th
+    /// smallest eigenvalue.
+    maps: Mat<f64>,
+}
+
+/// Symmetric sparse matrix in compressed rows.
+struct SparseSymmetric {
+    n: usize,
+    /// Row `i`'s entries are `cols[start[i]..start[i + 1]]`, `values[…]`.
+    start: Vec<usize>,
+    cols: Vec<usize>,
+    values: Vec<f64>,
+}
+
+impl SparseSymmetric {
+    /// `D^{-1/2} A D^{-1/2}` of the kNN affinity `A = ½(C + Cᵀ)` of `neighbours`, and `D^{-1/2}`.
+    fn normalized_affinity(neighbours: &[Vec<usize>]) -> (Self, Vec<f64>) {
+        let n = neighbours.len();
+        let mut rows: Vec<Vec<(usize, f64)>> = neighbours
+            .iter()
+            .map(|list| list.iter().map(|&j| (j, 0.5)).collect())
+            .collect();
+        for (i, list) in neighbours.iter().enumerate() {
+            for &j in list {
+                rows[j].push((i, 0.5));
+            }
+        }
+        let (mut start, mut cols, mut values) = (vec![0], Vec::new(), Vec::new());
+        for row in &mut rows {
+            row.sort_by_key(|&(j, _)| j);
+            let first = cols.len();
+            for &(j, a) in row.iter() {
+                if cols.len() > first && cols[cols.len() - 1] == j {
+                    let last = values.len() - 1;
+                    values[last] += a;
+                } else {
+                    cols.push(j);
+                    values.push(a);
+                }
+            }
+            start.push(cols.len());
+        }
+        let inv_sqrt_deg: Vec<f64> = (0..n)
+            .map(|i| 1.0 / values[start[i]..start[i + 1]].iter().sum::<f64>().sqrt())
+            .collect();
+        for i in 0..n {
+            for e in start[i]..start[i + 1] {
+                values[e] *= inv_sqrt_deg[i] * inv_sqrt_deg[cols[e]];
+            }
+        }
+        let matrix = Self {
+            n,
+            start,
+            cols,
+            values,
+        };
+        (matrix, inv_sqrt_deg)
+    }
+
+    /// `S X` for `x`: `[n, b]`, the columns in parallel.
+    fn apply(&self, x: MatRef<'_, f64>) -> Mat<f64> {
+        let mut out = Mat::<f64>::zeros(self.n, x.ncols());
+        let columns: Vec<(ColMut<'_, f64>, ColRef<'_, f64>)> =
+            out.col_iter_mut().zip(x.col_iter()).collect();
+        columns.into_par_iter().for_each(|(mut y, x)| {
+            for i in 0..self.n {
+                let range = self.start[i]..self.start[i + 1];
+                y[i] = self.cols[range.clone()]
+                    .iter()
+                    .zip(&self.values[range])
+                    .map(|(&j, &v)| v * x[j])
+                    .sum();
+            }
+        });
+        out
+    }
+
+    fn dense(&self) -> Mat<f64> {
+        let mut m = Mat::<f64>::zeros(self.n, self.n);
+        for i in 0..self.n {
+            for e in self.start[i]..self.start[i + 1] {
+                m[(i, self.cols[e])] = self.values[e];
+            }
+        }
+        m
+    }
+}
+
+/// Largest residual `‖S y − θ y‖` of an accepted Ritz pair (unit `y`; `‖S‖ ≤ 1`).
+const RITZ_TOLERANCE: f64 = 1e-9;
+
+/// Degree of the filter `((S + I)/2)^q` that extends the Krylov basis: it keeps the order of the
+/// eigenvalues and damps those away from 1, so each block of the basis gains more on the wanted
+/// eigenvectors than one product with `S` (the products are cheap, the basis is not).
+const FILTER_DEGREE: usize = 8;
+
+/// Eigenvalues and eigenvectors of the self-adjoint `m` (ascending), faer's blocked solver.
+fn dense_eigen(m: MatRef<'_, f64>) -> Result<(Vec<f64>, Mat<f64>)> {
+    let eig = m
+        .self_adjoint_eigen(Side::Lower)
+        .map_err(|e| anyhow::anyhow!("spectral clustering: eigendecomposition failed: {e:?}"))?;
+    Ok((
+        eig.S().column_vector().iter().copied().collect(),
+        eig.U().to_owned(),
+    ))
+}
+
+/// Columns of `w` made orthonormal and orthogonal to the orthonormal `basis` (block Gram–Schmidt
+/// against `basis`, then a thin QR; twice, which is enough in floating point).
+fn orthonormalize(mut w: Mat<f64>, basis: MatRef<'_, f64>) -> Mat<f64> {
+    for _ in 0..2 {
+        if basis.ncols() > 0 {
+            let coefficients = basis.transpose() * &w;
+            w -= basis * coefficients;
+        }
+        w = w.qr().compute_thin_Q();
+    }
+    w
+}
+
+/// The `k` algebraically largest eigenvalues of the symmetric `s` (descending) and their
+/// eigenvectors, by block Krylov iteration with full reorthogonalisation and Rayleigh–Ritz: the
+/// basis grows by blocks of `b = k + max(k/2, 8)` vectors (the filter of [`FILTER_DEGREE`]
+/// applied to the last block, made orthonormal to the basis), until the `k` largest Ritz pairs have residuals below
+/// [`RITZ_TOLERANCE`]. A block rather than a single Lanczos vector finds repeated eigenvalues (one
+/// eigenvalue 1 of `s` per connected component of the graph) up to multiplicity `b`. Falls back
+/// to the dense decomposition when the basis would reach `n` vectors.
+fn top_eigenpairs(s: &SparseSymmetric, k: usize) -> Result<(Vec<f64>, Mat<f64>)> {
+    let n = s.n;
+    let b = (k + (k / 2).max(8)).min(n);
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let start = Mat::<f64>::from_fn(n, b, |_, _| rng.random::<f64>() - 0.5);
+    let mut basis = orthonormalize(start, Mat::<f64>::zeros(n, 0).as_ref());
+    let mut image = s.apply(basis.as_ref());
+    let mut projected = basis.transpose() * &image;
+    while basis.ncols() + b <= n {
+        let m = basis.ncols();
+        let symmetric =
+            Mat::<f64>::from_fn(m, m, |i, j| 0.5 * (projected[(i, j)] + projected[(j, i)]));
+        let (theta, y) = dense_eigen(symmetric.as_ref())?;
+        let top = y.get(.., m - k..);
+        let (vectors, images) = (&basis * top, &image * top);
+        let converged = (0..k).all(|c| {
+            let t = theta[m - k + c];
+            let residual: f64 = images
+                .col(c)
+                .iter()
+                .zip(vectors.col(c).iter())
+                .map(|(a, v)| (a - t * v).powi(2))
+                .sum();
+            residual.sqrt() <= RITZ_TOLERANCE
+        });
+        if converged {
+            let order: Vec<usize> = (0..k).rev().collect();
+            let values = order.iter().map(|&c| theta[m - k + c]).collect();
+            let vectors = Mat::from_fn(n, k, |i, c| vectors[(i, order[c])]);
+            return Ok((values, vectors));
+        }
+        let mut next = basis.get(.., m - b..).to_owned();
+        for _ in 0..FILTER_DEGREE {
+            next = (s.apply(next.as_ref()) + &next) * Scale(0.5);
+        }
+        let next = orthonormalize(next, basis.as_ref());
+        let next_image = s.apply(next.as_ref());
+        let m2 = m + b;
+        let grown = |old: &Mat<f64>, new: &Mat<f64>| {
+            Mat::from_fn(
+                n,
+                m2,
+                |i, j| if j < m { old[(i, j)] } else { new[(i, j - m)] },
+            )
+        };
+        basis = grown(&basis, &next);
+        image = grown(&image, &next_image);
+        // Only the new columns of BasisᵀSBasis are new; the new rows follow by symmetry.
+        let new_columns = basis.transpose() * &next_image;
+        projected = Mat::from_fn(m2, m2, |i, j| match (i < m, j < m) {
+            (true, true) => projected[(i, j)],
+            (_, false) => new_columns[(i, j - m)],
+            (false, true) => new_columns[(j, i - m)],
+        });
+    }
+    let (values, vectors) = dense_eigen(s.dense().as_ref())?;
+    Ok((
+        (0..k).map(|c| values[n - 1 - c]).collect(),
+        Mat::from_fn(n, k, |i, c| vectors[(i, n - 1 - c)]),
+    ))
 }
 
 impl SpectralEmbedding {
     /// Builds the affinity graph of `x` (`[n, d]`) with `n_neighbors` neighbours per row and
-    /// decomposes its normalised Laplacian.
-    pub fn new(x: &Features, n_neighbors: usize) -> Result<Self> {
+    /// computes the `n_components` smallest eigenpairs of its normalised Laplacian.
+    pub fn new(x: &Features, n_neighbors: usize, n_components: usize) -> Result<Self> {
         check_features(x, "spectral clustering")?;
         ensure!(
             n_neighbors > 0,
@@ -1000,36 +1190,18 @@ impl SpectralEmbedding {
              pass more samples or lower n_neighbors",
             x.n
         );
-        let n = x.n;
-        let neighbours = nearest_neighbours(x, n_neighbors);
-        let mut affinity = DMatrix::<f64>::zeros(n, n);
-        for (i, list) in neighbours.iter().enumerate() {
-            for &j in list {
-                affinity[(i, j)] += 0.5;
-                affinity[(j, i)] += 0.5;
-            }
-        }
-        let inv_sqrt_deg: Vec<f64> = (0..n)
-            .map(|i| 1.0 / affinity.column(i).sum().sqrt())
-            .collect();
-        let normalized = DMatrix::from_fn(n, n, |i, j| {
-            inv_sqrt_deg[i] * affinity[(i, j)] * inv_sqrt_deg[j]
-        });
-        let eig = SymmetricEigen::new(normalized);
+        ensure!(
+            (1..=x.n).contains(&n_components),
+            "spectral embedding: {n_components} components requested, between 1 and n = {} exist",
+            x.n
+        );
+        let (normalized, inv_sqrt_deg) =
+            SparseSymmetric::normalized_affinity(&nearest_neighbours(x, n_neighbors));
         // Smallest Laplacian eigenvalues = largest eigenvalues of D^{-1/2} A D^{-1/2}.
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|&a, &b| {
-            eig.eigenvalues[b]
-                .total_cmp(&eig.eigenvalues[a])
-                .then(a.cmp(&b))
-        });
-        let laplacian_eigenvalues = order.iter().map(|&j| 1.0 - eig.eigenvalues[j]).collect();
-        let maps = DMatrix::from_fn(n, n, |i, c| {
-            eig.eigenvectors[(i, order[c])] * inv_sqrt_deg[i]
-        });
+        let (values, vectors) = top_eigenpairs(&normalized, n_components)?;
         Ok(Self {
-            laplacian_eigenvalues,
-            maps,
+            laplacian_eigenvalues: values.iter().map(|v| 1.0 - v).collect(),
+            maps: Mat::from_fn(x.n, n_components, |i, c| vectors[(i, c)] * inv_sqrt_deg[i]),
         })
     }
 
@@ -1045,10 +1217,11 @@ impl SpectralEmbedding {
 
     /// The first `n_components` embedding coordinates of every sample, `[n, n_components]`.
     pub fn embedding(&self, n_components: usize) -> Result<Features> {
-        let n = self.len();
+        let (n, computed) = (self.len(), self.maps.ncols());
         ensure!(
-            (1..=n).contains(&n_components),
-            "spectral embedding: {n_components} components requested, between 1 and n = {n} exist"
+            (1..=computed).contains(&n_components),
+            "spectral embedding: {n_components} components requested, between 1 and the \
+             {computed} computed exist"
         );
         let data = (0..n)
             .flat_map(|i| (0..n_components).map(move |c| self.maps[(i, c)] as f32))
@@ -1082,7 +1255,11 @@ pub fn spectral_clustering(
     n_clusters: usize,
     cfg: &SpectralConfig,
 ) -> Result<Vec<u32>> {
-    SpectralEmbedding::new(x, cfg.n_neighbors)?.cluster(n_clusters, cfg.restarts, cfg.seed)
+    SpectralEmbedding::new(x, cfg.n_neighbors, n_clusters)?.cluster(
+        n_clusters,
+        cfg.restarts,
+        cfg.seed,
+    )
 }
 
 /// The `k` most cosine-similar other rows of every row (ties: lower index first), from `f32`
@@ -1377,7 +1554,7 @@ mod tests {
         let (x, y) = blobs(&centres, 40, 0.05, &mut rng);
         let labels = spectral_clustering(&x, 2, &SpectralConfig::default()).unwrap();
         assert_eq!(adjusted_rand_index(&y, &labels).unwrap(), 1.0);
-        let emb = SpectralEmbedding::new(&x, 10).unwrap();
+        let emb = SpectralEmbedding::new(&x, 10, 3).unwrap();
         // Two connected components: the Laplacian has eigenvalue 0 twice.
         assert!(
             emb.laplacian_eigenvalues[0].abs() < 1e-10
@@ -1386,8 +1563,100 @@ mod tests {
         assert!(emb.laplacian_eigenvalues[2] > 1e-3);
         assert_eq!(emb.embedding(3).unwrap().d, 3);
         assert!(emb.embedding(0).is_err());
+        assert!(emb.embedding(4).is_err());
         let few = rng.features(5, 3);
-        let err = SpectralEmbedding::new(&few, 10).unwrap_err().to_string();
+        let err = SpectralEmbedding::new(&few, 10, 2).unwrap_err().to_string();
         assert!(err.contains("too few"), "{err}");
+        assert!(SpectralEmbedding::new(&x, 10, 0).is_err());
+    }
+
+    /// The previous solver: nalgebra's one-thread dense `SymmetricEigen` of `D^{-1/2} A D^{-1/2}`,
+    /// the `k` largest eigenvalues (descending, ties by index) and their eigenvectors.
+    fn dense_reference(s: &SparseSymmetric, k: usize) -> (Vec<f64>, DMatrix<f64>) {
+        let dense = s.dense();
+        let m = DMatrix::from_fn(s.n, s.n, |i, j| dense[(i, j)]);
+        let eig = nalgebra::SymmetricEigen::new(m);
+        let mut order: Vec<usize> = (0..s.n).collect();
+        order.sort_by(|&a, &b| {
+            eig.eigenvalues[b]
+                .total_cmp(&eig.eigenvalues[a])
+                .then(a.cmp(&b))
+        });
+        let values = order[..k].iter().map(|&j| eig.eigenvalues[j]).collect();
+        let vectors = DMatrix::from_fn(s.n, k, |i, c| eig.eigenvectors[(i, order[c])]);
+        (values, vectors)
+    }
+
+    /// Largest entry of `P_a − P_b` for the orthogonal projectors onto the column spans.
+    fn projector_difference(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
+        (a * a.transpose() - b * b.transpose()).amax()
+    }
+
+    #[test]
+    fn block_krylov_matches_the_dense_solver() {
+        let mut rng = Rng::new(4);
+        // 600 rows around 12 centres (one cluster each), and unstructured rows.
+        let centres: Vec<Vec<f64>> = (0..12)
+            .map(|_| (0..16).map(|_| rng.normal()).collect())
+            .collect();
+        let (clustered, _) = blobs(&centres, 50, 0.6, &mut rng);
+        for (x, k) in [
+            (clustered, 12),
+            (rng.features(600, 16), 5),
+            (rng.features(600, 16), 40),
+        ] {
+            let (s, _) = SparseSymmetric::normalized_affinity(&nearest_neighbours(&x, 10));
+            let (values, vectors) = top_eigenpairs(&s, k).unwrap();
+            let (want, want_vectors) = dense_reference(&s, k);
+            for (c, (v, w)) in values.iter().zip(&want).enumerate() {
+                assert!((v - w).abs() < 1e-12, "k = {k}: eigenvalue {c}: {v} vs {w}");
+            }
+            let got = DMatrix::from_fn(x.n, k, |i, c| vectors[(i, c)]);
+            let diff = projector_difference(&got, &want_vectors);
+            assert!(diff < 1e-7, "k = {k}: eigenvector spans differ by {diff}");
+        }
+    }
+
+    #[test]
+    fn spectral_clustering_matches_the_dense_solver() {
+        let mut rng = Rng::new(5);
+        let centres: Vec<Vec<f64>> = (0..8)
+            .map(|_| (0..32).map(|_| rng.normal()).collect())
+            .collect();
+        let (x, y) = blobs(&centres, 100, 0.9, &mut rng);
+        let k = centres.len();
+        let labels = spectral_clustering(&x, k, &SpectralConfig::default()).unwrap();
+        // The old pipeline: dense eigenvectors, the same k-means.
+        let (s, inv_sqrt_deg) = SparseSymmetric::normalized_affinity(&nearest_neighbours(&x, 10));
+        let (_, vectors) = dense_reference(&s, k);
+        let (vectors, inv_sqrt_deg) = (&vectors, &inv_sqrt_deg);
+        let data: Vec<f32> = (0..x.n)
+            .flat_map(|i| (0..k).map(move |c| (vectors[(i, c)] * inv_sqrt_deg[i]) as f32))
+            .collect();
+        let points = Points::new(&data, x.n, k, Geometry::Euclidean);
+        let cfg = KMeansConfig {
+            k,
+            restarts: DEFAULT_RESTARTS,
+            max_iter: SPECTRAL_MAX_ITER,
+            seed: 0,
+        };
+        let reference = best_run(&points, &cfg).unwrap().assignment.labels;
+        assert_eq!(adjusted_rand_index(&reference, &labels).unwrap(), 1.0);
+        assert!(adjusted_rand_index(&y, &labels).unwrap() > 0.5);
+    }
+
+    #[test]
+    fn block_krylov_finds_every_connected_component() {
+        // Five far-apart tight blobs: the kNN graph has five components, eigenvalue 1 of
+        // D^{-1/2} A D^{-1/2} five times, which a single Lanczos vector could not resolve.
+        let mut rng = Rng::new(6);
+        let centres = basis_centres(5, 8, 10.0);
+        let (x, _) = blobs(&centres, 30, 0.05, &mut rng);
+        let (s, _) = SparseSymmetric::normalized_affinity(&nearest_neighbours(&x, 10));
+        let (values, _) = top_eigenpairs(&s, 6).unwrap();
+        for v in &values[..5] {
+            assert!((v - 1.0).abs() < 1e-10, "{values:?}");
+        }
+        assert!(values[5] < 1.0 - 1e-3, "{values:?}");
     }
 }

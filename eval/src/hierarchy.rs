@@ -738,18 +738,26 @@ pub fn hierarchical_rand_index(
     let per_level: Vec<Vec<u32>> = (1..=hierarchy.num_levels())
         .map(|level| hierarchy.level_labels(level, labels))
         .collect::<Result<_>>()?;
-    let embedding = SpectralEmbedding::new(features, DEFAULT_SPECTRAL_NEIGHBORS)?;
-    per_level
+    let clusters: Vec<usize> = per_level
         .iter()
-        .enumerate()
-        .map(|(l, truth)| {
+        .map(|truth| {
             let mut distinct = truth.clone();
             distinct.sort_unstable();
             distinct.dedup();
-            let predicted = embedding.cluster(distinct.len(), DEFAULT_RESTARTS, seed)?;
+            distinct.len()
+        })
+        .collect();
+    let most = clusters.iter().copied().max().unwrap_or(1);
+    let embedding = SpectralEmbedding::new(features, DEFAULT_SPECTRAL_NEIGHBORS, most)?;
+    per_level
+        .iter()
+        .zip(&clusters)
+        .enumerate()
+        .map(|(l, (truth, &clusters))| {
+            let predicted = embedding.cluster(clusters, DEFAULT_RESTARTS, seed)?;
             Ok(LevelRandIndex {
                 level: l + 1,
-                clusters: distinct.len(),
+                clusters,
                 rand_index: rand_index(truth, &predicted)?,
             })
         })

@@ -2,8 +2,8 @@
 //! and the von Neumann entropy (I-VNE, spec §2.12); backward rules of spec §3.
 //!
 //! Candle has no SVD or eigendecomposition, so the decomposition runs on the host in f64
-//! (nalgebra; one transfer of the detached inputs per call, batched, the matrices of a batch
-//! spread over the cores) and its result re-enters the graph through a *surrogate*
+//! (faer's blocked symmetric eigensolver; one transfer of the detached inputs per call, batched,
+//! the matrices of a batch spread over the cores) and its result re-enters the graph through a *surrogate*
 //! `v + tr(sg(G)ᵀX) − sg(tr(GᵀX))`: ordinary Candle ops whose value is the host value `v` and
 //! whose gradient with respect to the input `X` is the host gradient `G`. Autograd then carries
 //! that gradient on through whatever Candle ops produced `X`, on any device and in any float
@@ -28,14 +28,15 @@
 //! the chain rule (`∂S/∂Ẑ = 2ẐG_d/N = 2G_N Ẑ/N`) and is the same for either choice.
 
 use candle_core::{bail, DType, Device, Result, Tensor};
-use nalgebra::{DMatrix, DVector, Dyn, SymmetricEigen};
+use faer::diag::Diag;
+use faer::dyn_stack::{MemBuffer, MemStack};
+use faer::linalg::evd;
+use faer::linalg::matmul::matmul;
+use faer::{Accum, Mat, MatRef, Par};
 use std::sync::Mutex;
 
 /// Smallest eigenvalue used inside `log λ` of the von Neumann entropy's gradient.
 pub const EIGENVALUE_FLOOR: f64 = 1e-12;
-
-/// Iteration cap for the host decompositions (they need a few sweeps per eigenvalue).
-const MAX_ITERATIONS: usize = 100_000;
 
 /// Gram eigenvalues at or below this fraction of the largest (singular values up to
 /// `1e-6 · σ_max`) count as zero in the nuclear norm's value and gradient: the squared matrix
@@ -100,63 +101,91 @@ pub(crate) fn map_blocks<T: Send>(
         .collect()
 }
 
-/// Row-major values of a matrix.
-fn row_major(m: &DMatrix<f64>) -> Vec<f64> {
-    let mut out = Vec::with_capacity(m.len());
-    for i in 0..m.nrows() {
-        out.extend(m.row(i).iter());
+/// Eigenvalues (ascending) and eigenvectors (columns) of a symmetric `k×k` matrix given by its
+/// row-major `values` (only the lower triangle is read), with an error instead of a panic.
+/// faer's blocked tridiagonalisation and divide and conquer, on the calling thread: the matrices
+/// of a batch are already spread over the cores ([`map_blocks`]).
+fn symmetric_eigen(values: &[f64], k: usize, what: &str) -> Result<(Vec<f64>, Mat<f64>)> {
+    // Row-major and symmetric: the column-major view of the transpose is the matrix itself.
+    let m = MatRef::from_column_major_slice(values, k, k);
+    let mut u = Mat::<f64>::zeros(k, k);
+    let mut s = Diag::<f64>::zeros(k);
+    let par = Par::Seq;
+    let scratch = evd::self_adjoint_evd_scratch::<f64>(
+        k,
+        evd::ComputeEigenvectors::Yes,
+        par,
+        Default::default(),
+    );
+    let solved = evd::self_adjoint_evd(
+        m,
+        s.as_mut(),
+        Some(u.as_mut()),
+        par,
+        MemStack::new(&mut MemBuffer::new(scratch)),
+        Default::default(),
+    );
+    if solved.is_err() {
+        bail!("{what}: the eigendecomposition of a {k}×{k} matrix did not converge");
     }
-    out
+    Ok((s.column_vector().iter().copied().collect(), u))
 }
 
-/// Eigendecomposition of a symmetric matrix, with an error instead of a panic.
-fn symmetric_eigen(m: DMatrix<f64>, what: &str) -> Result<SymmetricEigen<f64, Dyn>> {
-    let k = m.nrows();
-    match SymmetricEigen::try_new(m, f64::EPSILON, MAX_ITERATIONS) {
-        Some(eig) => Ok(eig),
-        None => bail!("{what}: the eigendecomposition of a {k}×{k} matrix did not converge"),
-    }
-}
-
-/// `U diag(w) Uᵀ` for the eigenvectors `U` of `eig`.
-fn spectral_function(eig: &SymmetricEigen<f64, Dyn>, w: &DVector<f64>) -> DMatrix<f64> {
-    let u = &eig.eigenvectors;
+/// `U diag(w) Uᵀ` for the eigenvectors `U` (columns), row-major.
+fn spectral_function(u: &Mat<f64>, w: &[f64]) -> Vec<f64> {
+    let k = u.nrows();
     let mut scaled = u.clone();
-    for (mut column, &wj) in scaled.column_iter_mut().zip(w.iter()) {
-        column *= wj;
+    for (j, &wj) in w.iter().enumerate() {
+        scaled.col_mut(j).iter_mut().for_each(|x| *x *= wj);
     }
-    scaled * u.transpose()
+    let mut out = Mat::<f64>::zeros(k, k);
+    matmul(
+        out.as_mut(),
+        Accum::Replace,
+        scaled.as_ref(),
+        u.transpose(),
+        1.0,
+        Par::Seq,
+    );
+    (0..k)
+        .flat_map(|i| (0..k).map(move |j| (i, j)))
+        .map(|(i, j)| out[(i, j)])
+        .collect()
 }
 
 /// `(Σσ, (G⁺)^{1/2})` of one `k×k` Gram matrix `G = CCᵀ` (or `CᵀC`), row-major: the singular
 /// values of `C` are `σ = √λ(G)`, and `UVᵀ = (CCᵀ)^{-1/2}C = C(CᵀC)^{-1/2}` with the
 /// pseudo-inverse square root ignoring eigenvalues below [`GRAM_CUTOFF`] of the largest.
 fn gram_inverse_root(values: &[f64], k: usize) -> Result<(f64, Vec<f64>)> {
-    let gram = DMatrix::from_row_slice(k, k, values);
-    let eig = symmetric_eigen(gram, "nuclear norm")?;
-    let floor = eig.eigenvalues.max().max(0.0) * GRAM_CUTOFF;
-    let sigma = eig
-        .eigenvalues
-        .map(|l| if l > floor { l.sqrt() } else { 0.0 });
-    let w = sigma.map(|s| if s > 0.0 { 1.0 / s } else { 0.0 });
-    Ok((sigma.sum(), row_major(&spectral_function(&eig, &w))))
+    let (lambda, u) = symmetric_eigen(values, k, "nuclear norm")?;
+    let floor = lambda.iter().copied().fold(0.0, f64::max) * GRAM_CUTOFF;
+    let sigma: Vec<f64> = lambda
+        .iter()
+        .map(|&l| if l > floor { l.sqrt() } else { 0.0 })
+        .collect();
+    let w: Vec<f64> = sigma
+        .iter()
+        .map(|&s| if s > 0.0 { 1.0 / s } else { 0.0 })
+        .collect();
+    Ok((sigma.iter().sum(), spectral_function(&u, &w)))
 }
 
 /// `(S(ρ), −(log ρ + I))` of one symmetric `k×k` row-major matrix (symmetrised first).
 fn entropy_host(values: &[f64], k: usize) -> Result<(f64, Vec<f64>)> {
-    let m = DMatrix::from_row_slice(k, k, values);
-    let m = (&m + m.transpose()) * 0.5;
-    let eig = symmetric_eigen(m, "von Neumann entropy")?;
-    let entropy: f64 = eig
-        .eigenvalues
+    let symmetric: Vec<f64> = (0..k * k)
+        .map(|ij| 0.5 * (values[ij] + values[(ij % k) * k + ij / k]))
+        .collect();
+    let (lambda, u) = symmetric_eigen(&symmetric, k, "von Neumann entropy")?;
+    let entropy: f64 = lambda
         .iter()
         .filter(|&&l| l > 0.0)
         .map(|&l| -l * l.ln())
         .sum();
-    let w = eig
-        .eigenvalues
-        .map(|l| -(l.max(EIGENVALUE_FLOOR).ln() + 1.0));
-    Ok((entropy, row_major(&spectral_function(&eig, &w))))
+    let w: Vec<f64> = lambda
+        .iter()
+        .map(|&l| -(l.max(EIGENVALUE_FLOOR).ln() + 1.0))
+        .collect();
+    Ok((entropy, spectral_function(&u, &w)))
 }
 
 /// `value + tr(sg(G)ᵀX) − sg(tr(GᵀX))` per matrix: value `values[i]`, gradient `grad[i]` (f64,
@@ -203,8 +232,8 @@ pub fn nuclear_norm(c: &Tensor) -> Result<Tensor> {
 ///
 /// With `k = min(n, d)` the thin SVD comes from the `k×k` Gram matrices: the two products
 /// (`CCᵀ`, then `(CCᵀ)^{-1/2}C`) run as f64 GEMMs on Candle's workers
-/// ([`crate::matmul_detached`]), only the eigendecompositions in nalgebra. At `128×512` this is ~7× faster than nalgebra's
-/// SVD with singular vectors.
+/// ([`crate::matmul_detached`]), only the eigendecompositions in faer. At `128×512` this was ~7× faster than an SVD with
+/// singular vectors (nalgebra's).
 pub fn nuclear_norm_batched(c: &Tensor) -> Result<Tensor> {
     let (b, n, d) = c.dims3()?;
     let host = Tensor::from_vec(host_values(c, "nuclear norm")?, (b, n, d), &Device::Cpu)?;
@@ -271,6 +300,7 @@ pub fn von_neumann_entropy_of_rows_batched(z_hat: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nalgebra::DMatrix;
     use ssl_core::testing::{max_gradient_error, randn};
 
     fn scalar(t: &Tensor) -> f64 {
@@ -310,6 +340,73 @@ mod tests {
         let q = orthogonal(p.len())?;
         let lambda = DMatrix::from_diagonal(&nalgebra::DVector::from_column_slice(p));
         to_tensor(&(&q * lambda * q.transpose()))
+    }
+
+    /// Row-major values of a matrix.
+    fn row_major(m: &DMatrix<f64>) -> Vec<f64> {
+        (0..m.nrows())
+            .flat_map(|i| (0..m.ncols()).map(move |j| m[(i, j)]))
+            .collect()
+    }
+
+    /// The host results with nalgebra's one-thread `SymmetricEigen` (the solver before faer):
+    /// `(Σ f(λ), U diag(w(λ)) Uᵀ)` of a row-major symmetric `k×k` matrix.
+    fn nalgebra_reference(
+        values: &[f64],
+        k: usize,
+        f: impl Fn(f64) -> f64,
+        w: impl Fn(f64) -> f64,
+    ) -> (f64, Vec<f64>) {
+        let eig = nalgebra::SymmetricEigen::new(DMatrix::from_row_slice(k, k, values));
+        let mut scaled = eig.eigenvectors.clone();
+        for (mut column, &l) in scaled.column_iter_mut().zip(eig.eigenvalues.iter()) {
+            column *= w(l);
+        }
+        let value = eig.eigenvalues.iter().map(|&l| f(l)).sum();
+        (value, row_major(&(scaled * eig.eigenvectors.transpose())))
+    }
+
+    /// `ZZᵀ/d` of a Gaussian `k×d` matrix, row-major.
+    fn random_gram(k: usize, d: usize) -> Result<Vec<f64>> {
+        let z = randn(0f64, 1., (k, d), &Device::Cpu)?;
+        (z.matmul(&z.t()?)? / d as f64)?
+            .flatten_all()?
+            .to_vec1::<f64>()
+    }
+
+    fn max_difference(a: &[f64], b: &[f64]) -> f64 {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0., f64::max)
+    }
+
+    #[test]
+    fn faer_host_results_match_the_nalgebra_solver() -> Result<()> {
+        // The objectives' shapes: 128 and 256 square, plus a small one.
+        for (k, d) in [(5, 9), (128, 512), (256, 512)] {
+            let gram = random_gram(k, d)?;
+            let trace: f64 = (0..k).map(|i| gram[i * k + i]).sum();
+            let rho: Vec<f64> = gram.iter().map(|v| v / trace).collect();
+            let (entropy, grad) = entropy_host(&rho, k)?;
+            let (want, want_grad) = nalgebra_reference(
+                &rho,
+                k,
+                |l| if l > 0.0 { -l * l.ln() } else { 0.0 },
+                |l| -(l.max(EIGENVALUE_FLOOR).ln() + 1.0),
+            );
+            close(entropy, want, 1e-12);
+            let worst = max_difference(&grad, &want_grad);
+            assert!(worst < 1e-10, "{k}: entropy gradients differ by {worst}");
+
+            let (nuclear, root) = gram_inverse_root(&gram, k)?;
+            let (want, want_root) =
+                nalgebra_reference(&gram, k, |l| l.max(0.0).sqrt(), |l| 1.0 / l.sqrt());
+            close(nuclear, want, 1e-12);
+            let worst = max_difference(&root, &want_root);
+            assert!(worst < 1e-10, "{k}: inverse roots differ by {worst}");
+        }
+        Ok(())
     }
 
     fn entropy_of(p: &[f64]) -> f64 {

@@ -1,0 +1,39 @@
+//! I-VNE loss + backward at the main job's shapes (V = 2 views of `[B, D]` f32 projections; the
+//! von Neumann entropy decomposes `min(B, D)`-square matrices, one per view). Prints the median of
+//! the repetitions and the loss value (to compare solvers). Run with
+//! `cargo bench -p ssl-ivne --bench loss -- [reps]`.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Result, Var};
+use ssl_core::testing::randn;
+use ssl_ivne::{ivne_loss, IvneConfig};
+
+fn main() -> Result<()> {
+    let reps = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse::<usize>().ok())
+        .unwrap_or(50);
+    let cfg = IvneConfig::default();
+    for (b, d) in [(128, 512), (256, 512)] {
+        let z = Var::from_tensor(&randn(0f32, 1., (2, b, d), &Device::Cpu)?)?;
+        let mut seconds = Vec::with_capacity(reps);
+        let mut value = 0.0;
+        for _ in 0..reps + 2 {
+            let t = Instant::now();
+            let loss = ivne_loss(z.as_tensor(), &cfg)?;
+            let grads = loss.backward()?;
+            let g = grads.get(z.as_tensor()).expect("gradient");
+            g.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            seconds.push(t.elapsed().as_secs_f64());
+            value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        }
+        let mut seconds = seconds.split_off(2);
+        seconds.sort_by(f64::total_cmp);
+        println!(
+            "I-VNE loss + backward, V = 2, B = {b}, D = {d}: median of {reps} = {:.3} ms (loss {value:.9})",
+            seconds[reps / 2] * 1e3
+        );
+    }
+    Ok(())
+}
