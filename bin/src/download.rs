@@ -1,5 +1,6 @@
-//! `ssl data download`: MedMNIST `.npz` files fetched from the official Zenodo record (or a
-//! mirror) into the directory `ssl run --data FLAG` reads them from.
+//! `ssl data download`: MedMNIST `.npz` files fetched from the official Zenodo record, and the
+//! benchmark sets' official archives (CIFAR-10/100, STL-10, Tiny ImageNet) from their official
+//! addresses (or a mirror), into the directory `ssl run --data NAME` reads them from.
 //!
 //! A download goes to `FILE.part` and is renamed to `FILE` only once its MD5 matches the
 //! published one, so the final name never holds a partial or corrupt file, and a file already
@@ -50,6 +51,52 @@ pub fn download_medmnist(
         None => info.url(size),
     };
     fetch_verified(&url, &dir.join(file), md5, progress)
+}
+
+/// Fetches data set `name`: a MedMNIST flag at image size `size` (default 28) into `dir`
+/// (default `~/.medmnist`), or a benchmark set's official archive (`cifar10`, `cifar100`,
+/// `cifar100-coarse`, `stl10`, `tiny-imagenet`; `size` may only be its image side) into `dir`
+/// (default `~/.cache/candle-ssl/data`), checked against the published MD5 (see
+/// [`fetch_verified`]). With `base_url`, the file is fetched from `base_url/{file}`.
+pub fn download_data_set(
+    name: &str,
+    size: Option<usize>,
+    dir: Option<&Path>,
+    base_url: Option<&str>,
+    progress: bool,
+) -> Result<Downloaded> {
+    let Some(info) = ssl_data::archive_info(name) else {
+        let dir = dir.map_or_else(
+            || crate::setup::medmnist_root(&crate::config::RunConfig::default()),
+            Path::to_path_buf,
+        );
+        return download_medmnist(name, size.unwrap_or(28), &dir, base_url, progress).map_err(
+            |e| match ssl_data::medmnist_info(name) {
+                Ok(_) => e,
+                Err(_) => anyhow!(
+                    "{e:#}; or one of the benchmark sets: {}",
+                    ssl_data::ARCHIVES
+                        .iter()
+                        .map(|a| a.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            },
+        );
+    };
+    if let Some(size) = size.filter(|&s| s != info.side) {
+        bail!(
+            "{} is published at {side}×{side} only, not {size}; drop --size",
+            info.name,
+            side = info.side
+        );
+    }
+    let dir = dir.map_or_else(crate::setup::default_benchmark_root, Path::to_path_buf);
+    let url = match base_url {
+        Some(base) => format!("{}/{}", base.trim_end_matches('/'), info.file),
+        None => info.url.to_string(),
+    };
+    fetch_verified(&url, &dir.join(info.file), info.md5, progress)
 }
 
 /// Downloads `url` to `path` unless `path` already holds a file whose MD5 is `md5` (hex).

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use md5::{Digest, Md5};
-use ssl::download::{download_medmnist, fetch_verified, part_path};
+use ssl::download::{download_data_set, download_medmnist, fetch_verified, part_path};
 
 /// The official MD5 of `breastmnist.npz` (size 28), which the digits stand-in does not have.
 const OFFICIAL_BREASTMNIST_MD5: &str = "750601b1f35ba3300ea97c75c52ff8f6";
@@ -518,4 +518,121 @@ fn cli_fetches_from_the_url_and_refuses_a_file_with_the_wrong_md5() {
     };
     assert_eq!(server.requests(), [seen]);
     assert!(listing(dir.path()).is_empty());
+}
+
+/// The benchmark sets: an archive synthesised in the official layout is fetched through the
+/// same verified download (with its own MD5: the official one cannot match synthetic bytes) and
+/// read by `ssl run`'s loader; `download_data_set` asks the mirror for the official file name
+/// and refuses anything but the published MD5.
+#[test]
+fn benchmark_archives_download_from_a_mirror_and_load() {
+    for (name, file, counts) in [
+        ("cifar10", "cifar-10-python.tar.gz", [10, 4, 0]),
+        ("cifar100", "cifar-100-python.tar.gz", [6, 2, 0]),
+        ("stl10", "stl10_binary.tar.gz", [3, 2, 4]),
+        ("tiny-imagenet", "tiny-imagenet-200.zip", [200, 2, 0]),
+    ] {
+        let staging = tempfile::tempdir().unwrap();
+        let made = staging.path().join(file);
+        ssl_data::write_synthetic_archive(name, &made, counts).unwrap();
+        let bytes = std::fs::read(&made).unwrap();
+        let server = Server::start(bytes.clone(), Mode::Serve);
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("{}/{file}", server.base);
+        fetch_verified(&url, &dir.path().join(file), &md5_hex(&bytes), false).unwrap();
+        let b = ssl_data::load_benchmark(name, dir.path()).unwrap();
+        assert_eq!(b.dataset.len(), counts.iter().sum::<usize>(), "{name}");
+        assert_eq!(b.unlabeled.len(), counts[2], "{name}");
+
+        let official = ssl_data::archive_info(name).unwrap().md5;
+        let err = download_data_set(name, None, Some(dir.path()), Some(&server.base), false);
+        let msg = format!("{:#}", err.unwrap_err());
+        for needle in [official, &url] {
+            assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+        }
+        // The synthetic archive already there stays as it was.
+        assert_eq!(std::fs::read(dir.path().join(file)).unwrap(), bytes);
+    }
+}
+
+#[test]
+fn benchmark_names_and_sizes_are_checked_before_any_request() {
+    let server = Server::start(Vec::new(), Mode::Serve);
+    let dir = tempfile::tempdir().unwrap();
+    let err = download_data_set(
+        "cifar10",
+        Some(64),
+        Some(dir.path()),
+        Some(&server.base),
+        false,
+    );
+    let msg = format!("{:#}", err.unwrap_err());
+    assert!(msg.contains("32×32 only, not 64; drop --size"), "{msg}");
+    let err = download_data_set("cifar11", None, Some(dir.path()), Some(&server.base), false);
+    let msg = format!("{:#}", err.unwrap_err());
+    assert!(
+        msg.contains("cifar10, cifar100, cifar100-coarse, stl10, tiny-imagenet"),
+        "{msg}"
+    );
+    assert!(server.requests().is_empty());
+    assert!(listing(dir.path()).is_empty());
+}
+
+/// `ssl data download stl10 --url` asks the mirror for the official file name, and `ssl run
+/// --data cifar10` trains a ResNet-18 (CIFAR stem) end to end on an archive in the official
+/// layout, then evaluates on its test split.
+#[test]
+fn cli_downloads_by_name_and_runs_on_a_benchmark_archive() {
+    let server = Server::start(b"not the archive".to_vec(), Mode::Serve);
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ssl"))
+        .args(["data", "download", "stl10", "--dir"])
+        .arg(dir.path())
+        .args(["--url", &format!("{}/mirror", server.base)])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("91f7769df0f17e558f3565bffb0c7dfb"),
+        "{stderr}"
+    );
+    assert_eq!(server.requests()[0].path, "/mirror/stl10_binary.tar.gz");
+
+    ssl_data::write_synthetic_archive(
+        "cifar10",
+        &dir.path().join("cifar-10-python.tar.gz"),
+        [40, 20, 0],
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let out = Command::new(env!("CARGO_BIN_EXE_ssl"))
+        .args([
+            "run",
+            "--data",
+            "cifar10",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--root",
+        ])
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&run)
+        .args(["--set", "model.projector=[32]"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let config = std::fs::read_to_string(run.join("config.yaml")).unwrap();
+    for needle in [
+        "name: cifar10",
+        "size: 32",
+        "encoder: resnet18",
+        "stem: cifar",
+        "normalize: cifar10",
+    ] {
+        assert!(config.contains(needle), "`{needle}` missing from: {config}");
+    }
+    assert!(run.join("results.json").is_file());
 }

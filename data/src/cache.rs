@@ -15,7 +15,7 @@
 
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -168,29 +168,103 @@ pub(crate) fn cached(
     fix: &str,
     fill: impl FnOnce(&mut dyn Write) -> Result<()>,
 ) -> Result<CacheBytes> {
+    build(path, len, key, fix, |file| {
+        let mut out = Counted {
+            inner: BufWriter::with_capacity(1 << 20, file),
+            bytes: 0,
+        };
+        fill(&mut out)?;
+        out.flush()
+            .with_context(|| format!("writing {} (disk full?)", path.display()))?;
+        Ok(out.bytes)
+    })
+}
+
+/// [`cached`] for data whose parts arrive out of order (the members of a tar archive): `fill`
+/// writes each part where it belongs with [`Placed::write_at`], and must cover all `len` bytes
+/// exactly once.
+pub(crate) fn cached_placed(
+    path: &Path,
+    len: usize,
+    key: &[u8],
+    fix: &str,
+    fill: impl FnOnce(&mut Placed) -> Result<()>,
+) -> Result<CacheBytes> {
+    build(path, len, key, fix, |file| {
+        let mut out = Placed {
+            inner: BufWriter::with_capacity(1 << 20, file),
+            at: 0,
+            len,
+            bytes: 0,
+            path,
+        };
+        fill(&mut out)?;
+        out.inner
+            .flush()
+            .with_context(|| format!("writing {} (disk full?)", path.display()))?;
+        Ok(out.bytes)
+    })
+}
+
+/// A cache being built from parts written at their offsets (see [`cached_placed`]).
+pub(crate) struct Placed<'a> {
+    inner: BufWriter<&'a File>,
+    /// Where the next byte written goes.
+    at: usize,
+    len: usize,
+    /// Bytes written so far.
+    bytes: usize,
+    path: &'a Path,
+}
+
+impl Placed<'_> {
+    /// Writes `bytes` at byte `offset` of the cache's data.
+    pub(crate) fn write_at(&mut self, offset: usize, bytes: &[u8]) -> Result<()> {
+        ensure!(
+            offset + bytes.len() <= self.len,
+            "{}: bytes {offset}..{} are outside the {} the cache holds",
+            self.path.display(),
+            offset + bytes.len(),
+            self.len
+        );
+        let written = (|| {
+            if offset != self.at {
+                self.inner.seek(SeekFrom::Start(offset as u64))?;
+            }
+            self.inner.write_all(bytes)
+        })();
+        written.with_context(|| format!("writing {} (disk full?)", self.path.display()))?;
+        self.at = offset + bytes.len();
+        self.bytes += bytes.len();
+        Ok(())
+    }
+}
+
+/// The cache file `path`, mapped as it is when it holds `len` bytes for `key`, else built by
+/// `fill` (which returns how many bytes it wrote) in a [`Partial`] renamed into place.
+fn build(
+    path: &Path,
+    len: usize,
+    key: &[u8],
+    fix: &str,
+    fill: impl FnOnce(&File) -> Result<usize>,
+) -> Result<CacheBytes> {
     remove_stale_partials(parent(path));
-    let mut trailer = [0u8; TRAILER_LEN];
-    trailer[..MAGIC.len()].copy_from_slice(MAGIC);
-    trailer[MAGIC.len()..].copy_from_slice(&Md5::digest(key));
+    let trailer = trailer(key);
     if let Some(bytes) = map_if_holds(path, len, &trailer) {
         return Ok(bytes);
     }
     let partial = Partial::create(path, fix)?;
-    let mut out = Counted {
-        inner: BufWriter::with_capacity(1 << 20, partial.file()),
-        bytes: 0,
-    };
-    fill(&mut out)?;
+    let bytes = fill(partial.file())?;
     ensure!(
-        out.bytes == len,
-        "{}: {} bytes were decoded, {len} expected",
+        bytes == len,
+        "{}: {bytes} bytes were decoded, {len} expected",
         path.display(),
-        out.bytes
     );
-    out.write_all(&trailer)
-        .and_then(|()| out.flush())
+    let mut file = partial.file();
+    file.seek(SeekFrom::Start(len as u64))
+        .and_then(|_| file.write_all(&trailer))
         .with_context(|| format!("writing {} (disk full?)", path.display()))?;
-    drop(out);
     partial.persist()?;
     map_if_holds(path, len, &trailer).with_context(|| {
         format!(
@@ -198,6 +272,19 @@ pub(crate) fn cached(
             path.display()
         )
     })
+}
+
+/// The cache file `path` memory-mapped when it holds `len` bytes for `key`, else `None`.
+pub(crate) fn open_cached(path: &Path, len: usize, key: &[u8]) -> Option<CacheBytes> {
+    map_if_holds(path, len, &trailer(key))
+}
+
+/// A cache's trailer for `key`: [`MAGIC`] and the key's MD5.
+fn trailer(key: &[u8]) -> [u8; TRAILER_LEN] {
+    let mut trailer = [0u8; TRAILER_LEN];
+    trailer[..MAGIC.len()].copy_from_slice(MAGIC);
+    trailer[MAGIC.len()..].copy_from_slice(&Md5::digest(key));
+    trailer
 }
 
 /// `path` memory-mapped when it is `len` bytes followed by `trailer`.

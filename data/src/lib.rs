@@ -14,10 +14,14 @@
 //! * [`loader`]: the deterministic, rayon-parallel multi-view batch loader ([`ViewLoader`]).
 //! * [`medmnist`]: the 18 MedMNIST datasets' facts and their `.npz` files as a [`Dataset`].
 //! * [`npy`]: NumPy `.npy` arrays and `.npz` archives.
+//! * [`archive`]: the benchmark sets read from their official archives into an 8-bit cache:
+//!   [`cifar`] (CIFAR-10/100, through [`pickle`]), [`stl10`], [`tiny_imagenet`].
 
+pub mod archive;
 pub mod augment;
 pub mod blur;
 mod cache;
+pub mod cifar;
 pub mod color;
 pub mod crop;
 pub mod dataset;
@@ -27,11 +31,18 @@ pub mod gmm;
 pub mod loader;
 pub mod medmnist;
 pub mod npy;
+mod pickle;
 pub mod pipeline;
 pub mod resample;
 pub mod split;
+pub mod stl10;
+pub mod tiny_imagenet;
 pub mod volume;
 
+pub use archive::{
+    archive_info, load_benchmark, synthetic_pixel, write_synthetic_archive, ArchiveInfo, Benchmark,
+    ARCHIVES,
+};
 pub use augment::{
     apply_affine, AffineParams, DigitsAugment, GaussianJitter, Identity, ViewTransform,
 };
