@@ -82,8 +82,9 @@ pub enum Command {
 
 #[derive(Subcommand, Debug)]
 pub enum DataCommand {
-    /// Download a MedMNIST `.npz` into the data directory, MD5-verified; a broken download
-    /// resumes when run again.
+    /// Download a MedMNIST `.npz` or a benchmark set's official archive (CIFAR-10/100, STL-10,
+    /// Tiny ImageNet) into the data directory, MD5-verified; a broken download resumes when run
+    /// again.
     Download(DownloadArgs),
     /// Write the embedded digits in a MedMNIST file's exact layout and split sizes (upsampled,
     /// tinted for RGB, stacked for 3D), to try a pipeline without the official files.
@@ -105,16 +106,18 @@ pub struct SampleArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct DownloadArgs {
-    /// MedMNIST flag, e.g. bloodmnist.
-    pub flag: String,
-    /// Image size: 28, 64, 128 or 224 (3D data sets: 28 or 64).
-    #[arg(long, default_value_t = 28)]
-    pub size: usize,
-    /// Directory to download into (default ~/.medmnist, where `ssl run` looks unless data.root
-    /// is set).
+    /// Data set: a MedMNIST flag (e.g. bloodmnist), or cifar10, cifar100 (also for
+    /// cifar100-coarse), stl10, tiny-imagenet.
+    pub name: String,
+    /// MedMNIST image size: 28 (default), 64, 128 or 224 (3D data sets: 28 or 64); the benchmark
+    /// sets have one size.
+    #[arg(long)]
+    pub size: Option<usize>,
+    /// Directory to download into (default ~/.medmnist for MedMNIST, ~/.cache/candle-ssl/data for
+    /// the benchmark sets: where `ssl run` looks unless data.root is set).
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// Fetch BASE/FILE instead of the official Zenodo record (for mirrors and tests, like
+    /// Fetch BASE/FILE instead of the official address (for mirrors and tests, like
     /// HF_ENDPOINT for the Hub).
     #[arg(long, value_name = "BASE")]
     pub url: Option<String>,
@@ -543,13 +546,10 @@ pub fn execute(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Data(DataCommand::Download(args)) => {
-            let dir = args
-                .dir
-                .unwrap_or_else(|| crate::setup::medmnist_root(&RunConfig::default()));
-            let got = crate::download::download_medmnist(
-                &args.flag,
+            let got = crate::download::download_data_set(
+                &args.name,
                 args.size,
-                &dir,
+                args.dir.as_deref(),
                 args.url.as_deref(),
                 true,
             )?;

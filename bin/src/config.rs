@@ -61,14 +61,16 @@ impl Default for RunConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
     /// `digits` (embedded scikit-learn digits), `gmm` (IConE's 2-D Gaussian mixture), a
-    /// MedMNIST dataset (`bloodmnist`, `organmnist3d`, …) read from `root`, or `folder`: an
-    /// ImageNet-style image folder at `root`.
+    /// MedMNIST dataset (`bloodmnist`, `organmnist3d`, …) read from `root`, a benchmark set read
+    /// from its official archive in `root` (`cifar10`, `cifar100`, `cifar100-coarse`, `stl10`,
+    /// `tiny-imagenet`), or `folder`: an ImageNet-style image folder at `root`.
     pub name: String,
     /// Side length the digits are upsampled to; the MedMNIST file's size (28, 64, 128, 224);
     /// the side a folder's images are resized (shorter side) and centre-cropped to.
     pub size: usize,
     /// Directory of MedMNIST `.npz` files (or one file); absent: `~/.medmnist`, the official
-    /// package's cache. For `folder`, the folder (`root/train` + `root/val`, or `root/<class>`).
+    /// package's cache. For a benchmark set, the directory of its archive (or the archive);
+    /// absent: `~/.cache/candle-ssl/data`. For `folder`, the folder (`root/train` + `root/val`, or `root/<class>`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub root: Option<PathBuf>,
     /// Held-out fraction (stratified); MedMNIST keeps its official test split instead.
@@ -119,6 +121,29 @@ pub struct DataConfig {
     /// mapping of `VolumeAugment` fields over the paper's, e.g. `{rotate: 0.0, noise: 0.5}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub augment_volume: Option<VolumeAugment>,
+    /// What pretraining draws from: `train` (the training partition), or for STL-10
+    /// `train+unlabeled` (its train split and its 100,000 unlabeled images, as solo-learn
+    /// pretrains; the evaluation still uses the labelled train and test splits).
+    #[serde(skip_serializing_if = "TrainingSplit::is_train")]
+    pub split: TrainingSplit,
+}
+
+/// The images pretraining draws from (`data.split`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum TrainingSplit {
+    /// The training partition.
+    #[default]
+    #[serde(rename = "train")]
+    Train,
+    /// STL-10's train split and its unlabeled images.
+    #[serde(rename = "train+unlabeled")]
+    TrainUnlabeled,
+}
+
+impl TrainingSplit {
+    fn is_train(&self) -> bool {
+        *self == Self::Train
+    }
 }
 
 impl DataConfig {
@@ -135,6 +160,7 @@ impl DataConfig {
             "digits" => Recipe::Digits,
             "gmm" => Recipe::Noise,
             "folder" => Recipe::Simclr,
+            name if ssl_data::archive_info(name).is_some() => Recipe::Simclr,
             name => match ssl_data::medmnist_info(name) {
                 Ok(info) if info.volumetric => Recipe::Icone3d,
                 _ => Recipe::Icone,
@@ -142,10 +168,17 @@ impl DataConfig {
         })
     }
 
-    /// `normalize`, or the recipe's.
+    /// `normalize`, or the benchmark set's statistics under a photo recipe, or the recipe's.
     pub fn normalization(&self) -> Normalization {
-        self.normalize
-            .unwrap_or_else(|| self.recipe().default_normalization())
+        self.normalize.unwrap_or_else(|| {
+            match (
+                self.recipe().default_normalization(),
+                ssl_data::archive_info(&self.name),
+            ) {
+                (Normalization::Imagenet, Some(info)) => info.normalization,
+                (recipe, _) => recipe,
+            }
+        })
     }
 }
 
@@ -176,6 +209,7 @@ impl Default for DataConfig {
             normalize: None,
             augment_views: Vec::new(),
             augment_volume: None,
+            split: TrainingSplit::Train,
         }
     }
 }
@@ -412,6 +446,18 @@ impl RunConfig {
             Err(e) => bail!("{}", keyed_error(&value, e)),
         };
         config.objective.resolve()?;
+        // A benchmark set's images have one size: the digits' default side becomes it.
+        if let Some(info) = ssl_data::archive_info(&config.data.name) {
+            if !given("data", "size") {
+                config.data.size = info.side;
+            }
+            if !encoder_given {
+                config.model.encoder = "resnet18".into();
+                if !given("model", "stem") && info.side == 32 {
+                    config.model.stem = Stem::Cifar;
+                }
+            }
+        }
         config.data.resolve();
         // Volumes get IConE's 3D ResNet-18 unless an encoder is named (the digits CNN is 2D).
         let volumes = ssl_data::medmnist_info(&config.data.name).is_ok_and(|i| i.volumetric);
@@ -454,6 +500,12 @@ impl RunConfig {
         self.data.validate()?;
         self.model.validate()?;
         self.eval.validate()?;
+        ensure!(
+            self.data.split == TrainingSplit::Train || self.train.probe_lr == 0.0,
+            "data.split: train+unlabeled pretrains on images without labels, which the online \
+             probe cannot learn from; add --set train.probe_lr=0 (the end-of-run linear probe and \
+             k-NN still use the labelled train split)"
+        );
         self.check_patches()
     }
 
@@ -654,6 +706,21 @@ impl DataConfig {
             "in (0, 1)",
             " (default 0.2)",
         )?;
+        if let Some(info) = ssl_data::archive_info(&self.name) {
+            ensure!(
+                self.size == info.side,
+                "data.size is {}, but {} holds {side}×{side} images; set --size {side}",
+                self.size,
+                self.name,
+                side = info.side
+            );
+        }
+        ensure!(
+            self.split == TrainingSplit::Train || self.name == "stl10",
+            "data.split: train+unlabeled is for stl10, the one data set with unlabeled images \
+             (`{}` has none); drop it",
+            self.name
+        );
         let mut classes = self.classes.clone();
         classes.sort_unstable();
         classes.dedup();

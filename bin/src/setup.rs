@@ -11,7 +11,7 @@ use ssl_models::{
     DigitsCnn, Encoder, Mlp, Projector, ResNet, ResNetConfig, VisionTransformer, VitConfig,
 };
 
-use crate::config::RunConfig;
+use crate::config::{RunConfig, TrainingSplit};
 
 /// The device named by `--device`.
 pub fn device(name: &str) -> Result<Device> {
@@ -47,6 +47,10 @@ pub struct DataSplit {
     pub seed: u64,
     pub train: Vec<usize>,
     pub test: Vec<usize>,
+    /// Images without labels that pretraining draws from besides `train` (STL-10's, under
+    /// `data.split: train+unlabeled`); never evaluated on, nor given to the online probe.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unlabeled: Vec<usize>,
     /// Classes subsampled by `data.imbalance` (empty when balanced).
     pub minority_classes: Vec<u32>,
     /// Normalisation of the encoder's inputs (the training views get it from their recipe).
@@ -58,6 +62,11 @@ pub struct DataSplit {
 }
 
 impl DataSplit {
+    /// The positions pretraining draws from: `train`, then `unlabeled`.
+    pub fn pretraining(&self) -> Vec<usize> {
+        self.train.iter().chain(&self.unlabeled).copied().collect()
+    }
+
     /// A training split of `instances` samples of `shape` that holds no pixels (labels
     /// `i mod 10`), for benches and tests that draw their own inputs: only its shape, size and
     /// labels are read.
@@ -74,6 +83,7 @@ impl DataSplit {
             seed: 0,
             train: (0..instances).collect(),
             test: Vec::new(),
+            unlabeled: Vec::new(),
             minority_classes: Vec::new(),
             normalize: Normalization::None,
             findings: None,
@@ -105,6 +115,7 @@ impl Findings {
 pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
     let seed = cfg.data.split_seed.unwrap_or(cfg.train.seed);
     let mut findings = None;
+    let mut unlabeled = Vec::new();
     let (dataset, mut train, mut test) = match cfg.data.name.as_str() {
         "digits" | "gmm" => {
             let dataset = match cfg.data.name.as_str() {
@@ -135,13 +146,30 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
                 }
             }
         }
+        name if ssl_data::archive_info(name).is_some() => {
+            let _loading = crate::progress::spinner(format!(
+                "reading {name} (decoded into its image cache on first use)"
+            ));
+            let b = ssl_data::load_benchmark(name, &benchmark_root(cfg)).context("data.root")?;
+            if cfg.data.split == TrainingSplit::TrainUnlabeled {
+                unlabeled = b.unlabeled.collect();
+            }
+            (b.dataset, b.train.collect(), b.test.collect())
+        }
         name => {
             let _loading = crate::progress::spinner(format!(
                 "reading {name} (inflated into its image cache on first use)"
             ));
             let m = medmnist(cfg).with_context(|| match ssl_data::medmnist_info(name) {
                 Ok(_) => format!("data set `{name}`"),
-                Err(_) => format!("unknown data set `{name}`; built in: digits, gmm, folder"),
+                Err(_) => format!(
+                    "unknown data set `{name}`; built in: digits, gmm, folder, {}",
+                    ssl_data::ARCHIVES
+                        .iter()
+                        .map(|a| a.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             })?;
             let [train, _, test] = m.splits;
             if m.info.is_multi_label() {
@@ -192,6 +220,7 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
         seed,
         train,
         test,
+        unlabeled,
         minority_classes,
         normalize: cfg.data.normalization(),
         findings,
@@ -228,6 +257,17 @@ pub fn user_cache() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_default()
         .join(".cache/candle-ssl")
+}
+
+/// Where the benchmark sets' archives (CIFAR, STL-10, Tiny ImageNet) are looked for: `data.root`,
+/// else `~/.cache/candle-ssl/data`, where `ssl data download` puts them.
+pub fn benchmark_root(cfg: &RunConfig) -> PathBuf {
+    cfg.data.root.clone().unwrap_or_else(default_benchmark_root)
+}
+
+/// `~/.cache/candle-ssl/data`.
+pub fn default_benchmark_root() -> PathBuf {
+    user_cache().join("data")
 }
 
 /// Where MedMNIST files are looked for: `data.root`, else the official package's `~/.medmnist`.

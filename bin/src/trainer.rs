@@ -4,6 +4,13 @@
 //! (+ the online probe's cross-entropy on detached features) → backward (the loss's, then each
 //! view's graph on its own, side by side on the CPU) → optimiser → objective hook. Every step is logged to `metrics.jsonl`; every `checkpoint_every` epochs and at the end
 //! the run is checkpointed atomically; `--resume` continues to the same final weights.
+//!
+//! Data parallel ([`run_on`] with a [`Comm`] of several ranks): every rank builds the same model
+//! from the seed, reads its shard of each global batch of `world × train.batch_size`
+//! ([`ViewLoader::with_shard`]), gathers the global batch where the objective asks
+//! (`Batch::collective`), and averages its gradients over the ranks before the optimiser step
+//! ([`ssl_dist::reduce_gradients`]), so the ranks stay identical. Rank 0 alone writes the run
+//! directory and evaluates; the others wait at a barrier at the end of every epoch and of the run.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,8 +22,11 @@ use candle_core::utils::barrier_pool;
 use candle_core::{Device, Tensor, Var, D};
 use candle_nn::{Linear, Module};
 use serde_json::json;
-use ssl_core::{Batch, BuildContext, Objective, ParamStore, Progress, SingleProcess, StepContext};
+use ssl_core::{
+    Batch, BuildContext, Collective, Objective, ParamStore, Progress, SingleProcess, StepContext,
+};
 use ssl_data::{ImageAugment, Interpolation, LocalCrop, ViewLoader, ViewTransform, ViewTypes};
+use ssl_dist::Comm;
 use ssl_models::autocast::{autocast, Precision};
 use ssl_models::{Encoder, Projector};
 
@@ -50,10 +60,13 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
     let encoder = setup::encoder(cfg, dataset, vb.pp("encoder"))?;
     let feature_dim = encoder.output_dim();
     let projection_dim = *cfg.model.projector.last().expect("validated non-empty");
-    let train_labels = setup::labels(dataset, &data.train);
+    // What the objective trains on: the train split, then any unlabeled images (whose labels
+    // are placeholders: an objective that needs labels is refused below).
+    let pretraining = data.pretraining();
+    let train_labels = setup::labels(dataset, &pretraining);
     let ctx = BuildContext {
         vb: vb.pp("objective"),
-        num_instances: data.train.len(),
+        num_instances: pretraining.len(),
         num_classes: Some(dataset.num_classes),
         instance_labels: Some(&train_labels),
         projection_dim,
@@ -79,7 +92,15 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
             )
         })?,
     }
-    check_projector_batch(cfg, registration.name, req.projector, data.train.len())?;
+    if req.labels && !data.unlabeled.is_empty() {
+        bail!(
+            "{} learns from labels, and data.split: train+unlabeled adds {} images without any; \
+             drop data.split",
+            registration.name,
+            data.unlabeled.len()
+        );
+    }
+    check_projector_batch(cfg, registration.name, req.projector, pretraining.len())?;
     let projector = if req.projector {
         Some(setup::projector(cfg, feature_dim, vb.pp("projector"))?)
     } else {
@@ -122,11 +143,8 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
 pub fn optimizer(cfg: &RunConfig, model: &Model) -> Optimizer {
     let t = &cfg.train;
     let probe_scale = t.probe_lr / t.lr;
-    let params = model
-        .store
-        .vars()
+    let params = trainable(&model.store)
         .into_iter()
-        .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
         .map(|(n, v)| {
             let scale = match n.starts_with("probe.") {
                 true => probe_scale,
@@ -136,6 +154,16 @@ pub fn optimizer(cfg: &RunConfig, model: &Model) -> Optimizer {
         })
         .collect();
     Optimizer::new(t, params, &["probe."])
+}
+
+/// The variables the optimiser updates, sorted by name: every one but the EMA teacher's and the
+/// batch-norm buffers.
+fn trainable(store: &ParamStore) -> Vec<(String, Var)> {
+    store
+        .vars()
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
+        .collect()
 }
 
 /// Sets every `teacher.*` variable to its student counterpart (an EMA teacher starts as a copy).
@@ -224,23 +252,56 @@ pub struct RunOutcome {
     pub seconds: f64,
 }
 
-/// Trains `cfg` into its run directory and evaluates it against the baselines. `start` says
-/// what the directory may already hold ([`rundir::prepare`]). Everything that can refuse the
-/// run (data, networks, views, the checkpoint a resume loads) is checked before the directory
-/// is touched.
+/// Trains `cfg` into its run directory, in this process alone ([`run_on`]).
 pub fn run(cfg: &RunConfig, start: Start) -> Result<RunOutcome> {
+    run_on(cfg, start, &SingleProcess)
+}
+
+/// The file in a run directory that records how many ranks trained it.
+pub const DISTRIBUTED_JSON: &str = "distributed.json";
+
+/// Trains `cfg` into its run directory and evaluates it against the baselines, as rank
+/// `comm.rank()` of `comm.world_size()` (see the module docs). `start` says what the directory
+/// may already hold ([`rundir::prepare`]). Everything that can refuse the run (data, networks,
+/// views, the checkpoint a resume loads, a resume on another number of ranks) is checked before
+/// the directory is touched. Ranks other than 0 return an outcome without evaluation once rank 0
+/// has finished.
+pub fn run_on(cfg: &RunConfig, start: Start, comm: &dyn Comm) -> Result<RunOutcome> {
     let started = Instant::now();
+    let (rank, world) = (comm.rank(), comm.world_size());
     let device = setup::device(&cfg.train.device)?;
     let data = setup::data(cfg)?;
     evaluate::check_split(&data)?;
     let mut model = build_model(cfg, &data, &device)?;
     apply_init(cfg, &model)?;
-    let loader = training_loader(cfg, &data)?;
+    let loader = training_loader(cfg, &data, comm)?;
     let mut optimizer = optimizer(cfg, &model);
     let resumed = match start {
-        Start::Resume => Some(restore(&cfg.out, &mut model, &mut optimizer)?),
+        Start::Resume => {
+            check_world_size(&cfg.out, world, cfg.train.batch_size)?;
+            Some(restore(&cfg.out, &mut model, &mut optimizer)?)
+        }
         Start::Fresh | Start::Overwrite => None,
     };
+    if rank != 0 {
+        let mut training = Training::new(
+            cfg,
+            &loader,
+            &mut model,
+            &mut optimizer,
+            None,
+            comm,
+            resumed,
+        );
+        training.run(&data, &device, &loader)?;
+        // Rank 0 evaluates and writes the results meanwhile.
+        comm.barrier()?;
+        return Ok(RunOutcome {
+            dir: cfg.out.clone(),
+            evaluation: Vec::new(),
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
     if model.precision == Precision::Bf16 && device.is_cpu() {
         eprintln!(
             "train.precision bf16 on the CPU is emulated (bf16-rounded operands, f32 products): \
@@ -260,9 +321,31 @@ pub fn run(cfg: &RunConfig, start: Start) -> Result<RunOutcome> {
         &dir.join("split.json"),
         serde_json::to_string(&data)?.as_bytes(),
     )?;
+    if world > 1 {
+        let b = cfg.train.batch_size;
+        eprintln!(
+            "data parallel over {world} ranks: batch {b} per rank, global batch {}",
+            world * b
+        );
+        let record =
+            json!({"world_size": world, "batch_size_per_rank": b, "global_batch": world * b});
+        checkpoint::write_atomic(
+            &dir.join(DISTRIBUTED_JSON),
+            serde_json::to_string_pretty(&record)?.as_bytes(),
+        )?;
+    }
     let mut log = RunLog::open(&dir, cfg, resumed.as_ref())?;
-    let mut training = Training::new(cfg, &loader, &mut model, &mut optimizer, &mut log, resumed);
+    let mut training = Training::new(
+        cfg,
+        &loader,
+        &mut model,
+        &mut optimizer,
+        Some(&mut log),
+        comm,
+        resumed,
+    );
     if !training.run(&data, &device, &loader)? {
+        comm.barrier()?;
         return Ok(RunOutcome {
             dir,
             evaluation: Vec::new(),
@@ -292,11 +375,41 @@ pub fn run(cfg: &RunConfig, start: Start) -> Result<RunOutcome> {
         &dir.join("results.json"),
         serde_json::to_string_pretty(&results)?.as_bytes(),
     )?;
+    comm.barrier()?;
     Ok(RunOutcome {
         dir,
         evaluation,
         seconds,
     })
+}
+
+/// Refuses to resume the run in `dir` on `world` ranks when it was trained on another number
+/// (its [`DISTRIBUTED_JSON`]; a run without one was trained by one process): the global batch,
+/// and with it every step after the checkpoint, would change.
+fn check_world_size(dir: &Path, world: usize, batch_size: usize) -> Result<()> {
+    let path = dir.join(DISTRIBUTED_JSON);
+    let trained = match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["world_size"].as_u64())
+            .with_context(|| format!("{} has no world_size; it is damaged", path.display()))?
+            as usize,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 1,
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    ensure!(
+        trained == world,
+        "the run in {} was trained on {trained} rank(s) (global batch {}), and this resume has \
+         {world} (global batch {}); resume it with {trained} process(es) ({})",
+        dir.display(),
+        trained * batch_size,
+        world * batch_size,
+        match trained {
+            1 => "plain `ssl run --resume`".to_string(),
+            n => format!("mpirun -np {n} ssl run --resume"),
+        }
+    );
+    Ok(())
 }
 
 /// Loads the last checkpoint of the run in `dir` into `model` and `optimizer`: where it stands.
@@ -366,14 +479,14 @@ pub fn local_crop(
     }
 }
 
-/// The training views of `cfg` over the train split, checked against the data (before a run
-/// writes anything).
-fn training_loader(cfg: &RunConfig, data: &DataSplit) -> Result<Arc<ViewLoader>> {
+/// The training views of `cfg` over the train split, this rank's shard of every global batch,
+/// checked against the data (before a run writes anything).
+fn training_loader(cfg: &RunConfig, data: &DataSplit, comm: &dyn Comm) -> Result<Arc<ViewLoader>> {
     let t = &cfg.train;
     let types = view_types(cfg, &data.dataset.shape)?;
     let loader = ViewLoader::new(
         data.dataset.clone(),
-        data.train.clone(),
+        data.pretraining(),
         t.batch_size,
         t.views,
         t.drop_last,
@@ -384,14 +497,17 @@ fn training_loader(cfg: &RunConfig, data: &DataSplit) -> Result<Arc<ViewLoader>>
         t.local_views,
         local_crop(cfg, &data.dataset.shape, types.local),
     )
-    .context("invalid train.local_views for this data")?;
+    .context("invalid train.local_views for this data")?
+    .with_shard(comm.rank(), comm.world_size())?;
     if loader.steps_per_epoch() / t.accumulate == 0 {
         bail!(
-            "an optimiser step takes {} batch(es) of {} (train.accumulate × --batch-size), more than the \
-             {} training instances give per epoch with drop_last; lower --batch-size or train.accumulate",
+            "an optimiser step takes {} batch(es) of {} × {} rank(s) (train.accumulate × --batch-size \
+             × ranks), more than the {} training instances give per epoch with drop_last; lower \
+             --batch-size or train.accumulate",
             t.accumulate,
             t.batch_size,
-            data.train.len()
+            comm.world_size(),
+            data.pretraining().len()
         );
     }
     Ok(Arc::new(loader))
@@ -405,7 +521,11 @@ struct Training<'a> {
     cfg: &'a RunConfig,
     model: &'a mut Model,
     optimizer: &'a mut Optimizer,
-    log: &'a mut RunLog,
+    /// Rank 0's logs; the other ranks write nothing.
+    log: Option<&'a mut RunLog>,
+    comm: &'a dyn Comm,
+    /// The variables whose gradients are averaged over the ranks.
+    trainable: Vec<(String, Var)>,
     state: TrainerState,
     /// The step of the checkpoint on disk, if there is one.
     checkpointed: Option<usize>,
@@ -423,7 +543,8 @@ impl<'a> Training<'a> {
         loader: &ViewLoader,
         model: &'a mut Model,
         optimizer: &'a mut Optimizer,
-        log: &'a mut RunLog,
+        log: Option<&'a mut RunLog>,
+        comm: &'a dyn Comm,
         resumed: Option<TrainerState>,
     ) -> Self {
         let steps_per_epoch = loader.steps_per_epoch() / cfg.train.accumulate;
@@ -439,9 +560,11 @@ impl<'a> Training<'a> {
         });
         Self {
             cfg,
+            trainable: trainable(&model.store),
             model,
             optimizer,
             log,
+            comm,
             checkpointed: resumed.as_ref().map(|s| s.step),
             state: resumed.unwrap_or_default(),
             steps_per_epoch,
@@ -456,10 +579,13 @@ impl<'a> Training<'a> {
     fn run(&mut self, data: &DataSplit, device: &Device, loader: &Arc<ViewLoader>) -> Result<bool> {
         let t = &self.cfg.train;
         let monitor_inputs = evaluate::clean_inputs(data, device);
-        let bar = progress::bar(
-            self.total_steps as u64,
-            "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} steps {msg} ({eta})",
-        );
+        let bar = match self.log {
+            Some(_) => progress::bar(
+                self.total_steps as u64,
+                "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} steps {msg} ({eta})",
+            ),
+            None => indicatif::ProgressBar::hidden(),
+        };
         bar.set_position(self.state.step as u64);
         let first = self.state.epochs_done;
         for epoch in first..t.epochs {
@@ -520,8 +646,9 @@ impl<'a> Training<'a> {
             data_wait += asked.elapsed();
             let input = step_input(&mut view_batch, &data.dataset.shape, device, progress, lr)?;
             let (out, batch_grads) =
-                forward_backward(self.model, &input).with_context(|| self.stopped_at(epoch))?;
-            images += input.views * input.instance_ids.len();
+                forward_backward_on(self.model, &input, self.comm.as_collective())
+                    .with_context(|| self.stopped_at(epoch))?;
+            images += input.views * input.instance_ids.len() * self.comm.world_size();
             grads = Some(match grads.take() {
                 None => batch_grads,
                 Some(sum) => add_grads(&self.model.store, sum, &batch_grads)?,
@@ -532,18 +659,30 @@ impl<'a> Training<'a> {
         if t.accumulate > 1 {
             scale_grads(&self.model.store, &mut grads, 1.0 / t.accumulate as f64)?;
         }
+        ssl_dist::reduce_gradients(
+            self.comm,
+            &self.trainable,
+            &mut grads,
+            ssl_dist::BUCKET_ELEMENTS,
+        )?;
         self.optimizer.step(&grads, lr)?;
-        let out = mean_output(outs);
-        if self.log.logs_spectrum(self.cfg, self.state.step) {
-            self.log.spectrum(self.state.step, &out.projections)?;
-        }
+        let mut out = mean_output(outs);
+        mean_over_ranks(self.comm, &mut out)?;
         self.model.objective.after_step(&StepContext {
             progress,
             student: &self.student,
             teacher: self.teacher.as_deref(),
         })?;
-        self.log.step(&StepRecord {
-            step: self.state.step,
+        let step = self.state.step;
+        self.state.step += 1;
+        let Some(log) = self.log.as_deref_mut() else {
+            return Ok(out.loss);
+        };
+        if log.logs_spectrum(self.cfg, step) {
+            log.spectrum(step, &out.projections)?;
+        }
+        log.step(&StepRecord {
+            step,
             epoch,
             loss: out.loss,
             terms: &out.terms,
@@ -552,7 +691,6 @@ impl<'a> Training<'a> {
             images_per_s: images as f64 / started.elapsed().as_secs_f64(),
             data_wait_ms: 1e3 * data_wait.as_secs_f64(),
         })?;
-        self.state.step += 1;
         Ok(out.loss)
     }
 
@@ -584,6 +722,10 @@ impl<'a> Training<'a> {
         let cfg = self.cfg;
         self.state.epochs_done = epoch + 1;
         let last = self.state.epochs_done == cfg.train.epochs;
+        let Some(log) = self.log.as_deref_mut() else {
+            // Rank 0 monitors and checkpoints meanwhile.
+            return self.comm.barrier();
+        };
         if last
             || self
                 .state
@@ -592,9 +734,9 @@ impl<'a> Training<'a> {
         {
             let (train, test) = monitor_inputs;
             let (knn, probe) = evaluate::monitor(cfg, self.model, train, test)?;
-            self.log.epoch_end(epoch, self.state.step, knn, probe)?;
+            log.epoch_end(epoch, self.state.step, knn, probe)?;
         }
-        self.log.flush()?;
+        log.flush()?;
         if last
             || stopping
             || self
@@ -610,8 +752,30 @@ impl<'a> Training<'a> {
             )?;
             self.checkpointed = Some(self.state.step);
         }
-        Ok(())
+        self.comm.barrier()
     }
+}
+
+/// Replaces the step's loss, terms and probe loss by their means over the ranks: the loss of
+/// the global batch, whose terms are means over instances (an objective that gathers the batch
+/// computes the same value on every rank). The projections stay this rank's.
+fn mean_over_ranks(comm: &dyn Comm, out: &mut StepOutput) -> Result<()> {
+    let world = comm.world_size();
+    if world == 1 {
+        return Ok(());
+    }
+    let mut values: Vec<f64> = [out.loss, out.probe_ce.unwrap_or(0.0)]
+        .into_iter()
+        .chain(out.terms.iter().map(|(_, v)| *v))
+        .collect();
+    comm.all_reduce_sum_f64(&mut values)?;
+    let mean = |v: f64| v / world as f64;
+    out.loss = mean(values[0]);
+    out.probe_ce = out.probe_ce.map(|_| mean(values[1]));
+    for ((_, term), value) in out.terms.iter_mut().zip(&values[2..]) {
+        *term = mean(*value);
+    }
+    Ok(())
 }
 
 /// One batch of views as the step's tensors on `device` (`sample_shape`: one image's), its
@@ -827,6 +991,16 @@ pub fn forward_backward(
     model: &mut Model,
     input: &StepInput<'_>,
 ) -> Result<(StepOutput, GradStore)> {
+    forward_backward_on(model, input, &SingleProcess)
+}
+
+/// [`forward_backward`] of this rank's shard, the objective gathering the global batch through
+/// `collective`. The gradients are this rank's (averaged over the ranks by the caller).
+pub fn forward_backward_on(
+    model: &mut Model,
+    input: &StepInput<'_>,
+    collective: &dyn Collective,
+) -> Result<(StepOutput, GradStore)> {
     let _precision = autocast(model.precision);
     let device = input.images.device();
     let (v, b) = (input.views, input.instance_ids.len());
@@ -871,7 +1045,7 @@ pub fn forward_backward(
         teacher: teacher_out.as_ref(),
         progress: input.progress,
         train: true,
-        collective: &SingleProcess,
+        collective,
     };
     let out = model.objective.loss(&batch)?;
     let scalar = |t: &Tensor| -> Result<f64> {

@@ -9,6 +9,11 @@
 //! seeded from `(seed, epoch, instance id, view)`, so the output does not depend on the rayon
 //! thread count or scheduling. Views are augmented in parallel with rayon on the current pool;
 //! [`ViewLoader::prefetch`] builds an epoch's batches ahead on a background thread.
+//!
+//! Data parallelism: [`ViewLoader::with_shard`] makes the loader one rank's of `world`. The
+//! epoch's order is the same on every rank, cut into global batches of `world × batch_size`;
+//! rank `r` takes rows `r·B..(r+1)·B` of each. Views are seeded by instance id, so the ranks'
+//! batches together are exactly the batch one process with `world × B` builds.
 
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
@@ -85,6 +90,9 @@ pub struct ViewLoader {
     seed: u64,
     view_types: Vec<Arc<dyn ViewTransform>>,
     local: Option<(usize, LocalCrop)>,
+    /// This loader's rank and the number of ranks sharing each global batch.
+    rank: usize,
+    world: usize,
 }
 
 impl std::fmt::Debug for ViewLoader {
@@ -97,6 +105,8 @@ impl std::fmt::Debug for ViewLoader {
             .field("drop_last", &self.drop_last)
             .field("seed", &self.seed)
             .field("local_views", &self.local_views())
+            .field("rank", &self.rank)
+            .field("world", &self.world)
             .finish()
     }
 }
@@ -144,7 +154,37 @@ impl ViewLoader {
             seed,
             view_types,
             local: None,
+            rank: 0,
+            world: 1,
         })
+    }
+
+    /// Makes this loader rank `rank` of `world`: `batch_size` stays per rank, each step's global
+    /// batch is `world × batch_size` rows of the epoch order, and this rank yields its slice
+    /// (see the module docs). Errors unless `rank < world` and every global batch can be split
+    /// into equal shards (`drop_last`, or the instances a multiple of the global batch): ranks
+    /// must gather batches of one size.
+    pub fn with_shard(mut self, rank: usize, world: usize) -> Result<Self> {
+        if rank >= world {
+            bail!("ViewLoader: rank {rank} out of range for {world} ranks");
+        }
+        let (n, global) = (self.indices.len(), world * self.batch_size);
+        if world > 1 && !self.drop_last && n % global != 0 {
+            bail!(
+                "{n} training instances end each epoch with a partial global batch of {} \
+                 ({world} ranks × batch size {}), which cannot be split into equal shards; set \
+                 train.drop_last=true",
+                n % global,
+                self.batch_size
+            );
+        }
+        (self.rank, self.world) = (rank, world);
+        Ok(self)
+    }
+
+    /// Number of ranks sharing each global batch (1 unless [`Self::with_shard`]).
+    pub fn world(&self) -> usize {
+        self.world
     }
 
     /// Adds `count` multi-crop local views per instance, made by `crop`; their random streams
@@ -187,13 +227,14 @@ impl ViewLoader {
         self.views
     }
 
-    /// Batches per epoch: `floor(N / B)` with `drop_last`, else `ceil(N / B)`.
+    /// Batches per epoch: `floor(N / G)` with `drop_last`, else `ceil(N / G)`, for the global
+    /// batch `G = world × B`.
     pub fn steps_per_epoch(&self) -> usize {
-        let n = self.indices.len();
+        let (n, global) = (self.indices.len(), self.world * self.batch_size);
         if self.drop_last {
-            n / self.batch_size
+            n / global
         } else {
-            n.div_ceil(self.batch_size)
+            n.div_ceil(global)
         }
     }
 
@@ -210,9 +251,11 @@ impl ViewLoader {
         let order = self.epoch_order(epoch);
         let steps = self.steps_per_epoch();
         let b = self.batch_size;
+        let skip = self.rank * b;
         (0..steps).map(move |s| {
-            let end = ((s + 1) * b).min(order.len());
-            self.make_batch(epoch, &order[s * b..end])
+            let start = s * self.world * b + skip;
+            let end = (start + b).min(order.len());
+            self.make_batch(epoch, &order[start..end])
         })
     }
 
@@ -420,6 +463,43 @@ mod tests {
         assert_eq!(b, collect(&multi, 1, 1), "deterministic across pools");
         // Each local view is its own draw.
         assert_ne!(b[0].local_views[..49], b[0].local_views[50 * 49..51 * 49]);
+    }
+
+    /// Two ranks of batch 16 give, step by step, the two halves of one process's batch of 32:
+    /// the same instances, labels and augmented views (view-major, so each view's rows split).
+    #[test]
+    fn shards_of_two_ranks_make_up_the_one_process_batch() {
+        let one = gmm_loader(32, true);
+        let ranks: Vec<ViewLoader> = (0..2)
+            .map(|r| gmm_loader(16, true).with_shard(r, 2).unwrap())
+            .collect();
+        assert_eq!(ranks[0].steps_per_epoch(), one.steps_per_epoch());
+        assert_eq!(one.steps_per_epoch(), 250 / 32);
+        let whole = collect(&one, 2, 2);
+        let shards: Vec<Vec<ViewBatch>> = ranks.iter().map(|l| collect(l, 2, 1)).collect();
+        assert_eq!(whole.len(), shards[1].len());
+        for (s, batch) in whole.iter().enumerate() {
+            let (a, b) = (&shards[0][s], &shards[1][s]);
+            assert_eq!(
+                [a.instance_ids.clone(), b.instance_ids.clone()].concat(),
+                batch.instance_ids
+            );
+            assert_eq!([a.labels.clone(), b.labels.clone()].concat(), batch.labels);
+            for v in 0..batch.views_count {
+                assert_eq!(
+                    [a.view(v), b.view(v)].concat(),
+                    batch.view(v),
+                    "step {s}, view {v}"
+                );
+            }
+        }
+        // A last partial global batch (250 = 7 × 32 + 26) cannot be split evenly.
+        let e = gmm_loader(16, false)
+            .with_shard(1, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("train.drop_last=true"), "{e}");
+        assert!(gmm_loader(16, true).with_shard(2, 2).is_err());
     }
 
     #[test]

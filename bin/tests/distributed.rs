@@ -1,0 +1,156 @@
+//! Data-parallel equivalence (feature `mpi`): `mpirun -np 2 ssl run` with batch 64 per rank
+//! against one process with batch 128, same seed and data order: the loss at every step and
+//! the final weights must agree.
+//!
+//! The setup has no batch norm (MLP encoder on the Gaussian mixture, a one-layer projector), as
+//! per-rank batch norm would differ from one process by design. What remains is float
+//! reassociation: a weight's gradient is a sum over the batch, which two ranks add as two halves
+//! of 64 rows and one process as one sum of 128, and the mean over ranks multiplies by 1/2; these
+//! differ in the last bits of f32 (measured after 20 steps: 1e-7 relative for the losses, 1e-7
+//! for the weights). The tolerances (losses 1e-5 relative, weights 1e-5 of the largest weight)
+//! leave room for that and none for a wrong gradient: a gradient scaled by the number of ranks,
+//! a missing sum in the gather's backward, or a shard read out of order moves the weights by far
+//! more within a few steps.
+//!
+//! VICReg trains with SGD here, SimCLR with the default AdamW. VICReg does not change when a
+//! constant is added to every projection, so the gradient of the projector's last bias (and of
+//! the encoder's last bias, under a linear projector) is exactly zero, and what the optimiser
+//! sees is rounding noise (about 1e-9). AdamW divides a gradient by its running RMS and turns
+//! that noise into steps of the learning rate's size: those biases (and the online probe reading
+//! the encoder's output) wander by 1e-3 between any two runs whose sums are rounded differently,
+//! while the loss still agrees to 1e-5. SGD moves them by the noise itself.
+
+use std::path::Path;
+use std::process::Command;
+
+use candle_core::{Device, Tensor};
+
+const STEPS: usize = 20;
+
+fn ssl(launcher: Option<usize>, out: &Path, args: &[&str], batch: usize) -> String {
+    let mut cmd = match launcher {
+        Some(ranks) => {
+            let mut c = Command::new("mpirun");
+            c.args(["--oversubscribe", "-np", &ranks.to_string()])
+                .arg(env!("CARGO_BIN_EXE_ssl"))
+                .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_ssl")),
+    };
+    // 1400 training instances: 10 steps of 128 per epoch.
+    let out = cmd
+        .args(["run", "--data", "gmm", "--encoder", "mlp"])
+        .args(args)
+        .args([
+            "--batch-size",
+            &batch.to_string(),
+            "--epochs",
+            "2",
+            "--threads",
+            "1",
+        ])
+        .args(["--set", "model.projector=[64]", "--out"])
+        .arg(out)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    text
+}
+
+/// The training loss of every step in the run's metrics.jsonl.
+fn losses(run: &Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r.get("epoch_end").is_none())
+        .map(|r| r["loss"].as_f64().unwrap())
+        .collect()
+}
+
+fn weights(run: &Path) -> std::collections::HashMap<String, Tensor> {
+    candle_core::safetensors::load(run.join("checkpoint/model.safetensors"), &Device::Cpu).unwrap()
+}
+
+fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
+
+fn two_ranks_match_one_process(args: &[&str]) {
+    let objective = args.join(" ");
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        eprintln!("skipped: no mpirun on the PATH (apt-get install openmpi-bin libopenmpi-dev)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    ssl(None, &one, args, 128);
+    let log = ssl(Some(2), &two, args, 64);
+    assert!(log.contains("global batch 128"), "{log}");
+    let recorded = std::fs::read_to_string(two.join("distributed.json")).unwrap();
+    assert!(recorded.contains("\"world_size\": 2"), "{recorded}");
+
+    let (a, b) = (losses(&one), losses(&two));
+    assert_eq!(a.len(), STEPS, "{a:?}");
+    assert_eq!(b.len(), STEPS, "{b:?}");
+    assert!(a[STEPS - 1] < a[0], "training lowers the loss: {a:?}");
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+            "{objective}, step {step}: one process {x}, two ranks {y}\n{a:?}\n{b:?}"
+        );
+    }
+    let (wa, wb) = (weights(&one), weights(&two));
+    assert_eq!(wa.len(), wb.len());
+    let scale = wa.values().map(max_abs).fold(0.0f32, f32::max);
+    let (mut worst, mut at) = (0.0f32, "");
+    for (name, t) in &wa {
+        let diff = max_abs(&(t - &wb[name]).unwrap());
+        if diff >= worst {
+            (worst, at) = (diff, name);
+        }
+    }
+    eprintln!("{objective}: largest weight difference {worst:e} in {at} (largest weight {scale})");
+    assert!(
+        worst <= 1e-5 * scale,
+        "{objective}: weights differ by {worst} in {at} (largest {scale})"
+    );
+
+    // Resuming on another number of ranks is refused, naming the one to use.
+    let out = Command::new(env!("CARGO_BIN_EXE_ssl"))
+        .args(["run", "--resume", "--out"])
+        .arg(&two)
+        .args(["--set", "train.epochs=3", "--allow-changed", "train.epochs"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("trained on 2 rank(s)") && err.contains("mpirun -np 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn vicreg_on_two_ranks_matches_one_process() {
+    two_ranks_match_one_process(&["--objective", "vicreg", "--set", "train.optimizer=sgd"]);
+}
+
+#[test]
+fn simclr_on_two_ranks_matches_one_process() {
+    two_ranks_match_one_process(&["--objective", "simclr"]);
+}

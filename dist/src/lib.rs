@@ -1,0 +1,301 @@
+//! Data-parallel training for candle-ssl.
+//!
+//! One process per rank, started by a launcher (`mpirun`, SLURM's `srun`); every rank holds the
+//! whole model, reads its own shard of each global batch, and after its backward pass the
+//! gradients are averaged over the ranks ([`reduce_gradients`]), so every rank takes the same
+//! optimiser step. Objectives with batch statistics gather the global batch through
+//! [`ssl_core::Collective::all_gather`]; [`Comm`] adds what the trainer itself needs (rank,
+//! all-reduce, barrier, abort).
+//!
+//! Back ends: [`SingleProcess`] (world size 1, no communication) always; `MpiCollective` over the
+//! system OpenMPI with the cargo feature `mpi`. The default build needs no MPI installation.
+//! There is no NCCL back end: a multi-rank NCCL run needs several GPUs, which no machine this
+//! project is tested on has, and an untested back end is not shipped.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, Var};
+pub use ssl_core::{Collective, SingleProcess};
+
+#[cfg(feature = "mpi")]
+mod mpi_backend;
+#[cfg(feature = "mpi")]
+pub use mpi_backend::MpiCollective;
+
+/// A data-parallel communicator: the trainer's view of the ranks.
+pub trait Comm: Collective {
+    /// This process's rank, `0..world_size()`; rank 0 writes logs and checkpoints.
+    fn rank(&self) -> usize;
+    /// Replaces `buf` on every rank by its element-wise sum over all ranks.
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()>;
+    /// [`Self::all_reduce_sum`] in double precision (logged losses).
+    fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()>;
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<()>;
+    /// Ends every rank of the job with exit status `code` (a failed rank must not leave the
+    /// others waiting in a collective).
+    fn abort(&self, code: i32) -> !;
+    /// The same communicator as the objectives' [`Collective`].
+    fn as_collective(&self) -> &dyn Collective;
+}
+
+impl Comm for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn all_reduce_sum(&self, _buf: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&self, _buf: &mut [f64]) -> Result<()> {
+        Ok(())
+    }
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+    fn abort(&self, code: i32) -> ! {
+        std::process::exit(code)
+    }
+    fn as_collective(&self) -> &dyn Collective {
+        self
+    }
+}
+
+/// The `--distributed` choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// One process, no communication.
+    None,
+    /// OpenMPI (feature `mpi`).
+    Mpi,
+}
+
+impl FromStr for Backend {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Self::None),
+            "mpi" => Ok(Self::Mpi),
+            other => bail!("unknown --distributed `{other}`; choose mpi or none"),
+        }
+    }
+}
+
+/// A launcher's process count, read from its environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    /// The variable it came from.
+    pub variable: &'static str,
+    pub processes: usize,
+}
+
+/// The environment variables that carry a launcher's process count, in the order they are read:
+/// OpenMPI's `mpirun`, a PMI launcher (MPICH's Hydra, `srun --mpi=pmi2`), and SLURM's `srun`.
+/// `SLURM_STEP_NUM_TASKS` rather than `SLURM_NTASKS`: the latter is also set in an `sbatch`
+/// script outside any `srun`, where `ssl run` is one process.
+pub const LAUNCH_VARIABLES: [&str; 3] =
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"];
+
+/// The launcher this process was started by, if any, as `env` (a variable's value) reports it.
+pub fn detect_launch(env: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>> {
+    for variable in LAUNCH_VARIABLES {
+        if let Some(value) = env(variable) {
+            let processes = value.trim().parse().with_context(|| {
+                format!("the launcher set {variable}={value:?}, which is not a process count")
+            })?;
+            return Ok(Some(Launch {
+                variable,
+                processes,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// The communicator `ssl run` trains with: `requested` (`--distributed`), or when absent `mpi`
+/// under a launcher of more than one process and `none` otherwise. Refuses `mpi` in a build
+/// without the `mpi` feature, and `none` under a multi-process launcher (every process would
+/// train the whole job into the same run directory).
+pub fn connect(requested: Option<Backend>) -> Result<Arc<dyn Comm>> {
+    let launch = detect_launch(|v| std::env::var(v).ok())?;
+    let many = launch.as_ref().filter(|l| l.processes > 1);
+    match (requested, many) {
+        (Some(Backend::None), Some(l)) => bail!(
+            "--distributed none, but the launcher started {} processes ({}={}): each would train \
+             the whole job into the same run directory; launch one process, or use --distributed mpi",
+            l.processes,
+            l.variable,
+            l.processes
+        ),
+        (Some(Backend::None), None) | (None, None) => Ok(Arc::new(SingleProcess)),
+        (Some(Backend::Mpi), _) | (None, Some(_)) => mpi(launch.as_ref()),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn mpi(launch: Option<&Launch>) -> Result<Arc<dyn Comm>> {
+    let comm = MpiCollective::init()?;
+    if let Some(l) = launch {
+        if l.processes != comm.world_size() {
+            bail!(
+                "the launcher started {} processes ({}), but MPI sees a world of {}: this OpenMPI \
+                 cannot talk to that launcher; start the job with mpirun, or with srun --mpi=pmix \
+                 (srun --mpi=list shows what SLURM offers)",
+                l.processes,
+                l.variable,
+                comm.world_size()
+            );
+        }
+    }
+    Ok(Arc::new(comm))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi(launch: Option<&Launch>) -> Result<Arc<dyn Comm>> {
+    let by = match launch {
+        Some(l) => format!(
+            " (the launcher started {} processes: {})",
+            l.processes, l.variable
+        ),
+        None => String::new(),
+    };
+    bail!(
+        "data-parallel training over MPI was asked for{by}, but ssl was built without the mpi \
+         feature; rebuild with `--features mpi` (needs OpenMPI: apt-get install openmpi-bin \
+         libopenmpi-dev libclang-dev), or run one process with --distributed none"
+    )
+}
+
+/// Elements of one all-reduce message: 25 MiB of `f32`, PyTorch DDP's default bucket.
+pub const BUCKET_ELEMENTS: usize = 25 * 1024 * 1024 / 4;
+
+/// Replaces the gradient of every variable of `params` in `grads` by its mean over the ranks,
+/// `params` in their order packed into buckets of at most `bucket_elements` values (a larger
+/// variable travels alone), one all-reduce per bucket. Every rank must pass the same `params`.
+///
+/// A variable that has a gradient on some ranks only (a parameter this rank's batch did not
+/// reach) counts as zero where it has none, as in PyTorch's DDP; one that has none anywhere
+/// keeps none, so the optimiser skips it as it would in one process. Gradients travel as `f32`
+/// and come back in the variable's dtype. Runs after the backward pass (no overlap with it).
+pub fn reduce_gradients(
+    comm: &dyn Comm,
+    params: &[(String, Var)],
+    grads: &mut GradStore,
+    bucket_elements: usize,
+) -> Result<()> {
+    let world = comm.world_size();
+    if world == 1 {
+        return Ok(());
+    }
+    let mut present: Vec<f32> = params
+        .iter()
+        .map(|(_, v)| f32::from(u8::from(grads.get(v.as_tensor()).is_some())))
+        .collect();
+    comm.all_reduce_sum(&mut present)?;
+    let reduced: Vec<&(String, Var)> = params
+        .iter()
+        .zip(&present)
+        .filter(|(_, &count)| count > 0.0)
+        .map(|(p, _)| p)
+        .collect();
+    let scale = 1.0 / world as f32;
+    let mut start = 0;
+    while start < reduced.len() {
+        let mut end = start + 1;
+        let mut len = reduced[start].1.elem_count();
+        while end < reduced.len() && len + reduced[end].1.elem_count() <= bucket_elements {
+            len += reduced[end].1.elem_count();
+            end += 1;
+        }
+        let bucket = &reduced[start..end];
+        let mut buf = Vec::with_capacity(len);
+        for (name, var) in bucket {
+            match grads.get(var.as_tensor()) {
+                Some(g) => buf.extend(
+                    g.to_dtype(DType::F32)?
+                        .flatten_all()?
+                        .to_vec1::<f32>()
+                        .with_context(|| format!("the gradient of {name}"))?,
+                ),
+                None => buf.resize(buf.len() + var.elem_count(), 0.0),
+            }
+        }
+        comm.all_reduce_sum(&mut buf)?;
+        let mut offset = 0;
+        for (_, var) in bucket {
+            let n = var.elem_count();
+            let mean = Tensor::from_slice(&buf[offset..offset + n], var.shape(), var.device())?;
+            grads.insert(
+                var.as_tensor(),
+                (mean * f64::from(scale))?.to_dtype(var.dtype())?,
+            );
+            offset += n;
+        }
+        start = end;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn launchers_are_read_in_order_and_a_bad_count_is_an_error() {
+        assert_eq!(detect_launch(env(&[])).unwrap(), None);
+        let l = detect_launch(env(&[("SLURM_STEP_NUM_TASKS", "4"), ("PMI_SIZE", "2")])).unwrap();
+        assert_eq!(
+            l,
+            Some(Launch {
+                variable: "PMI_SIZE",
+                processes: 2
+            })
+        );
+        // SLURM_NTASKS alone is an sbatch script, not a launched step.
+        assert_eq!(detect_launch(env(&[("SLURM_NTASKS", "8")])).unwrap(), None);
+        let e = detect_launch(env(&[("OMPI_COMM_WORLD_SIZE", "two")])).unwrap_err();
+        assert!(e.to_string().contains("OMPI_COMM_WORLD_SIZE"), "{e}");
+    }
+
+    #[test]
+    fn backend_names_parse_and_others_are_refused() {
+        assert_eq!("mpi".parse::<Backend>().unwrap(), Backend::Mpi);
+        assert_eq!("none".parse::<Backend>().unwrap(), Backend::None);
+        let e = "nccl".parse::<Backend>().unwrap_err().to_string();
+        assert!(e.contains("choose mpi or none"), "{e}");
+    }
+
+    /// Without the feature, asking for MPI names the feature to build with.
+    #[cfg(not(feature = "mpi"))]
+    #[test]
+    fn mpi_without_the_feature_says_how_to_rebuild() {
+        let e = connect(Some(Backend::Mpi)).err().unwrap().to_string();
+        assert!(e.contains("rebuild with `--features mpi`"), "{e}");
+    }
+
+    /// One process: the gradients are left exactly as they are.
+    #[test]
+    fn one_rank_leaves_gradients_alone() {
+        let var = Var::new(&[1f32, 2.0], &Device::Cpu).unwrap();
+        let mut grads = GradStore::default();
+        grads.insert(
+            var.as_tensor(),
+            Tensor::new(&[3f32, 4.0], &Device::Cpu).unwrap(),
+        );
+        reduce_gradients(&SingleProcess, &[("w".into(), var.clone())], &mut grads, 1).unwrap();
+        let g: Vec<f32> = grads.get(var.as_tensor()).unwrap().to_vec1().unwrap();
+        assert_eq!(g, [3.0, 4.0]);
+    }
+}
