@@ -300,10 +300,11 @@ fn map_if_holds(path: &Path, len: usize, trailer: &[u8; TRAILER_LEN]) -> Option<
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn names(dir: &Path) -> Result<Vec<String>> {
+    /// The names in `dir`, sorted (shared with the other cache tests of the crate).
+    pub(crate) fn names(dir: &Path) -> Result<Vec<String>> {
         let mut names: Vec<String> = std::fs::read_dir(dir)?
             .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
             .collect::<std::io::Result<_>>()?;

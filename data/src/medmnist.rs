@@ -719,6 +719,7 @@ pub fn write_digits_as_medmnist(path: &Path, flag: &str, size: usize) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::tests::names;
 
     #[test]
     fn the_table_matches_the_spec() -> Result<()> {
@@ -810,15 +811,6 @@ mod tests {
             .collect::<std::io::Result<_>>()?;
         assert_eq!(names.len(), 2, "only the .npz and its cache: {names:?}");
         Ok(())
-    }
-
-    /// The names in `dir`, sorted.
-    fn names(dir: &Path) -> Result<Vec<String>> {
-        let mut names: Vec<String> = std::fs::read_dir(dir)?
-            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-            .collect::<std::io::Result<_>>()?;
-        names.sort();
-        Ok(names)
     }
 
     /// A BreastMNIST-layout file at `path` whose every pixel is `value`.
