@@ -154,3 +154,104 @@ fn vicreg_on_two_ranks_matches_one_process() {
 fn simclr_on_two_ranks_matches_one_process() {
     two_ranks_match_one_process(&["--objective", "simclr"]);
 }
+
+/// The pid of the rank `rank` of the run writing to `out` (a process whose command line names
+/// `out` and whose environment has `OMPI_COMM_WORLD_RANK=rank`).
+fn rank_pid(out: &Path, rank: usize) -> Option<i32> {
+    let wanted = format!("OMPI_COMM_WORLD_RANK={rank}");
+    let out = out.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let has =
+                |bytes: &[u8], s: &str| bytes.split(|&b| b == 0).any(|part| part == s.as_bytes());
+            (has(&cmdline, &out) && has(&environ, &wanted) && has(&cmdline, "run")).then_some(pid)
+        })
+}
+
+/// A rank killed with SIGKILL mid-run ends the whole job: the launcher exits non-zero within
+/// 60 s, naming the rank, and the checkpoint on disk is whole.
+#[test]
+fn a_killed_rank_ends_every_rank_within_a_minute() {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        eprintln!("skipped: no mpirun on the PATH (apt-get install openmpi-bin libopenmpi-dev)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut job = Command::new("mpirun")
+        .args(["--oversubscribe", "-np", "2"])
+        .arg(env!("CARGO_BIN_EXE_ssl"))
+        .args([
+            "run",
+            "--data",
+            "gmm",
+            "--encoder",
+            "mlp",
+            "--batch-size",
+            "64",
+        ])
+        .args([
+            "--epochs",
+            "500",
+            "--threads",
+            "1",
+            "--set",
+            "model.projector=[64]",
+        ])
+        .args(["--set", "train.checkpoint_every=1", "--out"])
+        .arg(&out)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let state = out.join("checkpoint/trainer_state.json");
+    while !state.exists() {
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the job ended before its first checkpoint"
+        );
+        assert!(
+            started.elapsed().as_secs() < 300,
+            "no checkpoint after 300 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let victim = rank_pid(&out, 1).expect("rank 1 is running");
+    // SAFETY: kill(2) on a pid this test's job started.
+    assert_eq!(unsafe { libc::kill(victim, libc::SIGKILL) }, 0);
+    let killed = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = job.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            killed.elapsed().as_secs() < 60,
+            "the other rank still runs 60 s after rank 1 was killed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let output = job.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!status.success(), "{text}");
+    assert!(
+        text.contains("rank 1"),
+        "the launcher names the rank:\n{text}"
+    );
+    assert!(rank_pid(&out, 0).is_none(), "rank 0 outlived the job");
+    // Whatever instant the kill hit, one whole checkpoint is on disk.
+    let checkpoint = out.join("checkpoint");
+    ssl::checkpoint::load_state(&checkpoint).unwrap();
+    ssl::checkpoint::load_tensors(&checkpoint.join(ssl::checkpoint::MODEL)).unwrap();
+}
