@@ -52,7 +52,7 @@ struct Bench {
 impl Bench {
     fn model(&self, cfg: &RunConfig) -> Result<(Model, Optimizer)> {
         let model = trainer::build_model(cfg, &self.data, &self.device)?;
-        let optimizer = trainer::optimizer(cfg, &model);
+        let optimizer = trainer::optimizer(cfg, &model)?;
         Ok((model, optimizer))
     }
 

@@ -170,7 +170,7 @@ fn run_row(index: usize, args: &Args) -> Result<()> {
     let device = ssl::setup::device(&args.device)?;
     let data = DataSplit::shape_only(row.shape, INSTANCES);
     let mut model = trainer::build_model(&cfg, &data, &device)?;
-    let mut optimizer = trainer::optimizer(&cfg, &model);
+    let mut optimizer = trainer::optimizer(&cfg, &model)?;
     let (b, v) = (cfg.train.batch_size, cfg.train.views);
     let mut shape = vec![v * b];
     shape.extend(row.shape);

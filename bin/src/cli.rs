@@ -595,10 +595,16 @@ fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
         projection_dim: 8,
         feature_dim: 8,
         views: 2,
+        global_views: 2,
         batch_size,
     };
     let req = (r.build)(&serde_yaml::Value::Null, &ctx)?.requirements();
     let max = req.max_views.map_or("any".to_string(), |m| m.to_string());
+    let groups: String = req
+        .param_groups
+        .iter()
+        .map(|g| format!("\nparameter group {}", g.summary()))
+        .collect();
     Ok(format!(
         "limits: views {}..{max}, batch size ≥ {}{}{}{}",
         req.min_views,
@@ -614,7 +620,7 @@ fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
         } else {
             ""
         },
-    ))
+    ) + &groups)
 }
 
 /// `user/name` or `hf://user/name[@revision]` (the suffix overrides `--revision`) pulled into

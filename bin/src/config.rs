@@ -366,6 +366,19 @@ pub struct TrainConfig {
     /// accumulate in f32, everything else stays f32 (as `torch.autocast(dtype=torch.bfloat16)`;
     /// emulated on the CPU, where it is a check, not a speed-up).
     pub precision: Precision,
+    /// Gradient clipping over every trainable parameter: their gradients are scaled together
+    /// so that their global norm is at most this (0: off). A parameter group clips its own.
+    #[serde(skip_serializing_if = "is_off")]
+    pub clip_grad_norm: f64,
+    /// Optimiser settings by parameter-name prefix, applied after the objective's own groups
+    /// (`ssl describe NAME` lists them), e.g. `[{params: projector., lr: 0.05, schedule:
+    /// constant, weight_decay: 0, lars: false, clip_grad_norm: 3.0, freeze_epochs: 1}]`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub param_groups: Vec<ssl_core::ParamGroup>,
+}
+
+fn is_off(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl Default for TrainConfig {
@@ -395,6 +408,8 @@ impl Default for TrainConfig {
             stop_after_epochs: 0,
             accumulate: 1,
             precision: Precision::F32,
+            clip_grad_norm: 0.0,
+            param_groups: Vec::new(),
         }
     }
 }
@@ -684,6 +699,18 @@ impl TrainConfig {
             "train.local_scale must be [a, b] with 0 < a ≤ b ≤ 1 (the local crop's area fraction; \
              DINO: [0.05, 0.4]), got [{lo}, {hi}]"
         );
+        in_range(
+            "train.clip_grad_norm",
+            self.clip_grad_norm,
+            0.0..,
+            "≥ 0",
+            " (0: no clipping)",
+        )?;
+        for (i, group) in self.param_groups.iter().enumerate() {
+            if let Err(e) = group.validate() {
+                bail!("train.param_groups[{i}]: {e}");
+            }
+        }
         Ok(())
     }
 }
@@ -1052,6 +1079,8 @@ mod tests {
             (&["train.local_scale=[0.0, 0.4]"], "train.local_scale must be [a, b] with 0 < a ≤ b ≤ 1"),
             (&["train.local_scale=[0.5, 0.4]"], "got [0.5, 0.4]"),
             (&["train.local_scale=[0.05, 1.5]"], "got [0.05, 1.5]"),
+            (&["train.clip_grad_norm=-1"], "train.clip_grad_norm must be ≥ 0 (0: no clipping), got -1"),
+            (&["train.param_groups=[{params: a., lr: 1, lr_scale: 2}]"], "sets both `lr` and `lr_scale`"),
             (&["data.size=0"], "data.size must be ≥ 1 (the image side in pixels), got 0"),
             (&["data.imbalance=0"], "data.imbalance must be ≥ 1 (1: balanced), got 0"),
             (&["data.test_fraction=0"], "data.test_fraction must be in (0, 1) (default 0.2), got 0"),

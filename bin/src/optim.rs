@@ -1,27 +1,93 @@
-//! Optimisers (AdamW, SGD with momentum/Nesterov, LARS) and the warm-up + cosine schedule.
+//! Optimisers (AdamW, SGD with momentum/Nesterov, LARS), the warm-up + cosine schedule, and
+//! parameter groups ([`ssl_core::ParamGroup`]): per-group learning rate and schedule, weight
+//! decay, LARS adaptation, gradient clipping and freezing.
 //!
 //! Parameters of rank ≤ 1 (biases, batch-norm weights) are excluded from weight decay and from
-//! LARS adaptation, as in solo-learn and the LARS papers. A parameter without a gradient in a
-//! step (buffers, teachers) is left untouched.
+//! LARS adaptation, as in solo-learn and the LARS papers: a built-in group, the first to apply,
+//! which later groups may override. A parameter without a gradient in a step (buffers,
+//! teachers) is left untouched.
+//!
+//! Where a group stands (its rate, whether it is frozen) follows from the step and epoch alone,
+//! and each parameter's moments and update count are in [`Optimizer::state`], so a run resumed
+//! inside a freeze or a step schedule continues exactly.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use anyhow::{bail, Result};
 use candle_core::{backprop::GradStore, Tensor, Var};
+use ssl_core::{groups::DEFAULT_GAMMA, ParamGroup, Progress, Schedule};
 
 use crate::config::{OptimizerKind, TrainConfig};
 
 mod adamw;
 use adamw::AdamwStep;
 
+/// The settings of one parameter, after every group that matches it.
+#[derive(Debug, Clone, PartialEq)]
+struct Settings {
+    /// Multiplies the run's learning rate.
+    lr_scale: f64,
+    schedule: Schedule,
+    milestones: Vec<usize>,
+    gamma: f64,
+    weight_decay: f64,
+    lars: bool,
+    freeze_epochs: usize,
+    freeze_steps: usize,
+}
+
+impl Settings {
+    fn apply(&mut self, g: &ParamGroup, run_lr: f64) {
+        if let Some(lr) = g.lr {
+            self.lr_scale = lr / run_lr;
+        }
+        if let Some(s) = g.lr_scale {
+            self.lr_scale = s;
+        }
+        if let Some(s) = g.schedule {
+            self.schedule = s;
+            self.milestones = g.milestones.clone();
+            self.gamma = g.gamma.unwrap_or(DEFAULT_GAMMA);
+        }
+        if let Some(wd) = g.weight_decay {
+            self.weight_decay = wd;
+        }
+        if let Some(l) = g.lars {
+            self.lars = l;
+        }
+        if let Some(n) = g.freeze_epochs {
+            self.freeze_epochs = n;
+        }
+        if let Some(n) = g.freeze_steps {
+            self.freeze_steps = n;
+        }
+    }
+
+    /// The learning rate at `at`, given the run's scheduled rate `lr` there.
+    fn lr(&self, cfg: &TrainConfig, lr: f64, at: &Progress) -> f64 {
+        let warming = at.step < cfg.warmup_epochs * at.steps_per_epoch;
+        self.lr_scale
+            * match self.schedule {
+                Schedule::Cosine => lr,
+                Schedule::Constant => cfg.lr,
+                Schedule::Step if warming => lr,
+                Schedule::Step => {
+                    let passed = self.milestones.iter().filter(|&&m| at.epoch >= m).count();
+                    cfg.lr * self.gamma.powi(passed as i32)
+                }
+            }
+    }
+
+    fn frozen(&self, at: &Progress) -> bool {
+        at.epoch < self.freeze_epochs || at.step < self.freeze_steps
+    }
+}
+
 /// One optimised parameter with its slots.
 struct Slot {
     name: String,
     var: Var,
-    /// Decayed and (for LARS) adapted.
-    regularised: bool,
-    /// Multiplies the scheduled learning rate (the online probe has its own rate).
-    lr_scale: f64,
+    settings: Settings,
     /// First / second moment (Adam) or momentum buffer (SGD, LARS).
     m: Option<Tensor>,
     v: Option<Tensor>,
@@ -31,56 +97,171 @@ struct Slot {
     steps: usize,
 }
 
+/// Gradients of `slots` (indices) scaled together so that their global norm is at most `max`,
+/// or each on its own where `each`.
+struct Clip {
+    max: f64,
+    each: bool,
+    slots: Vec<usize>,
+}
+
 /// The optimiser of a run.
 pub struct Optimizer {
     kind: OptimizerKind,
     slots: Vec<Slot>,
+    clips: Vec<Clip>,
     cfg: TrainConfig,
 }
 
 impl Optimizer {
-    /// `params`: `(name, var, lr_scale)`; weight decay and LARS skip rank ≤ 1 tensors and any
-    /// name in `no_decay_prefixes`.
+    /// An optimiser over `params` (`(name, var)`) with `groups` applied in order after the
+    /// built-in one (rank ≤ 1 tensors out of weight decay and LARS). A group whose prefixes
+    /// match no parameter, or whose values are invalid, is an error; so is a
+    /// `train.clip_grad_norm` ≤ 0 other than 0 (off).
     pub fn new(
         cfg: &TrainConfig,
-        params: Vec<(String, Var, f64)>,
-        no_decay_prefixes: &[&str],
-    ) -> Self {
-        let slots = params
+        params: Vec<(String, Var)>,
+        groups: &[ParamGroup],
+    ) -> Result<Self> {
+        for g in groups {
+            g.validate()?;
+            let unmatched: Vec<&String> = g
+                .params
+                .list()
+                .iter()
+                .filter(|p| !params.iter().any(|(n, _)| n.starts_with(p.as_str())))
+                .collect();
+            if !unmatched.is_empty() {
+                let existing: BTreeSet<String> =
+                    params.iter().map(|(n, _)| top_prefix(n)).collect();
+                bail!(
+                    "parameter group prefix {} matches no trainable parameter; the parameters \
+                     start with {} (write a prefix of one of them in `params`)",
+                    unmatched
+                        .iter()
+                        .map(|p| format!("`{p}`"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    existing.into_iter().collect::<Vec<_>>().join(", ")
+                );
+            }
+        }
+        let base = Settings {
+            lr_scale: 1.0,
+            schedule: Schedule::Cosine,
+            milestones: Vec::new(),
+            gamma: DEFAULT_GAMMA,
+            weight_decay: cfg.weight_decay,
+            lars: true,
+            freeze_epochs: 0,
+            freeze_steps: 0,
+        };
+        let mut no_decay = ParamGroup::new([""]);
+        (no_decay.weight_decay, no_decay.lars) = (Some(0.0), Some(false));
+        let slots: Vec<Slot> = params
             .into_iter()
-            .map(|(name, var, lr_scale)| Slot {
-                regularised: var.rank() > 1
-                    && !no_decay_prefixes.iter().any(|p| name.starts_with(p)),
-                name,
-                var,
-                lr_scale,
-                m: None,
-                v: None,
-                steps: 0,
+            .map(|(name, var)| {
+                let mut settings = base.clone();
+                if var.rank() <= 1 {
+                    settings.apply(&no_decay, cfg.lr);
+                }
+                for g in groups.iter().filter(|g| g.matches(&name)) {
+                    settings.apply(g, cfg.lr);
+                }
+                Slot {
+                    name,
+                    var,
+                    settings,
+                    m: None,
+                    v: None,
+                    steps: 0,
+                }
             })
             .collect();
-        Self {
+        let mut clips: Vec<Clip> = groups
+            .iter()
+            .filter_map(|g| {
+                let max = g.clip_grad_norm?;
+                let members = (0..slots.len()).filter(|&i| g.matches(&slots[i].name));
+                Some(Clip {
+                    max,
+                    each: g.clip_per_parameter,
+                    slots: members.collect(),
+                })
+            })
+            .collect();
+        let max = cfg.clip_grad_norm;
+        if max != 0.0 {
+            if !(max > 0.0 && max.is_finite()) {
+                bail!("train.clip_grad_norm must be > 0 (or 0: off), got {max}");
+            }
+            clips.push(Clip {
+                max,
+                each: false,
+                slots: (0..slots.len()).collect(),
+            });
+        }
+        Ok(Self {
             kind: cfg.optimizer,
             slots,
+            clips,
             cfg: cfg.clone(),
-        }
+        })
     }
 
-    /// One update with learning rate `lr`.
-    pub fn step(&mut self, grads: &GradStore, lr: f64) -> Result<()> {
+    /// Per-slot gradient factors of the clipping groups, each over the global norm of its
+    /// members' gradients (or each member's own norm, per parameter; a frozen parameter's
+    /// included): `max / (norm + 1e-6)` where the norm exceeds `max`, as PyTorch's
+    /// `clip_grad_norm_` and DINO's `clip_gradients`.
+    fn clip_factors(&self, grads: &GradStore) -> Result<Vec<f64>> {
+        let mut factors = vec![1.0; self.slots.len()];
+        for clip in &self.clips {
+            let mut squares = Vec::with_capacity(clip.slots.len());
+            for &i in &clip.slots {
+                if let Some(g) = grads.get(self.slots[i].var.as_tensor()) {
+                    let sq = g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?;
+                    squares.push((i, sq.to_scalar::<f64>()?));
+                }
+            }
+            let groups: Vec<Vec<(usize, f64)>> = match clip.each {
+                true => squares.into_iter().map(|s| vec![s]).collect(),
+                false => vec![squares],
+            };
+            for members in groups {
+                let norm = members.iter().map(|(_, sq)| sq).sum::<f64>().sqrt();
+                if norm > clip.max {
+                    for (i, _) in members {
+                        factors[i] *= clip.max / (norm + 1e-6);
+                    }
+                }
+            }
+        }
+        Ok(factors)
+    }
+
+    /// One update at `at`, where the run's schedule gives the learning rate `lr`: each
+    /// parameter's group sets its own rate, decay, adaptation, clipping and freezing.
+    pub fn step(&mut self, grads: &GradStore, lr: f64, at: &Progress) -> Result<()> {
+        let factors = self.clip_factors(grads)?;
         let c = &self.cfg;
-        for slot in &mut self.slots {
+        for (slot, factor) in self.slots.iter_mut().zip(factors) {
             let Some(g) = grads.get(slot.var.as_tensor()) else {
                 continue;
             };
+            if slot.settings.frozen(at) {
+                continue;
+            }
+            let clipped;
+            let g = if factor < 1.0 {
+                clipped = (g * factor)?;
+                &clipped
+            } else {
+                g
+            };
             slot.steps += 1;
             let t = slot.steps as i32;
-            let lr = lr * slot.lr_scale;
-            let wd = if slot.regularised {
-                c.weight_decay
-            } else {
-                0.0
-            };
+            let lr = slot.settings.lr(c, lr, at);
+            let wd = slot.settings.weight_decay;
             let w = slot.var.as_tensor();
             let new = match self.kind {
                 OptimizerKind::Adamw => {
@@ -108,7 +289,7 @@ impl Optimizer {
                     } else {
                         g.clone()
                     };
-                    if self.kind == OptimizerKind::Lars && slot.regularised {
+                    if self.kind == OptimizerKind::Lars && slot.settings.lars {
                         let w_norm = w.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()? as f64;
                         let d_norm = d.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()? as f64;
                         if w_norm > 0.0 && d_norm > 0.0 {
@@ -189,6 +370,18 @@ impl Optimizer {
     }
 }
 
+/// The first one or two components of a parameter name (`encoder.`, `objective.predictor.`),
+/// to say which prefixes exist.
+fn top_prefix(name: &str) -> String {
+    let parts: Vec<&str> = name.split('.').collect();
+    match parts.as_slice() {
+        [one] => one.to_string(),
+        [first, _] => format!("{first}."),
+        [first, second, ..] => format!("{first}.{second}."),
+        [] => String::new(),
+    }
+}
+
 /// Learning rate at `step`: linear warm-up from 0 over `warmup` steps, then cosine to `min_lr`.
 pub fn learning_rate(step: usize, total: usize, warmup: usize, lr: f64, min_lr: f64) -> f64 {
     if step < warmup {
@@ -204,6 +397,15 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
 
+    /// The first step of a one-step run.
+    const AT: Progress = Progress {
+        step: 0,
+        epoch: 0,
+        steps_per_epoch: 1,
+        total_steps: 1,
+        seed: 0,
+    };
+
     fn quadratic_descent(kind: OptimizerKind, nesterov: bool) -> f32 {
         let cfg = TrainConfig {
             optimizer: kind,
@@ -212,11 +414,11 @@ mod tests {
             ..TrainConfig::default()
         };
         let w = Var::new(&[[3f32, -2.0], [1.0, 4.0]], &Device::Cpu).unwrap();
-        let mut opt = Optimizer::new(&cfg, vec![("w".into(), w.clone(), 1.0)], &[]);
+        let mut opt = Optimizer::new(&cfg, vec![("w".into(), w.clone())], &[]).unwrap();
         for _ in 0..200 {
             let loss = w.as_tensor().sqr().unwrap().sum_all().unwrap();
             let grads = loss.backward().unwrap();
-            opt.step(&grads, 0.05).unwrap();
+            opt.step(&grads, 0.05, &AT).unwrap();
         }
         w.as_tensor()
             .sqr()
@@ -243,14 +445,14 @@ mod tests {
             ..TrainConfig::default()
         };
         let w = Var::new(&[[1f32, -1.0], [2.0, 0.5]], &Device::Cpu).unwrap();
-        let mut opt = Optimizer::new(&cfg, vec![("w".into(), w.clone(), 1.0)], &[]);
+        let mut opt = Optimizer::new(&cfg, vec![("w".into(), w.clone())], &[]).unwrap();
         let grads = (w.as_tensor() * 3.0)
             .unwrap()
             .sum_all()
             .unwrap()
             .backward()
             .unwrap();
-        opt.step(&grads, 0.01).unwrap();
+        opt.step(&grads, 0.01, &AT).unwrap();
         let got = w.as_tensor().to_vec2::<f32>().unwrap();
         let want = [
             [1.0 * 0.999 - 0.01, -0.999 - 0.01],
@@ -271,25 +473,20 @@ mod tests {
         };
         let a = Var::new(&[1f32, 1.0], &Device::Cpu)?;
         let frozen = Var::new(&[1f32, 1.0], &Device::Cpu)?;
-        let params = || {
-            vec![
-                ("a".into(), a.clone(), 1.0),
-                ("f".into(), frozen.clone(), 1.0),
-            ]
-        };
-        let mut opt = Optimizer::new(&cfg, params(), &[]);
+        let params = || vec![("a".into(), a.clone()), ("f".into(), frozen.clone())];
+        let mut opt = Optimizer::new(&cfg, params(), &[]).unwrap();
         for _ in 0..5 {
-            opt.step(&a.as_tensor().sum_all()?.backward()?, 0.01)?;
+            opt.step(&a.as_tensor().sum_all()?.backward()?, 0.01, &AT)?;
         }
         let both = (a.as_tensor().sum_all()? + frozen.as_tensor().sum_all()?)?;
-        opt.step(&both.backward()?, 0.01)?;
+        opt.step(&both.backward()?, 0.01, &AT)?;
         for v in frozen.as_tensor().to_vec1::<f32>()? {
             assert!(
                 (v - 0.99).abs() < 1e-6,
                 "first step of a late parameter: {v}"
             );
         }
-        let mut restored = Optimizer::new(&cfg, params(), &[]);
+        let mut restored = Optimizer::new(&cfg, params(), &[]).unwrap();
         restored.load_state(&opt.state()?)?;
         let counts: Vec<usize> = restored.slots.iter().map(|s| s.steps).collect();
         assert_eq!(counts, vec![6, 1]);
@@ -310,10 +507,10 @@ mod tests {
     fn saved_and_loaded_states_are_not_changed_by_later_steps() -> Result<()> {
         let cfg = TrainConfig::default();
         let w = Var::new(&[1f32, -2.0, 3.0], &Device::Cpu)?;
-        let params = || vec![("w".into(), w.clone(), 1.0)];
-        let mut opt = Optimizer::new(&cfg, params(), &[]);
+        let params = || vec![("w".into(), w.clone())];
+        let mut opt = Optimizer::new(&cfg, params(), &[]).unwrap();
         let step = |opt: &mut Optimizer| -> Result<()> {
-            opt.step(&w.as_tensor().sqr()?.sum_all()?.backward()?, 0.01)
+            opt.step(&w.as_tensor().sqr()?.sum_all()?.backward()?, 0.01, &AT)
         };
         step(&mut opt)?;
         let saved = opt.state()?;
@@ -330,7 +527,7 @@ mod tests {
             before,
             "a later step changed the saved state"
         );
-        let mut restored = Optimizer::new(&cfg, params(), &[]);
+        let mut restored = Optimizer::new(&cfg, params(), &[]).unwrap();
         restored.load_state(&saved)?;
         step(&mut restored)?;
         assert_eq!(
@@ -343,22 +540,19 @@ mod tests {
     }
 
     #[test]
-    fn biases_are_not_decayed() {
+    fn biases_are_not_decayed() -> Result<()> {
+        // Gradient 1: a decayed value would move by 0.1·(1 + 0.5), an undecayed one by 0.1.
         let cfg = TrainConfig {
             weight_decay: 0.5,
+            momentum: 0.0,
             optimizer: OptimizerKind::Sgd,
             ..TrainConfig::default()
         };
-        let b = Var::new(&[1f32, 1.0], &Device::Cpu).unwrap();
-        let mut opt = Optimizer::new(&cfg, vec![("bias".into(), b.clone(), 1.0)], &[]);
-        let grads = (b.as_tensor() * 0.0)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        opt.step(&grads, 0.1).unwrap();
-        assert_eq!(b.as_tensor().to_vec1::<f32>().unwrap(), vec![1.0, 1.0]);
+        let b = Var::new(&[1f32, 1.0], &Device::Cpu)?;
+        let mut opt = Optimizer::new(&cfg, vec![("bias".into(), b.clone())], &[])?;
+        ones_step(&mut opt, &[&b], 0.1, &AT)?;
+        assert!((first(&b) - 0.9).abs() < 1e-6, "{}", first(&b));
+        Ok(())
     }
 
     #[test]
@@ -368,5 +562,279 @@ mod tests {
         assert!((learning_rate(10, 100, 10, 1.0, 0.0) - 1.0).abs() < 1e-12);
         assert!((learning_rate(55, 100, 10, 1.0, 0.0) - 0.5).abs() < 1e-12);
         assert!((learning_rate(100, 100, 10, 1.0, 0.1) - 0.1).abs() < 1e-12);
+    }
+
+    /// `loss = Σ w` over every parameter: each gradient is all ones, so plain SGD moves each
+    /// value by exactly its learning rate.
+    fn ones_step(opt: &mut Optimizer, vars: &[&Var], lr: f64, at: &Progress) -> Result<()> {
+        let mut loss = vars[0].as_tensor().sum_all()?;
+        for v in &vars[1..] {
+            loss = (loss + v.as_tensor().sum_all()?)?;
+        }
+        opt.step(&loss.backward()?, lr, at)
+    }
+
+    fn sgd() -> TrainConfig {
+        TrainConfig {
+            optimizer: OptimizerKind::Sgd,
+            momentum: 0.0,
+            weight_decay: 0.0,
+            lr: 0.1,
+            epochs: 4,
+            warmup_epochs: 0,
+            ..TrainConfig::default()
+        }
+    }
+
+    fn group(yaml: &str) -> ParamGroup {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    fn at(step: usize, steps_per_epoch: usize, total_steps: usize) -> Progress {
+        Progress {
+            step,
+            epoch: step / steps_per_epoch,
+            steps_per_epoch,
+            total_steps,
+            seed: 0,
+        }
+    }
+
+    fn first(v: &Var) -> f64 {
+        v.as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()[0] as f64
+    }
+
+    /// A `constant` group keeps the peak rate while the run's cosine decays; a `step` group
+    /// drops by `gamma` at each milestone epoch; `lr` and `lr_scale` set the group's peak.
+    #[test]
+    fn groups_follow_their_own_schedules() -> Result<()> {
+        let cfg = sgd();
+        let dev = &Device::Cpu;
+        let enc = Var::new(&[[0f32; 2]; 2], dev)?;
+        let pred = Var::new(&[[0f32; 2]; 2], dev)?;
+        let stepped = Var::new(&[[0f32; 2]; 2], dev)?;
+        let params = vec![
+            ("encoder.w".into(), enc.clone()),
+            ("objective.predictor.w".into(), pred.clone()),
+            ("projector.w".into(), stepped.clone()),
+        ];
+        let groups = [
+            group("{params: objective.predictor., schedule: constant}"),
+            group("{params: projector., lr: 0.2, schedule: step, milestones: [1, 3], gamma: 0.5}"),
+        ];
+        let mut opt = Optimizer::new(&cfg, params, &groups)?;
+        let (per_epoch, total) = (2, 8);
+        let vars = [&enc, &pred, &stepped];
+        for step in 0..total {
+            let before: Vec<f64> = vars.iter().map(|v| first(v)).collect();
+            let lr = learning_rate(step, total, 0, cfg.lr, cfg.min_lr);
+            ones_step(&mut opt, &vars, lr, &at(step, per_epoch, total))?;
+            let moved: Vec<f64> = vars
+                .iter()
+                .zip(&before)
+                .map(|(v, b)| b - first(v))
+                .collect();
+            let epoch = step / per_epoch;
+            let step_lr = 0.2 * 0.5f64.powi([0, 1, 1, 2][epoch]);
+            for (got, want, what) in [
+                (moved[0], lr, "cosine"),
+                (moved[1], cfg.lr, "constant"),
+                (moved[2], step_lr, "step"),
+            ] {
+                assert!(
+                    (got - want).abs() < 1e-6,
+                    "step {step}, {what}: {got} vs {want}"
+                );
+            }
+        }
+        assert!(
+            learning_rate(total - 1, total, 0, cfg.lr, 0.0) < 0.01,
+            "the cosine decayed"
+        );
+        Ok(())
+    }
+
+    /// Weight decay and LARS per group: a group without decay leaves a matrix undecayed, a
+    /// group with decay decays a bias (overriding the built-in exclusion), and LARS adapts only
+    /// where the group leaves it on.
+    #[test]
+    fn groups_set_weight_decay_and_lars() -> Result<()> {
+        let cfg = TrainConfig {
+            weight_decay: 0.5,
+            ..sgd()
+        };
+        let dev = &Device::Cpu;
+        let w = Var::new(&[[1f32; 2]; 2], dev)?;
+        let kept = Var::new(&[[1f32; 2]; 2], dev)?;
+        let bias = Var::new(&[1f32, 1.0], dev)?;
+        let params = vec![
+            ("a.w".into(), w.clone()),
+            ("b.w".into(), kept.clone()),
+            ("c.bias".into(), bias.clone()),
+        ];
+        let groups = [
+            group("{params: b., weight_decay: 0}"),
+            group("{params: c., weight_decay: 0.5}"),
+        ];
+        let mut opt = Optimizer::new(&cfg, params, &groups)?;
+        // Gradient 1, decay 0.5·w = 0.5: a decayed value moves by 0.1·1.5, another by 0.1.
+        ones_step(&mut opt, &[&w, &kept, &bias], 0.1, &AT)?;
+        assert!((first(&w) - 0.85).abs() < 1e-6, "decayed: {}", first(&w));
+        assert!((first(&kept) - 0.9).abs() < 1e-6, "the group without decay");
+        assert!(
+            (first(&bias) - 0.85).abs() < 1e-6,
+            "the bias group with decay"
+        );
+
+        // LARS: the step of an adapted matrix is η·‖w‖/‖g‖ times the gradient's.
+        let cfg = TrainConfig {
+            optimizer: OptimizerKind::Lars,
+            ..sgd()
+        };
+        let adapted = Var::new(&[[1f32; 2]; 2], dev)?;
+        let plain = Var::new(&[[1f32; 2]; 2], dev)?;
+        let params = vec![
+            ("a.w".into(), adapted.clone()),
+            ("b.w".into(), plain.clone()),
+        ];
+        let mut opt = Optimizer::new(&cfg, params, &[group("{params: b., lars: false}")])?;
+        ones_step(&mut opt, &[&adapted, &plain], 0.1, &AT)?;
+        assert!((first(&adapted) - (1.0 - 0.1 * cfg.lars_eta)).abs() < 1e-6);
+        assert!((first(&plain) - 0.9).abs() < 1e-6, "LARS off");
+        Ok(())
+    }
+
+    /// A clipping group scales its members' gradients together: with plain SGD at rate 1 the
+    /// step's global norm is the clip (3.0), and a parameter outside the group keeps its full
+    /// gradient; `train.clip_grad_norm` clips over every parameter.
+    #[test]
+    fn clipped_steps_have_the_clip_as_global_norm() -> Result<()> {
+        let dev = &Device::Cpu;
+        for (cfg, groups, outside_clipped) in [
+            (
+                TrainConfig { lr: 1.0, ..sgd() },
+                vec![group("{params: [a., b.], clip_grad_norm: 3.0}")],
+                false,
+            ),
+            (
+                TrainConfig {
+                    lr: 1.0,
+                    clip_grad_norm: 3.0,
+                    ..sgd()
+                },
+                vec![],
+                true,
+            ),
+        ] {
+            let a = Var::new(&[[0f32; 3]; 3], dev)?;
+            let b = Var::new(&[[0f32; 2]; 2], dev)?;
+            let c = Var::new(&[[0f32; 2]; 2], dev)?;
+            let params = vec![
+                ("a.w".into(), a.clone()),
+                ("b.w".into(), b.clone()),
+                ("c.w".into(), c.clone()),
+            ];
+            let mut opt = Optimizer::new(&cfg, params, &groups)?;
+            let loss = ((a.as_tensor().sum_all()? * 4.0)? + (b.as_tensor().sum_all()? * 4.0)?)?;
+            let loss = (loss + (c.as_tensor().sum_all()? * 4.0)?)?;
+            opt.step(&loss.backward()?, 1.0, &AT)?;
+            let sq = |v: &Var| -> Result<f64> {
+                Ok(v.as_tensor().sqr()?.sum_all()?.to_scalar::<f32>()? as f64)
+            };
+            let (na, nb, nc) = (sq(&a)?, sq(&b)?, sq(&c)?);
+            let norm = match outside_clipped {
+                true => (na + nb + nc).sqrt(),
+                false => (na + nb).sqrt(),
+            };
+            assert!((norm - 3.0).abs() < 1e-5, "clipped step's norm {norm}");
+            if !outside_clipped {
+                assert!((nc.sqrt() - 8.0).abs() < 1e-5, "unclipped: {}", nc.sqrt());
+            }
+        }
+        // Per parameter: each gradient (norms 12 and 8) is clipped to 3.0 on its own.
+        let a = Var::new(&[[0f32; 3]; 3], dev)?;
+        let b = Var::new(&[[0f32; 2]; 2], dev)?;
+        let params = vec![("a.w".into(), a.clone()), ("b.w".into(), b.clone())];
+        let each = group("{params: [a., b.], clip_grad_norm: 3.0, clip_per_parameter: true}");
+        let cfg = TrainConfig { lr: 1.0, ..sgd() };
+        let mut opt = Optimizer::new(&cfg, params, &[each])?;
+        let loss = ((a.as_tensor().sum_all()? * 4.0)? + (b.as_tensor().sum_all()? * 4.0)?)?;
+        opt.step(&loss.backward()?, 1.0, &AT)?;
+        for v in [&a, &b] {
+            let norm = v.as_tensor().sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()?;
+            assert!((norm - 3.0).abs() < 1e-5, "per-parameter clip: {norm}");
+        }
+        Ok(())
+    }
+
+    /// A group frozen for its first epoch (or steps) is not updated then, and Adam's first step
+    /// after the freeze is a full one.
+    #[test]
+    fn frozen_groups_wait_for_their_epoch_or_step() -> Result<()> {
+        let cfg = TrainConfig {
+            weight_decay: 0.0,
+            ..TrainConfig::default()
+        };
+        let dev = &Device::Cpu;
+        let a = Var::new(&[1f32, 1.0], dev)?;
+        let by_epoch = Var::new(&[1f32, 1.0], dev)?;
+        let by_step = Var::new(&[1f32, 1.0], dev)?;
+        let params = vec![
+            ("a".into(), a.clone()),
+            ("last_layer".into(), by_epoch.clone()),
+            ("s".into(), by_step.clone()),
+        ];
+        let groups = [
+            group("{params: last_layer, freeze_epochs: 1}"),
+            group("{params: s, freeze_steps: 3}"),
+        ];
+        let mut opt = Optimizer::new(&cfg, params, &groups)?;
+        let vars = [&a, &by_epoch, &by_step];
+        let mut history = Vec::new();
+        for step in 0..6 {
+            ones_step(&mut opt, &vars, 0.01, &at(step, 2, 6))?;
+            history.push(vars.map(first));
+        }
+        let moved = |i: usize| -> Vec<bool> { history.iter().map(|h| h[i] != 1.0).collect() };
+        assert_eq!(moved(0), [true; 6]);
+        assert_eq!(
+            moved(1),
+            [false, false, true, true, true, true],
+            "epoch 0 frozen"
+        );
+        assert_eq!(
+            moved(2),
+            [false, false, false, true, true, true],
+            "3 steps frozen"
+        );
+        assert!(
+            (history[2][1] - 0.99).abs() < 1e-6,
+            "a full first Adam step"
+        );
+        Ok(())
+    }
+
+    /// A prefix that matches no parameter is refused, naming the prefixes that exist.
+    #[test]
+    fn a_group_matching_nothing_names_the_existing_prefixes() {
+        let w = Var::new(&[[1f32]], &Device::Cpu).unwrap();
+        let params = vec![
+            ("encoder.layer1.w".into(), w.clone()),
+            ("projector.0.weight".into(), w),
+        ];
+        let e = Optimizer::new(
+            &sgd(),
+            params,
+            &[group("{params: [encoder., head.], lr: 1}")],
+        )
+        .err()
+        .expect("an unmatched prefix")
+        .to_string();
+        assert!(e.contains("`head.` matches no trainable parameter"), "{e}");
+        assert!(e.contains("encoder.layer1., projector.0."), "{e}");
     }
 }

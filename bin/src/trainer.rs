@@ -23,7 +23,8 @@ use candle_core::{Device, Tensor, Var, D};
 use candle_nn::{Linear, Module};
 use serde_json::json;
 use ssl_core::{
-    Batch, BuildContext, Collective, Objective, ParamStore, Progress, SingleProcess, StepContext,
+    Batch, BuildContext, Collective, Objective, ParamGroup, ParamStore, Progress, SingleProcess,
+    StepContext,
 };
 use ssl_data::{ImageAugment, Interpolation, LocalCrop, ViewLoader, ViewTransform, ViewTypes};
 use ssl_dist::Comm;
@@ -72,6 +73,7 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
         projection_dim,
         feature_dim,
         views: cfg.train.views + cfg.train.local_views,
+        global_views: cfg.train.views,
         batch_size: cfg.train.batch_size,
     };
     let objective = (registration.build)(&cfg.objective.params, &ctx)?;
@@ -138,22 +140,30 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
     })
 }
 
-/// The optimiser of `cfg.train` over `model`'s trainable variables: every student parameter
-/// (not the EMA teacher's, not the batch-norm buffers), the online probe's at `probe_lr`.
-pub fn optimizer(cfg: &RunConfig, model: &Model) -> Optimizer {
+/// The optimiser of `cfg.train` over `model`'s trainable variables (every student parameter,
+/// not the EMA teacher's, not the batch-norm buffers) with its parameter groups, in order: the
+/// online probe's (`probe_lr`, no weight decay or LARS), the objective's, the config's.
+pub fn optimizer(cfg: &RunConfig, model: &Model) -> Result<Optimizer> {
+    Optimizer::new(
+        &cfg.train,
+        trainable(&model.store),
+        &param_groups(cfg, model),
+    )
+}
+
+/// The parameter groups of a run, in the order they apply ([`optimizer`]).
+fn param_groups(cfg: &RunConfig, model: &Model) -> Vec<ParamGroup> {
     let t = &cfg.train;
-    let probe_scale = t.probe_lr / t.lr;
-    let params = trainable(&model.store)
+    let probe = model.probe.as_ref().map(|_| {
+        let mut g = ParamGroup::new(["probe."]);
+        (g.lr, g.weight_decay, g.lars) = (Some(t.probe_lr), Some(0.0), Some(false));
+        g
+    });
+    probe
         .into_iter()
-        .map(|(n, v)| {
-            let scale = match n.starts_with("probe.") {
-                true => probe_scale,
-                false => 1.0,
-            };
-            (n, v, scale)
-        })
-        .collect();
-    Optimizer::new(t, params, &["probe."])
+        .chain(model.objective.requirements().param_groups)
+        .chain(t.param_groups.iter().cloned())
+        .collect()
 }
 
 /// The variables the optimiser updates, sorted by name: every one but the EMA teacher's and the
@@ -275,7 +285,7 @@ pub fn run_on(cfg: &RunConfig, start: Start, comm: &dyn Comm) -> Result<RunOutco
     let mut model = build_model(cfg, &data, &device)?;
     apply_init(cfg, &model)?;
     let loader = training_loader(cfg, &data, comm)?;
-    let mut optimizer = optimizer(cfg, &model);
+    let mut optimizer = optimizer(cfg, &model)?;
     let resumed = match start {
         Start::Resume => {
             check_world_size(&cfg.out, world, cfg.train.batch_size)?;
@@ -665,14 +675,16 @@ impl<'a> Training<'a> {
             &mut grads,
             ssl_dist::BUCKET_ELEMENTS,
         )?;
-        self.optimizer.step(&grads, lr)?;
-        let mut out = mean_output(outs);
-        mean_over_ranks(self.comm, &mut out)?;
-        self.model.objective.after_step(&StepContext {
+        let hook = StepContext {
             progress,
             student: &self.student,
             teacher: self.teacher.as_deref(),
-        })?;
+        };
+        self.model.objective.before_step(&hook)?;
+        self.optimizer.step(&grads, lr, &progress)?;
+        self.model.objective.after_step(&hook)?;
+        let mut out = mean_output(outs);
+        mean_over_ranks(self.comm, &mut out)?;
         let step = self.state.step;
         self.state.step += 1;
         let Some(log) = self.log.as_deref_mut() else {
@@ -934,7 +946,7 @@ pub fn training_step(
     input: &StepInput<'_>,
 ) -> Result<StepOutput> {
     let (out, grads) = forward_backward(model, input)?;
-    optimizer.step(&grads, input.lr)?;
+    optimizer.step(&grads, input.lr, &input.progress)?;
     Ok(out)
 }
 
@@ -1137,7 +1149,7 @@ mod tests {
     /// the full batch's update.
     fn gmm_model(cfg: &RunConfig, data: &DataSplit) -> (Model, Optimizer) {
         let model = build_model(cfg, data, &Device::Cpu).unwrap();
-        let optimizer = optimizer(cfg, &model);
+        let optimizer = optimizer(cfg, &model).unwrap();
         (model, optimizer)
     }
 
@@ -1375,7 +1387,7 @@ mod tests {
         let (_, second) = forward_backward(&mut halves, &input(b / 2..b)).unwrap();
         let mut sum = add_grads(&halves.store, first, &second).unwrap();
         scale_grads(&halves.store, &mut sum, 0.5).unwrap();
-        halves_opt.step(&sum, 0.1).unwrap();
+        halves_opt.step(&sum, 0.1, &progress).unwrap();
 
         let before = gmm_model(&cfg, &data).0.store.tensors();
         let (after_full, after_halves) = (full.store.tensors(), halves.store.tensors());
@@ -1399,6 +1411,171 @@ mod tests {
         assert!(
             moved > 1e-4,
             "the step must move the weights, moved {moved}"
+        );
+    }
+
+    /// A run stopped inside a parameter group's freeze and resumed ends with the weights of an
+    /// uninterrupted run; the frozen group did not move during its freeze and did after it.
+    #[test]
+    fn a_run_resumed_inside_a_freeze_equals_an_uninterrupted_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = |out: &std::path::Path, stop: usize| {
+            let mut cfg = gmm_config(&[
+                "train.epochs=3",
+                "train.warmup_epochs=1",
+                "train.batch_size=64",
+                "train.checkpoint_every=1",
+                &format!("train.stop_after_epochs={stop}"),
+                "train.param_groups=[{params: encoder., freeze_epochs: 2}, \
+                 {params: objective., schedule: constant, clip_grad_norm: 1.0}]",
+            ]);
+            cfg.out = out.to_path_buf();
+            cfg
+        };
+        let weights = |out: &std::path::Path| {
+            checkpoint::load_tensors(&out.join("checkpoint/model.safetensors")).unwrap()
+        };
+        let (whole, split) = (dir.path().join("whole"), dir.path().join("split"));
+        run(&config(&whole, 0), Start::Fresh).unwrap();
+        run(&config(&split, 1), Start::Fresh).unwrap();
+        let stopped = weights(&split);
+        let cfg = config(&split, 0);
+        let data = setup::data(&cfg).unwrap();
+        let initial = build_model(&cfg, &data, &Device::Cpu)
+            .unwrap()
+            .store
+            .tensors();
+        let encoder: Vec<&String> = initial
+            .keys()
+            .filter(|k| k.starts_with("encoder."))
+            .collect();
+        assert!(!encoder.is_empty());
+        for name in &encoder {
+            let same = (&stopped[*name] - &initial[*name]).unwrap().abs().unwrap();
+            let max = same
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert_eq!(max, 0.0, "{name} moved during its freeze");
+        }
+        run(&cfg, Start::Resume).unwrap();
+        let (a, b) = (weights(&whole), weights(&split));
+        assert_eq!(a.len(), b.len());
+        let mut moved = false;
+        for (name, t) in &a {
+            let diff = (t - &b[name])
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap();
+            let diff = diff.max(0).unwrap().to_scalar::<f32>().unwrap();
+            assert_eq!(diff, 0.0, "{name} differs from the uninterrupted run");
+            if name.starts_with("encoder.") {
+                let d = (t - &initial[name])
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap();
+                moved |= d.max(0).unwrap().to_scalar::<f32>().unwrap() > 0.0;
+            }
+        }
+        assert!(moved, "the encoder must train after its freeze");
+    }
+
+    /// CARP's teacher follows the reference's order: each step's EMA update uses the student
+    /// weights that produced that step's loss, before the optimiser moves them. After one step
+    /// the teacher is still its initial copy of the student (`m·θ_t⁰ + (1 − m)·θ_s⁰ = θ_s⁰`);
+    /// after the second it is `m₁·θ_t¹ + (1 − m₁)·θ_s¹`, `θ_s¹` the student after the first
+    /// step (the order after the optimiser step would give `θ_s²` there).
+    #[test]
+    fn carp_updates_its_teacher_before_the_optimiser_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = |stop: usize| {
+            let mut cfg = gmm_config(&[
+                "objective.name=carp",
+                "objective.params={num_prototypes: 64, block_size: 16, bottleneck: 8, head_hidden: 16}",
+                "data.train_size=64",
+                "train.batch_size=64",
+                "train.epochs=2",
+                "train.warmup_epochs=0",
+                "train.lr=0.05",
+                "train.checkpoint_every=1",
+                &format!("train.stop_after_epochs={stop}"),
+            ]);
+            cfg.out = dir.path().to_path_buf();
+            cfg
+        };
+        let weights =
+            || checkpoint::load_tensors(&dir.path().join("checkpoint/model.safetensors")).unwrap();
+        let first = config(1);
+        let data = setup::data(&first).unwrap();
+        let initial = build_model(&first, &data, &Device::Cpu)
+            .unwrap()
+            .store
+            .tensors();
+        // (teacher name, student name) of every EMA-updated parameter.
+        let pairs: Vec<(String, String)> = initial
+            .keys()
+            .filter(|k| !ssl_core::ParamStore::is_buffer(k))
+            .filter_map(|k| {
+                let student = match k.strip_prefix("teacher.") {
+                    Some(rest) => rest.to_string(),
+                    None => k.replacen("objective.teacher_head.", "objective.head.", 1),
+                };
+                (student != *k).then(|| (k.clone(), student))
+            })
+            .collect();
+        assert!(pairs.iter().any(|(t, _)| t.starts_with("teacher.encoder.")));
+        assert!(pairs
+            .iter()
+            .any(|(t, _)| t.starts_with("objective.teacher_head.")));
+        let max_diff = |a: &Tensor, b: &Tensor| -> f32 {
+            let d = (a - b).unwrap().abs().unwrap().flatten_all().unwrap();
+            d.max(0).unwrap().to_scalar::<f32>().unwrap()
+        };
+
+        run(&first, Start::Fresh).unwrap();
+        let after_one = weights();
+        let mut student_moved = 0f32;
+        for (t, s) in &pairs {
+            // Equal up to the rounding of m·x + (1 − m)·x in f32.
+            assert!(
+                max_diff(&after_one[t], &initial[t]) < 1e-6,
+                "{t} moved at step 0"
+            );
+            student_moved = student_moved.max(max_diff(&after_one[s], &initial[s]));
+        }
+        assert!(student_moved > 0.0, "the student must train");
+
+        run(&config(0), Start::Resume).unwrap();
+        let after_two = weights();
+        let progress = Progress {
+            step: 1,
+            epoch: 1,
+            steps_per_epoch: 1,
+            total_steps: 2,
+            seed: 0,
+        };
+        let m = progress.cosine_ramp(0.99, 1.0);
+        let ema = |t: &Tensor, s: &Tensor| ((t * m).unwrap() + (s * (1.0 - m)).unwrap()).unwrap();
+        let mut apart = 0f32;
+        for (t, s) in &pairs {
+            let want = ema(&after_one[t], &after_one[s]);
+            let late = ema(&after_one[t], &after_two[s]);
+            assert!(
+                max_diff(&after_two[t], &want) < 1e-6,
+                "{t}: not m·θ_t¹ + (1 − m)·θ_s¹"
+            );
+            apart = apart.max(max_diff(&want, &late));
+        }
+        assert!(
+            apart > 1e-5,
+            "the two orders must differ for the check to mean anything"
         );
     }
 }

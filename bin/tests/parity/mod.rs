@@ -113,7 +113,7 @@ pub fn trace(
             gradients.insert(name, g.to_device(&Device::Cpu)?);
         }
     }
-    let mut optimizer = trainer::optimizer(cfg, &model);
+    let mut optimizer = trainer::optimizer(cfg, &model)?;
     let losses = (0..steps)
         .map(|step| Ok(trainer::training_step(&mut model, &mut optimizer, &input(step))?.loss))
         .collect::<Result<_>>()?;

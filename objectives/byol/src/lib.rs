@@ -121,6 +121,7 @@ pub(crate) mod test_support {
             projection_dim: dim,
             feature_dim: dim,
             views: 2,
+            global_views: 2,
             batch_size: 4,
         };
         let value: serde_yaml::Value = serde_yaml::from_str(params)?;

@@ -6,6 +6,10 @@
 //! projections over the batch (`(z − mean)/sqrt(var + 1e-5)`, train-mode statistics) before the
 //! predictor and the targets.
 //!
+//! The predictor (`objective.predictor.`) trains at the constant peak learning rate while the
+//! rest follows the run's schedule (the paper's `fix_pred_lr`): a parameter group it declares,
+//! which `train.param_groups` may override (`schedule: cosine`).
+//!
 //! **More than two views** (not in the paper): `L` is the mean of `D(p_v, z_w)` over the ordered
 //! view pairs of the crate docs (targets `w` among the global crops, `v ≠ w` over all crops),
 //! which is exactly the paper's formula at two views.
@@ -15,7 +19,7 @@ use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
     register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
-    Requirements,
+    ParamGroup, Requirements, Schedule,
 };
 
 use ssl_linalg::{centre_and_scale_columns, ColumnScale};
@@ -81,9 +85,13 @@ pub struct Simsiam {
 
 impl Objective for Simsiam {
     fn requirements(&self) -> Requirements {
+        // The paper's predictor keeps its initial learning rate (`fix_pred_lr`): no decay.
+        let mut predictor = ParamGroup::new(["objective.predictor."]);
+        predictor.schedule = Some(Schedule::Constant);
         Requirements {
             min_batch: 2,
             min_batch_reason: MIN_BATCH_REASON,
+            param_groups: vec![predictor],
             ..Requirements::default()
         }
     }
@@ -290,5 +298,23 @@ mod tests {
         );
         let err = config_error::<SimsiamConfig>("simsiam", "predictor_hidden: 0");
         assert!(err.contains("`predictor_hidden`"), "{err}");
+    }
+
+    /// The predictor is a constant-rate parameter group (the paper's `fix_pred_lr`) over every
+    /// predictor parameter the objective creates, and over nothing else.
+    #[test]
+    fn declares_a_constant_rate_predictor_group() -> anyhow::Result<()> {
+        let store = ssl_core::ParamStore::new(0);
+        let objective = build("simsiam", "predictor_hidden: 3", &store, 4)?;
+        let groups = objective.requirements().param_groups;
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].schedule, Some(Schedule::Constant));
+        let names: Vec<String> = store.vars().into_iter().map(|(n, _)| n).collect();
+        let predictor: Vec<&String> = names.iter().filter(|n| groups[0].matches(n)).collect();
+        assert!(!predictor.is_empty(), "no predictor parameter in {names:?}");
+        assert!(predictor
+            .iter()
+            .all(|n| n.starts_with("objective.predictor.")));
+        Ok(())
     }
 }

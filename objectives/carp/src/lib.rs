@@ -27,10 +27,10 @@
 //! `L = L_c + L_kl`, both logged (`consistency`, `kl`). The KL form is the code's (§6.8; the
 //! paper's `−H(p̄)` differs by a constant).
 //!
-//! After every optimiser step the teacher momentum `m = 1 − (1 − m_0)(cos(πk/K) + 1)/2`
-//! (`m_0` = 0.99) updates the backbone teacher and `teacher_head`: `θ_t ← m θ_t + (1 − m) θ_s`.
-//! (The reference applies this update just before the optimiser step, with the student weights
-//! that produced the loss; the trainer's hook runs after it, one step later.)
+//! At every step `k`, after the backward pass and before the optimiser step (the reference's
+//! order, [`Objective::before_step`]), the teacher momentum `m = 1 − (1 − m_0)(cos(πk/K) + 1)/2`
+//! (`m_0` = 0.99) updates the backbone teacher and `teacher_head` with the student weights that
+//! produced step `k`'s loss: `θ_t^{k+1} = m θ_t^k + (1 − m) θ_s^k`.
 //!
 //! In training the heads compute only the `N_P·N_B` partitioned logits, the prototype rows
 //! gathered in partition order before the product, so the block softmaxes are a reshape of the
@@ -413,7 +413,7 @@ impl Objective for Carp {
             .with_term("kl", l_kl))
     }
 
-    fn after_step(&mut self, ctx: &StepContext<'_>) -> Result<()> {
+    fn before_step(&mut self, ctx: &StepContext<'_>) -> Result<()> {
         let m = ctx.progress.cosine_ramp(self.cfg.momentum_base, 1.0);
         ctx.ema_update(m)?;
         self.teacher_head.ema_from(&self.head, m)

@@ -281,6 +281,7 @@ fn context(store: &ParamStore, feature_dim: usize) -> BuildContext<'static> {
         projection_dim: feature_dim,
         feature_dim,
         views: 3,
+        global_views: 3,
         batch_size: 4,
     }
 }
@@ -366,7 +367,7 @@ fn teacher_head_starts_as_a_copy_and_follows_by_one_minus_m() -> Result<()> {
     v.set(&(v.as_tensor() + 1.0)?)?;
     let p = progress(30, 0);
     let empty: Vec<(String, Var)> = Vec::new();
-    carp.after_step(&StepContext {
+    carp.before_step(&StepContext {
         progress: p,
         student: &empty,
         teacher: Some(&empty),

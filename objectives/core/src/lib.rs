@@ -8,15 +8,19 @@
 //!   limits it declares ([`Requirements`]) and the hook after each optimiser step ([`StepContext`]).
 //! * [`registry`]: registration records, lookup by name or alias with "did you mean".
 //! * [`collective`]: the one place batch statistics are gathered across devices.
+//! * [`groups`]: parameter groups, the optimiser settings an objective or a run gives a part
+//!   of the model.
 //! * [`params`]: seeded, name-addressed parameter storage behind a candle `VarBuilder`.
 
 pub mod collective;
+pub mod groups;
 pub mod objective;
 pub mod params;
 pub mod registry;
 pub mod testing;
 
 pub use collective::{Collective, SingleProcess};
+pub use groups::{ParamGroup, Prefixes, Schedule};
 pub use objective::{
     ema_update, paired_parameters, Batch, BuildContext, LossOutput, Objective, ObjectiveConfig,
     Progress, Requirements, StepContext, TeacherSpec,

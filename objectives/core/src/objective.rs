@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{de::DeserializeOwned, Serialize};
 
-use crate::Collective;
+use crate::{Collective, ParamGroup};
 
 /// Where training stands when a loss is computed or a step has ended.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -123,8 +123,8 @@ impl LossOutput {
 }
 
 /// An exponential-moving-average teacher: a copy of encoder + projector, never trained by the
-/// optimiser, fed the global views, updated in [`Objective::after_step`] through
-/// [`StepContext::ema_update`].
+/// optimiser, fed the global views, updated in [`Objective::after_step`] (or
+/// [`Objective::before_step`]) through [`StepContext::ema_update`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TeacherSpec {
     /// Whether the teacher's batch norm uses batch statistics (train mode), as BYOL and DINO do.
@@ -147,6 +147,10 @@ pub struct Requirements {
     pub projector: bool,
     /// Wants an EMA teacher.
     pub teacher: Option<TeacherSpec>,
+    /// Optimiser settings of parts of the model that the objective's paper trains differently
+    /// (a constant-rate predictor, a frozen last layer); a run's `train.param_groups` apply
+    /// after these.
+    pub param_groups: Vec<ParamGroup>,
 }
 
 impl Default for Requirements {
@@ -159,6 +163,7 @@ impl Default for Requirements {
             labels: false,
             projector: true,
             teacher: None,
+            param_groups: Vec::new(),
         }
     }
 }
@@ -222,15 +227,19 @@ pub struct BuildContext<'a> {
     pub projection_dim: usize,
     /// Width of [`Batch::features`].
     pub feature_dim: usize,
-    /// Views per instance the run will use.
+    /// Views per instance the run will use: the global views, then the local crops.
     pub views: usize,
+    /// How many of the `views` are global (full-size) crops, the ones a teacher or key encoder
+    /// sees and [`Batch::global_views`] counts (`views` without multi-crop).
+    pub global_views: usize,
     /// Batch size `B` the run will use.
     pub batch_size: usize,
 }
 
-/// Given to [`Objective::after_step`] after every optimiser step.
+/// Given to [`Objective::before_step`] and [`Objective::after_step`] around every optimiser
+/// step.
 pub struct StepContext<'a> {
-    /// The step that just ended.
+    /// The step being taken.
     pub progress: Progress,
     /// Trainable student parameters (encoder + projector) by name.
     pub student: &'a [(String, Var)],
@@ -297,6 +306,13 @@ pub trait Objective: Send {
 
     /// The loss for one batch.
     fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput>;
+
+    /// Runs once per optimiser step after the step's gradients are computed and before the
+    /// optimiser applies them, so the student weights are still those that produced the loss
+    /// (CARP's teacher update, which its reference code runs before `optimizer.step()`).
+    fn before_step(&mut self, _ctx: &StepContext<'_>) -> Result<()> {
+        Ok(())
+    }
 
     /// Runs after every optimiser step (EMA update, queue push, prototype normalisation).
     fn after_step(&mut self, _ctx: &StepContext<'_>) -> Result<()> {

@@ -350,6 +350,7 @@ mod tests {
             projection_dim: d,
             feature_dim: d,
             views: 2,
+            global_views: 2,
             batch_size: 4,
         };
         let value: serde_yaml::Value = serde_yaml::from_str(overrides)?;

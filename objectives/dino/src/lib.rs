@@ -28,9 +28,10 @@
 //! to `teacher_temp` over `warmup_teacher_temp_epochs` (numpy `linspace` semantics, the last
 //! warm-up epoch already at the final value), then stays constant ([`teacher_temperature`]).
 //! Defaults are DINO's (0.04 → 0.04, so the 30 warm-up epochs change nothing); the IConE
-//! baseline uses `teacher_temp: 0.07` (0.04 → 0.07 over 30 epochs). The prototypes get no
-//! gradient during the first `freeze_last_layer_epochs` epochs (1). The ViT recipe's gradient
-//! clipping (3.0) is the trainer's business.
+//! baseline uses `teacher_temp: 0.07` (0.04 → 0.07 over 30 epochs). The prototypes stay
+//! frozen during the first `freeze_last_layer_epochs` epochs (1), and the ViT recipe's gradient
+//! clipping (`clip_grad`, 3.0: each student parameter's gradient to norm 3.0 on its own) applies:
+//! both parameter groups the objective declares (`ssl describe dino`) and the trainer applies.
 //!
 //! The loss is defined at `B = 1` (spec §5), though the centre then follows single samples; with
 //! `use_bn` the heads' batch norm needs at least 2 rows per call.
@@ -48,7 +49,7 @@ use candle_nn::Init;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
     register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
-    Requirements, StepContext, TeacherSpec,
+    ParamGroup, Requirements, StepContext, TeacherSpec,
 };
 
 /// Teacher temperature of `epoch` (0-based): `linspace(warmup_start, final, warmup_epochs)[epoch]`
@@ -176,6 +177,9 @@ pub struct DinoConfig {
     pub momentum_base: f64,
     /// Epochs at the start during which the prototypes get no gradient (1).
     pub freeze_last_layer_epochs: usize,
+    /// Each student parameter's gradient (encoder and head) is clipped to this norm on its
+    /// own, as the reference's `clip_gradients` (3.0; 0: off).
+    pub clip_grad: f64,
 }
 
 impl Default for DinoConfig {
@@ -193,12 +197,18 @@ impl Default for DinoConfig {
             center_momentum: 0.9,
             momentum_base: 0.996,
             freeze_last_layer_epochs: 1,
+            clip_grad: 3.0,
         }
     }
 }
 
 impl ObjectiveConfig for DinoConfig {
     fn validate(&self) -> Result<()> {
+        ensure!(
+            self.clip_grad.is_finite() && self.clip_grad >= 0.0,
+            "`clip_grad` must be ≥ 0 (the reference clips each gradient to norm 3.0; 0: off), got {}",
+            self.clip_grad
+        );
         ensure!(
             self.out_dim >= 2,
             "`out_dim` must be ≥ 2 (with one prototype both distributions are 1 and the loss is \
@@ -289,6 +299,27 @@ impl Dino {
         })
     }
 
+    /// The reference's parameter groups: gradient clipping over the student (the encoder and
+    /// `objective.head`), each parameter on its own (none with `clip_grad: 0`), and the
+    /// prototypes `objective.head.last_layer.` frozen for `freeze_last_layer_epochs` (its
+    /// `cancel_gradients_last_layer`; the loss also detaches them then, which only saves their
+    /// gradient's computation).
+    fn param_groups(&self) -> Vec<ParamGroup> {
+        let mut groups = Vec::new();
+        if self.cfg.clip_grad > 0.0 {
+            let mut student = ParamGroup::new(["encoder.", "objective.head."]);
+            student.clip_grad_norm = Some(self.cfg.clip_grad);
+            student.clip_per_parameter = true;
+            groups.push(student);
+        }
+        if self.cfg.freeze_last_layer_epochs > 0 {
+            let mut last = ParamGroup::new(["objective.head.last_layer."]);
+            last.freeze_epochs = Some(self.cfg.freeze_last_layer_epochs);
+            groups.push(last);
+        }
+        groups
+    }
+
     /// The student head `objective.head`.
     pub fn head(&self) -> &DinoHead {
         &self.head
@@ -311,6 +342,7 @@ impl Objective for Dino {
             min_batch_reason: "the loss needs one instance",
             projector: false,
             teacher: Some(TeacherSpec { train_mode: true }),
+            param_groups: self.param_groups(),
             ..Requirements::default()
         }
     }
@@ -397,6 +429,7 @@ register_objective! {
         ConfigKey { name: "center_momentum", doc: "centre momentum m_c: c ← m_c·c + (1 − m_c)·mean teacher logits (0.9)" },
         ConfigKey { name: "momentum_base", doc: "base teacher EMA momentum, cosine-ramped to 1 over training (0.996)" },
         ConfigKey { name: "freeze_last_layer_epochs", doc: "epochs at the start during which the prototypes get no gradient (1)" },
+        ConfigKey { name: "clip_grad", doc: "each student parameter's gradient clipped to this norm on its own (3.0; 0: off)" },
     ],
     config: DinoConfig,
 }

@@ -65,6 +65,7 @@ fn context(store: &ParamStore, feature_dim: usize) -> BuildContext<'static> {
         projection_dim: 3,
         feature_dim,
         views: 3,
+        global_views: 3,
         batch_size: 4,
     }
 }
@@ -701,5 +702,39 @@ fn a_short_training_loop_lowers_the_loss_and_moves_teacher_and_centre() -> Resul
     let moved = dino.teacher_head().params()[0].1.as_tensor();
     assert!(max_abs_diff(moved, &teacher_v0) > 0.0);
     assert!(vector(dino.center()).iter().any(|c| *c != 0.0));
+    Ok(())
+}
+
+/// The reference's groups: each student parameter's gradient (encoder and head, not the teacher
+/// head) clipped to norm 3.0 on its own, and the student's prototypes frozen for the first
+/// epoch; `clip_grad: 0` and `freeze_last_layer_epochs: 0` declare none, and a negative clip is
+/// refused.
+#[test]
+fn declares_per_parameter_clipping_and_the_frozen_last_layer() -> Result<()> {
+    let store = ParamStore::new(0);
+    let dino = Dino::new(small(""), &context(&store, 3))?;
+    let groups = dino.requirements().param_groups;
+    assert_eq!(groups.len(), 2);
+    let g = &groups[0];
+    assert_eq!((g.clip_grad_norm, g.clip_per_parameter), (Some(3.0), true));
+    assert!(g.matches("encoder.layers.0.weight"));
+    assert!(g.matches("objective.head.last_layer.weight_v"));
+    assert!(!g.matches("objective.teacher_head.last_layer.weight_v"));
+    assert!(!g.matches("objective.center"));
+    let frozen = &groups[1];
+    assert_eq!(frozen.freeze_epochs, Some(1));
+    let names: Vec<String> = store.vars().into_iter().map(|(n, _)| n).collect();
+    let last: Vec<&String> = names.iter().filter(|n| frozen.matches(n)).collect();
+    assert!(!last.is_empty(), "no last-layer parameter in {names:?}");
+    assert!(last
+        .iter()
+        .all(|n| n.starts_with("objective.head.last_layer.")));
+    let off = Dino::new(
+        small("clip_grad: 0\nfreeze_last_layer_epochs: 0"),
+        &context(&ParamStore::new(0), 3),
+    )?;
+    assert!(off.requirements().param_groups.is_empty());
+    let err = config_error("clip_grad: -1");
+    assert!(err.contains("`clip_grad` must be ≥ 0"), "{err}");
     Ok(())
 }

@@ -12,6 +12,13 @@
 //! matrix). `log ‖K_v/tr K_v‖_F²` is minus the 2-order Rényi entropy of the normalised spectrum.
 //! All views are processed together (batched `[V, ·, ·]` products), so the cost is linear in `V`.
 //!
+//! **Invariance scale** (`invariance_scale`). The factor `V` above is the official code's; its
+//! sum over views is `λ·Σ_{v<w} ‖Ẑ_v − Ẑ_w‖_F² / N`, a sum over view pairs that grows like `V²`.
+//! The paper tunes λ per setting without saying which form its multi-view runs used, so a recipe
+//! may choose: `views` (default, the factor `V`), `per_view_pair` (the mean over the
+//! `V(V − 1)/2` pairs, `λ·2/(V − 1)·Σ_v ‖Ẑ_v − Z̄‖_F² / N`) or `none` (`λ·Σ_v ‖Ẑ_v − Z̄‖_F² / N`).
+//! `views` and `per_view_pair` agree at two views.
+//!
 //! **Legacy two-view form** (`legacy: true`, the paper's runs): columns standardised with the
 //! unbiased std, column-normalised and scaled by `√D`;
 //! `L = λ·mse(Ẑ_a, Ẑ_b) + log‖K_a/tr K_a‖_F² + log‖K_b/tr K_b‖_F²`.
@@ -105,15 +112,40 @@ pub fn legacy_terms(z: &Tensor) -> candle_core::Result<LegacyTerms> {
     })
 }
 
-/// The FroSSL loss of `z`: `[V, B, D]`: `Σ_v (reg_v + λ·inv_v)`, or with `cfg.legacy` the
-/// two-view form `λ·mse + reg_a + reg_b`.
+/// The FroSSL loss of `z`: `[V, B, D]`: `Σ_v (reg_v + λ·s·inv_v)` with `s` the
+/// [`InvarianceScale::factor`], or with `cfg.legacy` the two-view form `λ·mse + reg_a + reg_b`.
 pub fn frossl_loss(z: &Tensor, cfg: &FrosslConfig) -> candle_core::Result<Tensor> {
     if cfg.legacy {
         let t = legacy_terms(z)?;
         t.regularizers.sum_all()? + (t.mse * cfg.lambda)?
     } else {
         let t = frossl_terms(z)?;
-        t.regularizers.sum_all()? + (t.invariances.sum_all()? * cfg.lambda)?
+        let scale = cfg.invariance_scale.factor(z.dim(0)?);
+        t.regularizers.sum_all()? + (t.invariances.sum_all()? * (cfg.lambda * scale))?
+    }
+}
+
+/// How the multi-view invariance is scaled with the number of views `V` (see the crate docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InvarianceScale {
+    /// `λ·V·‖Ẑ_v − Z̄‖_F²/N` per view: the sum over view pairs (official code).
+    Views,
+    /// The mean over view pairs: `views` times `2/(V(V − 1))`.
+    PerViewPair,
+    /// `λ·‖Ẑ_v − Z̄‖_F²/N` per view: `views` divided by `V`.
+    None,
+}
+
+impl InvarianceScale {
+    /// The factor on [`invariance`] (which carries `V`) for `views` views.
+    pub fn factor(self, views: usize) -> f64 {
+        let v = views as f64;
+        match self {
+            InvarianceScale::Views => 1.0,
+            InvarianceScale::PerViewPair => 2.0 / (v * (v - 1.0)),
+            InvarianceScale::None => 1.0 / v,
+        }
     }
 }
 
@@ -125,6 +157,8 @@ pub struct FrosslConfig {
     pub lambda: f64,
     /// Use the paper's two-view form (standardise, column-normalise, ×√D; mse invariance).
     pub legacy: bool,
+    /// How the invariance grows with the number of views (`views`, the official code's).
+    pub invariance_scale: InvarianceScale,
 }
 
 impl Default for FrosslConfig {
@@ -132,6 +166,7 @@ impl Default for FrosslConfig {
         Self {
             lambda: 1.0,
             legacy: false,
+            invariance_scale: InvarianceScale::Views,
         }
     }
 }
@@ -142,6 +177,11 @@ impl ObjectiveConfig for FrosslConfig {
             self.lambda.is_finite() && self.lambda >= 0.0,
             "`lambda` must be a finite weight ≥ 0, got {}",
             self.lambda
+        );
+        anyhow::ensure!(
+            !self.legacy || self.invariance_scale == InvarianceScale::Views,
+            "`invariance_scale` applies to the multi-view form; the legacy two-view form weights \
+             its mse by `lambda` alone (remove one of the two keys)"
         );
         Ok(())
     }
@@ -177,7 +217,8 @@ impl Objective for Frossl {
         } else {
             let t = frossl_terms(&z)?;
             let regularizer = t.regularizers.sum_all()?;
-            let invariance = t.invariances.sum_all()?;
+            let scale = c.invariance_scale.factor(z.dim(0)?);
+            let invariance = (t.invariances.sum_all()? * scale)?;
             let loss = (&regularizer + (&invariance * c.lambda)?)?;
             Ok(LossOutput::new(loss)
                 .with_term("regularizer", regularizer)
@@ -194,6 +235,7 @@ register_objective! {
     keys: &[
         ConfigKey { name: "lambda", doc: "invariance weight λ (1.0; the STL-10 config uses 1.4, ImageNet-1k 2.0)" },
         ConfigKey { name: "legacy", doc: "paper's two-view form: standardise, column-normalise ×√D, mse invariance (max 2 views)" },
+        ConfigKey { name: "invariance_scale", doc: "invariance growth with the view count V: views (λ·V per view, the sum over view pairs; official), per_view_pair (the mean over pairs), none" },
     ],
     config: FrosslConfig,
 }
@@ -480,6 +522,7 @@ mod tests {
             projection_dim: 3,
             feature_dim: 3,
             views: 2,
+            global_views: 2,
             batch_size: 4,
         };
         (reg.build)(&value, &ctx).unwrap()
@@ -535,6 +578,71 @@ mod tests {
         let defaults = ssl_core::testing::documented_defaults(reg.name);
         assert_eq!(defaults["lambda"].as_f64(), Some(1.0));
         assert_eq!(defaults["legacy"].as_bool(), Some(false));
+        assert_eq!(defaults["invariance_scale"].as_str(), Some("views"));
+    }
+
+    /// The three scales against their definitions on the spec's three views (N = 4, D = 3):
+    /// `views` is the sum of `‖Ẑ_v − Ẑ_w‖_F²/N` over view pairs, `per_view_pair` its mean,
+    /// `none` the sum of `‖Ẑ_v − Z̄‖_F²/N`; at two views `per_view_pair` equals `views`; the
+    /// legacy form refuses a scale.
+    #[test]
+    fn invariance_scales_are_the_pair_sum_the_pair_mean_and_the_mean_view_distance() -> Result<()> {
+        let (a, b, c) = views()?;
+        let z = Tensor::stack(&[&a, &b, &c], 0)?;
+        let z_hat = normalize_columns(&z)?;
+        let n = 4.0;
+        let sq =
+            |x: &Tensor, y: &Tensor| scalar(&(x - y).unwrap().sqr().unwrap().sum_all().unwrap());
+        let zs: Vec<Tensor> = (0..3)
+            .map(|v| z_hat.get(v))
+            .collect::<candle_core::Result<_>>()?;
+        let pair_sum = (sq(&zs[0], &zs[1]) + sq(&zs[0], &zs[2]) + sq(&zs[1], &zs[2])) / n;
+        let mean = (((&zs[0] + &zs[1])? + &zs[2])? / 3.0)?;
+        let to_mean: f64 = zs.iter().map(|v| sq(v, &mean)).sum::<f64>() / n;
+        let term = |yaml: &str, z: &Tensor| -> Result<f64> {
+            let indices = Tensor::arange(0u32, 4, &Device::Cpu)?;
+            let out = build(yaml).loss(&ssl_core::testing::batch(z, &indices, None))?;
+            Ok(scalar(
+                &out.terms.iter().find(|(n, _)| n == "invariance").unwrap().1,
+            ))
+        };
+        close(term("invariance_scale: views", &z)?, pair_sum, 1e-10);
+        close(
+            term("invariance_scale: per_view_pair", &z)?,
+            pair_sum / 3.0,
+            1e-10,
+        );
+        close(term("invariance_scale: none", &z)?, to_mean, 1e-10);
+        let cfg = FrosslConfig {
+            lambda: 2.0,
+            invariance_scale: InvarianceScale::PerViewPair,
+            ..FrosslConfig::default()
+        };
+        let reg = scalar(&frossl_terms(&z)?.regularizers.sum_all()?);
+        close(
+            scalar(&frossl_loss(&z, &cfg)?),
+            reg + 2.0 * pair_sum / 3.0,
+            1e-10,
+        );
+        let two = Tensor::stack(&[&a, &b], 0)?;
+        close(
+            term("invariance_scale: per_view_pair", &two)?,
+            term("{}", &two)?,
+            1e-12,
+        );
+        let config_error = |yaml: &str| {
+            let value: serde_yaml::Value = serde_yaml::from_str(yaml).unwrap();
+            let parsed = ssl_core::registry::parse_config::<FrosslConfig>("frossl", &value);
+            format!("{:#}", parsed.unwrap_err())
+        };
+        let err = config_error("legacy: true\ninvariance_scale: none");
+        assert!(
+            err.contains("`invariance_scale` applies to the multi-view form"),
+            "{err}"
+        );
+        let err = config_error("invariance_scale: pairs");
+        assert!(err.contains("unknown variant `pairs`"), "{err}");
+        Ok(())
     }
 
     #[test]

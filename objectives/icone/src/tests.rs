@@ -135,6 +135,7 @@ fn context<'a>(
         projection_dim: d,
         feature_dim: d,
         views,
+        global_views: views,
         batch_size: 1,
     }
 }

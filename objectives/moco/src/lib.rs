@@ -32,7 +32,7 @@
 //! first step changes nothing (the teacher starts as a copy of the student), so the two orders
 //! give the same keys.
 //!
-//! **State.** The queues `objective.queue` (`[Q, K, D]`, `Q` = 1, or `V` with `symmetric`) and
+//! **State.** The queues `objective.queue` (`[Q, K, D]`, `Q` = 1, or `V_g` with `symmetric`) and
 //! the FIFO position `objective.queue_ptr` (`[1]`, f32, exact up to 2²⁴) live in the parameter
 //! store, so checkpoints save them and `--resume` continues the FIFO where it stopped; they never
 //! receive a gradient, so the optimiser leaves them alone.
@@ -189,7 +189,7 @@ impl ObjectiveConfig for MocoConfig {
         }
         let d = ctx.projection_dim;
         ensure!(d > 0, "MoCo needs a projection width > 0");
-        let queues = if self.symmetric { ctx.views } else { 1 };
+        let queues = if self.symmetric { ctx.global_views } else { 1 };
         let init = Init::Randn {
             mean: 0.0,
             stdev: 1.0,
@@ -284,7 +284,7 @@ impl Objective for Moco {
         };
         if self.config.symmetric && g > queues {
             bail!(
-                "symmetric MoCo keeps one queue per view and was built for {queues} views, got {g} \
+                "symmetric MoCo keeps one queue per global view and was built for {queues} global views, got {g} \
                  global views; build it with --views {g} or more"
             );
         }

@@ -180,6 +180,18 @@ fn build(
     batch_size: usize,
     seed: u64,
 ) -> Result<(ParamStore, Box<dyn Objective>)> {
+    build_crops(name, overrides, d, (views, views), batch_size, seed)
+}
+
+/// [`build`] for a run of `views.0` views of which the first `views.1` are global.
+fn build_crops(
+    name: &str,
+    overrides: &str,
+    d: usize,
+    (views, global_views): (usize, usize),
+    batch_size: usize,
+    seed: u64,
+) -> Result<(ParamStore, Box<dyn Objective>)> {
     let store = ParamStore::new(seed);
     let ctx = BuildContext {
         vb: store.var_builder(&Device::Cpu).pp("objective"),
@@ -189,6 +201,7 @@ fn build(
         projection_dim: d,
         feature_dim: d,
         views,
+        global_views,
         batch_size,
     };
     let value: serde_yaml::Value = serde_yaml::from_str(overrides)?;
@@ -412,13 +425,15 @@ fn extra_views_query_the_key_views() -> Result<()> {
         scalar(&moco_loss(&q.get(v).unwrap(), &k.get(w).unwrap(), queue, 0.2).unwrap())
     };
     // Two global views and one local crop: keys from view 1, queries from views 0 and 2.
-    let (store, mut objective) = build("moco", "queue_size: 4", d, 3, b, 0)?;
+    let (store, mut objective) = build_crops("moco", "queue_size: 4", d, (3, 2), b, 0)?;
     let queue = stored(&store, "objective.queue").get(0)?;
     let loss = train_step(objective.as_mut(), &z, &k, 0)?;
     close(loss, (pair(0, 1, &queue) + pair(2, 1, &queue)) / 2.0, 1e-6);
     // Symmetric: pairs (1→0), (2→0) with queue 0 and (0→1), (2→1) with queue 1.
-    let (store, mut objective) = build("moco", "queue_size: 4\nsymmetric: true", d, 3, b, 0)?;
+    let (store, mut objective) =
+        build_crops("moco", "queue_size: 4\nsymmetric: true", d, (3, 2), b, 0)?;
     let queues = stored(&store, "objective.queue");
+    assert_eq!(queues.dims(), [2, 4, d], "one queue per global view");
     let (q0, q1) = (queues.get(0)?, queues.get(1)?);
     let loss = train_step(objective.as_mut(), &z, &k, 0)?;
     let want = (pair(1, 0, &q0) + pair(2, 0, &q0) + pair(0, 1, &q1) + pair(2, 1, &q1)) / 4.0;
@@ -574,4 +589,26 @@ fn registered_with_documented_defaults() {
     assert_eq!(defaults["momentum"].as_f64(), Some(0.999));
     assert_eq!(defaults["cosine_momentum"].as_bool(), Some(false));
     assert_eq!(defaults["symmetric"].as_bool(), Some(false));
+}
+
+/// Symmetric MoCo with 2 global views and 4 local crops keeps 2 queues (one per key view), not
+/// 6, and a step enqueues each global view's keys in its own queue.
+#[test]
+fn symmetric_queues_are_sized_by_the_global_views() -> Result<()> {
+    let (d, b) = (4, 2);
+    let (store, mut objective) =
+        build_crops("moco", "queue_size: 4\nsymmetric: true", d, (6, 2), b, 5)?;
+    assert_eq!(stored(&store, "objective.queue").dims(), [2, 4, d]);
+    let z = randn(0f32, 1., (6, b, d), &Device::Cpu)?;
+    let t = randn(0f32, 1., (2, b, d), &Device::Cpu)?;
+    train_step(objective.as_mut(), &z, &t, 0)?;
+    let queues = stored(&store, "objective.queue");
+    for w in 0..2 {
+        let keys = normalize_rows(&t.get(w)?)?.to_vec2::<f32>()?;
+        let head = queues.get(w)?.narrow(0, 0, b)?.to_vec2::<f32>()?;
+        for (k, q) in keys.iter().flatten().zip(head.iter().flatten()) {
+            assert!((k - q).abs() < 1e-6, "queue {w}: {q} against key {k}");
+        }
+    }
+    Ok(())
 }

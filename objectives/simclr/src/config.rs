@@ -380,6 +380,7 @@ mod tests {
             projection_dim: 4,
             feature_dim: 4,
             views: 3,
+            global_views: 3,
             batch_size: 5,
         };
         let value: serde_yaml::Value = serde_yaml::from_str(overrides)?;

@@ -100,6 +100,7 @@ pub(crate) mod test_support {
             projection_dim: width,
             feature_dim: width,
             views: 2,
+            global_views: 2,
             batch_size: 4,
         };
         let value: serde_yaml::Value = serde_yaml::from_str(overrides)?;

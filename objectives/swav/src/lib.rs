@@ -199,7 +199,7 @@ impl ObjectiveConfig for SwavConfig {
                     )?)?)
                 };
                 Some(Queue {
-                    embeddings: zero(&[ctx.views, size, d], "queue")?,
+                    embeddings: zero(&[ctx.global_views, size, d], "queue")?,
                     pointer: zero(&[1], "queue_ptr")?,
                     filled: zero(&[1], "queue_fill")?,
                 })
@@ -221,8 +221,7 @@ fn normalize_prototypes(prototypes: &Var) -> candle_core::Result<()> {
 
 /// A FIFO of past normalised global-view embeddings, one ring buffer per view slot.
 struct Queue {
-    /// `[slots, Q, D]`: one queue per view of the run. The build context does not say how many
-    /// views are global, so every view gets a slot; only the global ones are filled.
+    /// `[slots, Q, D]`: one queue per global view of the run (local crops are never queued).
     embeddings: Var,
     /// `[1]`: the row the next embedding is written to.
     pointer: Var,
@@ -347,7 +346,7 @@ impl Objective for Swav {
             ensure!(
                 g <= q.slots(),
                 "SwAV's queue has {} view slots but the batch has {g} global views; rebuild the \
-                 objective for {g} or more views",
+                 objective for {g} or more global views",
                 q.slots()
             );
         }

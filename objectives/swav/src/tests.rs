@@ -76,6 +76,18 @@ fn build_in(
     views: usize,
     yaml: &str,
 ) -> Result<Box<dyn Objective>> {
+    build_crops(store, dtype, d, views, views, yaml)
+}
+
+/// [`build_in`] for a run of `views` views of which the first `global_views` are global.
+fn build_crops(
+    store: &ParamStore,
+    dtype: DType,
+    d: usize,
+    views: usize,
+    global_views: usize,
+    yaml: &str,
+) -> Result<Box<dyn Objective>> {
     let ctx = BuildContext {
         vb: store
             .var_builder(&Device::Cpu)
@@ -87,6 +99,7 @@ fn build_in(
         projection_dim: d,
         feature_dim: d,
         views,
+        global_views,
         batch_size: 4,
     };
     let value: serde_yaml::Value = serde_yaml::from_str(yaml)?;
@@ -439,19 +452,20 @@ fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
     let (b, d) = (3, 3);
     let store = ParamStore::new(7);
     let config = "num_prototypes: 4\nqueue_size: 4\nqueue_start_epoch: 1";
-    let mut objective = build_in(&store, DType::F64, d, 3, config)?;
+    let mut objective = build_crops(&store, DType::F64, d, 3, 2, config)?;
     let batches: Vec<Tensor> = (0..4)
         .map(|_| randn(0f64, 1., (3, b, d), &Device::Cpu))
         .collect::<candle_core::Result<_>>()?;
     let ids = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
-    let global = |z, step| Batch {
+    let global_at = |z, progress| Batch {
         global_views: 2,
-        progress: at(step, 1),
+        progress,
         ..batch(z, &ids, None)
     };
+    let global = |z, step| global_at(z, at(step, 1));
 
     // Epoch 0 (before `queue_start_epoch`): nothing is queued.
-    run(objective.as_mut(), &batches[0], at(0, 0))?;
+    objective.loss(&global_at(&batches[0], at(0, 0)))?;
     step_end(objective.as_mut(), at(0, 0))?;
     let (queue, pointer, filled) = queue_state(&store);
     assert_eq!((pointer, filled), (0, 0));
@@ -463,17 +477,21 @@ fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
     step_end(objective.as_mut(), at(400, 1))?;
     let (queue, pointer, filled) = queue_state(&store);
     assert_eq!((pointer, filled), (3, 3));
-    for (view, slot) in queue.iter().take(2).enumerate() {
+    for (view, slot) in queue.iter().enumerate() {
         assert_eq!(&slot[..3], &normalised_global(&batches[1], view)[..]);
     }
-    assert!(queue[2].iter().flatten().all(|x| *x == 0.0), "local slot");
+    assert_eq!(
+        queue.len(),
+        2,
+        "one slot per global view, none for the local crop"
+    );
 
     // The next batch wraps: its first row lands in row 3, the other two in rows 0 and 1.
     objective.loss(&global(&batches[2], 401))?;
     step_end(objective.as_mut(), at(401, 1))?;
     let (queue, pointer, filled) = queue_state(&store);
     assert_eq!((pointer, filled), (2, 4));
-    for (view, slot) in queue.iter().take(2).enumerate() {
+    for (view, slot) in queue.iter().enumerate() {
         let old = normalised_global(&batches[1], view);
         let new = normalised_global(&batches[2], view);
         assert_eq!(
@@ -504,7 +522,7 @@ fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
 
     // A run resumed from the stored tensors sees the same queue.
     let restored = ParamStore::new(7);
-    let mut resumed = build_in(&restored, DType::F64, d, 3, config)?;
+    let mut resumed = build_crops(&restored, DType::F64, d, 3, 2, config)?;
     restored.load(&store.tensors())?;
     let again = scalar(&resumed.loss(&third)?.loss);
     close(again, with_queue, 1e-12);
@@ -626,4 +644,30 @@ fn unknown_keys_and_bad_values_are_clear_errors() {
     }
     let cfg = parse("queue_size: 3840\nfreeze_prototypes_steps: 0").unwrap();
     assert_eq!((cfg.queue_size, cfg.freeze_prototypes_steps), (3840, 0));
+}
+
+/// Multi-crop with 2 global views and 4 local crops: the queue holds one slot per global view
+/// (the build context's `global_views`, not its 6 `views`), and a step fills exactly those.
+#[test]
+fn queue_is_sized_by_the_global_views() -> Result<()> {
+    let (b, d) = (3, 4);
+    let store = ParamStore::new(3);
+    let config = "num_prototypes: 5\nqueue_size: 6\nqueue_start_epoch: 0";
+    let mut objective = build_crops(&store, DType::F64, d, 6, 2, config)?;
+    let (queue, _, _) = queue_state(&store);
+    assert_eq!((queue.len(), queue[0].len()), (2, 6));
+    let z = randn(0f64, 1., (6, b, d), &Device::Cpu)?;
+    let ids = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
+    objective.loss(&Batch {
+        global_views: 2,
+        progress: at(0, 0),
+        ..batch(&z, &ids, None)
+    })?;
+    step_end(objective.as_mut(), at(0, 0))?;
+    let (queue, pointer, filled) = queue_state(&store);
+    assert_eq!((pointer, filled), (b, b));
+    for (view, slot) in queue.iter().enumerate() {
+        assert_eq!(&slot[..b], &normalised_global(&z, view)[..]);
+    }
+    Ok(())
 }

@@ -357,6 +357,7 @@ mod tests {
             projection_dim: 3,
             feature_dim: 3,
             views: 2,
+            global_views: 2,
             batch_size: 4,
         };
         let value: serde_yaml::Value = serde_yaml::from_str(overrides)?;

@@ -374,6 +374,7 @@ mod tests {
             projection_dim,
             feature_dim: 16,
             views: 2,
+            global_views: 2,
             batch_size,
         };
         cfg.build(&ctx)?;
