@@ -580,7 +580,6 @@ pub fn execute(cli: Cli) -> Result<()> {
     }
 }
 
-/// Limits of an objective at its default configuration.
 /// The objective's limits, read from an instance built with its defaults at the main job's
 /// batch size (small widths: some objectives bound the width by the batch, e.g. W-MSE).
 fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
@@ -904,6 +903,28 @@ mod tests {
         };
         more(&mut args);
         args
+    }
+
+    /// `ssl describe` lists the parameter groups an objective declares, one line each.
+    #[test]
+    fn describe_lists_the_objectives_parameter_groups() -> Result<()> {
+        let dino = describe_requirements(ssl_core::find("dino")?)?;
+        assert!(
+            dino.contains("parameter group encoder. objective.head.: gradient norm clipped to 3 per parameter"),
+            "{dino}"
+        );
+        assert!(
+            dino.contains("parameter group objective.head.last_layer.: frozen for 1 epoch(s)"),
+            "{dino}"
+        );
+        let simsiam = describe_requirements(ssl_core::find("simsiam")?)?;
+        assert!(
+            simsiam.ends_with("parameter group objective.predictor.: constant schedule"),
+            "{simsiam}"
+        );
+        let vicreg = describe_requirements(ssl_core::find("vicreg")?)?;
+        assert!(!vicreg.contains("parameter group"), "{vicreg}");
+        Ok(())
     }
 
     #[test]
