@@ -386,7 +386,7 @@ pub fn execute(cli: Cli) -> Result<()> {
             let comm = ssl_dist::connect(requested)?;
             let outcome = run_config(&args).and_then(|(cfg, start)| {
                 set_threads(cfg.train.threads);
-                Ok((trainer::run_on(&cfg, start, comm.as_ref())?, cfg))
+                Ok((trainer::run_on(&cfg, start, &comm)?, cfg))
             });
             let (outcome, cfg) = match outcome {
                 // A rank that stops must not leave the others waiting in a collective.

@@ -232,6 +232,11 @@ pub struct ModelConfig {
     pub init: Option<String>,
     /// Projector widths: Linear–BN–ReLU for all but the last, then Linear.
     pub projector: Vec<usize>,
+    /// Batch norm over the global batch of a data-parallel run (PyTorch's `SyncBatchNorm`): every
+    /// train-mode batch norm of encoder, projector, teacher and objective heads normalises with
+    /// the statistics of all ranks' rows. Off: each rank's own rows (what one process with the
+    /// per-rank batch computes). No effect on one process.
+    pub sync_bn: bool,
 }
 
 /// The encoders `model.encoder` can name.
@@ -256,6 +261,7 @@ impl Default for ModelConfig {
             zero_init_residual: false,
             init: None,
             projector: vec![512, 512],
+            sync_bn: false,
         }
     }
 }

@@ -264,7 +264,7 @@ pub struct RunOutcome {
 
 /// Trains `cfg` into its run directory, in this process alone ([`run_on`]).
 pub fn run(cfg: &RunConfig, start: Start) -> Result<RunOutcome> {
-    run_on(cfg, start, &SingleProcess)
+    run_on(cfg, start, &(Arc::new(SingleProcess) as Arc<dyn Comm>))
 }
 
 /// The file in a run directory that records how many ranks trained it.
@@ -275,10 +275,16 @@ pub const DISTRIBUTED_JSON: &str = "distributed.json";
 /// may already hold ([`rundir::prepare`]). Everything that can refuse the run (data, networks,
 /// views, the checkpoint a resume loads, a resume on another number of ranks) is checked before
 /// the directory is touched. Ranks other than 0 return an outcome without evaluation once rank 0
-/// has finished.
-pub fn run_on(cfg: &RunConfig, start: Start, comm: &dyn Comm) -> Result<RunOutcome> {
+/// has finished. With `model.sync_bn` every train-mode batch norm of this thread uses the global
+/// batch's statistics while the run lasts.
+pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<RunOutcome> {
     let started = Instant::now();
+    let comm = shared.as_ref();
     let (rank, world) = (comm.rank(), comm.world_size());
+    let _sync_bn = (cfg.model.sync_bn && world > 1).then(|| {
+        let collective: Arc<dyn Collective> = shared.clone();
+        ssl_models::sync_bn::sync_batch_norm(collective)
+    });
     let device = setup::device(&cfg.train.device)?;
     let data = setup::data(cfg)?;
     evaluate::check_split(&data)?;
@@ -333,12 +339,20 @@ pub fn run_on(cfg: &RunConfig, start: Start, comm: &dyn Comm) -> Result<RunOutco
     )?;
     if world > 1 {
         let b = cfg.train.batch_size;
+        let norm = match cfg.model.sync_bn {
+            true => "batch norm over the global batch (model.sync_bn)",
+            false => "batch norm per rank (model.sync_bn: false)",
+        };
         eprintln!(
-            "data parallel over {world} ranks: batch {b} per rank, global batch {}",
+            "data parallel over {world} ranks: batch {b} per rank, global batch {}, {norm}",
             world * b
         );
-        let record =
-            json!({"world_size": world, "batch_size_per_rank": b, "global_batch": world * b});
+        let record = json!({
+            "world_size": world,
+            "batch_size_per_rank": b,
+            "global_batch": world * b,
+            "sync_bn": cfg.model.sync_bn,
+        });
         checkpoint::write_atomic(
             &dir.join(DISTRIBUTED_JSON),
             serde_json::to_string_pretty(&record)?.as_bytes(),
@@ -877,10 +891,12 @@ fn forward_views(
 /// threads, ViT-S's linear layers: 0.91–0.95 of the time of the same products each split over
 /// both threads). Each pass's gradients are added to the total as soon as the passes before it
 /// are in, so the sum runs in root order whatever the thread count, and few stores are alive at
-/// once. Other devices take the roots in turn.
+/// once. Other devices take the roots in turn, and so does synchronised batch norm, whose
+/// gathers' backward passes must reach the ranks' collectives in the same order everywhere.
 fn backward_views(roots: Vec<Tensor>) -> Result<GradStore> {
     let count = roots.len();
-    let cpu = roots.iter().all(|r| r.device().is_cpu());
+    let side_by_side =
+        roots.iter().all(|r| r.device().is_cpu()) && !ssl_models::sync_bn::synchronised();
     let roots: Vec<Mutex<Option<Tensor>>> =
         roots.into_iter().map(|r| Mutex::new(Some(r))).collect();
     let sum = Mutex::new(OrderedSum::default());
@@ -899,7 +915,7 @@ fn backward_views(roots: Vec<Tensor>) -> Result<GradStore> {
             .unwrap_or_else(PoisonError::into_inner)
             .add(i, grads);
     };
-    match cpu {
+    match side_by_side {
         true => barrier_pool().execute_chunked(count, |range| range.for_each(take_back)),
         false => (0..count).for_each(take_back),
     }

@@ -4,7 +4,8 @@
 //! batch mean and population variance, applies the affine transform and optionally a ReLU, all in
 //! one pass; the backward is the closed-form BN (+ReLU) gradient, also one fused op. Running
 //! statistics follow PyTorch: unbiased batch variance, `momentum` 0.1 by default, or a cumulative
-//! average when `momentum` is `None`. Eval mode uses the running statistics.
+//! average when `momentum` is `None`. Eval mode uses the running statistics. Under
+//! [`crate::sync_bn`] the train-mode statistics are those of the global batch.
 
 use std::sync::{Arc, Mutex};
 
@@ -335,14 +336,29 @@ impl BatchNorm {
         self.forward_channel_major(&x.t()?, relu, train)?.t()
     }
 
+    /// Train mode: the batch statistics of `x`'s rows, or of every rank's rows under
+    /// [`crate::sync_bn::sync_batch_norm`]; the running statistics follow those statistics.
     fn forward_train_rows(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         let (c, m) = x.dims2()?;
         if m < 2 {
             candle_core::bail!("batch norm in train mode needs more than one value per channel");
         }
-        let (y, mean, var) = match fused_kernels(x.device()) {
-            true => self.train_fused(x, relu)?,
-            false => self.train_composed(x, relu)?,
+        let (y, mean, var, m) = match crate::sync_bn::current() {
+            Some(collective) => crate::sync_bn::synced_train_rows(
+                x,
+                &self.weight,
+                &self.bias,
+                self.eps,
+                relu,
+                collective.as_ref(),
+            )?,
+            None => {
+                let (y, mean, var) = match fused_kernels(x.device()) {
+                    true => self.train_fused(x, relu)?,
+                    false => self.train_composed(x, relu)?,
+                };
+                (y, mean, var, m)
+            }
         };
         // Running statistics (no gradient), with the unbiased batch variance as PyTorch.
         let factor = {

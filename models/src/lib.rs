@@ -5,7 +5,8 @@
 //! - [`mod@linear`]: `x Wᵀ + b` over the last axis of any rank.
 //! - [`conv`]: 2D/3D im2col + GEMM convolution on channel-major activations.
 //! - [`pool`]: 2D/3D max pooling with padding.
-//! - [`batch_norm`]: fused train-mode batch norm (+ReLU) custom op.
+//! - [`batch_norm`]: fused train-mode batch norm (+ReLU) custom op; [`sync_bn`]: its statistics
+//!   over a data-parallel job's global batch.
 //! - [`layer_norm`]: fused layer norm with its backward (Candle's fused one has none).
 //! - [`softmax`]: fused last-axis softmax with its backward.
 //! - [`gelu`]: the erf GELU with a one-pass backward.
@@ -29,6 +30,7 @@ pub mod projector;
 pub mod residual;
 pub mod resnet;
 pub mod softmax;
+pub mod sync_bn;
 mod util;
 pub mod vit;
 

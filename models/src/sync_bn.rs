@@ -1,0 +1,200 @@
+//! Synchronised batch norm (`model.sync_bn`): train-mode statistics over the global batch of a
+//! data-parallel job, as PyTorch's `SyncBatchNorm`.
+//!
+//! Each rank reduces its rows `[C, m]` to per-channel count, mean and centred sum of squares,
+//! the ranks' statistics are gathered through [`Collective::all_gather`] and combined (Chan et
+//! al.'s parallel variance: `μ = Σ n_r μ_r / N`, `N σ² = Σ [M2_r + n_r (μ_r − μ)²]`), and every
+//! rank normalises its rows with the global `μ, σ²`. The whole computation is Candle ops, so its
+//! backward is the gather's: the gradient of the global loss with respect to each rank's
+//! statistics, summed over ranks — SyncBatchNorm's two all-reduces of `Σ dy` and `Σ dy·x̂` —
+//! and exact for any split of the batch.
+//!
+//! Like [`crate::autocast`], the setting is per thread and held by a guard around training:
+//! `let _sync = sync_batch_norm(collective);`. Without one every [`crate::BatchNorm`] uses its
+//! rank's rows only (the fused single-process op).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use candle_core::{DType, Result, Tensor};
+use ssl_core::Collective;
+
+thread_local! {
+    static SYNC: RefCell<Option<Arc<dyn Collective>>> = const { RefCell::new(None) };
+}
+
+/// Restores this thread's previous batch-norm setting when dropped.
+#[must_use = "batch norm is synchronised only while the guard lives"]
+pub struct SyncGuard(Option<Arc<dyn Collective>>);
+
+impl Drop for SyncGuard {
+    fn drop(&mut self) {
+        SYNC.with(|s| *s.borrow_mut() = self.0.take());
+    }
+}
+
+/// Makes every train-mode [`crate::BatchNorm`] on this thread use the statistics of the batch
+/// gathered over `collective`'s ranks, until the guard is dropped.
+pub fn sync_batch_norm(collective: Arc<dyn Collective>) -> SyncGuard {
+    SyncGuard(SYNC.with(|s| s.borrow_mut().replace(collective)))
+}
+
+/// Whether [`sync_batch_norm`] holds a collective on this thread.
+pub fn synchronised() -> bool {
+    SYNC.with(|s| s.borrow().is_some())
+}
+
+/// This thread's collective for batch norm, if [`sync_batch_norm`] holds one.
+pub(crate) fn current() -> Option<Arc<dyn Collective>> {
+    SYNC.with(|s| s.borrow().clone())
+}
+
+/// Train-mode batch norm of rows `x`: `[C, m]` with the statistics of every rank's rows:
+/// `(y, mean, population variance, global count N)`, `mean` and `var` `[C]` (detached).
+pub(crate) fn synced_train_rows(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    relu: bool,
+    collective: &dyn Collective,
+) -> Result<(Tensor, Tensor, Tensor, usize)> {
+    let (c, m) = x.dims2()?;
+    let dt = match x.dtype() {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    };
+    let x = x.to_dtype(dt)?;
+    let local_mean = x.mean_keepdim(1)?;
+    let local_m2 = x.broadcast_sub(&local_mean)?.sqr()?.sum_keepdim(1)?;
+    let count = Tensor::full(m as f64, (c, 1), x.device())?.to_dtype(dt)?;
+    // [world, C, 3]: count, mean and M2 of every rank, in rank order.
+    let local = Tensor::cat(&[&count, &local_mean, &local_m2], 1)?.unsqueeze(0)?;
+    let all = collective.all_gather(&local, 0)?;
+    let counts = all.narrow(2, 0, 1)?;
+    let means = all.narrow(2, 1, 1)?;
+    let m2s = all.narrow(2, 2, 1)?;
+    let total = counts.sum_keepdim(0)?;
+    let mean = ((&counts * &means)?.sum_keepdim(0)? / &total)?;
+    let spread = (&counts * means.broadcast_sub(&mean)?.sqr()?)?;
+    let var = ((m2s.sum_keepdim(0)? + spread.sum_keepdim(0)?)? / &total)?;
+    let (mean, var) = (mean.reshape((c, 1))?, var.reshape((c, 1))?);
+    let y = x
+        .broadcast_sub(&mean)?
+        .broadcast_div(&(&var + eps)?.sqrt()?)?
+        .broadcast_mul(&weight.to_dtype(dt)?.reshape((c, 1))?)?
+        .broadcast_add(&bias.to_dtype(dt)?.reshape((c, 1))?)?;
+    let y = if relu { y.relu()? } else { y };
+    let n = total.flatten_all()?.get(0)?.to_dtype(DType::F64)?;
+    let n = n.to_scalar::<f64>()?.round() as usize;
+    Ok((y, mean.detach().reshape(c)?, var.detach().reshape(c)?, n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::testing::{max_abs_diff, rand_tensor};
+    use crate::BatchNorm;
+    use candle_core::{Device, Var};
+    use ssl_core::{ParamStore, SingleProcess};
+
+    fn bn(store: &ParamStore) -> BatchNorm {
+        let bn = BatchNorm::new(3, 1e-5, Some(0.1), store.var_builder(&Device::Cpu).pp("bn"));
+        for (name, v) in store.vars() {
+            if name.ends_with("weight") || name.ends_with("bias") {
+                v.set(&rand_tensor(7, &[3], DType::F32)).unwrap();
+            }
+        }
+        bn.unwrap()
+    }
+
+    /// A second rank whose rows are fixed: the gather appends their statistics after ours.
+    struct OtherRank(Tensor);
+
+    impl Collective for OtherRank {
+        fn world_size(&self) -> usize {
+            2
+        }
+        fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor> {
+            Tensor::cat(&[t, &self.0], dim)
+        }
+    }
+
+    /// At one rank the synchronised statistics are the batch's own: output, running statistics
+    /// and the gradients of input, weight and bias equal the fused op's in f64.
+    #[test]
+    fn one_rank_equals_the_fused_batch_norm() {
+        let (plain_store, synced_store) = (ParamStore::new(1), ParamStore::new(1));
+        let (plain, synced) = (bn(&plain_store), bn(&synced_store));
+        let x = Var::from_tensor(&rand_tensor(8, &[3, 10], DType::F64)).unwrap();
+        let r = rand_tensor(9, &[3, 10], DType::F64);
+        for relu in [false, true] {
+            let y = plain
+                .forward_channel_major(x.as_tensor(), relu, true)
+                .unwrap();
+            let ys = {
+                let _sync = sync_batch_norm(Arc::new(SingleProcess));
+                synced
+                    .forward_channel_major(x.as_tensor(), relu, true)
+                    .unwrap()
+            };
+            assert!(max_abs_diff(&y, &ys) < 1e-12);
+            let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            let gs = (&ys * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            let params = |s: &ParamStore| -> Vec<Tensor> {
+                ["bn.weight", "bn.bias"]
+                    .map(|n| s.vars().into_iter().find(|(k, _)| k == n).unwrap().1)
+                    .map(|v| v.as_tensor().clone())
+                    .to_vec()
+            };
+            let pairs = [(x.as_tensor().clone(), x.as_tensor().clone())]
+                .into_iter()
+                .chain(params(&plain_store).into_iter().zip(params(&synced_store)));
+            for (a, b) in pairs {
+                let d = max_abs_diff(g.get(&a).unwrap(), gs.get(&b).unwrap());
+                assert!(d < 1e-10, "relu {relu}: gradient differs by {d}");
+            }
+        }
+        assert!(max_abs_diff(plain.running_mean(), synced.running_mean()) < 1e-12);
+        assert!(max_abs_diff(plain.running_var(), synced.running_var()) < 1e-12);
+        assert!(
+            current().is_none(),
+            "the guard restores the unsynchronised setting"
+        );
+    }
+
+    /// A rank holding 4 of a batch's 10 rows, the other rank the remaining 6: its output is the
+    /// full batch's first 4 columns and the running statistics are the full batch's (count 10,
+    /// unbiased over 10), as one process with the whole batch computes them.
+    #[test]
+    fn a_shard_is_normalised_with_the_global_batch_statistics() {
+        let (whole_store, shard_store) = (ParamStore::new(2), ParamStore::new(2));
+        let (whole, shard) = (bn(&whole_store), bn(&shard_store));
+        let x = rand_tensor(10, &[3, 10], DType::F64);
+        let (mine, theirs) = (x.narrow(1, 0, 4).unwrap(), x.narrow(1, 4, 6).unwrap());
+        let mean = theirs.mean_keepdim(1).unwrap();
+        let m2 = theirs
+            .broadcast_sub(&mean)
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_keepdim(1)
+            .unwrap();
+        let count = Tensor::full(6f64, (3, 1), &Device::Cpu).unwrap();
+        let other = Tensor::cat(&[&count, &mean, &m2], 1)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let want = whole.forward_channel_major(&x, true, true).unwrap();
+        let got = {
+            let _sync = sync_batch_norm(Arc::new(OtherRank(other)));
+            shard.forward_channel_major(&mine, true, true).unwrap()
+        };
+        assert!(max_abs_diff(&got, &want.narrow(1, 0, 4).unwrap()) < 1e-12);
+        assert!(max_abs_diff(whole.running_mean(), shard.running_mean()) < 1e-12);
+        assert!(max_abs_diff(whole.running_var(), shard.running_var()) < 1e-12);
+        // Without the guard the shard uses its own 4 rows: a different output.
+        let own = shard.forward_channel_major(&mine, true, true).unwrap();
+        assert!(max_abs_diff(&own, &got) > 1e-3);
+    }
+}
