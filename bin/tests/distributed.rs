@@ -113,6 +113,16 @@ fn one_and_two_ranks(dir: &Path, args: &[&str]) -> (PathBuf, PathBuf, String) {
 }
 
 fn two_ranks_match_one_process(args: &[&str]) {
+    two_ranks_match_one_process_within(args, TOLERANCE, true);
+}
+
+/// Relative tolerance of the losses and of the weights (to the largest weight); see the module
+/// docs.
+const TOLERANCE: f64 = 1e-5;
+
+/// [`two_ranks_match_one_process`] at `tolerance`; `lowers` whether 20 steps lower the loss
+/// (MoCo's rises while its queue fills with negatives, DINO's while its centre and teacher move).
+fn two_ranks_match_one_process_within(args: &[&str], tolerance: f64, lowers: bool) {
     let objective = args.join(" ");
     if mpirun_missing() {
         return;
@@ -123,10 +133,17 @@ fn two_ranks_match_one_process(args: &[&str]) {
     let (a, b) = (losses(&one), losses(&two));
     assert_eq!(a.len(), STEPS, "{a:?}");
     assert_eq!(b.len(), STEPS, "{b:?}");
-    assert!(a[STEPS - 1] < a[0], "training lowers the loss: {a:?}");
+    assert!(
+        !lowers || a[STEPS - 1] < a[0],
+        "training lowers the loss: {a:?}"
+    );
+    assert!(
+        a.iter().any(|x| *x != a[0]),
+        "training changes the loss: {a:?}"
+    );
     for (step, (x, y)) in a.iter().zip(&b).enumerate() {
         assert!(
-            (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+            (x - y).abs() <= tolerance * x.abs().max(1.0),
             "{objective}, step {step}: one process {x}, two ranks {y}\n{a:?}\n{b:?}"
         );
     }
@@ -142,7 +159,7 @@ fn two_ranks_match_one_process(args: &[&str]) {
     }
     eprintln!("{objective}: largest weight difference {worst:e} in {at} (largest weight {scale})");
     assert!(
-        worst <= 1e-5 * scale,
+        worst <= tolerance as f32 * scale,
         "{objective}: weights differ by {worst} in {at} (largest {scale})"
     );
 
@@ -196,6 +213,90 @@ const WITH_BN: [&str; 6] = [
 #[test]
 fn synchronised_batch_norm_on_two_ranks_matches_one_process() {
     two_ranks_match_one_process(&[&WITH_BN[..], &["--set", "model.sync_bn=true"]].concat());
+}
+
+/// The other objectives of the equivalence list, each with batch norm in its projector (and
+/// teacher) synchronised, SGD: the gathered batch statistics (Barlow Twins' cross-correlation,
+/// FroSSL's Gram matrices at V = 4, IConE's table gradient), MoCo's queue filled with every
+/// rank's keys in rank order, SwAV's Sinkhorn over the global batch, DINO's centre from the
+/// global mean. Small heads and queues keep each run to seconds.
+fn synced(objective: &[&str]) -> Vec<String> {
+    let mut args: Vec<&str> = vec![
+        "--set",
+        "train.optimizer=sgd",
+        "--set",
+        "model.projector=[64,64]",
+        "--set",
+        "model.sync_bn=true",
+    ];
+    args.extend(objective);
+    args.into_iter().map(String::from).collect()
+}
+
+fn synced_two_ranks_match_one_process(objective: &[&str], tolerance: f64, lowers: bool) {
+    let args = synced(objective);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    two_ranks_match_one_process_within(&args, tolerance, lowers);
+}
+
+#[test]
+fn barlow_twins_on_two_ranks_matches_one_process() {
+    synced_two_ranks_match_one_process(&["--objective", "barlow-twins"], TOLERANCE, true);
+}
+
+#[test]
+fn frossl_with_four_views_on_two_ranks_matches_one_process() {
+    // The log of the Gram matrices' Frobenius norms turns the rounding of their sums into a drift
+    // that grows over the steps: 1e-7 for the first ten, 1.2e-5 at step 18 (measured).
+    let four_views = ["--objective", "frossl", "--views", "4"];
+    synced_two_ranks_match_one_process(&four_views, 1e-4, true);
+}
+
+#[test]
+fn icone_on_two_ranks_matches_one_process() {
+    synced_two_ranks_match_one_process(&["--objective", "icone"], TOLERANCE, true);
+}
+
+#[test]
+fn moco_on_two_ranks_matches_one_process() {
+    synced_two_ranks_match_one_process(
+        &[
+            "--objective",
+            "moco",
+            "--set",
+            "objective.params.queue_size=256",
+        ],
+        TOLERANCE,
+        false,
+    );
+}
+
+#[test]
+fn swav_on_two_ranks_matches_one_process() {
+    synced_two_ranks_match_one_process(
+        &[
+            "--objective",
+            "swav",
+            "--set",
+            "objective.params.num_prototypes=32",
+        ],
+        TOLERANCE,
+        true,
+    );
+}
+
+#[test]
+fn dino_on_two_ranks_matches_one_process() {
+    synced_two_ranks_match_one_process(
+        &[
+            "--objective",
+            "dino",
+            "--set",
+            "objective.params={out_dim: 64, head_hidden: 32, bottleneck: 16}",
+        ],
+        TOLERANCE,
+        false,
+    );
 }
 
 /// Without `model.sync_bn` each rank normalises its own 64 rows: the one documented difference
