@@ -339,8 +339,42 @@ fn rank_pid(out: &Path, rank: usize) -> Option<i32> {
         })
 }
 
+/// The arguments of the killed job and of its uninterrupted twin: 200 short epochs (about 5 s on
+/// 2 ranks), a checkpoint after each.
+const KILLED_RUN: [&str; 16] = [
+    "run",
+    "--data",
+    "gmm",
+    "--encoder",
+    "mlp",
+    "--batch-size",
+    "64",
+    "--epochs",
+    "200",
+    "--threads",
+    "1",
+    "--set",
+    "model.projector=[64]",
+    "--set",
+    "train.checkpoint_every=1",
+    "--out",
+];
+
+/// `mpirun -np 2 ssl ARGS OUT` with the test's environment, not yet started.
+fn two_ranks(args: &[&str], out: &Path) -> Command {
+    let mut job = Command::new("mpirun");
+    job.args(["--oversubscribe", "-np", "2"])
+        .arg(env!("CARGO_BIN_EXE_ssl"))
+        .args(args)
+        .arg(out)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    job
+}
+
 /// A rank killed with SIGKILL mid-run ends the whole job: the launcher exits non-zero within
-/// 60 s, naming the rank, and the checkpoint on disk is whole.
+/// 60 s, naming the rank, and the checkpoint on disk is whole; `--resume` on 2 ranks then
+/// finishes with the weights of an uninterrupted 2-rank run, bit for bit.
 #[test]
 fn a_killed_rank_ends_every_rank_within_a_minute() {
     if mpirun_missing() {
@@ -348,30 +382,7 @@ fn a_killed_rank_ends_every_rank_within_a_minute() {
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let mut job = Command::new("mpirun")
-        .args(["--oversubscribe", "-np", "2"])
-        .arg(env!("CARGO_BIN_EXE_ssl"))
-        .args([
-            "run",
-            "--data",
-            "gmm",
-            "--encoder",
-            "mlp",
-            "--batch-size",
-            "64",
-        ])
-        .args([
-            "--epochs",
-            "500",
-            "--threads",
-            "1",
-            "--set",
-            "model.projector=[64]",
-        ])
-        .args(["--set", "train.checkpoint_every=1", "--out"])
-        .arg(&out)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    let mut job = two_ranks(&KILLED_RUN, &out)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -417,6 +428,21 @@ fn a_killed_rank_ends_every_rank_within_a_minute() {
     assert!(rank_pid(&out, 0).is_none(), "rank 0 outlived the job");
     // Whatever instant the kill hit, one whole checkpoint is on disk.
     let checkpoint = out.join("checkpoint");
-    ssl::checkpoint::load_state(&checkpoint).unwrap();
+    let state = ssl::checkpoint::load_state(&checkpoint).unwrap();
     ssl::checkpoint::load_tensors(&checkpoint.join(ssl::checkpoint::MODEL)).unwrap();
+
+    let resumed = two_ranks(&["run", "--resume", "--out"], &out)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{text}");
+    let whole = dir.path().join("whole");
+    let uninterrupted = two_ranks(&KILLED_RUN, &whole).output().unwrap();
+    assert!(uninterrupted.status.success());
+    let (a, b) = (weights(&out), weights(&whole));
+    assert_eq!(a.len(), b.len());
+    for (name, t) in &a {
+        let diff = max_abs(&(t - &b[name]).unwrap());
+        assert_eq!(diff, 0.0, "{name} after the resume from {state:?}");
+    }
 }
