@@ -145,6 +145,9 @@ pub struct EvalArgs {
     /// split of the training features.
     #[arg(long)]
     pub probe_c: Option<f64>,
+    /// `--probe lbfgs|sgd` and the SGD probe's settings.
+    #[command(flatten)]
+    pub probe: crate::sgd_probe::ProbeArgs,
     /// LiDAR: training images used as surrogate classes.
     #[arg(long, default_value_t = 1000)]
     pub lidar_samples: usize,
@@ -470,6 +473,8 @@ pub fn execute(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Eval(args) => {
+            // The probe's flags are checked before anything loads.
+            let (probe, sgd_probe) = args.probe.settings(args.probe_c)?;
             let mut sources = Vec::new();
             for path in std::iter::once(&args.path).chain(&args.compare) {
                 sources.push(eval_source(path)?);
@@ -494,6 +499,8 @@ pub fn execute(cli: Cli) -> Result<()> {
                 },
                 hierarchy,
                 probe_c: args.probe_c,
+                probe,
+                sgd_probe,
                 lidar_samples: args.lidar_samples,
                 lidar_views: args.lidar_views,
             };
@@ -511,6 +518,9 @@ pub fn execute(cli: Cli) -> Result<()> {
             });
             let report = crate::offline::evaluate(&sources, &suite, &out)?;
             println!("{}", crate::offline::table(&report));
+            if suite.probe == crate::sgd_probe::ProbeKind::Sgd && suite.wants("probe") {
+                println!("\n{}", crate::sgd_probe::describe(&suite.sgd_probe));
+            }
             println!("\neval.json, knn.csv and pca.png in {}", out.display());
             Ok(())
         }

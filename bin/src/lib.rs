@@ -25,6 +25,7 @@ pub mod publish;
 pub mod rundir;
 pub mod runlog;
 pub mod setup;
+pub mod sgd_probe;
 pub mod tensorboard;
 pub mod trainer;
 

@@ -4,7 +4,10 @@
 //! data once; the features are cached beside the weights (keyed by the weights file and the data
 //! settings), so a second evaluation or a comparison only loads them. The metrics follow
 //! `spec/metrics.md`: the linear probe with its L2 strength chosen on a stratified validation
-//! split of the training features (or the fixed-C protocol, `--probe-c`), the k-NN sweep over the
+//! split of the training features (or the fixed-C protocol, `--probe-c`), or with `--probe sgd`
+//! the papers' SGD probe on frozen features of augmented images ([`crate::sgd_probe`]; its
+//! settings, augmentation and per-epoch rate and loss go to the column's `probe` object in
+//! `eval.json`), the k-NN sweep over the
 //! duality paper's k × T grid, RankMe and effective rank of the standardised test features,
 //! LiDAR over augmented views of training images (surrogate classes), alignment of two augmented
 //! views, uniformity, silhouette, and linear CKA between every two checkpoints. Results go to the
@@ -23,6 +26,7 @@ use crate::config::RunConfig;
 use crate::evaluate::to_features;
 use crate::plot::{scatter_panels, ScatterPanel};
 use crate::setup::{self, DataSplit, Findings};
+use crate::sgd_probe::{ProbeKind, SgdProbeConfig, SgdProbeRecord};
 use crate::trainer::{self, Model};
 
 /// The per-checkpoint metrics `--metrics` accepts, in table order.
@@ -58,6 +62,10 @@ pub struct SuiteConfig {
     pub hierarchy: Option<ssl_eval::ClassHierarchy>,
     /// Fixed-C probe (spec §1: C = 1); `None`: C chosen on a validation split.
     pub probe_c: Option<f64>,
+    /// Which linear probe computes the `probe` metrics.
+    pub probe: ProbeKind,
+    /// Settings of the SGD probe (`probe: sgd`).
+    pub sgd_probe: SgdProbeConfig,
     /// LiDAR's surrogate classes (training images), spec §6: min(1000, train size).
     pub lidar_samples: usize,
     /// Augmented views per surrogate class (spec §6: 50).
@@ -75,6 +83,8 @@ impl Default for SuiteConfig {
                 .collect(),
             hierarchy: None,
             probe_c: None,
+            probe: ProbeKind::Lbfgs,
+            sgd_probe: SgdProbeConfig::default(),
             lidar_samples: 1000,
             lidar_views: 50,
         }
@@ -104,11 +114,19 @@ impl SuiteConfig {
                 c.is_finite() && c > 0.0,
                 "--probe-c must be > 0 (the probe's inverse L2 strength; metrics.md §1: 1), got {c}"
             );
+            ensure!(
+                self.probe == ProbeKind::Lbfgs,
+                "--probe-c sets the L-BFGS probe's regularisation; --probe sgd has none"
+            );
+        }
+        if self.probe == ProbeKind::Sgd {
+            self.sgd_probe.validate()?;
         }
         Ok(())
     }
 
-    fn wants(&self, metric: &str) -> bool {
+    /// Whether `metric` is to be computed.
+    pub fn wants(&self, metric: &str) -> bool {
         self.metrics.iter().any(|m| m == metric)
     }
 }
@@ -162,6 +180,7 @@ pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<R
         "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}",
     );
     let mut columns = Vec::new();
+    let mut probes = Vec::new();
     let mut embedded = Vec::new();
     let mut panels = Vec::new();
     for source in sources {
@@ -173,7 +192,8 @@ pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<R
         crate::export::load_encoder(&model.store, &weights)?;
         let has_probe = load_online_probe(&model, &weights)?;
         let features = cached_features(source, &data, &model, &device)?;
-        let mut column = column(source, &features, &data, &model, &device, suite)?;
+        let (mut column, probe) = column(source, &features, &data, &model, &device, suite)?;
+        probes.push(probe);
         if has_probe && suite.wants("probe") {
             let accuracy = online_probe_accuracy_of(&model, &features, &device)?;
             column
@@ -224,7 +244,7 @@ pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<R
         cka,
         trees,
     };
-    write_outputs(&report, &panels, out)?;
+    write_outputs(&report, &probes, &panels, out)?;
     Ok(report)
 }
 
@@ -235,56 +255,89 @@ fn column(
     model: &Model,
     device: &Device,
     suite: &SuiteConfig,
-) -> Result<Column> {
+) -> Result<(Column, Option<SgdProbeRecord>)> {
     let mut metrics = BTreeMap::new();
     let mut knn_sweep = Vec::new();
+    let mut sgd_record = None;
     if suite.wants("probe") {
-        let c = match suite.probe_c {
-            Some(c) => c,
-            None => {
-                let grid = ssl_eval::DEFAULT_C_GRID;
-                ssl_eval::select_c(&f.train, &f.train_y, &grid, 0.2, source.cfg.train.seed)?.c
+        // The L-BFGS probe's C, or `None` for the SGD probe.
+        let (probe, c) = match suite.probe {
+            ProbeKind::Lbfgs => {
+                let c = match suite.probe_c {
+                    Some(c) => c,
+                    None => {
+                        let grid = ssl_eval::DEFAULT_C_GRID;
+                        let seed = source.cfg.train.seed;
+                        ssl_eval::select_c(&f.train, &f.train_y, &grid, 0.2, seed)?.c
+                    }
+                };
+                let probe = ssl_eval::linear_probe(
+                    &f.train,
+                    &f.train_y,
+                    &f.test,
+                    &f.test_y,
+                    &ssl_eval::LinearProbeConfig {
+                        c,
+                        ..Default::default()
+                    },
+                )?;
+                (probe, Some(c))
+            }
+            ProbeKind::Sgd => {
+                let outcome = crate::sgd_probe::train_and_score(
+                    model.encoder.as_ref(),
+                    data,
+                    &f.test,
+                    &f.test_y,
+                    &suite.sgd_probe,
+                    source.cfg.train.seed,
+                    device,
+                )?;
+                sgd_record = Some(outcome.record);
+                (outcome.result, None)
             }
         };
-        let probe = ssl_eval::linear_probe(
-            &f.train,
-            &f.train_y,
-            &f.test,
-            &f.test_y,
-            &ssl_eval::LinearProbeConfig {
-                c,
-                ..Default::default()
-            },
-        )?;
         metrics.insert("probe balanced accuracy".into(), probe.balanced_accuracy);
         metrics.insert("probe accuracy".into(), probe.accuracy);
-        metrics.insert("probe C".into(), c);
+        if let Some(c) = c {
+            metrics.insert("probe C".into(), c);
+        }
         if let Ok(info) = ssl_data::medmnist_info(&source.cfg.data.name) {
             let task = ssl_eval::MedMnistTask::from_official(info.task)?;
-            let (labels, scores, columns) = match &data.findings {
-                Some(findings) => (
+            let official = match (&data.findings, c) {
+                (Some(findings), Some(c)) => Some((
                     findings.rows(&data.test),
                     finding_scores(f, findings, data, c)?,
                     findings.columns,
-                ),
-                None => (
+                )),
+                (Some(_), None) => {
+                    eprintln!(
+                        "note: no MedMNIST ACC/AUC for {} with --probe sgd: a multi-label set's \
+                         per-finding probes are L-BFGS ones",
+                        source.label
+                    );
+                    None
+                }
+                (None, _) => Some((
                     f.test_y.clone(),
                     class_scores(&probe, info.classes),
                     info.classes,
-                ),
+                )),
             };
-            match ssl_eval::medmnist_metrics(task, &labels, &scores, columns) {
-                Ok(official) => {
-                    metrics.insert("MedMNIST ACC (probe)".into(), official.acc);
-                    metrics.insert("MedMNIST AUC (probe)".into(), official.auc);
-                }
-                // A class or finding absent from the test images (a subset, a stand-in file):
-                // the official AUC is undefined there, as in scikit-learn; ACC is not.
-                Err(undefined) => {
-                    let acc = ssl_eval::medmnist_acc(task, &labels, &scores, columns)
-                        .context("MedMNIST ACC of the probe")?;
-                    metrics.insert("MedMNIST ACC (probe)".into(), acc);
-                    eprintln!("note: no MedMNIST AUC for {}: {undefined:#}", source.label);
+            if let Some((labels, scores, columns)) = official {
+                match ssl_eval::medmnist_metrics(task, &labels, &scores, columns) {
+                    Ok(official) => {
+                        metrics.insert("MedMNIST ACC (probe)".into(), official.acc);
+                        metrics.insert("MedMNIST AUC (probe)".into(), official.auc);
+                    }
+                    // A class or finding absent from the test images (a subset, a stand-in
+                    // file): the official AUC is undefined there, as in scikit-learn; ACC is not.
+                    Err(undefined) => {
+                        let acc = ssl_eval::medmnist_acc(task, &labels, &scores, columns)
+                            .context("MedMNIST ACC of the probe")?;
+                        metrics.insert("MedMNIST ACC (probe)".into(), acc);
+                        eprintln!("note: no MedMNIST AUC for {}: {undefined:#}", source.label);
+                    }
                 }
             }
         }
@@ -402,12 +455,13 @@ fn column(
             ssl_eval::silhouette(&f.test, &f.test_y)?,
         );
     }
-    Ok(Column {
+    let column = Column {
         label: source.label.clone(),
         weights: source.weights.clone(),
         metrics,
         knn_sweep,
-    })
+    };
+    Ok((column, sgd_record))
 }
 
 /// `q` augmented views (the run's training augmentation) of the first `n` training instances,
@@ -522,8 +576,23 @@ fn from_cache(t: &HashMap<String, Tensor>) -> Option<Embedded> {
     })
 }
 
-fn write_outputs(report: &Report, panels: &[ScatterPanel], out: &Path) -> Result<()> {
-    let json = serde_json::to_string_pretty(report)?;
+/// Writes `eval.json` (the report; a column scored by the SGD probe also carries its record as
+/// `probe`), `knn.csv` and `pca.png`.
+fn write_outputs(
+    report: &Report,
+    probes: &[Option<SgdProbeRecord>],
+    panels: &[ScatterPanel],
+    out: &Path,
+) -> Result<()> {
+    let mut value = serde_json::to_value(report)?;
+    if let Some(columns) = value["columns"].as_array_mut() {
+        for (column, probe) in columns.iter_mut().zip(probes) {
+            if let (Some(column), Some(probe)) = (column.as_object_mut(), probe) {
+                column.insert("probe".into(), serde_json::to_value(probe)?);
+            }
+        }
+    }
+    let json = serde_json::to_string_pretty(&value)?;
     crate::checkpoint::write_atomic(&out.join("eval.json"), json.as_bytes())?;
     let mut csv = String::from("checkpoint,k,T,accuracy\n");
     for c in &report.columns {
@@ -698,5 +767,20 @@ mod tests {
             });
             assert!(e.contains("--probe-c must be > 0"), "{c}: {e}");
         }
+        let e = refused(SuiteConfig {
+            probe_c: Some(1.0),
+            probe: ProbeKind::Sgd,
+            ..SuiteConfig::default()
+        });
+        assert!(e.contains("--probe sgd has none"), "{e}");
+        let e = refused(SuiteConfig {
+            probe: ProbeKind::Sgd,
+            sgd_probe: SgdProbeConfig {
+                epochs: 0,
+                ..SgdProbeConfig::default()
+            },
+            ..SuiteConfig::default()
+        });
+        assert!(e.contains("--probe-epochs must be at least 1"), "{e}");
     }
 }
