@@ -284,6 +284,10 @@ impl Optimizer {
                     new
                 }
                 OptimizerKind::Sgd | OptimizerKind::Lars => {
+                    // Off the autograd graph: a momentum buffer built from the tracked weight
+                    // would chain every step's graph onto the last (a copy of the weights per
+                    // step kept alive).
+                    let w = &w.detach();
                     let mut d = if wd > 0.0 {
                         (g + (w * wd)?)?
                     } else {
@@ -305,7 +309,7 @@ impl Optimizer {
                     } else {
                         buf.clone()
                     };
-                    slot.m = Some(buf);
+                    slot.m = Some(buf.detach());
                     (w - (step * lr)?)?
                 }
             };
@@ -815,6 +819,32 @@ mod tests {
             (history[2][1] - 0.99).abs() < 1e-6,
             "a full first Adam step"
         );
+        Ok(())
+    }
+
+    /// SGD's and LARS's momentum buffers hold no autograd graph after steps with weight decay
+    /// (a tracked buffer chains every step's graph: memory grew by a copy of the weights a
+    /// step), and the steps are those of plain tensors.
+    #[test]
+    fn momentum_buffers_are_off_the_graph() -> Result<()> {
+        for optimizer in [OptimizerKind::Sgd, OptimizerKind::Lars] {
+            let cfg = TrainConfig {
+                optimizer,
+                momentum: 0.9,
+                weight_decay: 0.1,
+                ..sgd()
+            };
+            let w = Var::new(&[[1f32, 2.0], [3.0, 4.0]], &Device::Cpu)?;
+            let mut opt = Optimizer::new(&cfg, vec![("w".into(), w.clone())], &[])?;
+            for step in 0..3 {
+                ones_step(&mut opt, &[&w], 0.1, &at(step, 1, 3))?;
+                let m = opt.slots[0].m.as_ref().expect("a momentum buffer");
+                assert!(
+                    !m.track_op(),
+                    "{optimizer:?} step {step}: the buffer tracks its ops"
+                );
+            }
+        }
         Ok(())
     }
 
