@@ -321,6 +321,11 @@ pub struct CompareArgs {
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Check the recipe in seconds instead of running it: every objective and view count for one
+    /// epoch, first seed, smallest batch (≤ 4), on data synthesised in the data set's exact
+    /// format under OUT/data (OUT default runs/smoke/NAME); any failed cell is an error.
+    #[arg(long)]
+    pub smoke: bool,
 }
 
 impl CompareArgs {
@@ -355,6 +360,9 @@ impl CompareArgs {
         grid.set.extend(self.set.iter().cloned());
         if let Some(out) = &self.out {
             grid.out = out.clone();
+        }
+        if self.smoke {
+            grid.smoke(self.out.as_deref())?;
         }
         Ok(grid)
     }

@@ -57,7 +57,25 @@ pub struct Grid {
     /// Stem of the table and chart files: the grid file's stem, or `compare`.
     #[serde(skip)]
     pub name: String,
+    /// SAG-VICReg's generalisation protocol instead of a table of cells: two disjoint class
+    /// sets; each objective and seed trains encoder A on the first and B on the second, both
+    /// embed the test images of the first, and their trees are compared (`ssl generalise`;
+    /// `reference` keys are then `lca_pearson`, `lca_spearman`, `lca_kendall`,
+    /// `cophenetic_d1_p2`, `cophenetic_d2_p1`).
+    #[serde(default)]
+    pub halves: Option<[Vec<u32>; 2]>,
+    /// Set by [`Grid::smoke`]: a failed cell is an error, not a table entry.
+    #[serde(skip)]
+    pub smoke: bool,
 }
+
+/// Largest batch a smoke run trains with (`ssl compare --smoke`).
+pub const SMOKE_BATCH: usize = 4;
+/// Instances a smoke run pretrains on (a stratified subset) when the data set is read from
+/// files.
+pub const SMOKE_TRAIN_SIZE: usize = 16;
+/// Side a smoke run shrinks an image folder's images to (a multiple of a ViT's 16-px patches).
+pub const SMOKE_SIZE: usize = 64;
 
 fn default_views() -> Vec<usize> {
     vec![2]
@@ -139,7 +157,218 @@ impl Grid {
         Ok(grid)
     }
 
-    fn stem(&self) -> &str {
+    /// Turns the grid into its smoke test (`ssl compare --smoke`): every objective entry and view
+    /// count at one batch size (the smallest listed, at most [`SMOKE_BATCH`]), the first seed
+    /// only, one epoch (the last partial batch kept; all warm-up where the recipe warms up), no
+    /// accumulation, on the CPU, on data synthesised under `OUT/data` in the exact format of the
+    /// recipe's data set — MedMNIST `.npz` of digits, CIFAR/STL-10/Tiny ImageNet archives in
+    /// their official layouts, or an ImageNet-style JPEG folder with the recipe's class
+    /// directories — so that every cell's configuration, data path, encoder and objective is
+    /// exercised in seconds. Pretraining sees a stratified subset of [`SMOKE_TRAIN_SIZE`] images;
+    /// where the reader takes any size, images are shrunk to [`SMOKE_SIZE`] px (MedMNIST 2D: its
+    /// 64-px files; volumes keep theirs), the network and objective staying the recipe's. These
+    /// overrides go after every entry's own `set`. `OUT` defaults to `runs/smoke/NAME`. Every
+    /// cell must then finish.
+    pub fn smoke(&mut self, out: Option<&Path>) -> Result<()> {
+        self.smoke = true;
+        // The one epoch is the warm-up where the recipe has one (its first steps then run at a
+        // small learning rate, as the real run's do), else none.
+        let warmup = self
+            .cells()?
+            .iter()
+            .any(|c| c.config.train.warmup_epochs > 0);
+        self.out = match out {
+            Some(out) => out.to_path_buf(),
+            None => PathBuf::from("runs/smoke").join(self.stem()),
+        };
+        self.seeds.truncate(1);
+        // One batch size per entry and view count: the smallest it lists, capped (so that
+        // IConE's B = 1 path runs).
+        let cap = |list: &mut Vec<usize>| {
+            if let Some(&b) = list.iter().min() {
+                *list = vec![b.min(SMOKE_BATCH)];
+            }
+        };
+        match self.batch_sizes.is_empty() {
+            true => self.batch_sizes = vec![SMOKE_BATCH],
+            false => cap(&mut self.batch_sizes),
+        }
+        for entry in &mut self.objectives {
+            if let Some(serde_yaml::Value::Sequence(list)) = entry.get_mut("batch_sizes") {
+                let mut sizes: Vec<usize> = list
+                    .iter()
+                    .map(|v| v.as_u64().map(|v| v as usize))
+                    .collect::<Option<_>>()
+                    .context("an objective's `batch_sizes` must be a list of integers")?;
+                cap(&mut sizes);
+                *list = sizes.into_iter().map(|b| (b as u64).into()).collect();
+            }
+        }
+        // Everything from here on is the smoke run's: it also goes after each entry's own `set`
+        // (below), which would otherwise win (an entry's `train.epochs=400`).
+        let first = self.set.len();
+        self.set.extend(
+            [
+                "train.epochs=1",
+                if warmup {
+                    "train.warmup_epochs=1"
+                } else {
+                    "train.warmup_epochs=0"
+                },
+                "train.accumulate=1",
+                "train.drop_last=false",
+                "train.device=cpu",
+                "train.checkpoint_every=1",
+                "train.stop_after_epochs=0",
+                "eval.spectrum_every=0",
+            ]
+            .map(String::from),
+        );
+        let cells = match &self.halves {
+            None => self.cells()?,
+            // A halves grid (`ssl generalise`) trains each half on its own classes.
+            Some(halves) => {
+                let mut cells = Vec::new();
+                for h in 0..2 {
+                    cells.extend(self.half(halves, h).cells()?);
+                }
+                cells
+            }
+        };
+        let mut data_sets: Vec<(String, usize)> = cells
+            .iter()
+            .map(|c| (c.config.data.name.clone(), c.config.data.size))
+            .collect();
+        data_sets.sort();
+        data_sets.dedup();
+        if data_sets.len() > 1 {
+            bail!(
+                "a smoke run needs every cell on one data set and size, got {}",
+                data_sets
+                    .iter()
+                    .map(|(n, s)| format!("{n} at {s}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let (name, size) = data_sets.pop().context("the grid has no cells")?;
+        let pairs = self.halves.is_some();
+        let data = self.out.join("data");
+        std::fs::create_dir_all(&data)
+            .with_context(|| format!("cannot create {}", data.display()))?;
+        let mut root = data.clone();
+        let mut classes = 0;
+        if let Some(info) = ssl_data::archive_info(&name) {
+            let path = data.join(info.file);
+            if !path.exists() {
+                // Two training images per class (pretraining takes a small stratified subset of
+                // them); one test image per class, two of the first two (labels cycle), which the
+                // evaluation's pairs need — two of every class for a halves grid, whose runs
+                // each evaluate on their own classes.
+                let unlabeled = if info.splits[2] > 0 {
+                    2 * info.classes
+                } else {
+                    0
+                };
+                let test = match pairs {
+                    true => 2 * info.classes,
+                    false => info.classes + 2,
+                };
+                let counts = [2 * info.classes, test, unlabeled];
+                ssl_data::write_synthetic_archive(&name, &path, counts)?;
+            }
+            classes = info.classes;
+        } else if name == "folder" {
+            // The recipe's class directories (`data.folder_classes`, `imagenet100`: CMC's list),
+            // else ImageNet-like synset names, as many as the recipe's `data.classes` reach.
+            let wanted = &cells[0].config.data.folder_classes;
+            let names: Vec<String> = match wanted.as_slice() {
+                [one] if one == "imagenet100" => ssl_data::IMAGENET100.map(String::from).to_vec(),
+                [] => {
+                    let reach = cells
+                        .iter()
+                        .flat_map(|c| c.config.data.classes.iter())
+                        .map(|&c| c as usize + 1)
+                        .max()
+                        .unwrap_or(0);
+                    (0..reach.max(4)).map(|c| format!("n{c:08}")).collect()
+                }
+                names => names.to_vec(),
+            };
+            classes = names.len();
+            root = data.join("folder");
+            if !root.exists() {
+                // Non-square JPEGs, so that the resize of the shorter side and the centre crop
+                // run as they do on ImageNet's files; enough training images for the subset, one
+                // of each class to evaluate on and a second of the first (the evaluation's pair;
+                // two of every class for a halves grid).
+                let train = SMOKE_TRAIN_SIZE.div_ceil(classes).max(2);
+                let val = 1 + usize::from(pairs);
+                ssl_data::write_synthetic_folder(&root, &names, [train, val], 80, 64)?;
+                let first = root.join("val").join(&names[0]);
+                std::fs::copy(first.join("0.JPEG"), first.join(format!("{val}.JPEG")))
+                    .with_context(|| format!("cannot write {}", first.display()))?;
+            }
+            if size > SMOKE_SIZE {
+                self.shrink(&cells, SMOKE_SIZE);
+            }
+        } else if let Ok(info) = ssl_data::medmnist_info(&name) {
+            // Volumes keep their size: at 28³ a 3D ResNet-18's last map is 1×1×1, and a B = 1
+            // step (each view forwarded alone) leaves its batch norm one value per channel.
+            let small = match info.volumetric {
+                true => size,
+                false => 64,
+            };
+            let size = match size > small && info.md5_at(small).is_ok() {
+                true => {
+                    self.shrink(&cells, small);
+                    small
+                }
+                false => size,
+            };
+            let path = data.join(info.file_name(size));
+            if !path.exists() {
+                ssl_data::write_digits_as_medmnist(&path, info.flag, size)?;
+            }
+            classes = info.classes;
+        }
+        // digits and gmm are built in: nothing to write, no subset. (The probe learns the
+        // classes the subset has; the others score 0, which a smoke run does not look at.)
+        if classes > 0 {
+            self.set.push(format!("data.train_size={SMOKE_TRAIN_SIZE}"));
+        }
+        self.set.push(format!("data.root='{}'", root.display()));
+        let forced = self.set[first..].to_vec();
+        for entry in &mut self.objectives {
+            if let Some(serde_yaml::Value::Sequence(list)) = entry.get_mut("set") {
+                list.extend(forced.iter().map(|s| s.as_str().into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Half `h` (0 = A, 1 = B) of a halves grid: its cells train on `halves[h]` only, under
+    /// `OUT/half-a` or `OUT/half-b`.
+    pub fn half(&self, halves: &[Vec<u32>; 2], h: usize) -> Grid {
+        let name = ["half-a", "half-b"][h];
+        let mut grid = self.clone();
+        grid.halves = None;
+        grid.set.push(format!("data.classes={:?}", halves[h]));
+        grid.out = self.out.join(name);
+        grid.name = name.to_string();
+        grid
+    }
+
+    /// Smoke runs at `size` px instead of the recipe's: multi-crop's local views at half of it.
+    fn shrink(&mut self, cells: &[Cell], size: usize) {
+        self.set.push(format!("data.size={size}"));
+        if cells.iter().any(|c| c.config.train.local_views > 0) {
+            self.set.push(format!("train.local_size={}", size / 2));
+        }
+    }
+
+    /// Stem of the table files: the grid file's stem, or `compare`.
+    pub fn stem(&self) -> &str {
         match self.name.is_empty() {
             true => "compare",
             false => &self.name,
@@ -331,6 +560,9 @@ pub fn run_cell(cell: &Cell) -> Result<Outcome> {
 /// Runs (or reuses) every cell with a progress bar over the grid, then writes the tables and
 /// the chart. Returns the Markdown table.
 pub fn run(grid: &Grid, command_line: &str) -> Result<String> {
+    if let Some(halves) = &grid.halves {
+        return crate::generalise::run_grid(grid, halves, command_line);
+    }
     let cells = grid.cells()?;
     std::fs::create_dir_all(&grid.out)
         .with_context(|| format!("cannot create {}", grid.out.display()))?;
@@ -355,6 +587,28 @@ pub fn run(grid: &Grid, command_line: &str) -> Result<String> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    if grid.smoke {
+        let failed: Vec<String> = cells
+            .iter()
+            .zip(&outcomes)
+            .filter_map(|(cell, outcome)| match outcome {
+                Outcome::Failed(why) => Some(format!(
+                    "{} V={} B={}: {why}",
+                    cell.label, cell.views, cell.batch_size
+                )),
+                Outcome::Done { .. } => None,
+            })
+            .collect();
+        if !failed.is_empty() {
+            bail!(
+                "the smoke run of {} failed in {} of {} cells (fix the recipe or the code it names):\n{}",
+                grid.stem(),
+                failed.len(),
+                cells.len(),
+                failed.join("\n")
+            );
+        }
+    }
     let summary = Summary::new(grid, &cells, &outcomes)?;
     let markdown = summary.markdown(command_line);
     let file = |ext: &str| grid.out.join(format!("{}.{ext}", grid.stem()));
@@ -851,6 +1105,45 @@ mod tests {
 
     fn grid(yaml: &str) -> Result<Grid> {
         Ok(serde_yaml::from_str(yaml)?)
+    }
+
+    /// `--smoke` keeps every entry and view count at one small batch, the first seed and one
+    /// epoch, even where an entry's own `set` asks for more; a halves grid checks both halves.
+    #[test]
+    fn a_smoke_run_keeps_every_entry_and_view_at_one_small_cheap_cell() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut g = grid(
+            "objectives:\n  - vicreg\n  - {name: simclr, label: long, set: [train.epochs=400, \
+             train.accumulate=16], batch_sizes: [128, 64]}\nviews: [2, 4]\nbatch_sizes: [32, 1]\n\
+             seeds: [3, 4]",
+        )?;
+        g.smoke(Some(dir.path()))?;
+        let cells = g.cells()?;
+        let shape: Vec<(&str, usize, usize)> = cells
+            .iter()
+            .map(|c| (c.label.as_str(), c.views, c.batch_size))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                ("vicreg", 2, 1),
+                ("vicreg", 4, 1),
+                ("long", 2, 4),
+                ("long", 4, 4)
+            ]
+        );
+        for c in &cells {
+            assert_eq!((c.seed, c.config.train.epochs), (3, 1));
+            assert_eq!(c.config.train.accumulate, 1);
+            assert!(c.config.out.starts_with(dir.path()));
+        }
+        let mut halves = grid("objectives: [vicreg]\nhalves: [[0, 1], [2, 3]]")?;
+        halves.smoke(Some(dir.path()))?;
+        let [a, b] = halves.halves.clone().expect("halves");
+        let a = halves.half(&[a, b], 0).cells()?;
+        assert_eq!(a[0].config.data.classes, [0, 1]);
+        assert!(a[0].config.out.starts_with(dir.path().join("half-a")));
+        Ok(())
     }
 
     #[test]

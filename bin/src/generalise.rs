@@ -69,46 +69,84 @@ impl Recipe {
     }
 
     fn validate(&self) -> Result<()> {
-        let [a, b] = &self.halves;
-        if let Some(half) = [a, b].into_iter().find(|h| h.len() < 2) {
-            bail!(
-                "both `halves` need at least two classes (each run's linear probe tells classes \
-                 apart), got {half:?}; e.g. halves: [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]"
-            );
-        }
-        if let Some(c) = a.iter().find(|c| b.contains(c)) {
-            bail!("the halves must be disjoint, but class {c} is in both");
-        }
-        Ok(())
+        check_halves(&self.halves)
     }
 
-    /// The compare grid training every objective and seed on half `h` (0 = A, 1 = B).
-    fn grid(&self, h: usize) -> Grid {
-        let name = ["half-a", "half-b"][h];
-        let mut set = self.set.clone();
-        set.push(format!("data.classes={:?}", self.halves[h]));
+    /// The recipe as a compare grid with `halves` (what `ssl compare` runs for such a grid).
+    pub fn to_grid(&self) -> Grid {
         Grid {
             base: self.base.clone(),
-            set,
+            set: self.set.clone(),
             objectives: self.objectives.clone(),
             views: vec![2],
             batch_sizes: Vec::new(),
             seeds: self.seeds.clone(),
-            out: self.out.join(name),
+            out: self.out.clone(),
             metrics: compare::default_metrics(),
             reference: BTreeMap::new(),
-            name: name.to_string(),
+            name: "generalise".to_string(),
+            halves: Some(self.halves.clone()),
+            smoke: false,
         }
     }
+
+    /// The compare grid training every objective and seed on half `h` (0 = A, 1 = B).
+    #[cfg(test)]
+    fn grid(&self, h: usize) -> Grid {
+        self.to_grid().half(&self.halves, h)
+    }
 }
+
+/// Both halves have two classes or more, and none in common.
+pub fn check_halves(halves: &[Vec<u32>; 2]) -> Result<()> {
+    let [a, b] = halves;
+    if let Some(half) = [a, b].into_iter().find(|h| h.len() < 2) {
+        bail!(
+            "both `halves` need at least two classes (each run's linear probe tells classes \
+             apart), got {half:?}; e.g. halves: [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]"
+        );
+    }
+    if let Some(c) = a.iter().find(|c| b.contains(c)) {
+        bail!("the halves must be disjoint, but class {c} is in both");
+    }
+    Ok(())
+}
+
+/// The reference keys of a halves grid, in [`COLUMNS`] order.
+pub const REFERENCE_KEYS: [&str; 5] = [
+    "lca_pearson",
+    "lca_spearman",
+    "lca_kendall",
+    "cophenetic_d1_p2",
+    "cophenetic_d2_p1",
+];
 
 /// Trains (or reuses) both halves' runs, compares every A/B pair and writes the table.
 /// Returns the Markdown table.
 pub fn run(recipe: &Recipe, command_line: &str) -> Result<String> {
-    let (grid_a, grid_b) = (recipe.grid(0), recipe.grid(1));
+    run_grid(&recipe.to_grid(), &recipe.halves, command_line)
+}
+
+/// [`run`] for a compare grid with `halves`: its cells trained on each half (under
+/// `OUT/half-a`, `OUT/half-b`), the table in `OUT/NAME.md` and `.csv`, published values from the
+/// grid's `reference` (keys [`REFERENCE_KEYS`]) under their rows. A failed run is an error.
+pub fn run_grid(grid: &Grid, halves: &[Vec<u32>; 2], command_line: &str) -> Result<String> {
+    check_halves(halves)?;
+    if let Some((label, key)) = grid.reference.iter().find_map(|(label, values)| {
+        values
+            .keys()
+            .find(|k| !REFERENCE_KEYS.contains(&k.as_str()))
+            .map(|k| (label, k))
+    }) {
+        bail!(
+            "reference `{label}` names `{key}`, which a halves grid does not measure (known: {})",
+            REFERENCE_KEYS.join(", ")
+        );
+    }
+    let (grid_a, grid_b) = (grid.half(halves, 0), grid.half(halves, 1));
     let (cells_a, cells_b) = (grid_a.cells()?, grid_b.cells()?);
-    std::fs::create_dir_all(&recipe.out)
-        .with_context(|| format!("cannot create {}", recipe.out.display()))?;
+    std::fs::create_dir_all(&grid.out)
+        .with_context(|| format!("cannot create {}", grid.out.display()))?;
     let bar = progress::bar(
         2 * cells_a.len() as u64,
         "{spinner} halves [{bar:30}] {pos}/{len} runs {msg} (elapsed {elapsed})",
@@ -120,8 +158,10 @@ pub fn run(recipe: &Recipe, command_line: &str) -> Result<String> {
             bar.set_message(format!("{} seed {} half {half}", cell.label, cell.seed));
             if let Outcome::Failed(why) = compare::run_cell(cell)? {
                 bail!(
-                    "{} seed {} on half {half} failed: {why}",
+                    "{} V={} B={} seed {} on half {half} failed: {why}",
                     cell.label,
+                    cell.views,
+                    cell.batch_size,
                     cell.seed
                 );
             }
@@ -135,12 +175,10 @@ pub fn run(recipe: &Recipe, command_line: &str) -> Result<String> {
             .push(similarities(a, b)?);
     }
     bar.finish_and_clear();
-    let markdown = markdown(recipe, &order, &rows, command_line);
-    checkpoint::write_atomic(&recipe.out.join("generalise.md"), markdown.as_bytes())?;
-    checkpoint::write_atomic(
-        &recipe.out.join("generalise.csv"),
-        csv(&order, &rows).as_bytes(),
-    )?;
+    let markdown = markdown(grid, halves, &order, &rows, command_line);
+    let file = |ext: &str| grid.out.join(format!("{}.{ext}", grid.stem()));
+    checkpoint::write_atomic(&file("md"), markdown.as_bytes())?;
+    checkpoint::write_atomic(&file("csv"), csv(&order, &rows).as_bytes())?;
     Ok(markdown)
 }
 
@@ -170,7 +208,8 @@ fn similarities(a: &Cell, b: &Cell) -> Result<[f64; 5]> {
 }
 
 fn markdown(
-    recipe: &Recipe,
+    grid: &Grid,
+    halves: &[Vec<u32>; 2],
     order: &[String],
     rows: &BTreeMap<String, Vec<[f64; 5]>>,
     command_line: &str,
@@ -178,9 +217,9 @@ fn markdown(
     let mut s = format!(
         "Encoder A trained on classes {:?}, encoder B on {:?}; both embed the held-out images of \
          A's classes. Mean ± std over seeds {:?}.\n\n| objective | {} |\n|---|{}\n",
-        recipe.halves[0],
-        recipe.halves[1],
-        recipe.seeds,
+        halves[0],
+        halves[1],
+        grid.seeds,
         COLUMNS.join(" | "),
         "---|".repeat(COLUMNS.len())
     );
@@ -193,6 +232,16 @@ fn markdown(
             s.push_str(&format!(" {m:.3} ± {sd:.3} |"));
         }
         s.push('\n');
+        if let Some(published) = grid.reference.get(label) {
+            s.push_str(&format!("| ↳ {label} (published) |"));
+            for key in REFERENCE_KEYS {
+                let v = published
+                    .get(key)
+                    .map_or("—".to_string(), |v| format!("{v:.3}"));
+                s.push_str(&format!(" {v} |"));
+            }
+            s.push('\n');
+        }
     }
     s.push_str(&format!("\nMade by `{command_line}`.\n"));
     s

@@ -487,5 +487,40 @@ pub fn load_image_folder(
     })
 }
 
+/// Writes an ImageNet-style folder at `root` in the layout [`load_image_folder`] reads:
+/// `root/train/<class>/<n>.JPEG` and `root/val/<class>/<n>.JPEG`, one directory per name in
+/// `classes` (e.g. ImageNet synsets, or [`IMAGENET100`]), with `[train, val]` JPEG images each,
+/// `width × height` RGB of [`crate::synthetic_pixel`]s. For checks of a recipe's code path
+/// without ImageNet.
+pub fn write_synthetic_folder(
+    root: &Path,
+    classes: &[String],
+    per_class: [usize; 2],
+    width: u32,
+    height: u32,
+) -> Result<()> {
+    let mut index = 0;
+    for (split, count) in ["train", "val"].into_iter().zip(per_class) {
+        for class in classes {
+            let dir = root.join(split).join(class);
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            for n in 0..count {
+                let image = image::RgbImage::from_fn(width, height, |x, y| {
+                    image::Rgb(std::array::from_fn(|c| {
+                        crate::synthetic_pixel(index, c, y as usize, x as usize)
+                    }))
+                });
+                index += 1;
+                let path = dir.join(format!("{n}.JPEG"));
+                image
+                    .save_with_format(&path, image::ImageFormat::Jpeg)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;

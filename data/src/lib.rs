@@ -50,7 +50,7 @@ pub use color::Normalization;
 pub use crop::{random_resized_crop_box, CropBox, LocalCrop};
 pub use dataset::{Dataset, Samples};
 pub use digits::{bilinear_resize, digits, DEFAULT_DIGITS_SIZE};
-pub use folder::{load_image_folder, ImageFolder, IMAGENET100};
+pub use folder::{load_image_folder, write_synthetic_folder, ImageFolder, IMAGENET100};
 pub use gmm::gaussian_mixture;
 pub use loader::{clean_batch, mix_seed, Prefetch, ViewBatch, ViewLoader};
 pub use medmnist::{
