@@ -20,7 +20,29 @@ use ssl_core::{groups::DEFAULT_GAMMA, ParamGroup, Progress, Schedule};
 use crate::config::{OptimizerKind, TrainConfig};
 
 mod adamw;
+pub mod sgd;
 use adamw::AdamwStep;
+use sgd::SgdStep;
+
+/// The values of a contiguous CPU tensor's storage that its layout covers (the in-place steps'
+/// operands).
+fn part<'a, T>(values: &'a [T], l: &candle_core::Layout) -> candle_core::Result<&'a [T]> {
+    match l.contiguous_offsets() {
+        Some((start, end)) => Ok(&values[start..end]),
+        None => candle_core::bail!("an in-place optimiser step takes contiguous tensors"),
+    }
+}
+
+/// [`part`], mutable.
+fn part_mut<'a, T>(
+    values: &'a mut [T],
+    l: &candle_core::Layout,
+) -> candle_core::Result<&'a mut [T]> {
+    match l.contiguous_offsets() {
+        Some((start, end)) => Ok(&mut values[start..end]),
+        None => candle_core::bail!("an in-place optimiser step takes contiguous tensors"),
+    }
+}
 
 /// The settings of one parameter, after every group that matches it.
 #[derive(Debug, Clone, PartialEq)]
@@ -282,33 +304,23 @@ impl Optimizer {
                     new
                 }
                 OptimizerKind::Sgd | OptimizerKind::Lars => {
-                    // Off the autograd graph: a momentum buffer built from the tracked weight
-                    // would chain every step's graph onto the last (a copy of the weights per
-                    // step kept alive).
-                    let w = &w.detach();
-                    let mut d = if wd > 0.0 {
-                        (g + (w * wd)?)?
-                    } else {
-                        g.clone()
+                    let adapts = self.kind == OptimizerKind::Lars && slot.settings.lars;
+                    let step = SgdStep {
+                        lr,
+                        weight_decay: wd,
+                        momentum: c.momentum,
+                        nesterov: c.nesterov,
+                        lars_eta: adapts.then_some(c.lars_eta),
                     };
-                    if self.kind == OptimizerKind::Lars && slot.settings.lars {
-                        let w_norm = w.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()? as f64;
-                        let d_norm = d.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()? as f64;
-                        if w_norm > 0.0 && d_norm > 0.0 {
-                            d = (d * (c.lars_eta * w_norm / d_norm))?;
-                        }
+                    if SgdStep::fuses(w, g, slot.m.as_ref()) {
+                        let buf = slot.m.clone().map_or_else(|| w.zeros_like(), Ok)?;
+                        step.in_place(w, g, &buf)?;
+                        slot.m = Some(buf);
+                        continue;
                     }
-                    let buf = match &slot.m {
-                        Some(m) => ((m * c.momentum)? + &d)?,
-                        None => d.clone(),
-                    };
-                    let step = if c.nesterov {
-                        (d + (&buf * c.momentum)?)?
-                    } else {
-                        buf.clone()
-                    };
-                    slot.m = Some(buf.detach());
-                    (w - (step * lr)?)?
+                    let (new, buf) = step.composed(w, g, slot.m.as_ref())?;
+                    slot.m = Some(buf);
+                    new
                 }
             };
             slot.var.set(&new)?;

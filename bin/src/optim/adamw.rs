@@ -7,6 +7,8 @@
 use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Tensor, WithDType};
 use ssl_linalg::for_each_chunk_mut;
 
+use super::{part, part_mut};
+
 /// Values per parallel task.
 const CHUNK: usize = 1 << 16;
 
@@ -177,20 +179,6 @@ impl InplaceOp3 for AdamwStep {
 }
 
 /// The values of a contiguous layout in its buffer.
-fn part<'a, T>(values: &'a [T], l: &Layout) -> Result<&'a [T]> {
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&values[start..end]),
-        None => candle_core::bail!("AdamW's CPU update takes contiguous tensors"),
-    }
-}
-
-fn part_mut<'a, T>(values: &'a mut [T], l: &Layout) -> Result<&'a mut [T]> {
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&mut values[start..end]),
-        None => candle_core::bail!("AdamW's CPU update takes contiguous tensors"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device, Tensor};
