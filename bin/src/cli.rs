@@ -83,8 +83,8 @@ pub enum Command {
 #[derive(Subcommand, Debug)]
 pub enum DataCommand {
     /// Download a MedMNIST `.npz` or a benchmark set's official archive (CIFAR-10/100, STL-10,
-    /// Tiny ImageNet) into the data directory, MD5-verified; a broken download resumes when run
-    /// again.
+    /// Tiny ImageNet, Caltech-256: then extracted to DIR/256_ObjectCategories) into the data
+    /// directory, MD5-verified; a broken download resumes when run again.
     Download(DownloadArgs),
     /// Write the embedded digits in a MedMNIST file's exact layout and split sizes (upsampled,
     /// tinted for RGB, stacked for 3D), to try a pipeline without the official files.
@@ -107,10 +107,10 @@ pub struct SampleArgs {
 #[derive(clap::Args, Debug)]
 pub struct DownloadArgs {
     /// Data set: a MedMNIST flag (e.g. bloodmnist), or cifar10, cifar100 (also for
-    /// cifar100-coarse), stl10, tiny-imagenet.
+    /// cifar100-coarse), stl10, tiny-imagenet, caltech256.
     pub name: String,
     /// MedMNIST image size: 28 (default), 64, 128 or 224 (3D data sets: 28 or 64); the benchmark
-    /// sets have one size.
+    /// sets have one size (Caltech-256's images are resized by `ssl run --size`).
     #[arg(long)]
     pub size: Option<usize>,
     /// Directory to download into (default ~/.medmnist for MedMNIST, ~/.cache/candle-ssl/data for

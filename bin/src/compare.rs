@@ -162,8 +162,8 @@ impl Grid {
     /// only, one epoch (the last partial batch kept; all warm-up where the recipe warms up), no
     /// accumulation, on the CPU, on data synthesised under `OUT/data` in the exact format of the
     /// recipe's data set — MedMNIST `.npz` of digits, CIFAR/STL-10/Tiny ImageNet archives in
-    /// their official layouts, or an ImageNet-style JPEG folder with the recipe's class
-    /// directories — so that every cell's configuration, data path, encoder and objective is
+    /// their official layouts, Caltech-256's extracted tree, or an ImageNet-style JPEG folder
+    /// with the recipe's class directories — so that every cell's configuration, data path, encoder and objective is
     /// exercised in seconds. Pretraining sees a stratified subset of [`SMOKE_TRAIN_SIZE`] images;
     /// where the reader takes any size, images are shrunk to [`SMOKE_SIZE`] px (MedMNIST 2D: its
     /// 64-px files; volumes keep theirs), the network and objective staying the recipe's. These
@@ -312,6 +312,17 @@ impl Grid {
             if size > SMOKE_SIZE {
                 self.shrink(&cells, SMOKE_SIZE);
             }
+        } else if name == ssl_data::caltech256::NAME {
+            // The 257 official category directories, ten JPEGs each: a 0.2 test fraction (the
+            // recipes') holds out two of every class, the evaluation's pairs.
+            classes = ssl_data::caltech256::CATEGORIES;
+            root = data.join("caltech256");
+            if !root.exists() {
+                ssl_data::caltech256::write_synthetic(&root, 10)?;
+            }
+            if size > SMOKE_SIZE {
+                self.shrink(&cells, SMOKE_SIZE);
+            }
         } else if let Ok(info) = ssl_data::medmnist_info(&name) {
             // Volumes keep their size: at 28³ a 3D ResNet-18's last map is 1×1×1, and a B = 1
             // step (each view forwarded alone) leaves its batch norm one value per channel.
@@ -359,11 +370,20 @@ impl Grid {
         grid
     }
 
-    /// Smoke runs at `size` px instead of the recipe's: multi-crop's local views at half of it.
+    /// Smoke runs at `size` px instead of the recipe's: multi-crop's local views at half of it,
+    /// a folder's kept side (`data.keep_side`) in the same proportion (rounded up).
     fn shrink(&mut self, cells: &[Cell], size: usize) {
         self.set.push(format!("data.size={size}"));
         if cells.iter().any(|c| c.config.train.local_views > 0) {
             self.set.push(format!("train.local_size={}", size / 2));
+        }
+        if let Some(data) = cells
+            .iter()
+            .map(|c| &c.config.data)
+            .find(|d| d.keep_side > 0)
+        {
+            let side = (data.keep_side * size).div_ceil(data.size);
+            self.set.push(format!("data.keep_side={side}"));
         }
     }
 

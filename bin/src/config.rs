@@ -63,7 +63,8 @@ pub struct DataConfig {
     /// `digits` (embedded scikit-learn digits), `gmm` (IConE's 2-D Gaussian mixture), a
     /// MedMNIST dataset (`bloodmnist`, `organmnist3d`, …) read from `root`, a benchmark set read
     /// from its official archive in `root` (`cifar10`, `cifar100`, `cifar100-coarse`, `stl10`,
-    /// `tiny-imagenet`), or `folder`: an ImageNet-style image folder at `root`.
+    /// `tiny-imagenet`), `caltech256` (the extracted `256_ObjectCategories` in `root`, or `root`
+    /// itself), or `folder`: an ImageNet-style image folder at `root`.
     pub name: String,
     /// Side length the digits are upsampled to; the MedMNIST file's size (28, 64, 128, 224);
     /// the side a folder's images are resized (shorter side) and centre-cropped to.
@@ -101,10 +102,20 @@ pub struct DataConfig {
     /// `[imagenet100]` is CMC's ImageNet-100 list. Empty: every class.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub folder_classes: Vec<String>,
+    /// For `caltech256`: add the background category `257.clutter` as class 256 (default: the
+    /// 256 object categories only).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub clutter: bool,
+    /// For `folder`: keep each image whole at its aspect ratio, shorter side downscaled to this
+    /// many pixels (≥ `size`; solo-learn/FFCV-style ImageNet: 256), and draw the training views'
+    /// random resized crops from it; evaluation still sees `Resize(size)` + `CenterCrop(size)`.
+    /// 0: decode each image once to `size × size` (shorter side, centre crop) and crop from that.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub keep_side: usize,
     /// Augmentation recipe: digits, noise, none, icone, simclr, frossl, moco-v2, byol, vicreg,
     /// dino, swav (2D, torchvision semantics) or icone3d (volumes). Absent: by data set —
     /// digits → digits, gmm → noise, MedMNIST 2D → icone, MedMNIST 3D → icone3d,
-    /// folder → simclr; the run's `config.yaml` records the choice.
+    /// folder and caltech256 → simclr; the run's `config.yaml` records the choice.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub augment: Option<Recipe>,
     /// Input normalisation of training views and evaluation inputs alike: none, imagenet,
@@ -159,7 +170,7 @@ impl DataConfig {
         self.augment.unwrap_or(match self.name.as_str() {
             "digits" => Recipe::Digits,
             "gmm" => Recipe::Noise,
-            "folder" => Recipe::Simclr,
+            "folder" | ssl_data::caltech256::NAME => Recipe::Simclr,
             name if ssl_data::archive_info(name).is_some() => Recipe::Simclr,
             name => match ssl_data::medmnist_info(name) {
                 Ok(info) if info.volumetric => Recipe::Icone3d,
@@ -205,6 +216,8 @@ impl Default for DataConfig {
             imbalance: 1,
             classes: Vec::new(),
             folder_classes: Vec::new(),
+            clutter: false,
+            keep_side: 0,
             augment: None,
             normalize: None,
             augment_views: Vec::new(),
@@ -479,6 +492,15 @@ impl RunConfig {
                 }
             }
         }
+        // Caltech-256's images come in many sizes: ImageNet's 224 px and a ResNet-18 unless given.
+        if config.data.name == ssl_data::caltech256::NAME {
+            if !given("data", "size") {
+                config.data.size = 224;
+            }
+            if !encoder_given {
+                config.model.encoder = "resnet18".into();
+            }
+        }
         config.data.resolve();
         // Volumes get IConE's 3D ResNet-18 unless an encoder is named (the digits CNN is 2D).
         let volumes = ssl_data::medmnist_info(&config.data.name).is_ok_and(|i| i.volumetric);
@@ -724,6 +746,23 @@ impl TrainConfig {
 impl DataConfig {
     fn validate(&self) -> Result<()> {
         at_least_one("data.size", self.size, " (the image side in pixels)")?;
+        if self.keep_side > 0 {
+            ensure!(
+                self.name == "folder",
+                "data.keep_side keeps an image folder's files at full resolution; `{}` is not \
+                 one (data.name=folder), so drop it",
+                self.name
+            );
+            ensure!(
+                self.keep_side >= self.size,
+                "data.keep_side ({}) must be at least data.size ({}), or 0 for images decoded \
+                 to {} × {}",
+                self.keep_side,
+                self.size,
+                self.size,
+                self.size
+            );
+        }
         at_least_one("data.imbalance", self.imbalance, " (1: balanced)")?;
         in_range(
             "data.subset_test_fraction",
@@ -748,6 +787,11 @@ impl DataConfig {
                 side = info.side
             );
         }
+        ensure!(
+            !self.clutter || self.name == ssl_data::caltech256::NAME,
+            "data.clutter adds Caltech-256's 257.clutter category, but data.name is `{}`; drop it",
+            self.name
+        );
         ensure!(
             self.split == TrainingSplit::Train || self.name == "stl10",
             "data.split: train+unlabeled is for stl10, the one data set with unlabeled images \
@@ -1093,6 +1137,8 @@ mod tests {
             (&["data.test_fraction=1"], "data.test_fraction must be in (0, 1)"),
             (&["data.subset_test_fraction=1"], "data.subset_test_fraction must be in [0, 1)"),
             (&["data.classes=[4, 4]"], "data.classes keeps the single class [4]"),
+            (&["data.keep_side=256"], "data.keep_side keeps an image folder's files at full resolution; `digits` is not one"),
+            (&["data.name=folder", "data.size=224", "data.keep_side=200"], "data.keep_side (200) must be at least data.size (224)"),
             (&["model.encoder=resnet9"], "unknown model.encoder `resnet9`"),
             (&["model.mlp=[]"], "model.mlp must list widths ≥ 1 (hidden…, output; default [64, 64, 2]), got []"),
             (&["model.mlp=[64, 0, 2]"], "got [64, 0, 2]"),

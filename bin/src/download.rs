@@ -1,6 +1,7 @@
 //! `ssl data download`: MedMNIST `.npz` files fetched from the official Zenodo record, and the
-//! benchmark sets' official archives (CIFAR-10/100, STL-10, Tiny ImageNet) from their official
-//! addresses (or a mirror), into the directory `ssl run --data NAME` reads them from.
+//! benchmark sets' official archives (CIFAR-10/100, STL-10, Tiny ImageNet, Caltech-256) from their
+//! official addresses (or a mirror), into the directory `ssl run --data NAME` reads them from;
+//! Caltech-256's tar is then extracted there ([`fetch_and_extract_caltech256`]).
 //!
 //! A download goes to `FILE.part` and is renamed to `FILE` only once its MD5 matches the
 //! published one, so the final name never holds a partial or corrupt file, and a file already
@@ -15,18 +16,21 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use md5::{Digest, Md5};
 use reqwest::blocking::{Client, Response};
 use reqwest::header::{CONTENT_RANGE, RANGE};
 use reqwest::StatusCode;
+use ssl_data::caltech256;
 
-/// What [`download_medmnist`] or [`fetch_verified`] left in place.
+/// What [`download_medmnist`], [`fetch_verified`] or [`fetch_and_extract_caltech256`] left in
+/// place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Downloaded {
-    /// The file, its MD5 verified.
+    /// The file, its MD5 verified (Caltech-256: the directory extracted from it).
     pub path: PathBuf,
-    /// The file was already there with the right MD5, so nothing was requested.
+    /// The file was already there with the right MD5 (Caltech-256: the directory was there), so
+    /// nothing was requested.
     pub already_present: bool,
 }
 
@@ -57,7 +61,9 @@ pub fn download_medmnist(
 /// (default `~/.medmnist`), or a benchmark set's official archive (`cifar10`, `cifar100`,
 /// `cifar100-coarse`, `stl10`, `tiny-imagenet`; `size` may only be its image side) into `dir`
 /// (default `~/.cache/candle-ssl/data`), checked against the published MD5 (see
-/// [`fetch_verified`]). With `base_url`, the file is fetched from `base_url/{file}`.
+/// [`fetch_verified`]); `caltech256` (no `size`) is also extracted there, and its `path` is the
+/// extracted directory (see [`fetch_and_extract_caltech256`]). With `base_url`, the file is
+/// fetched from `base_url/{file}`.
 pub fn download_data_set(
     name: &str,
     size: Option<usize>,
@@ -65,6 +71,19 @@ pub fn download_data_set(
     base_url: Option<&str>,
     progress: bool,
 ) -> Result<Downloaded> {
+    if name.eq_ignore_ascii_case(caltech256::NAME) {
+        ensure!(
+            size.is_none(),
+            "Caltech-256's images come in many sizes, so there is no --size to download; drop \
+             it (`ssl run --size S` sets the side they are resized to)"
+        );
+        let dir = dir.map_or_else(crate::setup::default_benchmark_root, Path::to_path_buf);
+        let url = match base_url {
+            Some(base) => format!("{}/{}", base.trim_end_matches('/'), caltech256::ARCHIVE),
+            None => caltech256::URL.to_string(),
+        };
+        return fetch_and_extract_caltech256(&url, &dir, caltech256::MD5, progress);
+    }
     let Some(info) = ssl_data::archive_info(name) else {
         let dir = dir.map_or_else(
             || crate::setup::medmnist_root(&crate::config::RunConfig::default()),
@@ -74,12 +93,13 @@ pub fn download_data_set(
             |e| match ssl_data::medmnist_info(name) {
                 Ok(_) => e,
                 Err(_) => anyhow!(
-                    "{e:#}; or one of the benchmark sets: {}",
+                    "{e:#}; or one of the benchmark sets: {}, {}",
                     ssl_data::ARCHIVES
                         .iter()
                         .map(|a| a.name)
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    caltech256::NAME
                 ),
             },
         );
@@ -97,6 +117,41 @@ pub fn download_data_set(
         None => info.url.to_string(),
     };
     fetch_verified(&url, &dir.join(info.file), info.md5, progress)
+}
+
+/// Caltech-256 in `dir`: `dir/256_ObjectCategories` as it is when it is there (nothing is
+/// requested), else `dir/256_ObjectCategories.tar` fetched from `url` and checked against `md5`
+/// by [`fetch_verified`] (resumable, renamed into place only when verified), then extracted by
+/// [`caltech256::extract`] into a temporary directory beside it that is renamed to
+/// `256_ObjectCategories` only once every member is out and the 256 categories are there. The
+/// archive is kept (delete it to save its 1.2 GB: only the directory is read), so a failed
+/// extraction is retried without a download.
+pub fn fetch_and_extract_caltech256(
+    url: &str,
+    dir: &Path,
+    md5: &str,
+    progress: bool,
+) -> Result<Downloaded> {
+    let target = dir.join(caltech256::DIR);
+    if target.is_dir() {
+        return Ok(Downloaded {
+            path: target,
+            already_present: true,
+        });
+    }
+    let archive = fetch_verified(url, &dir.join(caltech256::ARCHIVE), md5, progress)?;
+    let _extracting = progress.then(|| {
+        crate::progress::spinner(format!(
+            "extracting {} into {}",
+            archive.path.display(),
+            dir.display()
+        ))
+    });
+    let path = caltech256::extract(&archive.path, dir)?;
+    Ok(Downloaded {
+        path,
+        already_present: false,
+    })
 }
 
 /// Downloads `url` to `path` unless `path` already holds a file whose MD5 is `md5` (hex).

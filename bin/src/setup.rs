@@ -146,6 +146,21 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
                 }
             }
         }
+        ssl_data::caltech256::NAME => {
+            let _loading = crate::progress::spinner(
+                "reading Caltech-256 (decoded into the cache on first use)",
+            );
+            let set = ssl_data::caltech256::load(
+                &benchmark_root(cfg),
+                cfg.data.size,
+                cfg.data.clutter,
+                Some(&cache_dir().join("folders")),
+            )
+            .context("data.root")?;
+            let (train, test) =
+                ssl_data::stratified_split(&set.dataset.labels, cfg.data.test_fraction, seed)?;
+            (set.dataset, train, test)
+        }
         name if ssl_data::archive_info(name).is_some() => {
             let _loading = crate::progress::spinner(format!(
                 "reading {name} (decoded into its image cache on first use)"
@@ -163,7 +178,7 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
             let m = medmnist(cfg).with_context(|| match ssl_data::medmnist_info(name) {
                 Ok(_) => format!("data set `{name}`"),
                 Err(_) => format!(
-                    "unknown data set `{name}`; built in: digits, gmm, folder, {}",
+                    "unknown data set `{name}`; built in: digits, gmm, folder, caltech256, {}",
                     ssl_data::ARCHIVES
                         .iter()
                         .map(|a| a.name)
@@ -227,7 +242,8 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
     })
 }
 
-/// The image folder at `data.root` (required), decoded at `data.size`.
+/// The image folder at `data.root` (required), decoded at `data.size` (kept at shorter side
+/// `data.keep_side` when set).
 fn image_folder(cfg: &RunConfig) -> Result<ssl_data::ImageFolder> {
     let Some(root) = &cfg.data.root else {
         bail!("data set `folder` needs its directory: set data.root (or --root PATH)");
@@ -237,9 +253,10 @@ fn image_folder(cfg: &RunConfig) -> Result<ssl_data::ImageFolder> {
         names => names.to_vec(),
     };
     let cache = cache_dir().join("folders");
-    ssl_data::load_image_folder(
+    ssl_data::load_image_folder_kept(
         root,
         cfg.data.size,
+        cfg.data.keep_side,
         (!keep.is_empty()).then_some(&keep[..]),
         Some(&cache),
     )
@@ -259,8 +276,9 @@ pub fn user_cache() -> PathBuf {
         .join(".cache/candle-ssl")
 }
 
-/// Where the benchmark sets' archives (CIFAR, STL-10, Tiny ImageNet) are looked for: `data.root`,
-/// else `~/.cache/candle-ssl/data`, where `ssl data download` puts them.
+/// Where the benchmark sets' archives (CIFAR, STL-10, Tiny ImageNet) and the extracted
+/// Caltech-256 are looked for: `data.root`, else `~/.cache/candle-ssl/data`, where `ssl data
+/// download` puts them.
 pub fn benchmark_root(cfg: &RunConfig) -> PathBuf {
     cfg.data.root.clone().unwrap_or_else(default_benchmark_root)
 }

@@ -11,7 +11,9 @@
 //!   marker [`MAGIC`] and the MD5 of a *key* that names the content the bytes were made from (the
 //!   caller's choice: sizes and checksums, not modification times). A cache is used only when its
 //!   length and trailer match; otherwise it is built again. It is memory-mapped, so the images
-//!   live in the page cache and nowhere else.
+//!   live in the page cache and nowhere else. A cache whose length is known only once written
+//!   ([`cached_unsized`]: images of their own sizes) is used when its trailer matches and the
+//!   caller's check accepts its bytes.
 
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
@@ -168,16 +170,38 @@ pub(crate) fn cached(
     fix: &str,
     fill: impl FnOnce(&mut dyn Write) -> Result<()>,
 ) -> Result<CacheBytes> {
-    build(path, len, key, fix, |file| {
-        let mut out = Counted {
-            inner: BufWriter::with_capacity(1 << 20, file),
-            bytes: 0,
-        };
-        fill(&mut out)?;
-        out.flush()
-            .with_context(|| format!("writing {} (disk full?)", path.display()))?;
-        Ok(out.bytes)
+    build(path, len, key, fix, |file| streamed(file, path, fill))
+}
+
+/// [`cached`] for data whose length `fill` decides: the file as it is when its trailer names
+/// `key` and `valid` accepts its data bytes (whatever their length), else written afresh.
+pub(crate) fn cached_unsized(
+    path: &Path,
+    key: &[u8],
+    fix: &str,
+    valid: impl Fn(&[u8]) -> bool,
+    fill: impl FnOnce(&mut dyn Write) -> Result<()>,
+) -> Result<CacheBytes> {
+    build_checked(path, None, key, fix, valid, |file| {
+        streamed(file, path, fill)
     })
+}
+
+/// What `fill` writes into `file` (the cache `path` being built), through a buffer; the bytes
+/// written.
+fn streamed(
+    file: &File,
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> Result<()>,
+) -> Result<usize> {
+    let mut out = Counted {
+        inner: BufWriter::with_capacity(1 << 20, file),
+        bytes: 0,
+    };
+    fill(&mut out)?;
+    out.flush()
+        .with_context(|| format!("writing {} (disk full?)", path.display()))?;
+    Ok(out.bytes)
 }
 
 /// [`cached`] for data whose parts arrive out of order (the members of a tar archive): `fill`
@@ -249,34 +273,55 @@ fn build(
     fix: &str,
     fill: impl FnOnce(&File) -> Result<usize>,
 ) -> Result<CacheBytes> {
+    build_checked(path, Some(len), key, fix, |_| true, fill)
+}
+
+/// [`build`] for `len` bytes, or any number when `None`, that `valid` accepts (the file is
+/// built again when it does not).
+fn build_checked(
+    path: &Path,
+    len: Option<usize>,
+    key: &[u8],
+    fix: &str,
+    valid: impl Fn(&[u8]) -> bool,
+    fill: impl FnOnce(&File) -> Result<usize>,
+) -> Result<CacheBytes> {
     remove_stale_partials(parent(path));
     let trailer = trailer(key);
-    if let Some(bytes) = map_if_holds(path, len, &trailer) {
+    if let Some(bytes) = map_if_holds(path, len, &trailer).filter(|b| valid(b.as_ref())) {
         return Ok(bytes);
     }
     let partial = Partial::create(path, fix)?;
     let bytes = fill(partial.file())?;
-    ensure!(
-        bytes == len,
-        "{}: {bytes} bytes were decoded, {len} expected",
-        path.display(),
-    );
+    if let Some(len) = len {
+        ensure!(
+            bytes == len,
+            "{}: {bytes} bytes were decoded, {len} expected",
+            path.display(),
+        );
+    }
     let mut file = partial.file();
-    file.seek(SeekFrom::Start(len as u64))
+    file.seek(SeekFrom::Start(bytes as u64))
         .and_then(|_| file.write_all(&trailer))
         .with_context(|| format!("writing {} (disk full?)", path.display()))?;
     partial.persist()?;
-    map_if_holds(path, len, &trailer).with_context(|| {
+    let mapped = map_if_holds(path, Some(bytes), &trailer).with_context(|| {
         format!(
             "{} changed while it was being opened; run again",
             path.display()
         )
-    })
+    })?;
+    ensure!(
+        valid(mapped.as_ref()),
+        "{} was written but does not read back whole; remove it and run again",
+        path.display()
+    );
+    Ok(mapped)
 }
 
 /// The cache file `path` memory-mapped when it holds `len` bytes for `key`, else `None`.
 pub(crate) fn open_cached(path: &Path, len: usize, key: &[u8]) -> Option<CacheBytes> {
-    map_if_holds(path, len, &trailer(key))
+    map_if_holds(path, Some(len), &trailer(key))
 }
 
 /// A cache's trailer for `key`: [`MAGIC`] and the key's MD5.
@@ -287,10 +332,18 @@ fn trailer(key: &[u8]) -> [u8; TRAILER_LEN] {
     trailer
 }
 
-/// `path` memory-mapped when it is `len` bytes followed by `trailer`.
-fn map_if_holds(path: &Path, len: usize, trailer: &[u8; TRAILER_LEN]) -> Option<CacheBytes> {
+/// `path` memory-mapped when it is `wanted` bytes (any number when `None`) followed by
+/// `trailer`.
+fn map_if_holds(
+    path: &Path,
+    wanted: Option<usize>,
+    trailer: &[u8; TRAILER_LEN],
+) -> Option<CacheBytes> {
     let file = File::open(path).ok()?;
-    if file.metadata().ok()?.len() != (len + TRAILER_LEN) as u64 {
+    let len = usize::try_from(file.metadata().ok()?.len())
+        .ok()?
+        .checked_sub(TRAILER_LEN)?;
+    if wanted.is_some_and(|wanted| wanted != len) {
         return None;
     }
     // SAFETY: the cache is ours, complete (renamed into place whole) and only read; a file
@@ -330,6 +383,29 @@ pub(crate) mod tests {
         std::fs::write(&path, &bytes)?;
         assert_eq!(build(b"two", 3)?.as_ref(), [3, 3, 3]);
         assert_eq!(names(dir.path())?, ["c.u8"]);
+        Ok(())
+    }
+
+    #[test]
+    fn an_unsized_cache_is_used_while_its_check_accepts_it() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("c.u8");
+        let even = |bytes: &[u8]| bytes.len().is_multiple_of(2);
+        let build = |value: u8, n: usize| {
+            cached_unsized(&path, b"k", "fix", even, |out| {
+                Ok(out.write_all(&vec![value; n])?)
+            })
+        };
+        assert_eq!(build(1, 4)?.as_ref(), [1; 4]);
+        // Any length the check accepts: the file as it is (the fill is not run).
+        assert_eq!(build(2, 6)?.as_ref(), [1; 4]);
+        // A file the check refuses under an intact trailer is built again.
+        std::fs::write(&path, [&[7u8; 3][..], &trailer(b"k")].concat())?;
+        assert_eq!(build(3, 2)?.as_ref(), [3; 2]);
+        // A build the check refuses is an error, not a mapped file.
+        std::fs::remove_file(&path)?;
+        let e = format!("{:#}", build(4, 3).err().expect("an error"));
+        assert!(e.contains("does not read back whole"), "{e}");
         Ok(())
     }
 

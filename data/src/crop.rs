@@ -7,6 +7,10 @@
 //! Python's `round`, and the centre-crop fallback.
 //! The crop is resampled as torchvision's `resized_crop` does ([`crate::resample`]: antialiased
 //! bilinear by default, bicubic for DINO).
+//!
+//! Crops of a stored 8-bit image of its own size (a folder kept at full resolution,
+//! [`crate::Samples::Images`]) read only the box's pixels: [`resized_image_crop`], and
+//! [`resize_center_crop`] for the evaluation view.
 
 use std::sync::Arc;
 
@@ -15,6 +19,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::augment::ViewTransform;
+use crate::dataset::StoredImage;
 use crate::resample::{resized_crop, Interpolation};
 
 /// A crop box in pixels: rows `top..top+height`, columns `left..left+width`.
@@ -72,8 +77,119 @@ pub fn random_resized_crop_box(
     }
 }
 
-/// Local views of multi-crop: a random resized crop of area fraction in `scale`, resized to
-/// `size × size`, then `then` (the run's per-view transform) at that size.
+/// Round half to even of `x / 2` (torchvision's centre-crop offset `round((H − S)/2)`, spec
+/// data §2.2).
+pub(crate) fn half_rounded_even(x: usize) -> usize {
+    let (half, odd) = (x / 2, x % 2 == 1);
+    if odd && half % 2 == 1 {
+        half + 1
+    } else {
+        half
+    }
+}
+
+/// The `(height, width)` of torchvision's `Resize(size)` of a `height × width` image: the shorter
+/// side becomes `size`, the longer `int(size · long / short)` (truncated).
+pub(crate) fn shorter_side_to(height: usize, width: usize, size: usize) -> (usize, usize) {
+    if width <= height {
+        (size * height / width, size)
+    } else {
+        (size, size * width / height)
+    }
+}
+
+/// The `crop` of `image` as `[C, crop.height, crop.width]` values `v / 255`.
+fn crop_planes(image: StoredImage, crop: CropBox) -> Vec<f32> {
+    let c = image.channels;
+    let plane = crop.height * crop.width;
+    let mut planes = vec![0f32; c * plane];
+    for y in 0..crop.height {
+        let start = ((crop.top + y) * image.width + crop.left) * c;
+        let row = &image.pixels[start..start + crop.width * c];
+        for (x, pixel) in row.chunks_exact(c).enumerate() {
+            for (ch, &v) in pixel.iter().enumerate() {
+                planes[ch * plane + y * crop.width + x] = f32::from(v) / 255.0;
+            }
+        }
+    }
+    planes
+}
+
+/// The `crop` of a stored image resampled to `[C, size, size]` in `out`, as
+/// [`resized_crop`] does it on the image read as `[C, H, W]` values `v / 255`.
+pub fn resized_image_crop(
+    image: StoredImage,
+    crop: CropBox,
+    size: usize,
+    interpolation: Interpolation,
+    out: &mut [f32],
+) {
+    let planes = crop_planes(image, crop);
+    let whole = CropBox {
+        top: 0,
+        left: 0,
+        ..crop
+    };
+    resized_crop(
+        &planes,
+        crop.height,
+        crop.width,
+        whole,
+        size,
+        size,
+        interpolation,
+        out,
+    );
+}
+
+/// torchvision's evaluation view of a stored image (spec data §2.2): `Resize(size)` (shorter side
+/// to `size`, antialiased bilinear; none when it is `size` already), then `CenterCrop(size)` with
+/// offsets rounded half to even, written to `out` as `[C, size, size]`.
+pub fn resize_center_crop(image: StoredImage, size: usize, out: &mut [f32]) {
+    let (h, w) = (image.height, image.width);
+    let (nh, nw) = shorter_side_to(h, w, size);
+    let (top, left) = (half_rounded_even(nh - size), half_rounded_even(nw - size));
+    let centre = CropBox {
+        top,
+        left,
+        height: size,
+        width: size,
+    };
+    if (nh, nw) == (h, w) {
+        out.copy_from_slice(&crop_planes(image, centre));
+        return;
+    }
+    let whole = CropBox {
+        top: 0,
+        left: 0,
+        height: h,
+        width: w,
+    };
+    let mut resized = vec![0f32; image.channels * nh * nw];
+    resized_crop(
+        &crop_planes(image, whole),
+        h,
+        w,
+        whole,
+        nh,
+        nw,
+        Interpolation::Bilinear,
+        &mut resized,
+    );
+    for (resized, out) in resized
+        .chunks_exact(nh * nw)
+        .zip(out.chunks_exact_mut(size * size))
+    {
+        for (y, row) in out.chunks_exact_mut(size).enumerate() {
+            let start = (top + y) * nw + left;
+            row.copy_from_slice(&resized[start..start + size]);
+        }
+    }
+}
+
+/// A random resized crop at `size × size`, then `then` (a per-view transform) at that size:
+/// multi-crop's local views, and the global views of a data set of stored images (a 2D
+/// pipeline's own crop drawn on the stored image, [`crate::ViewType::from_image`]).
 #[derive(Clone)]
 pub struct LocalCrop {
     /// Side of the local view in pixels.
@@ -146,6 +262,17 @@ impl LocalCrop {
         local_shape[n - 2] = self.size;
         local_shape[n - 1] = self.size;
         self.then.apply(&resized, &local_shape, out, rng);
+    }
+
+    /// Writes one view of a stored image into `out` (`[C, size, size]`): the crop box drawn on
+    /// the image's own `height × width`, only its pixels read, then `then`; the same draws from
+    /// `rng` as [`Self::apply`].
+    pub fn apply_to_image(&self, image: StoredImage, out: &mut [f32], rng: &mut ChaCha8Rng) {
+        let crop = random_resized_crop_box(image.height, image.width, self.scale, self.ratio, rng);
+        let mut resized = vec![0f32; image.channels * self.size * self.size];
+        resized_image_crop(image, crop, self.size, self.interpolation, &mut resized);
+        let shape = [image.channels, self.size, self.size];
+        self.then.apply(&resized, &shape, out, rng);
     }
 }
 

@@ -4,9 +4,15 @@
 //! values, laid out per `shape` (e.g. `[1, 16, 16]` for a grayscale image, `[2]` for a 2D point).
 //! They are either decoded `f32` values or stored 8-bit pixels — in memory or memory-mapped from
 //! a cache file, so a large image set is never held decoded — read as `v / 255`.
+//!
+//! An image folder kept at full resolution ([`Samples::Images`]) stores each image at its own
+//! size instead; its sample is the `[C, S, S]` evaluation view of that image, and the loader's
+//! training views crop the stored image itself ([`Dataset::image`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
+
+use crate::crop::resize_center_crop;
 
 /// Where a dataset's sample values live.
 #[derive(Clone)]
@@ -20,6 +26,32 @@ pub enum Samples {
         bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
         channels_last: Option<usize>,
     },
+    /// 8-bit images of their own sizes, each stored HWC (`[H, W, C]`, `C` = `shape[0]`) at
+    /// `images[i].offset` in `bytes`: a folder kept at full resolution (`data.keep_side`). Sample
+    /// `i` reads as the dataset's `[C, S, S]` evaluation view of image `i` (torchvision's
+    /// `Resize(S)` of the shorter side, bilinear, then `CenterCrop(S)`; spec data §2.2).
+    Images {
+        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        images: Arc<[ImageEntry]>,
+    },
+}
+
+/// Where one image of [`Samples::Images`] is stored and its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageEntry {
+    /// Byte offset of its first pixel.
+    pub offset: usize,
+    pub height: usize,
+    pub width: usize,
+}
+
+/// One stored image: `pixels` are `[height, width, channels]` (HWC) 8-bit values.
+#[derive(Debug, Clone, Copy)]
+pub struct StoredImage<'a> {
+    pub pixels: &'a [u8],
+    pub height: usize,
+    pub width: usize,
+    pub channels: usize,
 }
 
 impl std::fmt::Debug for Samples {
@@ -32,6 +64,12 @@ impl std::fmt::Debug for Samples {
             } => write!(
                 f,
                 "U8({} bytes, channels_last {channels_last:?})",
+                (**bytes).as_ref().len()
+            ),
+            Samples::Images { bytes, images } => write!(
+                f,
+                "Images({} images, {} bytes)",
+                images.len(),
                 (**bytes).as_ref().len()
             ),
         }
@@ -75,7 +113,7 @@ impl Dataset {
         let n = self.sample_len();
         match &self.samples {
             Samples::F32(values) => Cow::Borrowed(&values[i * n..(i + 1) * n]),
-            Samples::U8 { .. } => {
+            Samples::U8 { .. } | Samples::Images { .. } => {
                 let mut out = vec![0f32; n];
                 self.sample_into(i, &mut out);
                 Cow::Owned(out)
@@ -109,6 +147,35 @@ impl Dataset {
                     }
                 }
             }
+            Samples::Images { bytes, images } => {
+                let image = self.stored(bytes, images[i]);
+                resize_center_crop(image, self.shape[2], out);
+            }
+        }
+    }
+
+    /// Sample `i`'s stored image at its own size, for [`Samples::Images`]; `None` for
+    /// fixed-shape samples. Panics if `i >= len()`.
+    pub fn image(&self, i: usize) -> Option<StoredImage<'_>> {
+        match &self.samples {
+            Samples::Images { bytes, images } => Some(self.stored(bytes, images[i])),
+            _ => None,
+        }
+    }
+
+    /// The image at `entry` in `bytes`, of `shape[0]` channels.
+    fn stored<'a>(
+        &self,
+        bytes: &'a Arc<dyn AsRef<[u8]> + Send + Sync>,
+        entry: ImageEntry,
+    ) -> StoredImage<'a> {
+        let channels = self.shape[0];
+        let len = entry.height * entry.width * channels;
+        StoredImage {
+            pixels: &(**bytes).as_ref()[entry.offset..entry.offset + len],
+            height: entry.height,
+            width: entry.width,
+            channels,
         }
     }
 

@@ -1,5 +1,6 @@
 //! ImageNet-style image folders (`../shared/spec/data.md` §2): `root/<class>/…/<image>` with
-//! torchvision `ImageFolder` semantics, decoded once into fixed-size 8-bit RGB samples.
+//! torchvision `ImageFolder` semantics, decoded once into 8-bit RGB: fixed-size `S × S` samples,
+//! or each image kept at its own aspect ratio for crops from the whole picture.
 //!
 //! * **Classes** are the immediate sub-directories of the split root, sorted by byte order;
 //!   the class index is the position in that list (§2.1).
@@ -20,6 +21,20 @@
 //! Given a cache directory, the decoded bytes are written there once (streamed, a partial file
 //! renamed into place) and memory-mapped on every later load, under a name digesting the size
 //! and every file's content ([`folder_cache_key`]), so a changed folder decodes anew.
+//!
+//! **Kept side** (`data.keep_side = R`, [`load_image_folder_kept`]): each image is instead
+//! stored whole at its own aspect ratio, downscaled so that its shorter side is `R` (images whose
+//! shorter side is `R` or less are kept as they are: FFCV's downscale-only rule; upscaling adds
+//! bytes, not detail), by the same resize as above; an image more than [`LONG_SIDE_CAP`] times as
+//! long as it is wide is downscaled further, to a longer side of `4R`, so it is still stored
+//! whole and no image takes more than `12R²` bytes. The samples are [`Samples::Images`]: the
+//! training views draw their random resized crop on the stored image (spec data §3.2) and an
+//! evaluation sample is its `Resize(S)` + `CenterCrop(S)` view, the same convention as the
+//! `S × S` samples (equal to them when `R = S`). The cache file, keyed by `R` and every file's
+//! content ([`kept_cache_key`]), holds the images' pixels one after another (`[H, W, 3]` each),
+//! then a table of `(height, width)` as little-endian `u32` pairs, one per image in sample order,
+//! then the image count as a little-endian `u64`, then the cache trailer (`crate::cache`); a
+//! file whose table does not add up to its pixel bytes is decoded anew.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -32,7 +47,8 @@ use md5::{Digest, Md5};
 use rayon::prelude::*;
 
 use crate::cache::CacheBytes;
-use crate::dataset::{Dataset, Samples};
+use crate::crop::{half_rounded_even, shorter_side_to};
+use crate::dataset::{Dataset, ImageEntry, Samples};
 
 /// File endings torchvision's `IMG_EXTENSIONS` accepts (compared lower-cased).
 pub const IMAGE_EXTENSIONS: [&str; 9] = [
@@ -263,20 +279,8 @@ pub fn scan_image_folder(root: &Path, keep: Option<&[String]>) -> Result<FolderI
     Ok(FolderIndex { classes, samples })
 }
 
-/// Round half to even of `x / 2` for a non-negative integer `x` (torchvision's centre-crop
-/// offset `round((H − S)/2)`).
-fn half_rounded_even(x: u32) -> u32 {
-    let (half, odd) = (x / 2, x % 2 == 1);
-    if odd && half % 2 == 1 {
-        half + 1
-    } else {
-        half
-    }
-}
-
-/// The file at `path` as `[size, size, 3]` RGB bytes (HWC): decoded by content, converted to
-/// RGB, shorter side resized to `size`, centre-cropped.
-pub fn decode_resized(path: &Path, size: usize) -> Result<Vec<u8>> {
+/// The file at `path` decoded by content and converted to RGB.
+fn decode_rgb(path: &Path) -> Result<image::RgbImage> {
     let image = image::io::Reader::open(path)
         .with_context(|| format!("opening {}", path.display()))?
         .with_guessed_format()
@@ -292,19 +296,61 @@ pub fn decode_resized(path: &Path, size: usize) -> Result<Vec<u8>> {
         .to_rgb8();
     let (w, h) = image.dimensions();
     ensure!(w > 0 && h > 0, "{} is an empty image", path.display());
-    let s = size as u32;
-    let (nw, nh) = if w <= h {
-        (s, (s as u64 * h as u64 / w as u64) as u32)
-    } else {
-        ((s as u64 * w as u64 / h as u64) as u32, s)
-    };
-    let resized = match (nw, nh) == (w, h) {
+    Ok(image)
+}
+
+/// `image` resized to `height × width` by the separable triangle filter (see the module docs);
+/// itself when it has that size.
+fn resized(image: image::RgbImage, height: usize, width: usize) -> image::RgbImage {
+    match (image.height() as usize, image.width() as usize) == (height, width) {
         true => image,
-        false => image::imageops::resize(&image, nw, nh, FilterType::Triangle),
-    };
-    let (left, top) = (half_rounded_even(nw - s), half_rounded_even(nh - s));
-    let cropped = image::imageops::crop_imm(&resized, left, top, s, s).to_image();
+        false => image::imageops::resize(&image, width as u32, height as u32, FilterType::Triangle),
+    }
+}
+
+/// The file at `path` as `[size, size, 3]` RGB bytes (HWC): decoded by content, converted to
+/// RGB, shorter side resized to `size`, centre-cropped.
+pub fn decode_resized(path: &Path, size: usize) -> Result<Vec<u8>> {
+    let image = decode_rgb(path)?;
+    let (nh, nw) = shorter_side_to(image.height() as usize, image.width() as usize, size);
+    let image = resized(image, nh, nw);
+    let (left, top) = (half_rounded_even(nw - size), half_rounded_even(nh - size));
+    let (left, top, s) = (left as u32, top as u32, size as u32);
+    let cropped = image::imageops::crop_imm(&image, left, top, s, s).to_image();
     Ok(cropped.into_raw())
+}
+
+/// How many times its shorter side a kept image's longer side may be (see the module docs).
+pub const LONG_SIDE_CAP: usize = 4;
+
+/// The `(height, width)` a `height × width` image is stored at under `data.keep_side = side`:
+/// shorter side downscaled to `side` (the longer to `int(side · long / short)`, as `Resize`),
+/// never upscaled, and the longer side at most `LONG_SIDE_CAP · side` ([`LONG_SIDE_CAP`]).
+pub fn kept_size(height: usize, width: usize, side: usize) -> (usize, usize) {
+    let (short, long) = (height.min(width), height.max(width));
+    let cap = LONG_SIDE_CAP * side;
+    let (short, long) = if long > LONG_SIDE_CAP * short {
+        match long > cap {
+            true => ((cap * short / long).max(1), cap),
+            false => (short, long),
+        }
+    } else if short > side {
+        (side, side * long / short)
+    } else {
+        (short, long)
+    };
+    match width <= height {
+        true => (long, short),
+        false => (short, long),
+    }
+}
+
+/// The file at `path` stored for `data.keep_side = side`: `[H, W, 3]` RGB bytes (HWC) of the
+/// [`kept_size`] of the decoded image, with `H` and `W`.
+pub fn decode_kept(path: &Path, side: usize) -> Result<(Vec<u8>, usize, usize)> {
+    let image = decode_rgb(path)?;
+    let (h, w) = kept_size(image.height() as usize, image.width() as usize, side);
+    Ok((resized(image, h, w).into_raw(), h, w))
 }
 
 /// Decodes every sample of `index` at `size` (in parallel, in order) into a [`Dataset`] named
@@ -391,12 +437,26 @@ fn fingerprint(path: &Path) -> Result<(u64, u32)> {
 /// Adler-32 over all its pixel data. What goes unseen is an edit that keeps the length and both
 /// ends of a file longer than 8 KiB, such as a same-length patch inside a JPEG's coded data.
 pub fn folder_cache_key(index: &FolderIndex, size: usize) -> Result<String> {
+    content_key(index, format!("candle-ssl image folder v2, {size} px\n"))
+}
+
+/// The key of the images of `index` kept at shorter side `side` ([`decode_kept`]): as
+/// [`folder_cache_key`], under its own first line, so it never names an `S × S` cache.
+pub fn kept_cache_key(index: &FolderIndex, side: usize) -> Result<String> {
+    content_key(
+        index,
+        format!("candle-ssl image folder kept v1, shorter side {side} px\n"),
+    )
+}
+
+/// `first_line`, then each sample's length and the CRC-32 of its ends, in sample order.
+fn content_key(index: &FolderIndex, first_line: String) -> Result<String> {
     let prints: Vec<(u64, u32)> = index
         .samples
         .par_iter()
         .map(|(path, _)| fingerprint(path))
         .collect::<Result<_>>()?;
-    let mut key = format!("candle-ssl image folder v2, {size} px\n");
+    let mut key = first_line;
     for (len, crc) in prints {
         key.push_str(&format!("{len} {crc:08x}\n"));
     }
@@ -405,11 +465,20 @@ pub fn folder_cache_key(index: &FolderIndex, size: usize) -> Result<String> {
 
 /// The cache file of the content `key` at `size` in `dir`: `folder-{size}px-{MD5 of key}.u8`.
 pub fn folder_cache_path(key: &str, size: usize, dir: &Path) -> PathBuf {
-    let hex: String = Md5::digest(key)
+    dir.join(format!("folder-{size}px-{}.u8", md5_hex(key)))
+}
+
+/// The cache file of the content `key` kept at `side` in `dir`:
+/// `folder-keep{side}px-{MD5 of key}.u8`.
+pub fn kept_cache_path(key: &str, side: usize, dir: &Path) -> PathBuf {
+    dir.join(format!("folder-keep{side}px-{}.u8", md5_hex(key)))
+}
+
+fn md5_hex(key: &str) -> String {
+    Md5::digest(key)
         .iter()
         .map(|b| format!("{b:02x}"))
-        .collect();
-    dir.join(format!("folder-{size}px-{hex}.u8"))
+        .collect()
 }
 
 /// The decoded bytes of `index` memory-mapped from their cache file in `dir`, decoded into it
@@ -437,6 +506,115 @@ fn cached_decode(index: &FolderIndex, size: usize, dir: &Path) -> Result<CacheBy
     )
 }
 
+/// Decodes every sample of `index` kept at shorter side `side` ([`decode_kept`]) into a
+/// [`Dataset`] named `name` of [`Samples::Images`] read as `[3, size, size]`; in memory, or
+/// through the cache file in `cache` (see the module docs).
+pub fn decode_folder_kept(
+    index: &FolderIndex,
+    size: usize,
+    side: usize,
+    name: &str,
+    cache: Option<&Path>,
+) -> Result<Dataset> {
+    ensure!(size > 0, "the image size must be positive");
+    ensure!(
+        side >= size,
+        "the kept side ({side} px) is below the image size ({size} px); set data.keep_side to \
+         at least data.size, or 0 for {size} × {size} images"
+    );
+    let count = index.samples.len();
+    let (bytes, images): (Arc<dyn AsRef<[u8]> + Send + Sync>, _) = match cache {
+        None => {
+            let mut bytes = Vec::new();
+            write_kept(&index.samples, side, &mut |b| {
+                bytes.extend_from_slice(b);
+                Ok(())
+            })?;
+            let images =
+                image_table(&bytes, count).context("the kept images do not match their table")?;
+            (Arc::new(bytes), images)
+        }
+        Some(dir) => {
+            let key = kept_cache_key(index, side)?;
+            let path = kept_cache_path(&key, side, dir);
+            let bytes = crate::cache::cached_unsized(
+                &path,
+                key.as_bytes(),
+                "set SSL_CACHE to a writable directory",
+                |bytes| image_table(bytes, count).is_some(),
+                |out| {
+                    write_kept(&index.samples, side, &mut |b| {
+                        out.write_all(b)
+                            .with_context(|| format!("writing {} (disk full?)", path.display()))
+                    })
+                },
+            )?;
+            let images = image_table(bytes.as_ref(), count)
+                .with_context(|| format!("{} has no valid image table", path.display()))?;
+            (Arc::new(bytes), images)
+        }
+    };
+    Ok(Dataset {
+        name: name.to_string(),
+        samples: Samples::Images {
+            bytes,
+            images: images.into(),
+        },
+        labels: index.samples.iter().map(|(_, label)| *label).collect(),
+        shape: vec![3, size, size],
+        num_classes: index.classes.len(),
+    })
+}
+
+/// Hands the kept images of `samples` to `write` in the cache file's layout (module docs),
+/// decoding [`CACHE_CHUNK`] of them at a time in parallel.
+fn write_kept(
+    samples: &[(PathBuf, u32)],
+    side: usize,
+    write: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let mut table = Vec::with_capacity(samples.len() * 8 + 8);
+    for chunk in samples.chunks(CACHE_CHUNK) {
+        let decoded: Vec<(Vec<u8>, usize, usize)> = chunk
+            .par_iter()
+            .map(|(path, _)| decode_kept(path, side))
+            .collect::<Result<_>>()?;
+        for (pixels, h, w) in decoded {
+            write(&pixels)?;
+            table.extend((h as u32).to_le_bytes());
+            table.extend((w as u32).to_le_bytes());
+        }
+    }
+    table.extend((samples.len() as u64).to_le_bytes());
+    write(&table)
+}
+
+/// The [`ImageEntry`]s of a kept folder's bytes (module docs), when they hold `count` RGB images
+/// whose sizes add up exactly to the pixel bytes; `None` otherwise.
+fn image_table(bytes: &[u8], count: usize) -> Option<Vec<ImageEntry>> {
+    let (rest, n) = bytes.split_last_chunk::<8>()?;
+    if u64::from_le_bytes(*n) != count as u64 {
+        return None;
+    }
+    let pixels = rest.len().checked_sub(count.checked_mul(8)?)?;
+    let mut images = Vec::with_capacity(count);
+    let mut offset = 0usize;
+    for dims in rest[pixels..].chunks_exact(8) {
+        let height = u32::from_le_bytes(dims[..4].try_into().ok()?) as usize;
+        let width = u32::from_le_bytes(dims[4..].try_into().ok()?) as usize;
+        if height == 0 || width == 0 {
+            return None;
+        }
+        images.push(ImageEntry {
+            offset,
+            height,
+            width,
+        });
+        offset = offset.checked_add(height.checked_mul(width)?.checked_mul(3)?)?;
+    }
+    (offset == pixels).then_some(images)
+}
+
 /// An image folder decoded at one size, with its split.
 pub struct ImageFolder {
     /// Training samples first, then (for the train/val layout) the validation samples.
@@ -456,13 +634,30 @@ pub fn load_image_folder(
     keep: Option<&[String]>,
     cache: Option<&Path>,
 ) -> Result<ImageFolder> {
+    load_image_folder_kept(root, size, 0, keep, cache)
+}
+
+/// [`load_image_folder`] with the images kept at their aspect ratio, shorter side `keep_side`
+/// ([`decode_folder_kept`]; `[3, size, size]` samples, views cropped from the stored images);
+/// `keep_side = 0`: decoded to `size × size` as [`load_image_folder`] does.
+pub fn load_image_folder_kept(
+    root: &Path,
+    size: usize,
+    keep_side: usize,
+    keep: Option<&[String]>,
+    cache: Option<&Path>,
+) -> Result<ImageFolder> {
+    let decode = |index: &FolderIndex| match keep_side {
+        0 => decode_folder(index, size, "folder", cache),
+        side => decode_folder_kept(index, size, side, "folder", cache),
+    };
     // One cache file whatever path the folder is reached by.
     let root = &root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
     let (train, val) = (root.join("train"), root.join("val"));
     if !(train.is_dir() && val.is_dir()) {
         let index = scan_image_folder(root, keep)?;
         return Ok(ImageFolder {
-            dataset: decode_folder(&index, size, "folder", cache)?,
+            dataset: decode(&index)?,
             classes: index.classes,
             train_len: None,
         });
@@ -481,7 +676,7 @@ pub fn load_image_folder(
     let train_len = index.samples.len();
     index.samples.extend(val_index.samples);
     Ok(ImageFolder {
-        dataset: decode_folder(&index, size, "folder", cache)?,
+        dataset: decode(&index)?,
         classes: index.classes,
         train_len: Some(train_len),
     })

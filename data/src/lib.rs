@@ -3,7 +3,8 @@
 //! * [`dataset`]: the in-memory [`Dataset`] container (flat `f32` samples plus labels).
 //! * [`digits`](mod@digits): the vendored UCI 8x8 handwritten digits, bilinearly upsampled.
 //! * [`gmm`]: the synthetic 2D Gaussian mixture of IConE Appendix E.
-//! * [`folder`]: ImageNet-style image folders (torchvision `ImageFolder` order), decoded to RGB.
+//! * [`folder`]: ImageNet-style image folders (torchvision `ImageFolder` order), decoded to RGB
+//!   at `S × S` or kept at their aspect ratio for crops from the whole image.
 //! * [`split`]: deterministic stratified train/test splits.
 //! * [`augment`]: per-view stochastic transforms ([`ViewTransform`]).
 //! * [`pipeline`]: torchvision-style 2D augmentations and the seeds' named recipes, built on
@@ -21,6 +22,7 @@ pub mod archive;
 pub mod augment;
 pub mod blur;
 mod cache;
+pub mod caltech256;
 pub mod cifar;
 pub mod color;
 pub mod crop;
@@ -47,12 +49,16 @@ pub use augment::{
     apply_affine, AffineParams, DigitsAugment, GaussianJitter, Identity, ViewTransform,
 };
 pub use color::Normalization;
-pub use crop::{random_resized_crop_box, CropBox, LocalCrop};
-pub use dataset::{Dataset, Samples};
+pub use crop::{
+    random_resized_crop_box, resize_center_crop, resized_image_crop, CropBox, LocalCrop,
+};
+pub use dataset::{Dataset, ImageEntry, Samples, StoredImage};
 pub use digits::{bilinear_resize, digits, DEFAULT_DIGITS_SIZE};
-pub use folder::{load_image_folder, write_synthetic_folder, ImageFolder, IMAGENET100};
+pub use folder::{
+    load_image_folder, load_image_folder_kept, write_synthetic_folder, ImageFolder, IMAGENET100,
+};
 pub use gmm::gaussian_mixture;
-pub use loader::{clean_batch, mix_seed, Prefetch, ViewBatch, ViewLoader};
+pub use loader::{clean_batch, mix_seed, Prefetch, ViewBatch, ViewLoader, ViewType};
 pub use medmnist::{
     load_medmnist, medmnist_info, write_digits_as_medmnist, MedMnist, MedMnistInfo,
 };

@@ -14,6 +14,11 @@
 //! epoch's order is the same on every rank, cut into global batches of `world × batch_size`;
 //! rank `r` takes rows `r·B..(r+1)·B` of each. Views are seeded by instance id, so the ranks'
 //! batches together are exactly the batch one process with `world × B` builds.
+//!
+//! Stored images: on a data set kept at full resolution ([`crate::Samples::Images`]), a view
+//! type with a [`ViewType::from_image`] crop draws its random resized crop on the stored image's
+//! own `H × W`, and multi-crop's local views likewise; other view types get the sample, the
+//! `[C, S, S]` evaluation view.
 
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
@@ -27,7 +32,7 @@ use rayon::prelude::*;
 
 use crate::augment::ViewTransform;
 use crate::crop::LocalCrop;
-use crate::Dataset;
+use crate::{Dataset, Samples};
 
 /// Domain-separation tags for [`mix_seed`].
 const TAG_ORDER: u64 = 0x006f_7264_6572; // "order"
@@ -47,6 +52,33 @@ fn splitmix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// How a [`ViewLoader`] makes one view type.
+#[derive(Clone)]
+pub struct ViewType {
+    /// The view of a sample of the data set's shape.
+    pub transform: Arc<dyn ViewTransform>,
+    /// The same view from a stored image of its own size ([`Samples::Images`]): a random resized
+    /// crop of the stored image at the sample's side, then the rest of the transform (for a 2D
+    /// pipeline view type, [`crate::ImageAugment`] without its crop). `None`: `transform` of the
+    /// sample.
+    pub from_image: Option<LocalCrop>,
+}
+
+impl From<Arc<dyn ViewTransform>> for ViewType {
+    fn from(transform: Arc<dyn ViewTransform>) -> Self {
+        Self {
+            transform,
+            from_image: None,
+        }
+    }
+}
+
+impl<T: ViewTransform + 'static> From<Arc<T>> for ViewType {
+    fn from(transform: Arc<T>) -> Self {
+        Self::from(transform as Arc<dyn ViewTransform>)
+    }
 }
 
 /// One batch of multi-view data.
@@ -88,7 +120,7 @@ pub struct ViewLoader {
     views: usize,
     drop_last: bool,
     seed: u64,
-    view_types: Vec<Arc<dyn ViewTransform>>,
+    view_types: Vec<ViewType>,
     local: Option<(usize, LocalCrop)>,
     /// This loader's rank and the number of ranks sharing each global batch.
     rank: usize,
@@ -115,8 +147,9 @@ impl ViewLoader {
     /// Builds a loader; `indices` are positions in `dataset` (instance `k` is `indices[k]`);
     /// view `v` of every instance is made by `view_types[v % view_types.len()]`.
     ///
-    /// Errors if `batch_size`, `views` or `view_types` is empty, an index is out of range, or
-    /// the subset has more than `u32::MAX` instances.
+    /// Errors if `batch_size`, `views` or `view_types` is empty, an index is out of range, the
+    /// subset has more than `u32::MAX` instances, or a view type's crop of stored images makes
+    /// views of another shape than the samples'.
     pub fn new(
         dataset: Arc<Dataset>,
         indices: Vec<usize>,
@@ -124,8 +157,9 @@ impl ViewLoader {
         views: usize,
         drop_last: bool,
         seed: u64,
-        view_types: Vec<Arc<dyn ViewTransform>>,
+        view_types: Vec<impl Into<ViewType>>,
     ) -> Result<Self> {
+        let view_types: Vec<ViewType> = view_types.into_iter().map(Into::into).collect();
         if view_types.is_empty() {
             bail!("ViewLoader: at least one view transform is needed");
         }
@@ -144,6 +178,19 @@ impl ViewLoader {
         }
         if indices.len() > u32::MAX as usize {
             bail!("ViewLoader: too many instances ({})", indices.len());
+        }
+        if matches!(dataset.samples, Samples::Images { .. }) {
+            for crop in view_types.iter().filter_map(|t| t.from_image.as_ref()) {
+                let shape = crop.output_shape(&dataset.shape)?;
+                if shape != dataset.shape {
+                    bail!(
+                        "ViewLoader: a view type crops stored images to {shape:?}, but data set \
+                         {:?} has samples of shape {:?}",
+                        dataset.name,
+                        dataset.shape
+                    );
+                }
+            }
         }
         Ok(Self {
             dataset,
@@ -298,13 +345,15 @@ impl ViewLoader {
             views.par_chunks_mut(sl).enumerate().for_each(|(j, out)| {
                 let (v, row) = (j / bs, j % bs);
                 let id = ids[row];
-                let input = self.dataset.sample(self.indices[id as usize]);
-                self.view_types[v % self.view_types.len()].apply(
-                    &input,
-                    shape,
-                    out,
-                    &mut view_rng(id, v),
-                );
+                let i = self.indices[id as usize];
+                let view = &self.view_types[v % self.view_types.len()];
+                let rng = &mut view_rng(id, v);
+                match (self.dataset.image(i), &view.from_image) {
+                    (Some(image), Some(crop)) => crop.apply_to_image(image, out, rng),
+                    _ => view
+                        .transform
+                        .apply(&self.dataset.sample(i), shape, out, rng),
+                }
             });
         }
         let (local_views, local_count, local_shape) = match &self.local {
@@ -317,8 +366,12 @@ impl ViewLoader {
                 local.par_chunks_mut(ll).enumerate().for_each(|(j, out)| {
                     let (v, row) = (j / bs, j % bs);
                     let id = ids[row];
-                    let input = self.dataset.sample(self.indices[id as usize]);
-                    crop.apply(&input, shape, out, &mut view_rng(id, self.views + v));
+                    let i = self.indices[id as usize];
+                    let rng = &mut view_rng(id, self.views + v);
+                    match self.dataset.image(i) {
+                        Some(image) => crop.apply_to_image(image, out, rng),
+                        None => crop.apply(&self.dataset.sample(i), shape, out, rng),
+                    }
                 });
                 (local, *count, local_shape)
             }
@@ -383,11 +436,15 @@ impl Drop for Prefetch {
     }
 }
 
-/// Un-augmented samples at dataset positions `indices`, concatenated: `[len, sample_shape...]`.
+/// Un-augmented samples at dataset positions `indices`, concatenated: `[len, sample_shape...]`
+/// (read in parallel: a stored image's evaluation view is a resize).
 pub fn clean_batch(dataset: &Dataset, indices: &[usize]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(indices.len() * dataset.sample_len());
-    for &i in indices {
-        out.extend_from_slice(&dataset.sample(i));
+    let n = dataset.sample_len();
+    let mut out = vec![0f32; indices.len() * n];
+    if n > 0 {
+        out.par_chunks_mut(n)
+            .zip(indices)
+            .for_each(|(out, &i)| dataset.sample_into(i, out));
     }
     out
 }
@@ -656,7 +713,116 @@ mod tests {
         let batch = l.epoch(0).next().unwrap();
         let marks: Vec<f32> = (0..5).map(|v| batch.view(v)[0]).collect();
         assert_eq!(marks, [1.0, 2.0, 1.0, 2.0, 1.0]);
-        let none = ViewLoader::new(l.dataset().clone(), vec![0], 1, 1, false, 0, Vec::new());
+        let none = ViewLoader::new(
+            l.dataset().clone(),
+            vec![0],
+            1,
+            1,
+            false,
+            0,
+            Vec::<ViewType>::new(),
+        );
         assert!(none.is_err());
+    }
+
+    /// `count` pseudo-random `side × side` RGB images, stored HWC.
+    fn random_pixels(count: usize, side: usize) -> Vec<u8> {
+        let mut state = 0x9e37_79b9_u64;
+        (0..count * side * side * 3)
+            .map(|_| {
+                state = splitmix(state);
+                (state >> 56) as u8
+            })
+            .collect()
+    }
+
+    /// The same pixels as fixed `[3, S, S]` samples and as stored images of size `S × S`.
+    fn fixed_and_stored(count: usize, side: usize) -> (Arc<Dataset>, Arc<Dataset>) {
+        let bytes: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(random_pixels(count, side));
+        let dataset = |samples| {
+            Arc::new(Dataset {
+                name: "photos".into(),
+                samples,
+                labels: vec![0; count],
+                shape: vec![3, side, side],
+                num_classes: 1,
+            })
+        };
+        let images: Vec<crate::ImageEntry> = (0..count)
+            .map(|i| crate::ImageEntry {
+                offset: i * side * side * 3,
+                height: side,
+                width: side,
+            })
+            .collect();
+        let fixed = dataset(Samples::U8 {
+            bytes: bytes.clone(),
+            channels_last: Some(3),
+        });
+        let stored = dataset(Samples::Images {
+            bytes,
+            images: images.into(),
+        });
+        (fixed, stored)
+    }
+
+    /// On stored images of the sample's own size, the crop drawn on the stored image and the
+    /// rest of the pipeline make exactly the views of the fixed samples: the same draws in the
+    /// same order, the same resampling (global views of both DINO types, and local views).
+    #[test]
+    fn stored_images_of_the_sample_size_give_the_fixed_samples_views() {
+        let (fixed, stored) = fixed_and_stored(6, 24);
+        let recipe = crate::Recipe::Dino;
+        let types = recipe
+            .view_types(crate::Normalization::Imagenet, &fixed.shape)
+            .unwrap();
+        assert!(types.views.iter().all(|t| t.from_image.is_some()));
+        let loader = |data: &Arc<Dataset>| {
+            let crop = LocalCrop {
+                interpolation: types.local.1,
+                ..LocalCrop::new(10, recipe.local_crop_scale(), types.local.0.clone())
+            };
+            ViewLoader::new(
+                data.clone(),
+                (0..6).collect(),
+                3,
+                4,
+                false,
+                5,
+                types.views.clone(),
+            )
+            .unwrap()
+            .with_local_views(2, crop)
+            .unwrap()
+        };
+        let (a, b) = (
+            collect(&loader(&fixed), 2, 2),
+            collect(&loader(&stored), 2, 1),
+        );
+        assert_eq!(a, b);
+        for i in 0..6 {
+            assert_eq!(fixed.sample(i), stored.sample(i), "the evaluation view");
+        }
+    }
+
+    #[test]
+    fn view_types_without_an_image_crop_see_the_evaluation_view() {
+        let (_, stored) = fixed_and_stored(4, 8);
+        let identity: Vec<Arc<dyn ViewTransform>> = vec![Arc::new(Identity)];
+        let l =
+            ViewLoader::new(stored.clone(), (0..4).collect(), 4, 1, false, 0, identity).unwrap();
+        let batch = l.epoch(0).next().unwrap();
+        let positions: Vec<usize> = batch.instance_ids.iter().map(|&i| i as usize).collect();
+        assert_eq!(batch.view(0), clean_batch(&stored, &positions).as_slice());
+        // A crop of stored images to another side than the samples' is refused.
+        let wrong = ViewType {
+            transform: Arc::new(Identity),
+            from_image: Some(LocalCrop::new(5, (0.5, 1.0), Arc::new(Identity))),
+        };
+        let e = ViewLoader::new(stored, vec![0], 1, 1, false, 0, vec![wrong]).unwrap_err();
+        assert!(
+            e.to_string().contains("crops stored images to [3, 5, 5]"),
+            "{e}"
+        );
     }
 }

@@ -14,6 +14,11 @@
 //! (BYOL's asymmetric pair gives V/2 views of each type, as FroSSL does for V > 2), and
 //! multi-crop recipes add the local views' type — IConE's 3D pipeline, and the simple
 //! transforms of the digits and the Gaussian mixture.
+//!
+//! On a folder kept at full resolution ([`crate::Samples::Images`]) a view type's random
+//! resized crop is drawn on the stored image's own `H × W` (torchvision's algorithm, §3.2) and
+//! resized to `S × S`; flip, jitter, grayscale, blur, solarisation and normalisation then follow
+//! unchanged ([`Pipeline::view_types`]'s [`ViewType::from_image`]).
 
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -27,7 +32,8 @@ use crate::color::{
     adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation, grayscale, solarize,
     Normalization,
 };
-use crate::crop::{random_resized_crop_box, CropBox};
+use crate::crop::{random_resized_crop_box, CropBox, LocalCrop};
+use crate::loader::ViewType;
 use crate::resample::{resized_crop, Interpolation};
 use crate::volume::VolumeAugment;
 
@@ -278,7 +284,7 @@ pub struct Pipeline {
 #[derive(Clone)]
 pub struct ViewTypes {
     /// View `v` uses `views[v % views.len()]`.
-    pub views: Vec<Arc<dyn ViewTransform>>,
+    pub views: Vec<ViewType>,
     /// Applied to multi-crop local views after their crop, with the crop's filter.
     pub local: (Arc<dyn ViewTransform>, Interpolation),
 }
@@ -287,7 +293,7 @@ impl ViewTypes {
     /// Every view, local ones included, from the one transform `t`.
     pub fn single(t: Arc<dyn ViewTransform>) -> Self {
         Self {
-            views: vec![t.clone()],
+            views: vec![ViewType::from(t.clone())],
             local: (t, Interpolation::Bilinear),
         }
     }
@@ -457,17 +463,35 @@ impl Recipe {
 }
 
 impl Pipeline {
-    /// The view types as transforms, checked against samples of `shape`.
+    /// The view types as transforms, checked against samples of `shape` (`[C, H, W]`). For
+    /// square samples (`[C, S, S]`) a view type with a crop also crops stored images of their
+    /// own size: the same crop at side `S`, then the view type without its crop.
     pub fn view_types(&self, shape: &[usize]) -> anyhow::Result<ViewTypes> {
         for view in self.views.iter().chain(&self.local) {
             view.validate(shape)?;
         }
         let local = self.local.as_ref().unwrap_or(&self.views[0]);
+        let from_image = |v: &ImageAugment| match (v.crop_scale, shape) {
+            (Some(scale), &[_, h, w]) if h == w => Some(LocalCrop {
+                size: w,
+                scale,
+                ratio: v.crop_ratio,
+                interpolation: v.interpolation,
+                then: Arc::new(ImageAugment {
+                    crop_scale: None,
+                    ..v.clone()
+                }),
+            }),
+            _ => None,
+        };
         Ok(ViewTypes {
             views: self
                 .views
                 .iter()
-                .map(|v| Arc::new(v.clone()) as Arc<dyn ViewTransform>)
+                .map(|v| ViewType {
+                    transform: Arc::new(v.clone()),
+                    from_image: from_image(v),
+                })
                 .collect(),
             local: (
                 Arc::new(ImageAugment {
