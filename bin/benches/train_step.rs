@@ -11,13 +11,18 @@
 //!
 //! AdamW (betas 0.9/0.999, weight decay 0.05 on weights, none on biases and norm parameters;
 //! the IConE table decayed), no online probe. Inputs are N(0, 1) images drawn once; the step is
-//! the trainer's own `training_step`, encoder forwarded view by view in train mode. Each row
-//! prints one JSON line: median / min / max milliseconds over `--steps` steps after `--warmup`,
-//! and the process's peak RSS (MiB). `--row all` runs every row in a fresh process, so each
-//! peak RSS is the row's own.
+//! the trainer's own (`forward_backward_on`, the gradient average over ranks, the optimiser
+//! step), encoder forwarded view by view in train mode. Each row prints one JSON line: median /
+//! min / max milliseconds over `--steps` steps after `--warmup`, and the process's peak RSS
+//! (MiB). `--row all` runs every row in a fresh process, so each peak RSS is the row's own.
 //!
 //! `cargo bench -p ssl --bench train_step -- --row all --threads 2 [--steps 10] [--warmup 2]
 //! [--device cuda]` (a GPU run needs `--features cuda`; the peak RSS is then host memory only).
+//!
+//! Data parallel: built with `--features mpi` and started by a launcher (`mpirun -np 2 …/train_step
+//! --row 1 --threads 1`), each rank steps its share of the row's batch (B / world instances, its
+//! own inputs), the objective gathering the global batch and the gradients averaged over the
+//! ranks as `ssl run` does; rank 0 prints the row with `world`. The global batch is the row's.
 
 use std::time::Instant;
 
@@ -27,6 +32,7 @@ use ssl::config::{apply_set, RunConfig};
 use ssl::setup::DataSplit;
 use ssl::trainer::{self, StepInput};
 use ssl_core::Progress;
+use ssl_dist::Comm;
 
 /// Instances in the training set (IConE's table rows).
 const INSTANCES: usize = 1024;
@@ -164,22 +170,33 @@ fn peak_rss_mib() -> f64 {
     usage.ru_maxrss as f64 / 1024.0 // KiB on Linux
 }
 
-fn run_row(index: usize, args: &Args) -> Result<()> {
+fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
     let row = &ROWS[index];
     let cfg = config(row)?;
     let device = ssl::setup::device(&args.device)?;
     let data = DataSplit::shape_only(row.shape, INSTANCES);
     let mut model = trainer::build_model(&cfg, &data, &device)?;
     let mut optimizer = trainer::optimizer(&cfg, &model)?;
-    let (b, v) = (cfg.train.batch_size, cfg.train.views);
+    let trainable = trainer::trainable(&model.store);
+    let (world, rank) = (comm.world_size(), comm.rank());
+    let v = cfg.train.views;
+    if cfg.train.batch_size % world != 0 {
+        bail!(
+            "row {} has B = {}, which {world} ranks cannot share evenly",
+            index + 1,
+            cfg.train.batch_size
+        );
+    }
+    let b = cfg.train.batch_size / world;
     let mut shape = vec![v * b];
     shape.extend(row.shape);
+    // Unseeded draws: each rank its own inputs.
     let images = Tensor::randn(0f32, 1.0, shape, &device)?;
     let labels: Vec<u32> = vec![0; b];
     let mut times = Vec::new();
     for step in 0..args.warmup + args.steps {
-        // Different table rows every step, as an epoch would touch them.
-        let first = (step * b) % INSTANCES;
+        // Different table rows every step, as an epoch would touch them; each rank its shard.
+        let first = (step * b * world + rank * b) % INSTANCES;
         let ids: Vec<u32> = (first..first + b).map(|i| i as u32).collect();
         let input = StepInput {
             images: images.clone(),
@@ -197,7 +214,10 @@ fn run_row(index: usize, args: &Args) -> Result<()> {
             lr: cfg.train.lr,
         };
         let t = Instant::now();
-        trainer::training_step(&mut model, &mut optimizer, &input)?;
+        let (_, mut grads) =
+            trainer::forward_backward_on(&mut model, &input, comm.as_collective())?;
+        ssl_dist::reduce_gradients(comm, &trainable, &mut grads, ssl_dist::BUCKET_ELEMENTS)?;
+        optimizer.step(&grads, input.lr, &input.progress)?;
         device.synchronize()?;
         if step >= args.warmup {
             times.push(t.elapsed().as_secs_f64() * 1e3);
@@ -208,6 +228,9 @@ fn run_row(index: usize, args: &Args) -> Result<()> {
         1 => times[times.len() / 2],
         _ => (times[times.len() / 2 - 1] + times[times.len() / 2]) / 2.0,
     };
+    if rank > 0 {
+        return Ok(());
+    }
     println!(
         "{}",
         serde_json::json!({
@@ -215,6 +238,7 @@ fn run_row(index: usize, args: &Args) -> Result<()> {
             "name": row.name,
             "framework": "candle-ssl",
             "device": args.device,
+            "world": world,
             "threads": args.threads,
             "median_ms": median,
             "min_ms": times[0],
@@ -233,6 +257,13 @@ fn main() -> Result<()> {
         bail!("--steps must be ≥ 1");
     }
     if args.row == "all" {
+        if let Some(l) = ssl_dist::detect_launch(|v| std::env::var(v).ok())? {
+            bail!(
+                "started by a launcher ({}={}): give one --row, every rank runs it",
+                l.variable,
+                l.processes
+            );
+        }
         let exe = std::env::current_exe()?;
         for row in 1..=ROWS.len() {
             let status = std::process::Command::new(&exe)
@@ -260,5 +291,6 @@ fn main() -> Result<()> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads)
         .build_global()?;
-    run_row(row - 1, &args)
+    let comm = ssl_dist::connect(None)?;
+    run_row(row - 1, &args, comm.as_ref())
 }

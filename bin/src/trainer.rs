@@ -167,8 +167,8 @@ fn param_groups(cfg: &RunConfig, model: &Model) -> Vec<ParamGroup> {
 }
 
 /// The variables the optimiser updates, sorted by name: every one but the EMA teacher's and the
-/// batch-norm buffers.
-fn trainable(store: &ParamStore) -> Vec<(String, Var)> {
+/// batch-norm buffers (the ones whose gradients data-parallel ranks average).
+pub fn trainable(store: &ParamStore) -> Vec<(String, Var)> {
     store
         .vars()
         .into_iter()
