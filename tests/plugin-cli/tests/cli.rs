@@ -149,7 +149,8 @@ fn resume_reproduces_an_uninterrupted_run() {
 }
 
 /// An EMA teacher (BYOL) and a teacher with a queue (MoCo v2), killed with SIGKILL mid-run and
-/// resumed, end with the weights, teacher and queue of an uninterrupted run.
+/// resumed, end with the weights, teacher and queue of an uninterrupted run. A 640-image subset,
+/// 10 steps an epoch: the kill lands after the first epoch's checkpoint, two epochs before the end.
 #[test]
 fn killed_teacher_runs_resume_to_the_uninterrupted_weights() {
     let dir = tempfile::tempdir().unwrap();
@@ -163,11 +164,13 @@ fn killed_teacher_runs_resume_to_the_uninterrupted_weights() {
                 "--objective",
                 objective,
                 "--epochs",
-                "6",
+                "3",
                 "--batch-size",
                 "64",
                 "--out",
                 out.to_str().unwrap(),
+                "--set",
+                "data.train_size=640",
                 "--set",
                 "model.projector=[64, 32]",
                 "--set",
