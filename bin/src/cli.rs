@@ -75,7 +75,7 @@ pub enum Command {
         #[command(flatten)]
         hub: HubArgs,
     },
-    /// Data sets: fetch MedMNIST files.
+    /// Data sets: fetch the official files, or write the digits in a MedMNIST layout.
     #[command(subcommand)]
     Data(DataCommand),
 }
@@ -230,7 +230,9 @@ pub struct RunArgs {
     pub set: Vec<String>,
     /// Data set: digits (embedded), gmm, a MedMNIST flag (bloodmnist, …; the files from
     /// --root or ~/.medmnist), a MedMNIST file (path/to/bloodmnist_64.npz: set and size from
-    /// its name), or folder (an image folder at --root) [default: digits]
+    /// its name), a benchmark set (cifar10, cifar100, cifar100-coarse, stl10, tiny-imagenet,
+    /// caltech256; fetched by `ssl data download`), or folder (an image folder at --root)
+    /// [default: digits]
     #[arg(long)]
     pub data: Option<String>,
     /// Where the data live (data.root): MedMNIST files, or the image folder

@@ -75,7 +75,7 @@ pub const SMOKE_BATCH: usize = 4;
 /// files.
 pub const SMOKE_TRAIN_SIZE: usize = 16;
 /// Side a smoke run shrinks an image folder's images to (a multiple of a ViT's 16-px patches).
-pub const SMOKE_SIZE: usize = 64;
+pub const SMOKE_SIZE: usize = 32;
 
 fn default_views() -> Vec<usize> {
     vec![2]
