@@ -241,7 +241,10 @@ fn synced_two_ranks_match_one_process(objective: &[&str], tolerance: f64, lowers
 
 #[test]
 fn barlow_twins_on_two_ranks_matches_one_process() {
-    synced_two_ranks_match_one_process(&["--objective", "barlow-twins"], TOLERANCE, true);
+    // λ·Σ C_ij² over the 64 × 64 cross-correlation grows the rounding of the ranks' sums into a
+    // drift, as FroSSL's log does: 2e-7 at step 1, 3e-6 at step 13, 1.1e-5 at step 19 (measured
+    // with SGD stepping in place; the composed step's rounding stayed just under 1e-5).
+    synced_two_ranks_match_one_process(&["--objective", "barlow-twins"], 1e-4, true);
 }
 
 #[test]
