@@ -19,10 +19,11 @@
 //! `cargo bench -p ssl --bench train_step -- --row all --threads 2 [--steps 10] [--warmup 2]
 //! [--device cuda]` (a GPU run needs `--features cuda`; the peak RSS is then host memory only).
 //!
-//! Data parallel: built with `--features mpi` and started by a launcher (`mpirun -np 2 …/train_step
-//! --row 1 --threads 1`), each rank steps its share of the row's batch (B / world instances, its
-//! own inputs), the objective gathering the global batch and the gradients averaged over the
-//! ranks as `ssl run` does; rank 0 prints the row with `world`. The global batch is the row's.
+//! Data parallel: built with `--features mpi` and started by a launcher
+//! (`mpirun -np 2 …/train_step --row 1 --threads 1`), each rank steps its share of the row's
+//! batch (B / world instances, its own inputs), the objective gathering the global batch and the
+//! gradients averaged over the ranks as `ssl run` does; rank 0 prints the row with `world`. The
+//! global batch is the row's.
 
 use std::time::Instant;
 

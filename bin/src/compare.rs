@@ -163,8 +163,8 @@ impl Grid {
     /// accumulation, on the CPU, on data synthesised under `OUT/data` in the exact format of the
     /// recipe's data set — MedMNIST `.npz` of digits, CIFAR/STL-10/Tiny ImageNet archives in
     /// their official layouts, Caltech-256's extracted tree, or an ImageNet-style JPEG folder
-    /// with the recipe's class directories — so that every cell's configuration, data path, encoder and objective is
-    /// exercised in seconds. Pretraining sees a stratified subset of [`SMOKE_TRAIN_SIZE`] images;
+    /// with the recipe's class directories — so that every cell's configuration, data path,
+    /// encoder and objective is exercised in seconds. Pretraining sees a stratified subset of [`SMOKE_TRAIN_SIZE`] images;
     /// where the reader takes any size, images are shrunk to [`SMOKE_SIZE`] px (MedMNIST 2D: its
     /// 64-px files; volumes keep theirs), the network and objective staying the recipe's. These
     /// overrides go after every entry's own `set`. `OUT` defaults to `runs/smoke/NAME`. Every

@@ -53,20 +53,19 @@ fn rows<'a>(table: &'a str, label: &str) -> Vec<&'a str> {
     table.lines().filter(|l| l.starts_with(&prefix)).collect()
 }
 
-/// Smoke-runs `file` into a temporary directory: `None` when it passed and its table has one row
-/// per objective entry (per view count), else what went wrong.
-fn check(file: &Path, threads: usize) -> Option<String> {
+/// Smoke-runs `file` on one thread into a temporary directory: `None` when it passed and its
+/// table has one row per objective entry (per view count), else what went wrong.
+fn check(file: &Path) -> Option<String> {
     let start = Instant::now();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let out = dir.path().join("out");
-    let threads = threads.to_string();
     let o = ssl(
         &[
             "compare",
             file.to_str().expect("a UTF-8 path"),
             "--smoke",
             "--threads",
-            &threads,
+            "1",
             "--out",
             out.to_str().expect("a UTF-8 path"),
         ],
@@ -138,7 +137,7 @@ fn smoke_all(files: &[PathBuf]) {
                 let Some(file) = queue.lock().unwrap().next() else {
                     break;
                 };
-                if let Some(failure) = check(&file, 1) {
+                if let Some(failure) = check(&file) {
                     failures.lock().unwrap().push(failure);
                 }
             });
