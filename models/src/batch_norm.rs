@@ -5,7 +5,8 @@
 //! one pass; the backward is the closed-form BN (+ReLU) gradient, also one fused op. Running
 //! statistics follow PyTorch: unbiased batch variance, `momentum` 0.1 by default, or a cumulative
 //! average when `momentum` is `None`. Eval mode uses the running statistics. Under
-//! [`crate::sync_bn`] the train-mode statistics are those of the global batch.
+//! [`crate::sync_bn`] the train-mode statistics are those of the global batch. On CUDA (feature
+//! `cuda`) the same two ops run our kernels (`cuda.rs`), and the statistics stay on the device.
 
 use std::sync::{Arc, Mutex};
 
@@ -13,16 +14,23 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, Var};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::extend_by_chunks;
 
-use crate::dispatch::fused_kernels;
+use crate::dispatch::{cuda_ops, fused_kernels};
 use crate::util::{contiguous_slice, lane_sum, owned_part, vectorized, Float};
 
 /// Per-channel batch statistics saved by the forward for the backward and running stats.
 #[derive(Debug, Default)]
-struct Saved {
-    mean: Vec<f64>,
-    /// Population variance.
-    var: Vec<f64>,
+enum Saved {
+    /// The forward has not run.
+    #[default]
+    Pending,
+    /// The batch mean and population variance, from the CPU op.
+    Host { mean: Vec<f64>, var: Vec<f64> },
+    /// On the CUDA device, from our kernels.
+    #[cfg(feature = "cuda")]
+    Device(Arc<crate::cuda::BnSaved>),
 }
+
+const PENDING: &str = "batch norm: the backward or statistics were asked for before the forward";
 
 fn row_len(l: &Layout, c: usize) -> usize {
     l.shape().elem_count() / c.max(1)
@@ -113,8 +121,30 @@ impl candle_core::CustomOp3 for BnFwd {
             }
             _ => candle_core::bail!("batch norm supports f32 and f64 only"),
         };
-        *self.saved.lock().expect("bn stats lock") = Saved { mean, var };
+        *self.saved.lock().expect("bn stats lock") = Saved::Host { mean, var };
         Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::{batch_norm, float_dtype, view};
+        use candle_core::backend::BackendStorage;
+        let c = l2.shape().elem_count();
+        let rows = (c, row_len(l1, c));
+        let (y, saved) = float_dtype!(s1.dtype(), T => {
+            let operands = (view::<T>(s1, l1)?, view::<T>(s2, l2)?, view::<T>(s3, l3)?);
+            batch_norm(&s1.device, operands, rows, self.eps, self.relu)?
+        });
+        *self.saved.lock().expect("bn stats lock") = Saved::Device(Arc::new(saved));
+        Ok((y, l1.shape().clone()))
     }
 
     fn bwd(
@@ -127,20 +157,10 @@ impl candle_core::CustomOp3 for BnFwd {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let c = gamma.elem_count();
         let m = x.elem_count() / c.max(1);
-        let gamma_v: Vec<f64> = gamma.to_dtype(DType::F64)?.to_vec1()?;
-        let saved = self.saved.lock().expect("bn stats lock");
-        let inv_std: Vec<f64> = saved
-            .var
-            .iter()
-            .map(|v| 1.0 / (v + self.eps).sqrt())
-            .collect();
         let op = BnBwd {
-            gamma: gamma_v,
-            mean: saved.mean.clone(),
-            inv_std,
+            stats: self.backward_stats(gamma)?,
             relu: self.relu,
         };
-        drop(saved);
         let all = x.apply_op3_no_bwd(res, &grad.contiguous()?, &op)?;
         let dx = all.narrow(0, 0, c * m)?.reshape(x.shape())?;
         let dgamma = owned_part(&all, c * m, c)?.reshape(gamma.shape())?;
@@ -149,17 +169,87 @@ impl candle_core::CustomOp3 for BnFwd {
     }
 }
 
+impl BnFwd {
+    /// What the backward needs from the forward: on the host, or on the CUDA device.
+    fn backward_stats(&self, gamma: &Tensor) -> Result<BackwardStats> {
+        match &*self.saved.lock().expect("bn stats lock") {
+            Saved::Pending => candle_core::bail!("{PENDING}"),
+            Saved::Host { mean, var } => Ok(BackwardStats::Host {
+                gamma: gamma.to_dtype(DType::F64)?.to_vec1()?,
+                mean: mean.clone(),
+                inv_std: var.iter().map(|v| 1.0 / (v + self.eps).sqrt()).collect(),
+            }),
+            #[cfg(feature = "cuda")]
+            Saved::Device(device) => Ok(BackwardStats::Device(device.clone())),
+        }
+    }
+}
+
+/// `running ← (1 − factor)·running + factor·statistic` in place on CUDA, from the batch
+/// statistics a forward of our kernels saved.
+#[cfg(feature = "cuda")]
+struct RunningUpdate {
+    saved: Arc<crate::cuda::BnSaved>,
+    which: crate::cuda::Running,
+    factor: f64,
+}
+
+#[cfg(feature = "cuda")]
+impl candle_core::InplaceOp1 for RunningUpdate {
+    fn name(&self) -> &'static str {
+        "ssl-batch-norm-running"
+    }
+
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> Result<()> {
+        candle_core::bail!("the saved statistics of a CUDA batch norm live on the GPU")
+    }
+
+    fn cuda_fwd(&self, s: &mut candle_core::CudaStorage, l: &Layout) -> Result<()> {
+        use crate::cuda::{batch_norm_running, float_dtype};
+        use candle_core::backend::BackendStorage;
+        float_dtype!(s.dtype(), T => {
+            batch_norm_running::<T>(s, l, &self.saved, self.which, self.factor)
+        })
+    }
+}
+
+/// A train-mode pass's batch mean and population variance `[C]`, for the running statistics.
+enum BatchStats {
+    Tensors {
+        mean: Tensor,
+        var: Tensor,
+    },
+    /// On the CUDA device, where our kernels left them.
+    #[cfg(feature = "cuda")]
+    Device(Arc<crate::cuda::BnSaved>),
+}
+
+/// The forward's statistics as the backward reads them.
+enum BackwardStats {
+    Host {
+        gamma: Vec<f64>,
+        mean: Vec<f64>,
+        inv_std: Vec<f64>,
+    },
+    #[cfg(feature = "cuda")]
+    Device(Arc<crate::cuda::BnSaved>),
+}
+
 /// Backward of [`BnFwd`]: inputs (x, res, grad), output flat `[dx (C·M), dgamma (C), dbeta (C)]`.
 struct BnBwd {
-    gamma: Vec<f64>,
-    mean: Vec<f64>,
-    inv_std: Vec<f64>,
+    stats: BackwardStats,
     relu: bool,
 }
 
 impl BnBwd {
-    fn kernel<T: Float>(&self, x: &[T], res: &[T], g: &[T]) -> Vec<T> {
-        let c = self.gamma.len();
+    fn kernel<T: Float>(
+        &self,
+        (gamma, mean, inv_std): (&[f64], &[f64], &[f64]),
+        x: &[T],
+        res: &[T],
+        g: &[T],
+    ) -> Vec<T> {
+        let c = gamma.len();
         let m = x.len() / c.max(1);
         let zero = T::from_f64(0.0);
         let mut out = Vec::with_capacity(c * m + 2 * c);
@@ -172,7 +262,7 @@ impl BnBwd {
                 let xs = &x[ci * m..][..m];
                 let rs = &res[ci * m..][..m];
                 let gs = &g[ci * m..][..m];
-                let (mean, inv) = (self.mean[ci], self.inv_std[ci]);
+                let (mean, inv) = (mean[ci], inv_std[ci]);
                 vectorized(
                     #[inline(always)]
                     || {
@@ -182,7 +272,7 @@ impl BnBwd {
                                 passed(g, r).to_f64() * (x.to_f64() - mean)
                             });
                         // dx = γ·inv·(g − dβ/M − x̂·dγ/M) = k·g + slope·(x − mean) + offset
-                        let k = self.gamma[ci] * inv;
+                        let k = gamma[ci] * inv;
                         let slope = -k * inv * dgamma / m as f64;
                         let offset = -k * dbeta / m as f64;
                         let [k, slope, offset, mean] = [k, slope, offset, mean].map(T::from_f64);
@@ -216,14 +306,28 @@ impl candle_core::CustomOp3 for BnBwd {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let n = l1.shape().elem_count() + 2 * self.gamma.len();
+        let (gamma, mean, inv_std) = match &self.stats {
+            BackwardStats::Host {
+                gamma,
+                mean,
+                inv_std,
+            } => (gamma, mean, inv_std),
+            #[cfg(feature = "cuda")]
+            BackwardStats::Device(_) => {
+                candle_core::bail!("a CUDA batch norm's backward got CPU tensors")
+            }
+        };
+        let stats = (&gamma[..], &mean[..], &inv_std[..]);
+        let n = l1.shape().elem_count() + 2 * gamma.len();
         let out = match s1 {
             CpuStorage::F32(_) => CpuStorage::F32(self.kernel::<f32>(
+                stats,
                 contiguous_slice(s1, l1)?,
                 contiguous_slice(s2, l2)?,
                 contiguous_slice(s3, l3)?,
             )),
             CpuStorage::F64(_) => CpuStorage::F64(self.kernel::<f64>(
+                stats,
                 contiguous_slice(s1, l1)?,
                 contiguous_slice(s2, l2)?,
                 contiguous_slice(s3, l3)?,
@@ -231,6 +335,30 @@ impl candle_core::CustomOp3 for BnBwd {
             _ => candle_core::bail!("batch norm supports f32 and f64 only"),
         };
         Ok((out, Shape::from(n)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::{batch_norm_backward, float_dtype, view};
+        use candle_core::backend::BackendStorage;
+        let BackwardStats::Device(saved) = &self.stats else {
+            candle_core::bail!("a CPU batch norm's backward got CUDA tensors");
+        };
+        let c = saved.channels();
+        let m = row_len(l1, c);
+        let out = float_dtype!(s1.dtype(), T => {
+            let operands = (view::<T>(s1, l1)?, view::<T>(s2, l2)?, view::<T>(s3, l3)?);
+            batch_norm_backward(&s1.device, operands, saved, (c, m), self.relu)?
+        });
+        Ok((out, Shape::from(c * m + 2 * c)))
     }
 }
 
@@ -343,42 +471,75 @@ impl BatchNorm {
         if m < 2 {
             candle_core::bail!("batch norm in train mode needs more than one value per channel");
         }
-        let (y, mean, var, m) = match crate::sync_bn::current() {
-            Some(collective) => crate::sync_bn::synced_train_rows(
-                x,
-                &self.weight,
-                &self.bias,
-                self.eps,
-                relu,
-                collective.as_ref(),
-            )?,
+        let (y, stats, m) = match crate::sync_bn::current() {
+            Some(collective) => {
+                let (y, mean, var, m) = crate::sync_bn::synced_train_rows(
+                    x,
+                    &self.weight,
+                    &self.bias,
+                    self.eps,
+                    relu,
+                    collective.as_ref(),
+                )?;
+                (y, BatchStats::Tensors { mean, var }, m)
+            }
             None => {
-                let (y, mean, var) = match fused_kernels(x.device()) {
+                let dev = x.device();
+                let (y, stats) = match fused_kernels(dev) || cuda_ops(dev) {
                     true => self.train_fused(x, relu)?,
-                    false => self.train_composed(x, relu)?,
+                    false => {
+                        let (y, mean, var) = self.train_composed(x, relu)?;
+                        (y, BatchStats::Tensors { mean, var })
+                    }
                 };
-                (y, mean, var, m)
+                (y, stats, m)
             }
         };
-        // Running statistics (no gradient), with the unbiased batch variance as PyTorch.
         let factor = {
             let mut count = self.count.lock().expect("bn count lock");
             *count += 1;
             self.momentum.unwrap_or(1.0 / *count as f64)
         };
-        let rdt = self.running_mean.dtype();
-        let var = (var.to_dtype(rdt)? * (m as f64 / (m as f64 - 1.0)))?;
-        let mean = mean.to_dtype(rdt)?.reshape(c)?;
-        let rm = ((self.running_mean.as_tensor() * (1.0 - factor))? + (mean * factor)?)?;
-        let rv = ((self.running_var.as_tensor() * (1.0 - factor))? + (var.reshape(c)? * factor)?)?;
-        self.running_mean.set(&rm.detach())?;
-        self.running_var.set(&rv.detach())?;
+        self.update_running(stats, c, m, factor)?;
         Ok(y)
     }
 
-    /// Train-mode output of `[C, M]` rows with the fused CPU op, and the batch mean and
-    /// population variance `[C]` (f64).
-    fn train_fused(&self, x: &Tensor, relu: bool) -> Result<(Tensor, Tensor, Tensor)> {
+    /// Running statistics (no gradient) moved by `factor` towards the batch's mean and unbiased
+    /// variance (`m` values a channel), as PyTorch.
+    fn update_running(&self, stats: BatchStats, c: usize, m: usize, factor: f64) -> Result<()> {
+        match stats {
+            BatchStats::Tensors { mean, var } => {
+                let rdt = self.running_mean.dtype();
+                let var = (var.to_dtype(rdt)? * (m as f64 / (m as f64 - 1.0)))?;
+                let mean = mean.to_dtype(rdt)?.reshape(c)?;
+                let rm = ((self.running_mean.as_tensor() * (1.0 - factor))? + (mean * factor)?)?;
+                let rv = ((self.running_var.as_tensor() * (1.0 - factor))?
+                    + (var.reshape(c)? * factor)?)?;
+                self.running_mean.set(&rm.detach())?;
+                self.running_var.set(&rv.detach())
+            }
+            #[cfg(feature = "cuda")]
+            BatchStats::Device(saved) => {
+                use crate::cuda::Running;
+                for (running, which) in [
+                    (&self.running_mean, Running::Mean),
+                    (&self.running_var, Running::Var { m }),
+                ] {
+                    let update = RunningUpdate {
+                        saved: saved.clone(),
+                        which,
+                        factor,
+                    };
+                    running.as_tensor().inplace_op1(&update)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Train-mode output of `[C, M]` rows with the fused op (CPU or CUDA), and the batch mean
+    /// and population variance (f64 tensors from the CPU, left on the device by CUDA).
+    fn train_fused(&self, x: &Tensor, relu: bool) -> Result<(Tensor, BatchStats)> {
         let c = x.dim(0)?;
         let dt = match x.dtype() {
             DType::F64 => DType::F64,
@@ -395,11 +556,16 @@ impl BatchNorm {
             &self.bias.to_dtype(dt)?.contiguous()?,
             op,
         )?;
-        let saved = saved.lock().expect("bn stats lock");
-        let dev = x.device();
-        let mean = Tensor::from_vec(saved.mean.clone(), c, dev)?;
-        let var = Tensor::from_vec(saved.var.clone(), c, dev)?;
-        Ok((y, mean, var))
+        let stats = match &*saved.lock().expect("bn stats lock") {
+            Saved::Pending => candle_core::bail!("{PENDING}"),
+            Saved::Host { mean, var } => BatchStats::Tensors {
+                mean: Tensor::from_vec(mean.clone(), c, x.device())?,
+                var: Tensor::from_vec(var.clone(), c, x.device())?,
+            },
+            #[cfg(feature = "cuda")]
+            Saved::Device(device) => BatchStats::Device(device.clone()),
+        };
+        Ok((y, stats))
     }
 
     /// [`BatchNorm::train_fused`] composed of Candle ops, for devices other than the CPU.
@@ -437,7 +603,12 @@ mod tests {
         let x = candle_core::Var::from_tensor(&rand_tensor(30, &[4, 9], DType::F64)).unwrap();
         let r = rand_tensor(31, &[4, 9], DType::F64);
         for relu in [false, true] {
-            let (yf, mf, vf) = bn.train_fused(x.as_tensor(), relu).unwrap();
+            let (yf, stats) = bn.train_fused(x.as_tensor(), relu).unwrap();
+            let (mf, vf) = match stats {
+                BatchStats::Tensors { mean, var } => (mean, var),
+                #[cfg(feature = "cuda")]
+                BatchStats::Device(_) => unreachable!("a CPU pass keeps its statistics in tensors"),
+            };
             let (yc, mc, vc) = bn.train_composed(x.as_tensor(), relu).unwrap();
             assert!(max_abs_diff(&yf, &yc) < 1e-12);
             assert!(max_abs_diff(&mf, &mc) < 1e-12);

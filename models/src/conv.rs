@@ -19,7 +19,8 @@
 //! *skinny* convolution, few output positions against a large weight (the 3D ResNet's 2³
 //! layers), computes its three products with `W` read in place, once ([`SKINNY_COLUMNS`]).
 //! Chunks are fixed by the shapes alone and the weight gradient's partial sums are added in a
-//! fixed order, so results do not depend on the thread count. On other devices the columns
+//! fixed order, so results do not depend on the thread count. On CUDA (feature `cuda`) cuDNN
+//! computes the convolution and its two gradients ([`cudnn`]). On other devices the columns
 //! are gathered with Candle ops (zero padding and `index_select` per kernel offset), whose
 //! autograd gives the same gradients.
 
@@ -31,14 +32,16 @@ use candle_nn::{Init, VarBuilder};
 use ssl_linalg::{for_each_chunk_mut, for_each_index};
 
 use crate::autocast::matrix_product;
-use crate::dispatch::fused_kernels;
+use crate::dispatch::{cuda_ops, fused_kernels};
 use crate::util::{contiguous_slice, gemm_into, row_stride, written_whole, Float, Scratch};
 use winograd::Winograd;
 
+#[cfg(feature = "cuda")]
+pub mod cudnn;
 mod winograd;
 
 /// Geometry of a convolution on a `[C, N, D, H, W]` input (`D = 1`, kernel depth 1 in 2D).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Geom {
     pub c: usize,
     pub n: usize,
@@ -1219,6 +1222,8 @@ impl Conv {
                 ssl_linalg::matmul(wm, &x.reshape((rows, cols))?)
             } else if fused_kernels(x.device()) {
                 volumes.apply_op2(&wm.contiguous()?, ConvOp(g))
+            } else if cuda_ops(x.device()) {
+                self.cudnn(x, wm, g)
             } else {
                 wm.matmul(&im2col_composed(&volumes, g)?)
             }
@@ -1232,6 +1237,22 @@ impl Conv {
             }
             None => Ok(y),
         }
+    }
+}
+
+impl Conv {
+    /// `[O, N, *S_out]` from cuDNN, for the channel-major `x` and the weight matrix `wm`.
+    #[cfg(feature = "cuda")]
+    fn cudnn(&self, x: &Tensor, wm: &Tensor, g: Geom) -> Result<Tensor> {
+        let rank = self.spatial_rank();
+        let o = self.weight.dim(0)?;
+        let w = wm.reshape(self.weight.dims())?;
+        cudnn::conv(x, &w, g, o, rank)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn cudnn(&self, _: &Tensor, _: &Tensor, _: Geom) -> Result<Tensor> {
+        unreachable!("dispatch::cuda_ops is false without the cuda feature")
     }
 }
 

@@ -1,7 +1,8 @@
-//! Which implementation an op takes: our fused CPU kernels, or the composition of Candle ops
-//! that every other device runs (CUDA, Metal). [`composed_only`] sends this thread's ops down
-//! the composed path on the CPU too, so the GPU's code path is checked against the fused
-//! kernels on the CPU, a whole network at a time, where CI has no GPU.
+//! Which implementation an op takes: our fused CPU kernels, cuDNN and our kernels on CUDA (with
+//! the `cuda` feature), or the composition of Candle ops that every other device runs.
+//! [`composed_only`] sends this thread's ops down the composed path on every device, so the
+//! composed path is checked against the fused kernels on the CPU, a whole network at a time,
+//! where CI has no GPU, and against cuDNN on a GPU.
 
 use std::cell::Cell;
 
@@ -14,6 +15,12 @@ thread_local! {
 /// Whether an op on `device` runs our fused CPU kernel (else Candle's ops, composed).
 pub fn fused_kernels(device: &Device) -> bool {
     device.is_cpu() && !COMPOSED_ONLY.with(Cell::get)
+}
+
+/// Whether an op on `device` runs our CUDA implementation, cuDNN or our kernels (a CUDA
+/// device, built with the `cuda` feature).
+pub fn cuda_ops(device: &Device) -> bool {
+    cfg!(feature = "cuda") && device.is_cuda() && !COMPOSED_ONLY.with(Cell::get)
 }
 
 /// Until the returned guard drops, ops built on this thread take the composed path on every

@@ -19,6 +19,8 @@ pub mod attention;
 pub mod autocast;
 pub mod batch_norm;
 pub mod conv;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod digits_cnn;
 pub mod dispatch;
 pub mod gelu;

@@ -5,7 +5,9 @@
 //! stride), which the ResNet stem (3×3, stride 2, padding 1) needs. On the CPU the forward is a
 //! custom op that records the flat input index of each window's first maximum; the backward
 //! routes every output gradient to that index. Both run over disjoint (channel, image) volumes
-//! on Candle's workers. Other devices take the maximum over gathered windows with Candle ops.
+//! on Candle's workers. On CUDA (feature `cuda`) the same op runs our kernels (`cuda.rs`, one
+//! thread per output; the backward adds atomically). Other devices take the maximum over
+//! gathered windows with Candle ops.
 
 use std::sync::{Arc, Mutex};
 
@@ -13,7 +15,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use ssl_linalg::{for_each_chunk_mut, map_chunks_mut};
 
 use crate::conv::{gather_windows, Geom};
-use crate::dispatch::fused_kernels;
+use crate::dispatch::{cuda_ops, fused_kernels};
 use crate::util::{contiguous_slice, vectorized, Float};
 
 /// Max pooling of `x`: `[C, N, *S]` (spatial rank 2 or 3) with a cubic window of side
@@ -34,7 +36,7 @@ pub fn max_pool_channel_major(
     }
     let g = Geom::new("max pool", x.dims(), kernel, stride, padding)?;
     let out_dims = g.out_dims(g.c, x.rank() - 2);
-    if !fused_kernels(x.device()) {
+    if !fused_kernels(x.device()) && !cuda_ops(x.device()) {
         let volumes = x.reshape((g.c, g.n, g.size[0], g.size[1], g.size[2]))?;
         return gather_windows(&volumes, g, f64::NEG_INFINITY)?
             .max(0)?
@@ -46,22 +48,43 @@ pub fn max_pool_channel_major(
     };
     let op = MaxPool {
         g,
-        argmax: Arc::new(Mutex::new(Vec::new())),
+        argmax: Arc::new(Mutex::new(Argmax::Pending)),
     };
     x.apply_op1(op)?.reshape(out_dims)
+}
+
+/// Per output: the flat index of its maximum within its (channel, image) input volume.
+enum Argmax {
+    /// The forward has not run.
+    Pending,
+    Host(Vec<u32>),
+    #[cfg(feature = "cuda")]
+    Device(candle_core::cuda_backend::cudarc::driver::CudaSlice<u32>),
 }
 
 /// Forward: `[C·N·V_in]` → `[C·N·V_out]` flat, recording each window's first maximum.
 struct MaxPool {
     g: Geom,
-    /// Per output: the flat index of its maximum within its (channel, image) input volume.
-    argmax: Arc<Mutex<Vec<u32>>>,
+    argmax: Arc<Mutex<Argmax>>,
 }
 
 /// Backward: output gradient → input gradient through the recorded maxima.
 struct MaxPoolBwd {
     g: Geom,
-    argmax: Arc<Mutex<Vec<u32>>>,
+    argmax: Arc<Mutex<Argmax>>,
+}
+
+/// `g` as our CUDA kernels take it.
+#[cfg(feature = "cuda")]
+fn pool_geom(g: &Geom) -> crate::cuda::PoolGeom {
+    let int = |v: [usize; 3]| v.map(|x| x as i32);
+    crate::cuda::PoolGeom {
+        size: int(g.size),
+        out: int(g.out()),
+        k: int(g.k),
+        stride: int(g.stride),
+        pad: int(g.pad),
+    }
 }
 
 /// The pooled volumes of `x` and, per output, the flat index of its window's first maximum
@@ -201,7 +224,24 @@ impl candle_core::CustomOp1 for MaxPool {
             _ => candle_core::bail!("max pool supports f32 and f64 only"),
         };
         let n = argmax.len();
-        *self.argmax.lock().expect("max-pool argmax lock") = argmax;
+        *self.argmax.lock().expect("max-pool argmax lock") = Argmax::Host(argmax);
+        Ok((out, Shape::from(n)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::{float_dtype, max_pool, view};
+        use candle_core::backend::BackendStorage;
+        let volumes = self.g.c * self.g.n;
+        let (out, argmax) = float_dtype!(s.dtype(), T => {
+            max_pool(&s.device, view::<T>(s, l)?, volumes, pool_geom(&self.g))?
+        });
+        let n = volumes * self.g.out().iter().product::<usize>();
+        *self.argmax.lock().expect("max-pool argmax lock") = Argmax::Device(argmax);
         Ok((out, Shape::from(n)))
     }
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
@@ -222,18 +262,45 @@ impl candle_core::CustomOp1 for MaxPoolBwd {
         "ssl-max-pool-bwd"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let argmax = self.argmax.lock().expect("max-pool argmax lock");
+        let saved = self.argmax.lock().expect("max-pool argmax lock");
+        let argmax: &[u32] = match &*saved {
+            Argmax::Host(argmax) => argmax,
+            Argmax::Pending => candle_core::bail!("max pool: backward before the forward"),
+            #[cfg(feature = "cuda")]
+            Argmax::Device(_) => candle_core::bail!("a CUDA max pool's backward got CPU tensors"),
+        };
         let out = match s {
             CpuStorage::F32(_) => {
-                CpuStorage::F32(pool_bwd_kernel(self.g, contiguous_slice(s, l)?, &argmax))
+                CpuStorage::F32(pool_bwd_kernel(self.g, contiguous_slice(s, l)?, argmax))
             }
             CpuStorage::F64(_) => {
-                CpuStorage::F64(pool_bwd_kernel(self.g, contiguous_slice(s, l)?, &argmax))
+                CpuStorage::F64(pool_bwd_kernel(self.g, contiguous_slice(s, l)?, argmax))
             }
             _ => candle_core::bail!("max pool supports f32 and f64 only"),
         };
         let n = self.g.c * self.g.n * self.g.size.iter().product::<usize>();
         Ok((out, Shape::from(n)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::{float_dtype, max_pool_backward, view};
+        use candle_core::backend::BackendStorage;
+        let Argmax::Device(argmax) = &*self.argmax.lock().expect("max-pool argmax lock") else {
+            candle_core::bail!("a CPU max pool's backward got CUDA tensors");
+        };
+        let volumes = self.g.c * self.g.n;
+        let dx = float_dtype!(s.dtype(), T => {
+            max_pool_backward(&s.device, view::<T>(s, l)?, argmax, volumes, pool_geom(&self.g))?
+        });
+        Ok((
+            dx,
+            Shape::from(volumes * self.g.size.iter().product::<usize>()),
+        ))
     }
 }
 

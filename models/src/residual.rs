@@ -5,16 +5,17 @@
 //! Composed of Candle ops it is an add and a ReLU forward, and a backward of five passes over
 //! the block's output (the ReLU's zeros, comparison, mask cast and product, then the sum's
 //! gradient added into zeros). A CIFAR ResNet-18 at 128 images joins 8 blocks of 4 to 34 MB,
-//! each view, every step. Other devices and dtypes use Candle's ops.
+//! each view, every step. On CUDA (feature `cuda`) the op runs our kernels (`cuda.rs`); other
+//! devices and dtypes use Candle's ops.
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 
-use crate::dispatch::fused_kernels;
+use crate::dispatch::{cuda_ops, fused_kernels};
 use crate::util::{contiguous_slice, zip_map, Float};
 
 /// `relu(h + shortcut)` of two tensors of one shape.
 pub fn residual_relu(h: &Tensor, shortcut: &Tensor) -> Result<Tensor> {
-    let fused = fused_kernels(h.device())
+    let fused = (fused_kernels(h.device()) || cuda_ops(h.device()))
         && matches!(h.dtype(), DType::F32 | DType::F64)
         && h.dtype() == shortcut.dtype()
         && h.shape() == shortcut.shape();
@@ -77,6 +78,17 @@ impl candle_core::CustomOp2 for ResidualRelu {
         apply_kernel((s1, l1), (s2, l2), forward_kernel, forward_kernel)
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        cuda_kernel("residual_relu", (s1, l1), (s2, l2))
+    }
+
     fn bwd(
         &self,
         _h: &Tensor,
@@ -106,6 +118,33 @@ impl candle_core::CustomOp2 for MaskByOutput {
     ) -> Result<(CpuStorage, Shape)> {
         apply_kernel((s1, l1), (s2, l2), backward_kernel, backward_kernel)
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        cuda_kernel("residual_relu_backward", (s1, l1), (s2, l2))
+    }
+}
+
+/// Our CUDA `kernel` over two contiguous f32 or f64 operands of one shape.
+#[cfg(feature = "cuda")]
+fn cuda_kernel(
+    kernel: &str,
+    (s1, l1): (&candle_core::CudaStorage, &Layout),
+    (s2, l2): (&candle_core::CudaStorage, &Layout),
+) -> Result<(candle_core::CudaStorage, Shape)> {
+    use crate::cuda::{elementwise2, float_dtype, view};
+    use candle_core::backend::BackendStorage;
+    let n = l1.shape().elem_count();
+    let out = float_dtype!(s1.dtype(), T => {
+        elementwise2(&s1.device, kernel, (view::<T>(s1, l1)?, view::<T>(s2, l2)?), n)?
+    });
+    Ok((out, l1.shape().clone()))
 }
 
 #[cfg(test)]

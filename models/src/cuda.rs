@@ -1,0 +1,361 @@
+//! Our CUDA kernels ([`kernels.cu`](cuda/kernels.cu)): train-mode batch norm (+ReLU) and its
+//! backward, the residual join `relu(h + shortcut)` and max pooling, each the GPU side of the
+//! CPU custom op in `batch_norm.rs` / `residual.rs` / `pool.rs` with the same formulas (sums in
+//! double, the same first-maximum rule). NVRTC compiles the source once per process, on first
+//! use, for the device's architecture ([`function`], which other crates' kernels use too); a
+//! batch norm pass is two launches (per-segment partial sums, then merge and apply) on a
+//! (channels × segments) grid.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
+use candle_core::cuda_backend::cudarc::nvrtc;
+use candle_core::cuda_backend::{CudaDType, CudaDevice};
+use candle_core::{CudaStorage, Layout, Result};
+
+const SOURCE: &str = include_str!("cuda/kernels.cu");
+const MODULE: &str = "ssl_models_kernels";
+/// Threads per block (`THREADS` in the source).
+const THREADS: u32 = 256;
+/// Blocks a grid-stride kernel launches at most.
+const MAX_BLOCKS: usize = 65_535;
+/// Blocks a batch norm pass aims for: a few per multiprocessor of an H100 (132).
+const TARGET_BLOCKS: usize = 512;
+/// The shortest row segment a block takes.
+const MIN_SEGMENT: usize = 4096;
+
+/// The function `name` of the CUDA C++ `source` (named `module`), which NVRTC compiles on the
+/// first call for `dev`'s architecture, once per process; for other crates' kernels too (the
+/// optimiser's).
+pub fn function(
+    dev: &CudaDevice,
+    module: &'static str,
+    source: &'static str,
+    name: &str,
+) -> Result<CudaFunction> {
+    static PTX: Mutex<BTreeMap<&'static str, std::result::Result<String, String>>> =
+        Mutex::new(BTreeMap::new());
+    let ptx = {
+        let mut compiled = PTX.lock().expect("the PTX cache");
+        compiled
+            .entry(module)
+            .or_insert_with(|| {
+                let (major, minor) = dev
+                    .cuda_stream()
+                    .context()
+                    .compute_capability()
+                    .map_err(|e| e.to_string())?;
+                let options = nvrtc::CompileOptions {
+                    options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+                    ..Default::default()
+                };
+                nvrtc::compile_ptx_with_opts(source, options)
+                    .map(|ptx| ptx.to_src())
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| {
+                candle_core::Error::Msg(format!(
+                    "NVRTC could not compile the {module} kernels: {e}"
+                ))
+            })?
+    };
+    Ok(dev
+        .get_or_load_custom_func(name, module, &ptx)?
+        .into_cuda_function())
+}
+
+/// `name` of our kernels, for `T`.
+fn kernel<T: Element>(dev: &CudaDevice, name: &str) -> Result<CudaFunction> {
+    function(dev, MODULE, SOURCE, &format!("{name}_{}", T::SUFFIX))
+}
+
+/// Element types of our kernels, with the suffix of their instantiations.
+pub(crate) trait Element: CudaDType + DeviceRepr + ValidAsZeroBits {
+    const SUFFIX: &'static str;
+}
+impl Element for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+impl Element for f64 {
+    const SUFFIX: &'static str = "f64";
+}
+
+/// Runs `$body` with `$T` the Rust type of an f32 or f64 storage's dtype.
+macro_rules! float_dtype {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            candle_core::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            other => candle_core::bail!("our CUDA kernels take f32 or f64, got {other:?}"),
+        }
+    };
+}
+pub(crate) use float_dtype;
+
+/// The elements of a contiguous operand of our kernels, from its layout's start.
+pub(crate) fn view<'a, T: Element>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, T>> {
+    if !l.is_contiguous() {
+        candle_core::bail!(
+            "our CUDA kernels take contiguous operands, got strides {:?}",
+            l.stride()
+        );
+    }
+    Ok(s.as_cuda_slice::<T>()?
+        .slice(l.start_offset()..l.start_offset() + l.shape().elem_count()))
+}
+
+/// (segments per channel, segment length) for rows of `m` values in `c` channels.
+fn segments(c: usize, m: usize) -> (usize, usize) {
+    let s = TARGET_BLOCKS
+        .div_ceil(c.max(1))
+        .min(m.div_ceil(MIN_SEGMENT))
+        .max(1);
+    (s, m.div_ceil(s).max(1))
+}
+
+fn grid(c: usize, s: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (c as u32, s as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// What the batch norm forward leaves for its backward and the running statistics:
+/// `[mean, 1/√(var + eps), γ, population variance]`, `4C` doubles.
+#[derive(Debug)]
+pub(crate) struct BnSaved(pub CudaSlice<f64>);
+
+impl BnSaved {
+    pub fn channels(&self) -> usize {
+        self.0.len() / 4
+    }
+}
+
+/// Train-mode batch norm of contiguous rows `x` (`[C, M]`) with `gamma`, `beta` (`[C]`).
+pub(crate) fn batch_norm<T: Element>(
+    dev: &CudaDevice,
+    (x, gamma, beta): (CudaView<T>, CudaView<T>, CudaView<T>),
+    (c, m): (usize, usize),
+    eps: f64,
+    relu: bool,
+) -> Result<(CudaStorage, BnSaved)> {
+    let (s, seg) = segments(c, m);
+    let mut partial = dev.alloc_zeros::<f64>(2 * c * s)?;
+    // SAFETY: the apply kernel writes every element of `y` and `saved`.
+    let (mut y, mut saved) = unsafe { (dev.alloc::<T>(c * m)?, dev.alloc::<f64>(4 * c)?) };
+    let (m, seg, relu) = (m as i64, seg as i64, i32::from(relu));
+    let stream = dev.cuda_stream();
+    let func = kernel::<T>(dev, "bn_stats")?;
+    let mut launch = stream.launch_builder(&func);
+    launch.arg(&x).arg(&mut partial).arg(&m).arg(&seg);
+    // SAFETY: the arguments are the kernel's, in its order and types.
+    unsafe { launch.launch(grid(c, s)) }?;
+    let func = kernel::<T>(dev, "bn_apply")?;
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&x)
+        .arg(&gamma)
+        .arg(&beta)
+        .arg(&partial)
+        .arg(&mut y)
+        .arg(&mut saved);
+    launch.arg(&m).arg(&seg).arg(&eps).arg(&relu);
+    // SAFETY: as above.
+    unsafe { launch.launch(grid(c, s)) }?;
+    Ok((CudaStorage::wrap_cuda_slice(y, dev.clone()), BnSaved(saved)))
+}
+
+/// Which running statistic [`batch_norm_running`] updates.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Running {
+    Mean,
+    /// Unbiased with the row length `M`: the saved population variance times `M/(M − 1)`.
+    Var {
+        m: usize,
+    },
+}
+
+/// `running ← (1 − factor)·running + factor·statistic` in place, from a forward's saved batch
+/// statistics.
+pub(crate) fn batch_norm_running<T: Element>(
+    running: &mut CudaStorage,
+    l: &Layout,
+    saved: &BnSaved,
+    which: Running,
+    factor: f64,
+) -> Result<()> {
+    let dev = running.device.clone();
+    let c = saved.channels();
+    let (offset, scale) = match which {
+        Running::Mean => (0, 1.0),
+        Running::Var { m } => (3 * c, m as f64 / (m as f64 - 1.0)),
+    };
+    let (start, end) = l.contiguous_offsets().ok_or_else(|| {
+        candle_core::Error::Msg("a running statistic must be contiguous".to_string())
+    })?;
+    let mut values = running.as_cuda_slice_mut::<T>()?.slice_mut(start..end);
+    let stream = dev.cuda_stream();
+    let func = kernel::<T>(&dev, "bn_running")?;
+    let mut launch = stream.launch_builder(&func);
+    let (channels, offset) = (c as i64, offset as i64);
+    launch
+        .arg(&mut values)
+        .arg(&saved.0)
+        .arg(&channels)
+        .arg(&offset)
+        .arg(&factor)
+        .arg(&scale);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(grid_stride(c)) }?;
+    Ok(())
+}
+
+/// The batch norm backward from its input `x`, output `res` and output gradient `grad`
+/// (`[C, M]` each): flat `[dx (C·M), dγ (C), dβ (C)]`.
+pub(crate) fn batch_norm_backward<T: Element>(
+    dev: &CudaDevice,
+    (x, res, grad): (CudaView<T>, CudaView<T>, CudaView<T>),
+    saved: &BnSaved,
+    (c, m): (usize, usize),
+    relu: bool,
+) -> Result<CudaStorage> {
+    let (s, seg) = segments(c, m);
+    let mut partial = dev.alloc_zeros::<f64>(2 * c * s)?;
+    // SAFETY: the apply kernel writes every element.
+    let mut out = unsafe { dev.alloc::<T>(c * m + 2 * c)? };
+    let (m, seg, relu) = (m as i64, seg as i64, i32::from(relu));
+    let stream = dev.cuda_stream();
+    let func = kernel::<T>(dev, "bn_backward_sums")?;
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&x)
+        .arg(&res)
+        .arg(&grad)
+        .arg(&saved.0)
+        .arg(&mut partial);
+    launch.arg(&m).arg(&seg).arg(&relu);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(grid(c, s)) }?;
+    let func = kernel::<T>(dev, "bn_backward_apply")?;
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&x)
+        .arg(&res)
+        .arg(&grad)
+        .arg(&saved.0)
+        .arg(&partial);
+    launch.arg(&mut out).arg(&m).arg(&seg).arg(&relu);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(grid(c, s)) }?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+/// The kernel `name` (`residual_relu` or `residual_relu_backward`) over two contiguous operands
+/// of `n` elements.
+pub(crate) fn elementwise2<T: Element>(
+    dev: &CudaDevice,
+    name: &str,
+    (a, b): (CudaView<T>, CudaView<T>),
+    n: usize,
+) -> Result<CudaStorage> {
+    // SAFETY: the kernel writes every element.
+    let mut out = unsafe { dev.alloc::<T>(n)? };
+    let stream = dev.cuda_stream();
+    let func = kernel::<T>(dev, name)?;
+    let mut launch = stream.launch_builder(&func);
+    let n = n as i64;
+    launch.arg(&a).arg(&b).arg(&mut out).arg(&n);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(grid_stride(n as usize)) }?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+/// `PoolGeom` in the source: per axis (d, h, w) the input and output extents, window, stride
+/// and padding.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct PoolGeom {
+    pub size: [i32; 3],
+    pub out: [i32; 3],
+    pub k: [i32; 3],
+    pub stride: [i32; 3],
+    pub pad: [i32; 3],
+}
+
+// SAFETY: plain `int`s, laid out as the kernel's struct.
+unsafe impl DeviceRepr for PoolGeom {}
+
+fn grid_stride(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            n.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS) as u32,
+            1,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Max pooling of `volumes` contiguous volumes `x`: the maxima and their flat indices.
+pub(crate) fn max_pool<T: Element>(
+    dev: &CudaDevice,
+    x: CudaView<T>,
+    volumes: usize,
+    g: PoolGeom,
+) -> Result<(CudaStorage, CudaSlice<u32>)> {
+    let n = volumes * g.out.iter().product::<i32>() as usize;
+    // SAFETY: the kernel writes every output and index.
+    let (mut y, mut arg) = unsafe { (dev.alloc::<T>(n)?, dev.alloc::<u32>(n)?) };
+    let stream = dev.cuda_stream();
+    let func = kernel::<T>(dev, "max_pool")?;
+    let mut launch = stream.launch_builder(&func);
+    let volumes = volumes as i64;
+    launch
+        .arg(&x)
+        .arg(&mut y)
+        .arg(&mut arg)
+        .arg(&volumes)
+        .arg(&g);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(grid_stride(n)) }?;
+    Ok((CudaStorage::wrap_cuda_slice(y, dev.clone()), arg))
+}
+
+/// The max pooling's input gradient from the output gradient `grad` and the forward's indices.
+pub(crate) fn max_pool_backward<T: Element>(
+    dev: &CudaDevice,
+    grad: CudaView<T>,
+    arg: &CudaSlice<u32>,
+    volumes: usize,
+    g: PoolGeom,
+) -> Result<CudaStorage> {
+    let per = g.out.iter().product::<i32>() as usize;
+    let volume = g.size.iter().product::<i32>() as usize;
+    let mut dx = dev.alloc_zeros::<T>(volumes * volume)?;
+    let stream = dev.cuda_stream();
+    let func = kernel::<T>(dev, "max_pool_backward")?;
+    let mut launch = stream.launch_builder(&func);
+    let (volumes, per, volume) = (volumes as i64, per as i64, volume as i64);
+    launch
+        .arg(&grad)
+        .arg(arg)
+        .arg(&mut dx)
+        .arg(&volumes)
+        .arg(&per)
+        .arg(&volume);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(grid_stride(volumes as usize * per as usize)) }?;
+    Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
+}
