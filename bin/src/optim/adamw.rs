@@ -1,8 +1,8 @@
 //! AdamW's update of one parameter (Loshchilov & Hutter, "Decoupled Weight Decay
 //! Regularization", ICLR 2019, Algorithm 2, with the moments and bias correction of PyTorch's
 //! `AdamW`). On the CPU it runs as three in-place passes over the buffers (the first moment, the
-//! second moment, the parameter) on Candle's workers; elsewhere as sixteen tensor ops, each a
-//! pass and a fresh buffer.
+//! second moment, the parameter) on Candle's workers, on CUDA (feature `cuda`) as three kernels
+//! ([`adamw.cu`](adamw.cu)); elsewhere as sixteen tensor ops, each a pass and a fresh buffer.
 
 use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Tensor, WithDType};
 use ssl_linalg::for_each_chunk_mut;
@@ -26,13 +26,15 @@ pub(super) struct AdamwStep {
 }
 
 impl AdamwStep {
-    /// Whether the step of `w` runs [`Self::in_place`]: a contiguous f32 or f64 CPU parameter
-    /// whose gradient and moments (where it has them yet) share its dtype and shape, the moments
-    /// contiguous.
+    /// Whether the step of `w` runs [`Self::in_place`]: a contiguous f32 or f64 parameter on
+    /// the CPU or on CUDA (where our kernels run, `ssl_models::dispatch::cuda_ops`), whose
+    /// gradient and moments (where it has them yet) share its device, dtype and shape, the
+    /// moments contiguous.
     pub fn fuses(w: &Tensor, g: &Tensor, moments: [&Option<Tensor>; 2]) -> bool {
-        let like_w =
-            |t: &Tensor| t.dtype() == w.dtype() && t.dims() == w.dims() && t.device().is_cpu();
-        w.device().is_cpu()
+        let like_w = |t: &Tensor| {
+            t.dtype() == w.dtype() && t.dims() == w.dims() && t.device().same_device(w.device())
+        };
+        (w.device().is_cpu() || ssl_models::dispatch::cuda_ops(w.device()))
             && w.is_contiguous()
             && matches!(w.dtype(), DType::F32 | DType::F64)
             && like_w(g)
@@ -127,6 +129,24 @@ impl InplaceOp2 for Moment {
         }
         Ok(())
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        m: &mut candle_core::CudaStorage,
+        lm: &Layout,
+        g: &candle_core::CudaStorage,
+        lg: &Layout,
+    ) -> Result<()> {
+        let squared = i32::from(self.squared);
+        cuda::launch(
+            "adamw_moment",
+            (m, lm),
+            &[(g, lg)],
+            &[self.beta],
+            &[squared],
+        )
+    }
 }
 
 impl AdamwStep {
@@ -174,6 +194,100 @@ impl InplaceOp3 for AdamwStep {
             }
             _ => candle_core::bail!("AdamW's CPU update takes f32 or f64 tensors of one dtype"),
         }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        w: &mut candle_core::CudaStorage,
+        lw: &Layout,
+        m: &candle_core::CudaStorage,
+        lm: &Layout,
+        v: &candle_core::CudaStorage,
+        lv: &Layout,
+    ) -> Result<()> {
+        let decay = 1.0 - self.lr * self.weight_decay;
+        let m_scale = 1.0 / (1.0 - self.betas.0.powi(self.t));
+        let v_scale = 1.0 / (1.0 - self.betas.1.powi(self.t));
+        let scalars = [decay, self.lr, m_scale, v_scale, EPS];
+        cuda::launch("adamw_update", (w, lw), &[(m, lm), (v, lv)], &scalars, &[])
+    }
+}
+
+/// Launching the kernels of `adamw.cu`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{CudaStorage, DType, Layout, Result};
+
+    const SOURCE: &str = include_str!("adamw.cu");
+    /// Threads per block.
+    const THREADS: u32 = 256;
+
+    fn range(l: &Layout) -> Result<std::ops::Range<usize>> {
+        match l.contiguous_offsets() {
+            Some((start, end)) => Ok(start..end),
+            None => candle_core::bail!("an in-place optimiser step takes contiguous tensors"),
+        }
+    }
+
+    /// Launches the kernel `name` (for the dtype of `out`) with the arguments in its order: the
+    /// contiguous buffer `out`, updated in place, the `inputs`, the count of values, then
+    /// `doubles` and `ints`.
+    pub(super) fn launch(
+        name: &str,
+        (out, lo): (&mut CudaStorage, &Layout),
+        inputs: &[(&CudaStorage, &Layout)],
+        doubles: &[f64],
+        ints: &[i32],
+    ) -> Result<()> {
+        match out.dtype() {
+            DType::F32 => typed::<f32>((name, "f32"), (out, lo), inputs, doubles, ints),
+            DType::F64 => typed::<f64>((name, "f64"), (out, lo), inputs, doubles, ints),
+            other => candle_core::bail!("AdamW's CUDA update takes f32 or f64, got {other:?}"),
+        }
+    }
+
+    fn typed<T: CudaDType + DeviceRepr>(
+        (name, suffix): (&str, &str),
+        (out, lo): (&mut CudaStorage, &Layout),
+        inputs: &[(&CudaStorage, &Layout)],
+        doubles: &[f64],
+        ints: &[i32],
+    ) -> Result<()> {
+        let dev = out.device.clone();
+        let n = lo.shape().elem_count();
+        let function =
+            ssl_models::cuda::function(&dev, "ssl_adamw", SOURCE, &format!("{name}_{suffix}"))?;
+        let inputs = inputs
+            .iter()
+            .map(|(s, l)| Ok(s.as_cuda_slice::<T>()?.slice(range(l)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut values = out.as_cuda_slice_mut::<T>()?.slice_mut(range(lo)?);
+        let stream = dev.cuda_stream();
+        let mut launch = stream.launch_builder(&function);
+        launch.arg(&mut values);
+        for input in &inputs {
+            launch.arg(input);
+        }
+        let count = n as i64;
+        launch.arg(&count);
+        for d in doubles {
+            launch.arg(d);
+        }
+        for i in ints {
+            launch.arg(i);
+        }
+        let config = LaunchConfig {
+            grid_dim: (n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments are the kernel's, in its order and types.
+        unsafe { launch.launch(config) }?;
         Ok(())
     }
 }
