@@ -1,6 +1,7 @@
 //! The training step on a CUDA GPU against the CPU's fused kernels (see `parity/mod.rs`): the
-//! GPU runs Candle's CUDA kernels, cuBLAS and our composed ops; the CPU our Winograd and im2col
-//! convolutions, fused batch/layer norm and attention, so each side checks the other.
+//! GPU runs cuDNN's convolutions, Candle's CUDA kernels, cuBLAS and our composed ops; the CPU
+//! our Winograd and im2col convolutions, fused batch/layer norm and attention, so each side
+//! checks the other. cuDNN runs without TF32 here (exact f32); `ssl run` allows it, as PyTorch.
 //!
 //! Built only with `--features cuda`, and needs a GPU:
 //! `cargo test --release -p ssl --features cuda --test cuda -- --test-threads 1`.
@@ -10,12 +11,205 @@
 mod parity;
 
 use anyhow::Result;
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{VarBuilder, VarMap};
 use parity::{check_encoder_row, compare, config, trace, ENCODER_ROWS};
 use ssl::setup;
+use ssl_models::autocast::{autocast, Precision};
+use ssl_models::pool::max_pool_channel_major;
+use ssl_models::residual::residual_relu;
+use ssl_models::{BatchNorm, Conv};
 
 fn gpu() -> Device {
+    ssl_models::conv::cudnn::set_tf32(false);
     Device::new_cuda(0).expect("this test needs a CUDA GPU (it is built only with --features cuda)")
+}
+
+/// The largest difference between `a` and `b` over the largest magnitude of `a`.
+fn relative_error(a: &Tensor, b: &Tensor) -> Result<f64> {
+    let scalar = |t: Tensor| -> Result<f64> { Ok(t.to_dtype(DType::F64)?.to_scalar::<f64>()?) };
+    let scale = scalar(a.abs()?.max_all()?)?;
+    Ok(scalar((a - b.to_device(a.device())?)?.abs()?.max_all()?)? / scale.max(f64::MIN_POSITIVE))
+}
+
+/// Whether `error` is at most `limit` (false for a NaN).
+fn within(error: f64, limit: f64) -> bool {
+    error <= limit
+}
+
+/// `f` of the inputs `xs` as variables on `device`, and the gradients of `Σ f(xs)·r` with
+/// respect to each, all brought to the CPU.
+fn value_and_gradients(
+    xs: &[&Tensor],
+    r: &Tensor,
+    device: &Device,
+    f: impl Fn(&[Tensor]) -> candle_core::Result<Tensor>,
+) -> Result<Vec<Tensor>> {
+    let vars = xs
+        .iter()
+        .map(|x| Var::from_tensor(&x.to_device(device)?))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let inputs: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let y = f(&inputs)?;
+    let grads = (&y * r.to_device(device)?)?.sum_all()?.backward()?;
+    let mut out = vec![y.to_device(&Device::Cpu)?];
+    for v in &inputs {
+        out.push(grads.get(v).expect("a gradient").to_device(&Device::Cpu)?);
+    }
+    Ok(out)
+}
+
+/// Our CUDA kernels against the CPU ops, values and every gradient within 1e-5 of each
+/// tensor's largest magnitude, f32 and f64: train-mode batch norm with its ReLU (rows long
+/// enough to split into segments, inputs off zero mean) and its running statistics, the
+/// residual join, and 2D/3D max pooling over ReLU outputs (ties at zero, the first maximum).
+#[test]
+fn our_cuda_kernels_match_the_cpu_ops() -> Result<()> {
+    let device = gpu();
+    let mut report = Vec::new();
+    let mut check = |what: &str, cpu: &[Tensor], gpu: &[Tensor]| -> Result<()> {
+        for (i, (a, b)) in cpu.iter().zip(gpu).enumerate() {
+            let error = relative_error(a, b)?;
+            println!("{what} [{i}]: largest error {error:.1e}");
+            if !within(error, 1e-5) {
+                report.push(format!("{what} [{i}]: relative error {error:.2e}"));
+            }
+        }
+        Ok(())
+    };
+    for dtype in [DType::F32, DType::F64] {
+        for (c, dims) in [(64usize, [8usize, 16, 16]), (8, [8, 64, 64])] {
+            let shape = [c, dims[0], dims[1], dims[2]];
+            let x = ((Tensor::randn(0f64, 1.0, &shape[..], &Device::Cpu)? * 3.0)? + 2.0)?
+                .to_dtype(dtype)?;
+            let gamma = Tensor::randn(1f64, 0.5, c, &Device::Cpu)?.to_dtype(dtype)?;
+            let beta = Tensor::randn(0f64, 0.5, c, &Device::Cpu)?.to_dtype(dtype)?;
+            let r = x.randn_like(0.0, 1.0)?;
+            let run = |device: &Device| -> Result<Vec<Tensor>> {
+                let map = VarMap::new();
+                let vb = VarBuilder::from_varmap(&map, dtype, device);
+                let bn = BatchNorm::new(c, 1e-5, Some(0.1), vb)?;
+                let vars = map.data().lock().expect("the var map").clone();
+                vars["weight"].set(&gamma.to_device(device)?)?;
+                vars["bias"].set(&beta.to_device(device)?)?;
+                let x = Var::from_tensor(&x.to_device(device)?)?;
+                let y = bn.forward_channel_major(x.as_tensor(), true, true)?;
+                let grads = (&y * r.to_device(device)?)?.sum_all()?.backward()?;
+                let grad = |t: &Tensor| grads.get(t).expect("a gradient").to_device(&Device::Cpu);
+                Ok(vec![
+                    y.to_device(&Device::Cpu)?,
+                    grad(x.as_tensor())?,
+                    grad(vars["weight"].as_tensor())?,
+                    grad(vars["bias"].as_tensor())?,
+                    bn.running_mean().to_device(&Device::Cpu)?,
+                    bn.running_var().to_device(&Device::Cpu)?,
+                ])
+            };
+            check(
+                &format!("batch norm {dtype:?} {shape:?}"),
+                &run(&Device::Cpu)?,
+                &run(&device)?,
+            )?;
+        }
+        let h = Tensor::randn(0f64, 1.0, (64, 8, 8, 8), &Device::Cpu)?.to_dtype(dtype)?;
+        let shortcut = h.randn_like(0.0, 1.0)?;
+        let r = h.randn_like(0.0, 1.0)?;
+        let join = |device: &Device| {
+            value_and_gradients(&[&h, &shortcut], &r, device, |t| {
+                residual_relu(&t[0], &t[1])
+            })
+        };
+        check(
+            &format!("residual join {dtype:?}"),
+            &join(&Device::Cpu)?,
+            &join(&device)?,
+        )?;
+        for shape in [&[4usize, 2, 17, 17][..], &[4, 2, 9, 9, 9]] {
+            let x = Tensor::randn(0f64, 1.0, shape, &Device::Cpu)?
+                .relu()?
+                .to_dtype(dtype)?;
+            let y = max_pool_channel_major(&x, 3, 2, 1)?;
+            let r = y.randn_like(0.0, 1.0)?;
+            let pool = |device: &Device| {
+                value_and_gradients(&[&x], &r, device, |t| {
+                    max_pool_channel_major(&t[0], 3, 2, 1)
+                })
+            };
+            check(
+                &format!("max pool {dtype:?} {shape:?}"),
+                &pool(&Device::Cpu)?,
+                &pool(&device)?,
+            )?;
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+    Ok(())
+}
+
+/// cuDNN's convolution and both its gradients against the CPU kernels at our encoders' shapes
+/// (3×3 at strides 1 and 2, 1×1 projections at stride 2, the 7×7 stems, their 3D versions), as
+/// errors relative to each f32 tensor's largest magnitude: f32 within 1e-4 (sums over up to
+/// 74k products in another order, 1.5e-5 seen); bf16 products within 8× the CPU's own bf16
+/// emulation's distance from f32. The GPU also rounds `dy` and its results to bf16, so its
+/// distance is of that order, not equal: 1.2–1.5× on most shapes, 3× (2D) and 6× (3D, 1.6e-2)
+/// on the stems' input gradients, whose cuDNN bf16 kernels sum 22k products a value.
+#[test]
+fn cudnn_convolutions_match_the_cpu_kernels() -> Result<()> {
+    let device = gpu();
+    // (C, O, kernel, stride, padding, [N, *S])
+    type Case = (usize, usize, usize, usize, usize, &'static [usize]);
+    let cases: [Case; 9] = [
+        (3, 64, 3, 1, 1, &[8, 32, 32]),
+        (64, 64, 3, 1, 1, &[8, 32, 32]),
+        (64, 128, 3, 2, 1, &[8, 32, 32]),
+        (64, 128, 1, 2, 0, &[8, 32, 32]),
+        (3, 64, 7, 2, 3, &[4, 64, 64]),
+        (1, 64, 7, 2, 3, &[2, 32, 32, 32]),
+        (64, 64, 3, 1, 1, &[2, 8, 8, 8]),
+        (64, 128, 3, 2, 1, &[2, 8, 8, 8]),
+        (64, 128, 1, 2, 0, &[2, 8, 8, 8]),
+    ];
+    let mut report = Vec::new();
+    for (c, o, k, stride, padding, batch_and_size) in cases {
+        let (n, size) = (batch_and_size[0], &batch_and_size[1..]);
+        let mut x_dims = vec![c, n];
+        x_dims.extend(size);
+        let mut w_dims = vec![o, c];
+        w_dims.extend(std::iter::repeat_n(k, size.len()));
+        let x = Tensor::randn(0f32, 1.0, x_dims, &Device::Cpu)?;
+        let w = (Tensor::randn(0f32, 1.0, w_dims, &Device::Cpu)? / ((c * k * k) as f64).sqrt())?;
+        let out = Conv::new(w.clone(), None, stride, padding)?.forward_channel_major(&x)?;
+        let r = out.randn_like(0.0, 1.0)?;
+        let conv = |device: &Device, precision: Precision| {
+            let _precision = autocast(precision);
+            value_and_gradients(&[&x, &w], &r, device, |t| {
+                Conv::new(t[1].clone(), None, stride, padding)?.forward_channel_major(&t[0])
+            })
+        };
+        let exact = conv(&Device::Cpu, Precision::F32)?;
+        let emulated = conv(&Device::Cpu, Precision::Bf16)?;
+        for precision in [Precision::F32, Precision::Bf16] {
+            let gpu = conv(&device, precision)?;
+            for (i, name) in ["y", "dx", "dw"].iter().enumerate() {
+                let error = relative_error(&exact[i], &gpu[i])?;
+                let limit = match precision {
+                    Precision::F32 => 1e-4,
+                    Precision::Bf16 => 8.0 * relative_error(&exact[i], &emulated[i])?,
+                };
+                let what = format!(
+                    "{c}→{o} k{k} s{stride} p{padding} on {batch_and_size:?}, {precision:?}, {name}"
+                );
+                println!("{what}: largest error {error:.1e} (allowed {limit:.1e})");
+                if !within(error, limit) {
+                    report.push(format!(
+                        "{what}: relative error {error:.2e}, allowed {limit:.1e}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+    Ok(())
 }
 
 /// The four rows of the `train_step` bench at test size.
