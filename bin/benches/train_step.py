@@ -22,7 +22,12 @@ prints each on fixed inputs to compare with candle-ssl's known-answer tests.
 
 Each row prints one JSON line: median / min / max milliseconds over `--steps` steps after
 `--warmup`, and the process's peak RSS (`ru_maxrss`, KiB on Linux, as MiB). `--row all` runs
-every row in a fresh process so that each peak RSS is the row's own.
+every row in a fresh process so that each peak RSS is the row's own. On a GPU the line adds the
+peak GPU memory (`torch.cuda.max_memory_allocated`) and PyTorch's TF32 settings (by default
+cuDNN convolutions may use TF32, matmuls may not); `--cudnn-benchmark` sets
+`torch.backends.cudnn.benchmark = True` (cuDNN times its algorithms per shape); `--bf16` runs
+the forward and the loss under `torch.autocast(dtype=torch.bfloat16)`, as candle-ssl's
+`train.precision: bf16`.
 """
 
 import argparse
@@ -143,7 +148,7 @@ ROWS = {
 }
 
 
-def run_row(row, threads, steps, warmup, device):
+def run_row(row, threads, steps, warmup, device, cudnn_benchmark=False, bf16=False):
     name, build, with_projector, loss_name, b, v, shape, lr = ROWS[row]
     torch.manual_seed(0)
     encoder = build().train().to(device)
@@ -172,17 +177,18 @@ def run_row(row, threads, steps, warmup, device):
         first = (step * b) % INSTANCES
         ids = torch.arange(first, first + b, device=device)
         t = time.perf_counter()
-        out = []
-        for x in views:
-            f = encoder(x)
-            out.append(projector(f) if projector is not None else f)
-        z = torch.stack(out)
-        if loss_name == "vicreg":
-            loss = vicreg(z)
-        elif loss_name == "frossl":
-            loss = frossl(z)
-        else:
-            loss = icone(z, table, ids)
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+            out = []
+            for x in views:
+                f = encoder(x)
+                out.append(projector(f) if projector is not None else f)
+            z = torch.stack(out)
+            if loss_name == "vicreg":
+                loss = vicreg(z)
+            elif loss_name == "frossl":
+                loss = frossl(z)
+            else:
+                loss = icone(z, table, ids)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -191,12 +197,20 @@ def run_row(row, threads, steps, warmup, device):
         if step >= warmup:
             times.append((time.perf_counter() - t) * 1e3)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({
+    line = {
         "row": row, "name": name, "framework": "pytorch", "torch": torch.__version__,
         "device": device,
         "threads": threads, "median_ms": statistics.median(times), "min_ms": min(times),
-        "max_ms": max(times), "peak_rss_mib": peak,
-    }), flush=True)
+        "max_ms": max(times), "peak_rss_mib": peak, "precision": "bf16" if bf16 else "f32",
+    }
+    if device != "cpu":
+        line.update({
+            "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20,
+            "cudnn_benchmark": cudnn_benchmark,
+            "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        })
+    print(json.dumps(line), flush=True)
 
 
 def formula(*shape, a=0.37, c=0.1):
@@ -243,6 +257,8 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--check", action="store_true")
+    p.add_argument("--cudnn-benchmark", action="store_true")
+    p.add_argument("--bf16", action="store_true")
     a = p.parse_args()
     if a.check:
         return check()
@@ -250,11 +266,14 @@ def main():
         for row in ROWS:
             subprocess.run([sys.executable, __file__, "--row", str(row), "--threads",
                             str(a.threads), "--steps", str(a.steps), "--warmup", str(a.warmup),
-                            "--device", a.device], check=True)
+                            "--device", a.device]
+                           + (["--cudnn-benchmark"] if a.cudnn_benchmark else [])
+                           + (["--bf16"] if a.bf16 else []), check=True)
         return
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
-    run_row(int(a.row), a.threads, a.steps, a.warmup, a.device)
+    torch.backends.cudnn.benchmark = a.cudnn_benchmark
+    run_row(int(a.row), a.threads, a.steps, a.warmup, a.device, a.cudnn_benchmark, a.bf16)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,10 @@
 //! (MiB). `--row all` runs every row in a fresh process, so each peak RSS is the row's own.
 //!
 //! `cargo bench -p ssl --bench train_step -- --row all --threads 2 [--steps 10] [--warmup 2]
-//! [--device cuda]` (a GPU run needs `--features cuda`; the peak RSS is then host memory only).
+//! [--device cuda]` (a GPU run needs `--features cuda`; it adds the peak GPU memory of the
+//! device's memory pool, which Candle allocates from). `--composed` runs every op as the
+//! composition of Candle ops (`ssl_models::dispatch::composed_only`): on a GPU, the step as it
+//! was before cuDNN, for before/after ratios in one call.
 //!
 //! Data parallel: built with `--features mpi` and started by a launcher
 //! (`mpirun -np 2 …/train_step --row 1 --threads 1`), each rank steps its share of the row's
@@ -103,6 +106,9 @@ struct Args {
     threads: usize,
     steps: usize,
     warmup: usize,
+    composed: bool,
+    /// `train.precision`: f32 or bf16.
+    precision: String,
 }
 
 const USAGE: &str = "\
@@ -118,6 +124,8 @@ Options:
   --threads <N>       CPU threads [default: 2]
   --steps <N>         timed steps [default: 10]
   --warmup <N>        untimed steps first [default: 2]
+  --composed          every op composed from Candle ops (no fused CPU kernels, no cuDNN)
+  --precision <P>     train.precision: f32 or bf16 (bf16 products) [default: f32]
   -h, --help          print this help";
 
 fn parse_args() -> Result<Args> {
@@ -127,6 +135,8 @@ fn parse_args() -> Result<Args> {
         threads: 2,
         steps: 10,
         warmup: 2,
+        composed: false,
+        precision: "f32".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -137,6 +147,8 @@ fn parse_args() -> Result<Args> {
             "--threads" => args.threads = value()?.parse()?,
             "--steps" => args.steps = value()?.parse()?,
             "--warmup" => args.warmup = value()?.parse()?,
+            "--composed" => args.composed = true,
+            "--precision" => args.precision = value()?,
             // cargo bench passes --bench to every bench binary.
             "--bench" => {}
             "--help" | "-h" => {
@@ -149,11 +161,12 @@ fn parse_args() -> Result<Args> {
     Ok(args)
 }
 
-fn config(row: &Row) -> Result<RunConfig> {
+fn config(row: &Row, precision: &str) -> Result<RunConfig> {
     let mut root = serde_yaml::Value::Mapping(Default::default());
     for s in row.sets {
         apply_set(&mut root, s)?;
     }
+    apply_set(&mut root, &format!("train.precision={precision}"))?;
     for s in [
         "train.weight_decay=0.05",
         "train.probe_lr=0",
@@ -171,9 +184,38 @@ fn peak_rss_mib() -> f64 {
     usage.ru_maxrss as f64 / 1024.0 // KiB on Linux
 }
 
+/// The high-water mark of `device`'s default memory pool (Candle's stream-ordered allocations
+/// come from it), MiB; `None` off CUDA.
+#[cfg(feature = "cuda")]
+fn peak_gpu_mib(device: &candle_core::Device) -> Option<f64> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let candle_core::Device::Cuda(cuda) = device else {
+        return None;
+    };
+    let dev = cuda.cuda_stream().context().cu_device();
+    let mut pool = std::ptr::null_mut();
+    let mut high: u64 = 0;
+    // SAFETY: both calls write only the out-parameters given, of the types the API names.
+    let ok = unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, dev) == sys::CUresult::CUDA_SUCCESS
+            && sys::cuMemPoolGetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                (&mut high as *mut u64).cast(),
+            ) == sys::CUresult::CUDA_SUCCESS
+    };
+    ok.then(|| high as f64 / 1024.0 / 1024.0)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn peak_gpu_mib(_: &candle_core::Device) -> Option<f64> {
+    None
+}
+
 fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
     let row = &ROWS[index];
-    let cfg = config(row)?;
+    let _composed = args.composed.then(ssl_models::dispatch::composed_only);
+    let cfg = config(row, &args.precision)?;
     let device = ssl::setup::device(&args.device)?;
     let data = DataSplit::shape_only(row.shape, INSTANCES);
     let mut model = trainer::build_model(&cfg, &data, &device)?;
@@ -245,6 +287,9 @@ fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
             "min_ms": times[0],
             "max_ms": times[times.len() - 1],
             "peak_rss_mib": peak_rss_mib(),
+            "peak_gpu_mib": peak_gpu_mib(&device),
+            "composed": args.composed,
+            "precision": args.precision,
         })
     );
     Ok(())
@@ -273,6 +318,8 @@ fn main() -> Result<()> {
                 .args(["--threads", &args.threads.to_string()])
                 .args(["--steps", &args.steps.to_string()])
                 .args(["--warmup", &args.warmup.to_string()])
+                .args(args.composed.then_some("--composed"))
+                .args(["--precision", &args.precision])
                 .status()?;
             if !status.success() {
                 bail!("row {row} failed");

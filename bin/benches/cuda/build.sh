@@ -8,7 +8,8 @@
 # nvcc comes from NVIDIA's PyPI wheels, pinned to 13.0: PTX from a newer nvcc has an ISA the
 # 13.0 driver cannot load. cudarc links libcuda.so.1 at build time, and the driver library is
 # not on PyPI, so the link uses a stub of the driver functions cudarc declares; the real one is
-# loaded on the GPU machine. cuBLAS, cuRAND and the CUDA runtime are the wheels' (13.x sonames).
+# loaded on the GPU machine. cuBLAS, cuRAND and the CUDA runtime are the wheels' (13.x sonames),
+# cuDNN 9 its wheel's (the GPU machine's PyTorch brings its own libcudnn.so.9).
 set -euo pipefail
 out=$(realpath "${1:?usage: build.sh DIR}")
 root=${CUDA_WHEELS:-/tmp/cuda13}
@@ -21,10 +22,12 @@ if [ ! -x "$cu/bin/nvcc" ]; then
     python3 -m pip download -q --no-deps -d "$root/wheels" "$p==13.0.*"
   done
   python3 -m pip download -q --no-deps -d "$root/wheels" "nvidia-curand==10.4.*"
+  python3 -m pip download -q --no-deps -d "$root/wheels" "nvidia-cudnn-cu13==9.*"
   for w in "$root"/wheels/*.whl; do python3 -m zipfile -e "$w" "$root"; done
   chmod +x "$cu"/bin/* "$cu"/nvvm/bin/*
   (cd "$cu/lib" && for l in cublas cublasLt cudart nvrtc; do ln -sf "lib$l.so.13" "lib$l.so"; done \
      && ln -sf libcurand.so.10 libcurand.so)
+  ln -sf "$(find "$root/nvidia" -name libcudnn.so.9 | head -1)" "$cu/lib/libcudnn.so"
   mkdir -p "$cu/lib/stubs"
   (cd "$repo" && cargo fetch -q)
   sys=$(find ~/.cargo/registry/src -path '*cudarc-*/src/driver/sys/mod.rs' | head -1)
@@ -37,12 +40,22 @@ export PATH=$cu/bin:$PATH CUDA_ROOT=$cu CUDA_HOME=$cu CUDA_COMPUTE_CAP=90 \
 cd "$repo"
 cargo build --release -p ssl --features cuda --bins --bench train_step
 cargo test --release -p ssl --features cuda --test cuda --no-run
+# CUPTI (headers, and libcupti.so.13 to link against; the GPU machine's PyTorch brings its own)
+# for the LD_PRELOAD kernel profiler kernel_profile.c.
+if [ ! -f "$cu/include/cupti.h" ]; then
+  mkdir -p "$root/wheels"
+  python3 -m pip download -q --no-deps -d "$root/wheels" "nvidia-cuda-cupti==13.0.*"
+  for w in "$root"/wheels/nvidia_cuda_cupti-*.whl; do python3 -m zipfile -e "$w" "$root"; done
+fi
 mkdir -p "$out" && staging=$(mktemp -d)
 newest() { ls -t "$CARGO_TARGET_DIR"/release/deps/"$1"-* | grep -v '\.d$' | head -1; }
 cp "$CARGO_TARGET_DIR/release/ssl" "$staging/ssl"
 cp "$(newest train_step)" "$staging/train_step"
 cp "$(newest cuda)" "$staging/cuda_test"
+cc -O2 -Wall -Wextra -shared -fPIC -I"$cu/include" -o "$staging/libkernel_profile.so" \
+  "$repo/bin/benches/cuda/kernel_profile.c" -L"$cu/lib" -l:libcupti.so.13 -lpthread
 strip "$staging"/*
-tar -C "$staging" -cf - ssl train_step cuda_test | xz -T0 -6 > "$out/cuda-bins.txz"
+tar -C "$staging" -cf - ssl train_step cuda_test libkernel_profile.so \
+  | xz -T0 -6 > "$out/cuda-bins.txz"
 rm -r "$staging"
 ls -l "$out/cuda-bins.txz"

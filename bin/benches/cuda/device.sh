@@ -1,23 +1,87 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repository root, with DIR/cuda-bins.txz from build.sh: the CUDA
-# parity tests, the four-row train_step bench (ours, then PyTorch's script, row by row) and
-# the main job on the GPU. Logs go to OUT (default DIR).
+# On the GPU machine, from the repository root, with DIR/cuda-bins.txz from build.sh, in one
+# call: the CUDA parity tests (and the convolution test again with packed cuDNN layouts), the
+# four train_step rows in f32 — ours, ours through the composed ops (the GPU path before cuDNN
+# and our kernels), PyTorch with its defaults and with cudnn.benchmark, in that order, row by
+# row — then the rows in bf16 (ours against PyTorch autocast), kernel profiles of the step
+# (CUPTI, libkernel_profile.so: ours, PyTorch, composed) and the main job on the GPU. Logs and
+# JSON go to OUT (default DIR), packed after each phase into ARCHIVE (a .tgz) if given, so a
+# run cut short still returns what it finished.
 #
-#   bin/benches/cuda/device.sh DIR [OUT]
+#   bin/benches/cuda/device.sh DIR [OUT [ARCHIVE]]
 set -u
-dir=$(realpath "${1:?usage: device.sh DIR [OUT]}")
-out=${2:-$dir}
+dir=$(realpath "${1:?usage: device.sh DIR [OUT [ARCHIVE]]}")
+out=$(realpath -m "${2:-$dir}")
+archive=${3:-}
+mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
   "$dir/cuda-bins.txz" "$dir"
-libs=$(for l in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcuda.so.1; do
-  find /opt /usr -name "$l" 2>/dev/null | head -1 | xargs -r dirname; done | sort -u | tr '\n' ':')
+# The driver's library and PyTorch's CUDA 13 wheels (runtime, cuBLAS, NVRTC, cuDNN, CUPTI).
+roots="/usr /opt $(python3 -c 'import site; print(*site.getsitepackages())' 2>/dev/null)"
+libs=$(for l in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcuda.so.1 \
+  libnvrtc.so.13 libcudnn.so.9 libcupti.so.13; do
+  find $roots -name "$l" 2>/dev/null | head -1 | xargs -r dirname; done | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-ldd "$dir/ssl" | grep "not found"
-timeout 300 "$dir/cuda_test" --test-threads 1 --nocapture 2>&1 | tee "$out/cuda_test.log"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
+ldd "$dir/ssl" "$dir/libkernel_profile.so" | grep "not found"
+kp=$dir/libkernel_profile.so
+ldd "$kp" | grep -q "not found" && kp=
+
+stamp() {
+  echo "$(date +%T) $*" | tee -a "$out/progress.log"
+  [ -z "$archive" ] || tar -czf "$archive" -C "$out" .
+}
+stamp start
+timeout 150 "$dir/cuda_test" --test-threads 1 --nocapture > "$out/cuda_test.log" 2>&1
+echo "cuda_test exit $?" | tee -a "$out/cuda_test.log"
+stamp tests
+SSL_CUDNN_LAYOUT=packed timeout 60 "$dir/cuda_test" cudnn_convolutions --nocapture \
+  > "$out/cuda_test_packed.log" 2>&1
+echo "packed exit $?" | tee -a "$out/cuda_test_packed.log"
+
+bench="--device cuda --steps 10 --warmup 3"
 for r in 1 2 3 4; do
-  timeout 60 "$dir/train_step" --row $r --device cuda --steps 10 --warmup 3
-  timeout 60 python3 bin/benches/train_step.py --row $r --device cuda --steps 10 --warmup 3
-done 2>&1 | tee "$out/train_step.jsonl"
-timeout 150 "$dir/ssl" run --device cuda --out /tmp/ssl-cuda-run 2>&1 | tail -8 | tee "$out/ssl_run.log"
+  timeout 60 "$dir/train_step" --row $r $bench
+  timeout 90 "$dir/train_step" --row $r $bench --composed
+  timeout 90 python3 bin/benches/train_step.py --row $r $bench
+  timeout 90 python3 bin/benches/train_step.py --row $r $bench --cudnn-benchmark
+done > "$out/train_step.jsonl" 2> "$out/train_step.err"
+stamp f32 rows
+for r in 1 2 3 4; do
+  timeout 60 "$dir/train_step" --row $r $bench --precision bf16
+  timeout 90 python3 bin/benches/train_step.py --row $r $bench --bf16
+done > "$out/train_step_bf16.jsonl" 2> "$out/train_step_bf16.err"
+stamp bf16 rows
+
+# Kernel profiles: 2 untimed + 5 steps each (step times under CUPTI are not quoted).
+profile="--device cuda --steps 5 --warmup 2"
+if [ -n "$kp" ]; then
+  for r in 1 3 4; do
+    timeout 90 env SSL_KERNEL_PROFILE="$out/kprof_ours_r$r.json" LD_PRELOAD="$kp" \
+      "$dir/train_step" --row $r $profile
+    timeout 120 env SSL_KERNEL_PROFILE="$out/kprof_torch_r$r.json" LD_PRELOAD="$kp" \
+      python3 bin/benches/train_step.py --row $r $profile
+  done > "$out/kprof.log" 2>&1
+  timeout 120 env SSL_KERNEL_PROFILE="$out/kprof_composed_r1.json" LD_PRELOAD="$kp" \
+    "$dir/train_step" --row 1 $profile --composed >> "$out/kprof.log" 2>&1
+  timeout 120 env SSL_KERNEL_PROFILE="$out/kprof_bf16_r1.json" LD_PRELOAD="$kp" \
+    "$dir/train_step" --row 1 $profile --precision bf16 >> "$out/kprof.log" 2>&1
+  for r in 1 3 4; do
+    python3 bin/benches/cuda/kernel_profile.py "$out/kprof_ours_r$r.json" \
+      "$out/kprof_torch_r$r.json" --steps 7 --labels ours,torch
+  done > "$out/kprof_summary.txt" 2>&1
+  python3 bin/benches/cuda/kernel_profile.py "$out/kprof_composed_r1.json" \
+    "$out/kprof_ours_r1.json" --steps 7 --labels composed,ours >> "$out/kprof_summary.txt" 2>&1
+  python3 bin/benches/cuda/kernel_profile.py "$out/kprof_bf16_r1.json" --steps 7 --top 25 \
+    >> "$out/kprof_summary.txt" 2>&1
+fi
+stamp profiles
+
+start=$SECONDS
+timeout 150 "$dir/ssl" run --device cuda --out /tmp/ssl-cuda-run > "$out/ssl_run.log" 2>&1
+echo "exit $?, wall $((SECONDS - start)) s" >> "$out/ssl_run.log"
+tail -3 /tmp/ssl-cuda-run/metrics.jsonl >> "$out/ssl_run.log"
+stamp main job
+tail -12 "$out/ssl_run.log"
+cat "$out/train_step.jsonl" "$out/train_step_bf16.jsonl"
