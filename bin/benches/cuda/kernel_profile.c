@@ -6,9 +6,10 @@
  *
  * libcupti.so.13 must be findable (LD_LIBRARY_PATH; PyTorch's cu13 wheels bring one), or the
  * preloaded process will not start at all. With the variable unset the library does nothing.
- * With it set, CUPTI's Activity API records every kernel (CONCURRENT_KERNEL), memcpy and memset; the records are summed per kernel name (as
- * launched, often mangled), per copy direction and for memsets, and at exit the sums go to the
- * file as JSON (kernels sorted by total time, descending):
+ * With it set, CUPTI's Activity API records every kernel (CONCURRENT_KERNEL), memcpy and memset;
+ * the records are summed per kernel name (as launched, often mangled), per copy direction and
+ * for memsets, and at exit the sums go to the file as JSON (kernels sorted by total time,
+ * descending):
  *
  *   {"pid":..., "kernels":[{"name":..., "count":..., "total_ns":...}, ...],
  *    "memcpy":[{"kind":"HtoD"|"DtoH"|"DtoD"|"other", "count":..., "bytes":..., "total_ns":...}],
