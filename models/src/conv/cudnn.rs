@@ -167,21 +167,13 @@ impl CustomOp2 for Forward {
         if self.packed {
             out.swap(0, 1);
         }
-        let run = Call {
+        let call = Call {
             kind: Kind::Forward,
             g: self.g,
             o: self.o,
             rank: self.rank,
         };
-        let storage = dispatch_dtype!(x.dtype(), T => {
-            let y = run.launch::<T>(
-                &x.device,
-                &[(x.as_cuda_slice::<T>()?, xl), (w.as_cuda_slice::<T>()?, wl)],
-                batch_major_strides(&out, !self.packed),
-            )?;
-            CudaStorage::wrap_cuda_slice(y, x.device.clone())
-        });
-        Ok((storage, Shape::from(out)))
+        call.run((x, xl), (w, wl), out, !self.packed)
     }
 
     fn bwd(
@@ -240,21 +232,13 @@ impl CustomOp2 for BackwardData {
         if self.packed {
             dims.swap(0, 1);
         }
-        let run = Call {
+        let call = Call {
             kind: Kind::BackwardData,
             g: self.g,
             o: self.o,
             rank: self.rank,
         };
-        let storage = dispatch_dtype!(dy.dtype(), T => {
-            let dx = run.launch::<T>(
-                &dy.device,
-                &[(dy.as_cuda_slice::<T>()?, dyl), (w.as_cuda_slice::<T>()?, wl)],
-                batch_major_strides(&dims, !self.packed),
-            )?;
-            CudaStorage::wrap_cuda_slice(dx, dy.device.clone())
-        });
-        Ok((storage, Shape::from(dims)))
+        call.run((dy, dyl), (w, wl), dims, !self.packed)
     }
 }
 
@@ -281,21 +265,13 @@ impl CustomOp2 for BackwardFilter {
         dyl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let dims = filter_dims(&self.g, self.o, self.rank);
-        let run = Call {
+        let call = Call {
             kind: Kind::BackwardFilter,
             g: self.g,
             o: self.o,
             rank: self.rank,
         };
-        let storage = dispatch_dtype!(x.dtype(), T => {
-            let dw = run.launch::<T>(
-                &x.device,
-                &[(x.as_cuda_slice::<T>()?, xl), (dy.as_cuda_slice::<T>()?, dyl)],
-                batch_major_strides(&dims, false),
-            )?;
-            CudaStorage::wrap_cuda_slice(dw, x.device.clone())
-        });
-        Ok((storage, Shape::from(dims)))
+        call.run((x, xl), (dy, dyl), dims, false)
     }
 }
 
@@ -461,6 +437,26 @@ fn tensor_desc<T: CudnnDataType>(dims: &[usize], strides: &[usize]) -> Result<Te
 }
 
 impl Call {
+    /// This call on the storages `a` and `b`, writing a contiguous result of `dims`; `swapped`:
+    /// `dims` is channel-major, which cuDNN sees batch-major (see [`batch_major_strides`]).
+    fn run(
+        &self,
+        (a, al): (&CudaStorage, &Layout),
+        (b, bl): (&CudaStorage, &Layout),
+        dims: Vec<usize>,
+        swapped: bool,
+    ) -> Result<(CudaStorage, Shape)> {
+        let storage = dispatch_dtype!(a.dtype(), T => {
+            let out = self.launch::<T>(
+                &a.device,
+                &[(a.as_cuda_slice::<T>()?, al), (b.as_cuda_slice::<T>()?, bl)],
+                batch_major_strides(&dims, swapped),
+            )?;
+            CudaStorage::wrap_cuda_slice(out, a.device.clone())
+        });
+        Ok((storage, Shape::from(dims)))
+    }
+
     /// The descriptors of this call on operands `a`, `b` and the result `out` (dims, strides),
     /// with the first algorithm cuDNN's heuristics rank that supports them.
     fn plan<T: Element>(&self, handle: sys::cudnnHandle_t, key: &PlanKey) -> Result<Plan> {
