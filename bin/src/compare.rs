@@ -76,6 +76,28 @@ pub const SMOKE_BATCH: usize = 4;
 pub const SMOKE_TRAIN_SIZE: usize = 16;
 /// Side a smoke run shrinks an image folder's images to (a multiple of a ViT's 16-px patches).
 pub const SMOKE_SIZE: usize = 32;
+/// Widest projector layer a smoke run keeps: the papers' 8192-wide expanders (about 150 M
+/// parameters behind a ResNet-50) are most of a smoke run's time and none of what it checks.
+pub const SMOKE_WIDTH: usize = 256;
+
+/// The `set` list of an objective entry (a name, or a mapping with `name`), made where absent.
+fn entry_set(value: &mut serde_yaml::Value) -> Result<&mut serde_yaml::Sequence> {
+    if let serde_yaml::Value::String(name) = value {
+        let mut entry = serde_yaml::Mapping::new();
+        entry.insert("name".into(), name.clone().into());
+        *value = serde_yaml::Value::Mapping(entry);
+    }
+    let serde_yaml::Value::Mapping(entry) = value else {
+        bail!("an objective entry is a name or a mapping with `name`, got {value:?}");
+    };
+    match entry
+        .entry("set".into())
+        .or_insert_with(|| serde_yaml::Value::Sequence(Vec::new()))
+    {
+        serde_yaml::Value::Sequence(list) => Ok(list),
+        other => bail!("an objective entry's `set` must be a list, got {other:?}"),
+    }
+}
 
 fn default_views() -> Vec<usize> {
     vec![2]
@@ -164,11 +186,12 @@ impl Grid {
     /// recipe's data set — MedMNIST `.npz` of digits, CIFAR/STL-10/Tiny ImageNet archives in
     /// their official layouts, Caltech-256's extracted tree, or an ImageNet-style JPEG folder
     /// with the recipe's class directories — so that every cell's configuration, data path,
-    /// encoder and objective is exercised in seconds. Pretraining sees a stratified subset of [`SMOKE_TRAIN_SIZE`] images;
-    /// where the reader takes any size, images are shrunk to [`SMOKE_SIZE`] px (MedMNIST 2D: its
-    /// 64-px files; volumes keep theirs), the network and objective staying the recipe's. These
-    /// overrides go after every entry's own `set`. `OUT` defaults to `runs/smoke/NAME`. Every
-    /// cell must then finish.
+    /// encoder and objective is exercised in seconds. Pretraining sees a stratified subset of
+    /// [`SMOKE_TRAIN_SIZE`] images; where the reader takes any size, images are shrunk to
+    /// [`SMOKE_SIZE`] px (MedMNIST 2D: its 64-px files; volumes keep theirs); projector layers
+    /// wider than [`SMOKE_WIDTH`] are cut to it; the encoder, the projector's depth and the
+    /// objective stay the recipe's. These overrides go after every entry's own `set`. `OUT`
+    /// defaults to `runs/smoke/NAME`. Every cell must then finish.
     pub fn smoke(&mut self, out: Option<&Path>) -> Result<()> {
         self.smoke = true;
         // The one epoch is the warm-up where the recipe has one (its first steps then run at a
@@ -349,6 +372,21 @@ impl Grid {
             self.set.push(format!("data.train_size={SMOKE_TRAIN_SIZE}"));
         }
         self.set.push(format!("data.root='{}'", root.display()));
+        for value in &mut self.objectives {
+            let label = ObjectiveEntry::parse(value)?.label().to_string();
+            let Some(cell) = cells.iter().find(|c| c.label == label) else {
+                continue;
+            };
+            let widths = &cell.config.model.projector;
+            if widths.iter().any(|&w| w > SMOKE_WIDTH) {
+                let capped: Vec<String> = widths
+                    .iter()
+                    .map(|&w| w.min(SMOKE_WIDTH).to_string())
+                    .collect();
+                let set = format!("model.projector=[{}]", capped.join(","));
+                entry_set(value)?.push(set.into());
+            }
+        }
         let forced = self.set[first..].to_vec();
         for entry in &mut self.objectives {
             if let Some(serde_yaml::Value::Sequence(list)) = entry.get_mut("set") {
@@ -1134,8 +1172,8 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let mut g = grid(
             "objectives:\n  - vicreg\n  - {name: simclr, label: long, set: [train.epochs=400, \
-             train.accumulate=16], batch_sizes: [128, 64]}\nviews: [2, 4]\nbatch_sizes: [32, 1]\n\
-             seeds: [3, 4]",
+             train.accumulate=16, 'model.projector=[8192,8192,64]'], batch_sizes: [128, 64]}\n\
+             views: [2, 4]\nbatch_sizes: [32, 1]\nseeds: [3, 4]\nset: ['model.projector=[512,300]']",
         )?;
         g.smoke(Some(dir.path()))?;
         let cells = g.cells()?;
@@ -1156,6 +1194,12 @@ mod tests {
             assert_eq!((c.seed, c.config.train.epochs), (3, 1));
             assert_eq!(c.config.train.accumulate, 1);
             assert!(c.config.out.starts_with(dir.path()));
+            // Projector layers cut to SMOKE_WIDTH, the grid's and an entry's own alike.
+            let widths = match c.label.as_str() {
+                "vicreg" => [256, 256].as_slice(),
+                _ => &[256, 256, 64],
+            };
+            assert_eq!(c.config.model.projector, widths, "{}", c.label);
         }
         let mut halves = grid("objectives: [vicreg]\nhalves: [[0, 1], [2, 3]]")?;
         halves.smoke(Some(dir.path()))?;
