@@ -98,7 +98,9 @@ impl ShapeKey {
 /// `run(false)` (channel-major strides) unless this shape was refused them or copies are asked
 /// for everywhere, else `run(true)` (packed copies). A refusal is remembered for the shape.
 fn strided_or_packed<R>(shape: ShapeKey, run: impl Fn(bool) -> Result<R>) -> Result<R> {
-    let everywhere = std::env::var("SSL_CUDNN_LAYOUT").is_ok_and(|v| v == "packed");
+    static EVERYWHERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let everywhere =
+        *EVERYWHERE.get_or_init(|| std::env::var("SSL_CUDNN_LAYOUT").is_ok_and(|v| v == "packed"));
     if !everywhere && !REFUSED.with(|r| r.borrow().contains(&shape)) {
         match run(false) {
             Ok(r) => return Ok(r),
