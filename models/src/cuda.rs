@@ -6,14 +6,14 @@
 //! batch norm pass is two launches (per-segment partial sums, then merge and apply) on a
 //! (channels × segments) grid.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{LazyLock, Mutex};
 
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use candle_core::cuda_backend::cudarc::nvrtc;
-use candle_core::cuda_backend::{CudaDType, CudaDevice};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, DeviceId};
 use candle_core::{CudaStorage, Layout, Result};
 
 const SOURCE: &str = include_str!("cuda/kernels.cu");
@@ -29,43 +29,48 @@ const MIN_SEGMENT: usize = 4096;
 
 /// The function `name` of the CUDA C++ `source` (named `module`), which NVRTC compiles on the
 /// first call for `dev`'s architecture, once per process; for other crates' kernels too (the
-/// optimiser's).
+/// optimiser's). Loaded functions are kept per device, so a launch costs one map lookup.
 pub fn function(
     dev: &CudaDevice,
     module: &'static str,
     source: &'static str,
     name: &str,
 ) -> Result<CudaFunction> {
+    type Key = (DeviceId, &'static str, String);
+    static LOADED: LazyLock<Mutex<HashMap<Key, CudaFunction>>> = LazyLock::new(Default::default);
     static PTX: Mutex<BTreeMap<&'static str, std::result::Result<String, String>>> =
         Mutex::new(BTreeMap::new());
-    let ptx = {
-        let mut compiled = PTX.lock().expect("the PTX cache");
-        compiled
-            .entry(module)
-            .or_insert_with(|| {
-                let (major, minor) = dev
-                    .cuda_stream()
-                    .context()
-                    .compute_capability()
-                    .map_err(|e| e.to_string())?;
-                let options = nvrtc::CompileOptions {
-                    options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-                    ..Default::default()
-                };
-                nvrtc::compile_ptx_with_opts(source, options)
-                    .map(|ptx| ptx.to_src())
-                    .map_err(|e| e.to_string())
-            })
-            .clone()
-            .map_err(|e| {
-                candle_core::Error::Msg(format!(
-                    "NVRTC could not compile the {module} kernels: {e}"
-                ))
-            })?
-    };
-    Ok(dev
-        .get_or_load_custom_func(name, module, &ptx)?
-        .into_cuda_function())
+    let key = (dev.id(), module, name.to_string());
+    if let Some(f) = LOADED.lock().expect("the loaded kernels").get(&key) {
+        return Ok(f.clone());
+    }
+    let mut compiled = PTX.lock().expect("the PTX cache");
+    let ptx = compiled.entry(module).or_insert_with(|| {
+        let (major, minor) = dev
+            .cuda_stream()
+            .context()
+            .compute_capability()
+            .map_err(|e| e.to_string())?;
+        let options = nvrtc::CompileOptions {
+            options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+            ..Default::default()
+        };
+        nvrtc::compile_ptx_with_opts(source, options)
+            .map(|ptx| ptx.to_src())
+            .map_err(|e| e.to_string())
+    });
+    let ptx = ptx.as_deref().map_err(|e| {
+        candle_core::Error::Msg(format!("NVRTC could not compile the {module} kernels: {e}"))
+    })?;
+    let f = dev
+        .get_or_load_custom_func(name, module, ptx)?
+        .into_cuda_function();
+    drop(compiled);
+    LOADED
+        .lock()
+        .expect("the loaded kernels")
+        .insert(key, f.clone());
+    Ok(f)
 }
 
 /// `name` of our kernels, for `T`.
