@@ -7,14 +7,20 @@
 //! (§7, §13); with an imbalanced training set, the probe's balanced accuracy over the minority
 //! classes.
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, PoisonError};
+
 use anyhow::{ensure, Context, Result};
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 use ssl_eval::{Features, LinearProbeConfig};
 
-use crate::config::RunConfig;
+use crate::config::{ModelConfig, RunConfig};
 use crate::setup::{self, CleanSamples, DataSplit};
 use crate::trainer::Model;
+
+/// The result table: each encoder's name and its row.
+pub type Rows = Vec<(String, Evaluation)>;
 
 /// One row of the result table.
 #[derive(Debug, Clone, Serialize)]
@@ -171,13 +177,20 @@ fn minority_balanced_accuracy(y_true: &[u32], y_pred: &[u32], minority: &[u32]) 
     (!minority.is_empty()).then(|| ssl_eval::balanced_accuracy(&y, &p))
 }
 
-/// The epoch-end monitor: k-NN accuracy of eval-mode features and the online probe's accuracy.
+/// The trained encoder's eval-mode features `[n, D]` of the clean train and test inputs.
+pub struct Embeddings {
+    pub train: Tensor,
+    pub test: Tensor,
+}
+
+/// The epoch-end monitor: k-NN accuracy of eval-mode features and the online probe's accuracy,
+/// with the features they were computed from (after the last epoch, the final evaluation's).
 pub fn monitor(
     cfg: &RunConfig,
     model: &Model,
     train: &Inputs,
     test: &Inputs,
-) -> Result<(f64, Option<f64>)> {
+) -> Result<(f64, Option<f64>, Embeddings)> {
     let f_train = model.embed(&train.x)?;
     let f_test = model.embed(&test.x)?;
     let knn = ssl_eval::knn_accuracy(
@@ -191,20 +204,107 @@ pub fn monitor(
     let probe = model.probe_predictions(&f_test)?.map(|pred| {
         pred.iter().zip(&test.y).filter(|(p, y)| p == y).count() as f64 / test.y.len() as f64
     });
-    Ok((knn, probe))
+    let features = Embeddings {
+        train: f_train,
+        test: f_test,
+    };
+    Ok((knn, probe, features))
+}
+
+/// The baseline rows (raw inputs, random init) computed so far in this process, by
+/// [`baseline_key`]: the cells of an `ssl compare` grid that differ only in objective or
+/// projector compute them once.
+static BASELINES: LazyLock<Mutex<HashMap<String, Rows>>> = LazyLock::new(Default::default);
+
+/// Everything the baseline rows depend on: the data set and its split, the encoder's
+/// configuration (not the projector, which they do not use), the seed of its random weights
+/// and of k-means, the device and precision, and the evaluation settings.
+fn baseline_key(cfg: &RunConfig, data: &DataSplit) -> Result<String> {
+    let encoder = ModelConfig {
+        projector: Vec::new(),
+        sync_bn: false,
+        ..cfg.model.clone()
+    };
+    let t = &cfg.train;
+    let key = (
+        &cfg.data,
+        data,
+        encoder,
+        t.seed,
+        &t.device,
+        t.precision,
+        &cfg.eval,
+    );
+    Ok(serde_json::to_string(&key)?)
 }
 
 /// Rows for raw inputs, the random-init encoder (batch-norm statistics calibrated on the clean
-/// train images) and the trained encoder.
+/// train images) and the trained encoder. `trained`: the trained encoder's features where the
+/// last epoch's monitor computed them (with these weights), else they are computed here.
 pub fn with_baselines(
     cfg: &RunConfig,
     data: &DataSplit,
     model: &Model,
     device: &Device,
-) -> Result<Vec<(String, Evaluation)>> {
+    trained: Option<Embeddings>,
+) -> Result<Rows> {
     let (train, test) = clean_inputs(data, device);
     let minority = data.minority_classes.as_slice();
     let bar = crate::progress::bar(3, "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}");
+    let key = baseline_key(cfg, data)?;
+    let cached = BASELINES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+        .cloned();
+    let mut rows = match cached {
+        Some(rows) => {
+            bar.inc(2);
+            rows
+        }
+        None => {
+            let rows = baselines(cfg, data, &train, &test, &bar)?;
+            BASELINES
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key, rows.clone());
+            rows
+        }
+    };
+    bar.set_message("trained encoder");
+    let trained = match trained {
+        Some(features) => features,
+        None => Embeddings {
+            train: model.embed(&train.x)?,
+            test: model.embed(&test.x)?,
+        },
+    };
+    rows.push((
+        format!("{} (ours)", cfg.objective.name),
+        evaluate_features(
+            cfg,
+            &trained.train,
+            &train.y,
+            &trained.test,
+            &test.y,
+            minority,
+        )?,
+    ));
+    bar.finish_and_clear();
+    Ok(rows)
+}
+
+/// The raw-inputs row (unless its features would exceed [`RAW_INPUT_BYTES`]) and the
+/// random-init row.
+fn baselines(
+    cfg: &RunConfig,
+    data: &DataSplit,
+    train: &Inputs,
+    test: &Inputs,
+    bar: &indicatif::ProgressBar,
+) -> Result<Rows> {
+    let minority = data.minority_classes.as_slice();
+    let device = train.x.device();
     bar.set_message("raw inputs");
     let mut rows = Vec::new();
     let raw_bytes = train.x.tensor_bytes() + test.x.tensor_bytes();
@@ -245,19 +345,6 @@ pub fn with_baselines(
         )?,
     ));
     bar.inc(1);
-    bar.set_message("trained encoder");
-    rows.push((
-        format!("{} (ours)", cfg.objective.name),
-        evaluate_features(
-            cfg,
-            &model.embed(&train.x)?,
-            &train.y,
-            &model.embed(&test.x)?,
-            &test.y,
-            minority,
-        )?,
-    ));
-    bar.finish_and_clear();
     Ok(rows)
 }
 
@@ -352,6 +439,40 @@ mod tests {
             data.test = test;
             let e = refused(&data);
             assert!(e.contains("the evaluation needs at least 2 classes"), "{e}");
+        }
+        Ok(())
+    }
+
+    /// Cells that differ in objective, its parameters or projector share the baseline rows;
+    /// anything the random encoder, the split or the metrics depend on tells them apart.
+    #[test]
+    fn baselines_are_shared_exactly_where_they_cannot_differ() -> Result<()> {
+        let key = |sets: &[&str]| -> Result<String> {
+            let mut root = serde_yaml::Value::Mapping(Default::default());
+            for s in sets {
+                crate::config::apply_set(&mut root, s)?;
+            }
+            let cfg = RunConfig::from_yaml_value(root)?;
+            baseline_key(&cfg, &setup::data(&cfg)?)
+        };
+        let base = key(&[])?;
+        for same in [
+            &["objective.name=simclr"][..],
+            &["objective.name=vicreg", "objective.params.lambda=5"],
+            &["model.projector=[64,64]", "train.lr=0.5", "train.epochs=3"],
+        ] {
+            assert_eq!(key(same)?, base, "{same:?}");
+        }
+        for differs in [
+            "train.seed=1",
+            "data.split_seed=7",
+            "data.train_size=500",
+            "model.mlp=[32,2]",
+            "model.encoder=mlp",
+            "eval.knn_k=5",
+            "train.precision=bf16",
+        ] {
+            assert_ne!(key(&[differs])?, base, "{differs}");
         }
         Ok(())
     }

@@ -377,7 +377,8 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
         });
     }
     let last_step = training.state.step.saturating_sub(1);
-    let evaluation = evaluate::with_baselines(cfg, &data, &model, &device)?;
+    let features = training.final_features.take();
+    let evaluation = evaluate::with_baselines(cfg, &data, &model, &device, features)?;
     if model.encoder.output_dim() == 2 {
         let csv = dir.join("embedding.csv");
         evaluate::write_embedding(&csv, &data, &model, &device)?;
@@ -559,6 +560,8 @@ struct Training<'a> {
     /// hook pairs them by position).
     student: Vec<(String, Var)>,
     teacher: Option<Vec<(String, Var)>>,
+    /// The last epoch's monitor features, which the final evaluation reuses.
+    final_features: Option<evaluate::Embeddings>,
 }
 
 impl<'a> Training<'a> {
@@ -595,6 +598,7 @@ impl<'a> Training<'a> {
             total_steps: steps_per_epoch * cfg.train.epochs,
             student,
             teacher,
+            final_features: None,
         }
     }
 
@@ -759,8 +763,9 @@ impl<'a> Training<'a> {
                 .is_multiple_of(cfg.eval.monitor_every)
         {
             let (train, test) = monitor_inputs;
-            let (knn, probe) = evaluate::monitor(cfg, self.model, train, test)?;
+            let (knn, probe, features) = evaluate::monitor(cfg, self.model, train, test)?;
             log.epoch_end(epoch, self.state.step, knn, probe)?;
+            self.final_features = last.then_some(features);
         }
         log.flush()?;
         if last
@@ -1428,6 +1433,27 @@ mod tests {
             moved > 1e-4,
             "the step must move the weights, moved {moved}"
         );
+    }
+
+    /// The final evaluation reuses the last epoch's monitor features: its rows equal those
+    /// computed afresh from the checkpointed weights.
+    #[test]
+    fn the_final_evaluation_equals_one_from_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = gmm_config(&[
+            "train.epochs=3",
+            "train.batch_size=64",
+            "eval.monitor_every=1",
+        ]);
+        cfg.out = dir.path().join("run");
+        let outcome = run(&cfg, Start::Fresh).unwrap();
+        let data = setup::data(&cfg).unwrap();
+        let mut model = build_model(&cfg, &data, &Device::Cpu).unwrap();
+        let mut optimizer = optimizer(&cfg, &model).unwrap();
+        restore(&cfg.out, &mut model, &mut optimizer).unwrap();
+        let fresh = evaluate::with_baselines(&cfg, &data, &model, &Device::Cpu, None).unwrap();
+        assert_eq!(outcome.evaluation.len(), 3);
+        assert_eq!(format!("{:?}", outcome.evaluation), format!("{fresh:?}"));
     }
 
     /// A run stopped inside a parameter group's freeze and resumed ends with the weights of an
