@@ -375,6 +375,11 @@ pub struct TrainConfig {
     pub probe_lr: f64,
     /// Checkpoint every N epochs (the last epoch is always saved).
     pub checkpoint_every: usize,
+    /// Steps between reads of the logged values (loss, its terms, the probe's loss) from the
+    /// device: every step is still logged, an interval's steps at once, and a non-finite loss
+    /// stops training at the first read after it, naming its step. On a GPU each read waits for
+    /// every queued kernel; reading every step would stall the queue once a step.
+    pub log_every: usize,
     /// Stop after this many epochs of this invocation (0 = run to the end); for tests of resume.
     pub stop_after_epochs: usize,
     /// Gradient accumulation: one optimiser step per this many batches, on their mean gradient
@@ -424,6 +429,7 @@ impl Default for TrainConfig {
             device: "cpu".into(),
             probe_lr: 0.1,
             checkpoint_every: 10,
+            log_every: 10,
             stop_after_epochs: 0,
             accumulate: 1,
             precision: Precision::F32,
@@ -680,6 +686,11 @@ impl TrainConfig {
             "train.checkpoint_every",
             self.checkpoint_every,
             " (epochs between checkpoints; the last epoch is always saved)",
+        )?;
+        at_least_one(
+            "train.log_every",
+            self.log_every,
+            " (steps between reads of the loss; 1: every step)",
         )?;
         positive("train.lr", self.lr, " (default 1e-3)")?;
         in_range(
@@ -1115,6 +1126,7 @@ mod tests {
             (&["train.views=0"], "train.views must be ≥ 1, got 0"),
             (&["train.accumulate=0"], "train.accumulate must be ≥ 1"),
             (&["train.checkpoint_every=0"], "train.checkpoint_every must be ≥ 1"),
+            (&["train.log_every=0"], "train.log_every must be ≥ 1"),
             (&["train.lr=0"], "train.lr must be > 0 (default 1e-3), got 0"),
             (&["train.lr=.inf"], "train.lr must be > 0 (default 1e-3), got inf"),
             (&["train.min_lr=-0.1"], "train.min_lr must be in [0, train.lr] = [0, 0.001]"),

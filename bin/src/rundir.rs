@@ -59,6 +59,7 @@ const FREE_KEYS: &[&str] = &[
     "train.threads",
     "train.stop_after_epochs",
     "train.checkpoint_every",
+    "train.log_every",
 ];
 
 /// How `ssl run` treats its run directory.

@@ -2,8 +2,10 @@
 //!
 //! One step: V augmented views of B instances → encoder (train mode, one view at a time) → projector → objective loss
 //! (+ the online probe's cross-entropy on detached features) → backward (the loss's, then each
-//! view's graph on its own, side by side on the CPU) → optimiser → objective hook. Every step is logged to `metrics.jsonl`; every `checkpoint_every` epochs and at the end
-//! the run is checkpointed atomically; `--resume` continues to the same final weights.
+//! view's graph on its own, side by side on the CPU) → optimiser → objective hook. Every step is
+//! logged to `metrics.jsonl`, its values read from the device `log_every` steps at a time (no
+//! host synchronisation inside a step); every `checkpoint_every` epochs and at the end the run
+//! is checkpointed atomically; `--resume` continues to the same final weights.
 //!
 //! Data parallel ([`run_on`] with a [`Comm`] of several ranks): every rank builds the same model
 //! from the seed, reads its shard of each global batch of `world × train.batch_size`
@@ -285,7 +287,7 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
         let collective: Arc<dyn Collective> = shared.clone();
         ssl_models::sync_bn::sync_batch_norm(collective)
     });
-    let device = setup::device(&cfg.train.device)?;
+    let device = setup::rank_device(&cfg.train.device, comm)?;
     let data = setup::data(cfg)?;
     evaluate::check_split(&data)?;
     let mut model = build_model(cfg, &data, &device)?;
@@ -562,6 +564,26 @@ struct Training<'a> {
     teacher: Option<Vec<(String, Var)>>,
     /// The last epoch's monitor features, which the final evaluation reuses.
     final_features: Option<evaluate::Embeddings>,
+    /// Steps taken whose logged values are still on the device.
+    pending: Pending,
+}
+
+/// The steps of the current logging interval (`train.log_every`), read from the device together.
+#[derive(Default)]
+struct Pending {
+    steps: Vec<PendingStep>,
+    /// When the interval's first step started, and how many images (over all ranks) its steps
+    /// trained on.
+    since: Option<Instant>,
+    images: usize,
+}
+
+struct PendingStep {
+    step: usize,
+    epoch: usize,
+    lr: f64,
+    data_wait_ms: f64,
+    out: StepOutput,
 }
 
 impl<'a> Training<'a> {
@@ -599,6 +621,7 @@ impl<'a> Training<'a> {
             student,
             teacher,
             final_features: None,
+            pending: Pending::default(),
         }
     }
 
@@ -620,10 +643,15 @@ impl<'a> Training<'a> {
             bar.set_prefix(format!("{}/{}", epoch + 1, t.epochs));
             // Batches beyond the last whole group of `accumulate` are dropped, as drop_last does.
             let mut batches = loader.prefetch(epoch, self.steps_per_epoch * t.accumulate, PREFETCH);
-            for _ in 0..self.steps_per_epoch {
-                let loss = self.optimiser_step(epoch, data, device, &mut batches)?;
-                bar.set_message(format!("loss {loss:.4}"));
+            for i in 0..self.steps_per_epoch {
+                self.optimiser_step(epoch, data, device, &mut batches)?;
                 bar.inc(1);
+                // An interval's end, and the epoch's (before its checkpoint), read the values.
+                if self.state.step.is_multiple_of(t.log_every) || i + 1 == self.steps_per_epoch {
+                    let read = self.read_pending();
+                    let loss = read.with_context(|| self.stopped_at(epoch))?;
+                    bar.set_message(format!("loss {loss:.4}"));
+                }
             }
             let stopping = t.stop_after_epochs > 0 && epoch + 1 - first >= t.stop_after_epochs;
             self.end_epoch(epoch, &monitor_inputs, stopping)?;
@@ -639,15 +667,15 @@ impl<'a> Training<'a> {
     }
 
     /// One optimiser step: `train.accumulate` batches forward and backward, their mean
-    /// gradient applied, the objective's hook (EMA teachers, queues), the step logged. Returns
-    /// the loss.
+    /// gradient applied, the objective's hook (EMA teachers, queues); its logged values join
+    /// the pending interval.
     fn optimiser_step(
         &mut self,
         epoch: usize,
         data: &DataSplit,
         device: &Device,
         batches: &mut impl Iterator<Item = ssl_data::ViewBatch>,
-    ) -> Result<f64> {
+    ) -> Result<()> {
         let t = &self.cfg.train;
         let started = Instant::now();
         let progress = Progress {
@@ -701,27 +729,65 @@ impl<'a> Training<'a> {
         self.model.objective.before_step(&hook)?;
         self.optimizer.step(&grads, lr, &progress)?;
         self.model.objective.after_step(&hook)?;
-        let mut out = mean_output(outs);
-        mean_over_ranks(self.comm, &mut out)?;
+        let out = mean_output(outs)?;
         let step = self.state.step;
         self.state.step += 1;
-        let Some(log) = self.log.as_deref_mut() else {
-            return Ok(out.loss);
-        };
-        if log.logs_spectrum(self.cfg, step) {
-            log.spectrum(step, &out.projections)?;
+        if let Some(log) = self.log.as_deref_mut() {
+            if log.logs_spectrum(self.cfg, step) {
+                log.spectrum(step, &out.projections)?;
+            }
         }
-        log.step(&StepRecord {
+        let pending = &mut self.pending;
+        pending.since.get_or_insert(started);
+        pending.images += images;
+        pending.steps.push(PendingStep {
             step,
             epoch,
-            loss: out.loss,
-            terms: &out.terms,
-            probe_ce: out.probe_ce,
             lr,
-            images_per_s: images as f64 / started.elapsed().as_secs_f64(),
             data_wait_ms: 1e3 * data_wait.as_secs_f64(),
-        })?;
-        Ok(out.loss)
+            out,
+        });
+        Ok(())
+    }
+
+    /// Reads the pending steps' values from the device in one copy, averages them over the
+    /// ranks (the global batch's loss: every term is a mean over instances), stops at the
+    /// first non-finite one, and logs them. Returns the last step's loss. Throughput is the
+    /// interval's: on a GPU only the read waits for the steps' kernels.
+    fn read_pending(&mut self) -> Result<f64> {
+        let pending = std::mem::take(&mut self.pending);
+        let last = pending
+            .steps
+            .last()
+            .context("a logging interval has a step")?;
+        let values: Vec<&Tensor> = pending.steps.iter().map(|p| &p.out.values).collect();
+        let width = last.out.values.elem_count();
+        let mut rows = Tensor::stack(&values, 0)?.flatten_all()?.to_vec1::<f64>()?;
+        let world = self.comm.world_size();
+        if world > 1 {
+            self.comm.all_reduce_sum_f64(&mut rows)?;
+            rows.iter_mut().for_each(|v| *v /= world as f64);
+        }
+        let seconds = pending.since.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let mut loss = f64::NAN;
+        for (p, row) in pending.steps.iter().zip(rows.chunks(width)) {
+            let values = p.out.values_of(row);
+            values.check_finite(p.step, p.lr)?;
+            loss = values.loss;
+            if let Some(log) = self.log.as_deref_mut() {
+                log.step(&StepRecord {
+                    step: p.step,
+                    epoch: p.epoch,
+                    loss: values.loss,
+                    terms: &values.terms,
+                    probe_ce: values.probe_ce,
+                    lr: p.lr,
+                    images_per_s: pending.images as f64 / seconds,
+                    data_wait_ms: p.data_wait_ms,
+                })?;
+            }
+        }
+        Ok(loss)
     }
 
     /// Where a failed step stopped the run, and what it left: only what is true of the disk.
@@ -787,28 +853,6 @@ impl<'a> Training<'a> {
     }
 }
 
-/// Replaces the step's loss, terms and probe loss by their means over the ranks: the loss of
-/// the global batch, whose terms are means over instances (an objective that gathers the batch
-/// computes the same value on every rank). The projections stay this rank's.
-fn mean_over_ranks(comm: &dyn Comm, out: &mut StepOutput) -> Result<()> {
-    let world = comm.world_size();
-    if world == 1 {
-        return Ok(());
-    }
-    let mut values: Vec<f64> = [out.loss, out.probe_ce.unwrap_or(0.0)]
-        .into_iter()
-        .chain(out.terms.iter().map(|(_, v)| *v))
-        .collect();
-    comm.all_reduce_sum_f64(&mut values)?;
-    let mean = |v: f64| v / world as f64;
-    out.loss = mean(values[0]);
-    out.probe_ce = out.probe_ce.map(|_| mean(values[1]));
-    for ((_, term), value) in out.terms.iter_mut().zip(&values[2..]) {
-        *term = mean(*value);
-    }
-    Ok(())
-}
-
 /// One batch of views as the step's tensors on `device` (`sample_shape`: one image's), its
 /// ids and labels borrowed from `batch`.
 fn step_input<'b>(
@@ -855,15 +899,68 @@ pub struct StepInput<'a> {
     pub lr: f64,
 }
 
-/// What one step computed.
+/// What one step computed. Its logged values stay on the step's device until they are read
+/// ([`Self::read`]; the trainer reads `train.log_every` steps' at once).
 pub struct StepOutput {
-    /// The objective's loss and its named terms.
+    /// `[K]` f64: the objective's loss, its terms in the order of [`Self::terms`], then the
+    /// online probe's cross-entropy if there is a probe (detached).
+    pub values: Tensor,
+    /// The names of the objective's loss terms.
+    pub terms: Vec<String>,
+    pub probe: bool,
+    /// The projections of the global views the loss saw, `[V, B, D]` (detached).
+    pub projections: Tensor,
+}
+
+/// One step's logged values on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepValues {
     pub loss: f64,
     pub terms: Vec<(String, f64)>,
     /// The online probe's cross-entropy, if there is a probe.
     pub probe_ce: Option<f64>,
-    /// The projections of the global views the loss saw, `[V, B, D]` (detached).
-    pub projections: Tensor,
+}
+
+impl StepOutput {
+    /// The values on the host (one device-to-host copy).
+    pub fn read(&self) -> Result<StepValues> {
+        Ok(self.values_of(&self.values.to_vec1::<f64>()?))
+    }
+
+    /// The values of `row`, laid out as [`Self::values`].
+    fn values_of(&self, row: &[f64]) -> StepValues {
+        let n = self.terms.len();
+        StepValues {
+            loss: row[0],
+            terms: self
+                .terms
+                .iter()
+                .cloned()
+                .zip(row[1..=n].to_vec())
+                .collect(),
+            probe_ce: self.probe.then(|| row[n + 1]),
+        }
+    }
+}
+
+impl StepValues {
+    /// Refuses a non-finite loss or term, naming it, its step and the learning rate.
+    pub fn check_finite(&self, step: usize, lr: f64) -> Result<()> {
+        if let Some((name, value)) = self.terms.iter().find(|(_, v)| !v.is_finite()) {
+            bail!(
+                "loss term `{name}` became non-finite ({value}) at step {step} (lr {lr:e}); lower \
+                 train.lr or check the data"
+            );
+        }
+        if !self.loss.is_finite() {
+            bail!(
+                "the loss became non-finite ({}) at step {step} (lr {lr:e}); lower train.lr or \
+                 check the data",
+                self.loss
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Encoder and projector outputs of each view, `[B, F]` and `[B, D]`, with every view forwarded
@@ -960,15 +1057,17 @@ impl OrderedSum {
 /// One step: encoder (train mode, view by view, global views then local crops) → projector →
 /// objective loss (+ the online probe's cross-entropy on the global views' detached features) →
 /// backward → optimiser. A teacher sees the global views only. A non-finite loss or term is an
-/// error raised before the weights change.
+/// error raised before the weights change. Returns the step's values, read to the host.
 pub fn training_step(
     model: &mut Model,
     optimizer: &mut Optimizer,
     input: &StepInput<'_>,
-) -> Result<StepOutput> {
+) -> Result<StepValues> {
     let (out, grads) = forward_backward(model, input)?;
+    let values = out.read()?;
+    values.check_finite(input.progress.step, input.lr)?;
     optimizer.step(&grads, input.lr, &input.progress)?;
-    Ok(out)
+    Ok(values)
 }
 
 /// `sum + other` for every variable of `store` with a gradient in either.
@@ -998,25 +1097,21 @@ pub fn scale_grads(store: &ParamStore, grads: &mut GradStore, factor: f64) -> Re
     Ok(())
 }
 
-/// The accumulated batches' outputs as one: mean loss, terms and probe loss; the last
+/// The accumulated batches' outputs as one: their mean values (on the device), the last
 /// batch's projections.
-fn mean_output(mut outs: Vec<StepOutput>) -> StepOutput {
-    let k = outs.len() as f64;
-    let mean = |f: &dyn Fn(&StepOutput) -> f64| outs.iter().map(f).sum::<f64>() / k;
-    let loss = mean(&|o| o.loss);
-    let terms = (0..outs[0].terms.len())
-        .map(|i| (outs[0].terms[i].0.clone(), mean(&|o| o.terms[i].1)))
-        .collect();
-    let probe_ce = outs[0]
-        .probe_ce
-        .map(|_| mean(&|o| o.probe_ce.unwrap_or(f64::NAN)));
-    let last = outs.pop().expect("at least one batch");
-    StepOutput {
-        loss,
-        terms,
-        probe_ce,
-        projections: last.projections,
-    }
+fn mean_output(outs: Vec<StepOutput>) -> Result<StepOutput> {
+    let values = match outs.as_slice() {
+        [_] => None,
+        many => {
+            let values: Vec<&Tensor> = many.iter().map(|o| &o.values).collect();
+            Some(Tensor::stack(&values, 0)?.mean(0)?)
+        }
+    };
+    let last = outs.into_iter().last().context("at least one batch")?;
+    Ok(match values {
+        Some(values) => StepOutput { values, ..last },
+        None => last,
+    })
 }
 
 /// Forward, loss and backward of one batch (no optimiser step): its outputs and gradients.
@@ -1081,33 +1176,19 @@ pub fn forward_backward_on(
         collective,
     };
     let out = model.objective.loss(&batch)?;
-    let scalar = |t: &Tensor| -> Result<f64> {
-        Ok(t.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?)
-    };
-    let mut terms = Vec::new();
+    let scalar = |t: &Tensor| t.detach().to_dtype(candle_core::DType::F64)?.reshape(());
+    let mut values = vec![scalar(&out.loss)?];
+    let mut terms = Vec::with_capacity(out.terms.len());
     for (name, value) in &out.terms {
-        terms.push((name.clone(), scalar(value)?));
-    }
-    let loss = scalar(&out.loss)?;
-    if let Some((name, value)) = terms.iter().find(|(_, v)| !v.is_finite()) {
-        bail!(
-            "loss term `{name}` became non-finite ({value}) at lr {:e}; lower train.lr or check the data",
-            input.lr
-        );
-    }
-    if !loss.is_finite() {
-        bail!(
-            "the loss became non-finite ({loss}) at lr {:e}; lower train.lr or check the data",
-            input.lr
-        );
+        terms.push(name.clone());
+        values.push(scalar(value)?);
     }
     let mut total = out.loss;
-    let mut probe_ce = None;
     if let Some(probe) = &model.probe {
         let logits = probe.forward(&features.narrow(0, 0, v * b)?.detach())?;
         let targets = Tensor::new(input.labels.repeat(v).as_slice(), device)?;
         let ce = candle_nn::loss::cross_entropy(&logits, &targets)?;
-        probe_ce = Some(scalar(&ce)?);
+        values.push(scalar(&ce)?);
         total = (total + ce)?;
     }
     let mut grads = total.backward()?;
@@ -1131,9 +1212,9 @@ pub fn forward_backward_on(
     }
     grads.extend(backward_views(roots)?)?;
     let out = StepOutput {
-        loss,
+        values: Tensor::stack(&values, 0)?,
         terms,
-        probe_ce,
+        probe: model.probe.is_some(),
         projections: projections_v.narrow(0, 0, v)?.detach(),
     };
     Ok((out, grads))
@@ -1433,6 +1514,54 @@ mod tests {
             moved > 1e-4,
             "the step must move the weights, moved {moved}"
         );
+    }
+
+    /// Reading the logged values once per interval logs every step with the values a read
+    /// after each step gives, and a diverging run names the same first non-finite step.
+    #[test]
+    fn values_read_per_interval_are_those_of_every_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = |every: usize, sets: &[&str]| {
+            let every = format!("train.log_every={every}");
+            let sets = [&["train.epochs=2", "train.batch_size=64", &every][..], sets].concat();
+            let mut cfg = gmm_config(&sets);
+            cfg.out = dir.path().join(format!("every-{every}-{}", sets.len()));
+            cfg
+        };
+        let logged = |every: usize| {
+            let cfg = config(every, &[]);
+            run(&cfg, Start::Fresh).unwrap();
+            let text = std::fs::read_to_string(cfg.out.join(crate::runlog::METRICS)).unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .filter(|r| r.get("loss").is_some())
+                .map(|mut r| {
+                    let record = r.as_object_mut().unwrap();
+                    record.remove("images_per_s");
+                    record.remove("data_wait_ms");
+                    r
+                })
+                .collect::<Vec<_>>()
+        };
+        let each = logged(1);
+        let data = setup::data(&config(1, &[])).unwrap();
+        // Whole batches (train.drop_last); an interval that does not divide the epoch, whose
+        // end reads the remainder.
+        let per_epoch = data.train.len() / 64;
+        assert_ne!(per_epoch % 4, 0);
+        assert_eq!(each.len(), 2 * per_epoch);
+        assert_eq!(logged(4), each);
+        let diverged = |every: usize| {
+            let cfg = config(every, &["train.optimizer=sgd", "train.lr=1e30"]);
+            match run(&cfg, Start::Fresh) {
+                Ok(_) => panic!("a run at lr 1e30 must diverge"),
+                Err(e) => format!("{e:#}"),
+            }
+        };
+        let first = diverged(1);
+        assert!(first.contains("non-finite"), "{first}");
+        let named = |e: &str| e[e.find("non-finite").unwrap()..].to_string();
+        assert_eq!(named(&diverged(5)), named(&first));
     }
 
     /// The final evaluation reuses the last epoch's monitor features: its rows equal those
