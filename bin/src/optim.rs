@@ -20,6 +20,8 @@ use ssl_core::{groups::DEFAULT_GAMMA, ParamGroup, Progress, Schedule};
 use crate::config::{OptimizerKind, TrainConfig};
 
 mod adamw;
+#[cfg(feature = "cuda")]
+mod cuda;
 pub mod sgd;
 use adamw::AdamwStep;
 use sgd::SgdStep;

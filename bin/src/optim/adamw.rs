@@ -12,6 +12,13 @@ use super::{part, part_mut};
 /// Values per parallel task.
 const CHUNK: usize = 1 << 16;
 
+/// The kernels of the CUDA update.
+#[cfg(feature = "cuda")]
+const KERNELS: super::cuda::Kernels = super::cuda::Kernels {
+    module: "ssl_adamw",
+    source: include_str!("adamw.cu"),
+};
+
 /// ε of the update's denominator (PyTorch's default).
 const EPS: f64 = 1e-8;
 
@@ -138,14 +145,16 @@ impl InplaceOp2 for Moment {
         g: &candle_core::CudaStorage,
         lg: &Layout,
     ) -> Result<()> {
-        let squared = i32::from(self.squared);
-        cuda::launch(
-            "adamw_moment",
-            (m, lm),
-            &[(g, lg)],
-            &[self.beta],
-            &[squared],
-        )
+        use super::cuda::{launch, Arg};
+        use candle_core::backend::BackendStorage;
+        let args = [
+            Arg::Values(g, lg),
+            Arg::Count,
+            Arg::F64(self.beta),
+            Arg::I32(i32::from(self.squared)),
+        ];
+        let count = lm.shape().elem_count();
+        launch(KERNELS, "adamw_moment", m.dtype(), (m, lm), count, &args)
     }
 }
 
@@ -210,85 +219,12 @@ impl InplaceOp3 for AdamwStep {
         let decay = 1.0 - self.lr * self.weight_decay;
         let m_scale = 1.0 / (1.0 - self.betas.0.powi(self.t));
         let v_scale = 1.0 / (1.0 - self.betas.1.powi(self.t));
-        let scalars = [decay, self.lr, m_scale, v_scale, EPS];
-        cuda::launch("adamw_update", (w, lw), &[(m, lm), (v, lv)], &scalars, &[])
-    }
-}
-
-/// Launching the kernels of `adamw.cu`.
-#[cfg(feature = "cuda")]
-mod cuda {
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-    use candle_core::cuda_backend::CudaDType;
-    use candle_core::{CudaStorage, DType, Layout, Result};
-
-    const SOURCE: &str = include_str!("adamw.cu");
-    /// Threads per block.
-    const THREADS: u32 = 256;
-
-    fn range(l: &Layout) -> Result<std::ops::Range<usize>> {
-        match l.contiguous_offsets() {
-            Some((start, end)) => Ok(start..end),
-            None => candle_core::bail!("an in-place optimiser step takes contiguous tensors"),
-        }
-    }
-
-    /// Launches the kernel `name` (for the dtype of `out`) with the arguments in its order: the
-    /// contiguous buffer `out`, updated in place, the `inputs`, the count of values, then
-    /// `doubles` and `ints`.
-    pub(super) fn launch(
-        name: &str,
-        (out, lo): (&mut CudaStorage, &Layout),
-        inputs: &[(&CudaStorage, &Layout)],
-        doubles: &[f64],
-        ints: &[i32],
-    ) -> Result<()> {
-        match out.dtype() {
-            DType::F32 => typed::<f32>((name, "f32"), (out, lo), inputs, doubles, ints),
-            DType::F64 => typed::<f64>((name, "f64"), (out, lo), inputs, doubles, ints),
-            other => candle_core::bail!("AdamW's CUDA update takes f32 or f64, got {other:?}"),
-        }
-    }
-
-    fn typed<T: CudaDType + DeviceRepr>(
-        (name, suffix): (&str, &str),
-        (out, lo): (&mut CudaStorage, &Layout),
-        inputs: &[(&CudaStorage, &Layout)],
-        doubles: &[f64],
-        ints: &[i32],
-    ) -> Result<()> {
-        let dev = out.device.clone();
-        let n = lo.shape().elem_count();
-        let function =
-            ssl_models::cuda::function(&dev, "ssl_adamw", SOURCE, &format!("{name}_{suffix}"))?;
-        let inputs = inputs
-            .iter()
-            .map(|(s, l)| Ok(s.as_cuda_slice::<T>()?.slice(range(l)?)))
-            .collect::<Result<Vec<_>>>()?;
-        let mut values = out.as_cuda_slice_mut::<T>()?.slice_mut(range(lo)?);
-        let stream = dev.cuda_stream();
-        let mut launch = stream.launch_builder(&function);
-        launch.arg(&mut values);
-        for input in &inputs {
-            launch.arg(input);
-        }
-        let count = n as i64;
-        launch.arg(&count);
-        for d in doubles {
-            launch.arg(d);
-        }
-        for i in ints {
-            launch.arg(i);
-        }
-        let config = LaunchConfig {
-            grid_dim: (n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments are the kernel's, in its order and types.
-        unsafe { launch.launch(config) }?;
-        Ok(())
+        use super::cuda::{launch, Arg};
+        use candle_core::backend::BackendStorage;
+        let mut args = vec![Arg::Values(m, lm), Arg::Values(v, lv), Arg::Count];
+        args.extend([decay, self.lr, m_scale, v_scale, EPS].map(Arg::F64));
+        let count = lw.shape().elem_count();
+        launch(KERNELS, "adamw_update", w.dtype(), (w, lw), count, &args)
     }
 }
 

@@ -10,15 +10,16 @@
 //! w  ← w − lr·s
 //! ```
 //!
-//! The buffer is off the autograd graph. On the CPU, for contiguous f32/f64 parameters, a step
-//! is one parallel pass for both norms (LARS only; summed in f64, allocating nothing of `w`'s
-//! size), then one in-place pass over the buffer and one over the parameter, on Candle's
-//! workers; elsewhere it is about ten tensor ops, each a pass and a fresh buffer, with the norms
-//! summed in the parameter's dtype. Public for the optimiser bench (`benches/optimizer_step.rs`).
+//! The buffer is off the autograd graph. For contiguous f32/f64 parameters on the CPU (on
+//! Candle's workers) or on CUDA (feature `cuda`, the kernels of [`sgd.cu`](sgd.cu)), a step is one
+//! parallel pass for both norms (LARS only; summed in f64 into a two-value tensor, allocating
+//! nothing of `w`'s size), then one in-place pass over the buffer and one over the parameter,
+//! each deriving the trust ratio from those sums — on CUDA without a copy to the host. Elsewhere
+//! it is about ten tensor ops, each a pass and a fresh buffer, with the norms summed in the
+//! parameter's dtype and read to the host. Public for the optimiser bench
+//! (`benches/optimizer_step.rs`).
 
-use candle_core::{
-    bail, CpuStorage, DType, InplaceOp3, Layout, Result, Storage, Tensor, WithDType,
-};
+use candle_core::{bail, CpuStorage, DType, InplaceOp3, Layout, Result, Tensor, WithDType};
 use ssl_linalg::for_each_chunk_mut;
 
 use super::{part, part_mut};
@@ -41,13 +42,15 @@ pub struct SgdStep {
 }
 
 impl SgdStep {
-    /// Whether the step of `w` runs [`Self::in_place`]: a contiguous f32 or f64 CPU parameter
-    /// whose gradient and momentum buffer (where it has one yet) share its dtype and shape, the
-    /// buffer contiguous.
+    /// Whether the step of `w` runs [`Self::in_place`]: a contiguous f32 or f64 parameter on
+    /// the CPU or on CUDA (where our kernels run, `ssl_models::dispatch::cuda_ops`), whose
+    /// gradient and momentum buffer (where it has one yet) share its device, dtype and shape,
+    /// the buffer contiguous.
     pub fn fuses(w: &Tensor, g: &Tensor, buf: Option<&Tensor>) -> bool {
-        let like_w =
-            |t: &Tensor| t.dtype() == w.dtype() && t.dims() == w.dims() && t.device().is_cpu();
-        w.device().is_cpu()
+        let like_w = |t: &Tensor| {
+            t.dtype() == w.dtype() && t.dims() == w.dims() && t.device().same_device(w.device())
+        };
+        (w.device().is_cpu() || ssl_models::dispatch::cuda_ops(w.device()))
             && w.is_contiguous()
             && matches!(w.dtype(), DType::F32 | DType::F64)
             && like_w(g)
@@ -60,20 +63,22 @@ impl SgdStep {
     pub fn in_place(&self, w: &Tensor, g: &Tensor, buf: &Tensor) -> Result<()> {
         if !Self::fuses(w, g, Some(buf)) {
             bail!(
-                "the in-place SGD step takes contiguous f32/f64 CPU tensors of one dtype and shape"
+                "the in-place SGD step takes contiguous f32/f64 CPU or CUDA tensors of one dtype \
+                 and shape"
             );
         }
         let g = g.contiguous()?;
-        let ratio = match self.lars_eta {
-            Some(eta) => {
-                let [w_sq, d_sq] = squares(w, &g, self.weight_decay)?;
-                trust_ratio(eta, w_sq.sqrt(), d_sq.sqrt()).unwrap_or(1.0)
+        let squares = match self.lars_eta {
+            Some(_) => {
+                let sums = Tensor::zeros(2, DType::F64, w.device())?;
+                sums.inplace_op3(w, &g, &Squares(self.weight_decay))?;
+                Some(sums)
             }
-            None => 1.0,
+            None => None,
         };
         let pass = |target| Pass {
             step: *self,
-            ratio,
+            squares: squares.clone(),
             target,
         };
         buf.inplace_op3(w, &g, &pass(Target::Buffer))?;
@@ -126,9 +131,12 @@ fn trust_ratio(eta: f64, w_norm: f64, d_norm: f64) -> Option<f64> {
     (w_norm > 0.0 && d_norm > 0.0).then(|| eta * w_norm / d_norm)
 }
 
-/// `[‖w‖², ‖g + λ·w‖²]` of contiguous CPU tensors `w` and `g` of one shape, each chunk summed in
-/// f64 on Candle's workers and the chunks' sums added in order.
-fn squares(w: &Tensor, g: &Tensor, weight_decay: f64) -> Result<[f64; 2]> {
+/// `[‖w‖², ‖g + λ·w‖²]` (λ the weight decay) of contiguous tensors `w` and `g` of one shape,
+/// summed in f64 into the `[2]` f64 tensor it updates (zeros before): on the CPU each chunk on
+/// Candle's workers and the chunks' sums added in order; on CUDA a block at a time.
+struct Squares(f64);
+
+impl Squares {
     fn sum<T: WithDType>(w: &[T], g: &[T], weight_decay: f64) -> [f64; 2] {
         let mut sums = vec![[0.0; 2]; w.len().div_ceil(CHUNK)];
         for_each_chunk_mut(
@@ -150,18 +158,67 @@ fn squares(w: &Tensor, g: &Tensor, weight_decay: f64) -> Result<[f64; 2]> {
         sums.iter()
             .fold([0.0, 0.0], |[a, b], [x, y]| [a + x, b + y])
     }
-    let (ws, wl) = w.storage_and_layout();
-    let (gs, gl) = g.storage_and_layout();
-    match (&*ws, &*gs) {
-        (Storage::Cpu(CpuStorage::F32(w)), Storage::Cpu(CpuStorage::F32(g))) => {
-            Ok(sum(part(w, wl)?, part(g, gl)?, weight_decay))
+}
+
+impl InplaceOp3 for Squares {
+    fn name(&self) -> &'static str {
+        "ssl-lars-norms"
+    }
+
+    fn cpu_fwd(
+        &self,
+        out: &mut CpuStorage,
+        lo: &Layout,
+        w: &CpuStorage,
+        lw: &Layout,
+        g: &CpuStorage,
+        lg: &Layout,
+    ) -> Result<()> {
+        let sums = match (w, g) {
+            (CpuStorage::F32(w), CpuStorage::F32(g)) => {
+                Self::sum(part(w, lw)?, part(g, lg)?, self.0)
+            }
+            (CpuStorage::F64(w), CpuStorage::F64(g)) => {
+                Self::sum(part(w, lw)?, part(g, lg)?, self.0)
+            }
+            _ => bail!("LARS's norms take f32 or f64 tensors of one dtype"),
+        };
+        match out {
+            CpuStorage::F64(out) => part_mut(out, lo)?.copy_from_slice(&sums),
+            _ => bail!("LARS's norms are summed into an f64 tensor"),
         }
-        (Storage::Cpu(CpuStorage::F64(w)), Storage::Cpu(CpuStorage::F64(g))) => {
-            Ok(sum(part(w, wl)?, part(g, gl)?, weight_decay))
-        }
-        _ => bail!("the in-place SGD step takes f32 or f64 CPU tensors of one dtype"),
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        out: &mut candle_core::CudaStorage,
+        lo: &Layout,
+        w: &candle_core::CudaStorage,
+        lw: &Layout,
+        g: &candle_core::CudaStorage,
+        lg: &Layout,
+    ) -> Result<()> {
+        use super::cuda::{launch, Arg};
+        use candle_core::backend::BackendStorage;
+        let args = [
+            Arg::Values(w, lw),
+            Arg::Values(g, lg),
+            Arg::Count,
+            Arg::F64(self.0),
+        ];
+        let count = lw.shape().elem_count();
+        launch(KERNELS, "sgd_squares", w.dtype(), (out, lo), count, &args)
     }
 }
+
+/// The kernels of the CUDA step.
+#[cfg(feature = "cuda")]
+const KERNELS: super::cuda::Kernels = super::cuda::Kernels {
+    module: "ssl_sgd",
+    source: include_str!("sgd.cu"),
+};
 
 /// Which tensor a [`Pass`] updates.
 #[derive(Debug, Clone, Copy)]
@@ -172,26 +229,33 @@ enum Target {
     Weight,
 }
 
-/// One in-place pass of a step whose trust ratio is known: `d = ratio·(g + λ·w)` (`ratio` 1
-/// where LARS does not adapt), each value computed in f64.
+/// One in-place pass of a step: `d = ratio·(g + λ·w)`, each value computed in f64, `ratio`
+/// LARS's trust ratio from the [`Squares`] of the step where it adapts (else 1).
 struct Pass {
     step: SgdStep,
-    ratio: f64,
+    /// `[‖w‖², ‖g + λ·w‖²]` where LARS adapts this parameter.
+    squares: Option<Tensor>,
     target: Target,
 }
 
 impl Pass {
     /// Updates `out` (the buffer or the parameter, after [`Target`]) from `other` (the
     /// parameter or the buffer) and the gradient `g`.
-    fn kernel<T: WithDType>(&self, out: &mut [T], other: &[T], g: &[T]) {
+    fn kernel<T: WithDType>(&self, out: &mut [T], other: &[T], g: &[T]) -> Result<()> {
         let SgdStep {
             lr,
             weight_decay,
             momentum,
             nesterov,
-            ..
+            lars_eta,
         } = self.step;
-        let ratio = self.ratio;
+        let ratio = match (&self.squares, lars_eta) {
+            (Some(squares), Some(eta)) => match squares.to_vec1::<f64>()?.as_slice() {
+                &[w_sq, d_sq] => trust_ratio(eta, w_sq.sqrt(), d_sq.sqrt()).unwrap_or(1.0),
+                other => bail!("LARS's norms are two values, got {}", other.len()),
+            },
+            _ => 1.0,
+        };
         let d = |w: f64, g: f64| ratio * (g + weight_decay * w);
         match (self.target, nesterov) {
             (Target::Buffer, _) => each(out, other, g, |buf, w, g| momentum * buf + d(w, g)),
@@ -200,6 +264,7 @@ impl Pass {
             }),
             (Target::Weight, false) => each(out, other, g, |w, buf, _| w - lr * buf),
         }
+        Ok(())
     }
 }
 
@@ -244,7 +309,50 @@ impl InplaceOp3 for Pass {
             }
             _ => bail!("the in-place SGD step takes f32 or f64 tensors of one dtype"),
         }
-        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        out: &mut candle_core::CudaStorage,
+        lo: &Layout,
+        other: &candle_core::CudaStorage,
+        la: &Layout,
+        g: &candle_core::CudaStorage,
+        lg: &Layout,
+    ) -> Result<()> {
+        use super::cuda::{launch, Arg};
+        use candle_core::backend::BackendStorage;
+        let SgdStep {
+            lr,
+            weight_decay,
+            momentum,
+            nesterov,
+            lars_eta,
+        } = self.step;
+        let squares = match (&self.squares, lars_eta) {
+            (Some(s), Some(eta)) => Some((s.storage_and_layout(), eta)),
+            _ => None,
+        };
+        let mut args = vec![Arg::Values(other, la), Arg::Values(g, lg), Arg::Count];
+        if let Some(((storage, layout), _)) = &squares {
+            match &**storage {
+                candle_core::Storage::Cuda(sums) => args.push(Arg::Sums(sums, layout)),
+                _ => bail!("LARS's norms must be on the parameter's device"),
+            }
+        }
+        args.extend([weight_decay, momentum].map(Arg::F64));
+        args.extend(squares.as_ref().map(|(_, eta)| Arg::F64(*eta)));
+        let kind = if squares.is_some() { "lars" } else { "sgd" };
+        let name = match self.target {
+            Target::Buffer => format!("{kind}_buffer"),
+            Target::Weight => {
+                args.extend([Arg::F64(lr), Arg::I32(i32::from(nesterov))]);
+                format!("{kind}_weight")
+            }
+        };
+        let count = lo.shape().elem_count();
+        launch(KERNELS, &name, out.dtype(), (out, lo), count, &args)
     }
 }
 
