@@ -233,28 +233,32 @@ impl Optimizer {
 
     /// Per-slot gradient factors of the clipping groups, each over the global norm of its
     /// members' gradients (or each member's own norm, per parameter; a frozen parameter's
-    /// included): `max / (norm + 1e-6)` where the norm exceeds `max`, as PyTorch's
-    /// `clip_grad_norm_` and DINO's `clip_gradients`.
-    fn clip_factors(&self, grads: &GradStore) -> Result<Vec<f64>> {
-        let mut factors = vec![1.0; self.slots.len()];
+    /// included): `min(1, max / (norm + 1e-6))`, as PyTorch's `clip_grad_norm_` and DINO's
+    /// `clip_gradients`. Each is a scalar f64 tensor on the gradients' device (`None`: the slot
+    /// is in no clipping group), computed there: no norm is read to the host.
+    fn clip_factors(&self, grads: &GradStore) -> Result<Vec<Option<Tensor>>> {
+        let mut factors: Vec<Option<Tensor>> = vec![None; self.slots.len()];
         for clip in &self.clips {
             let mut squares = Vec::with_capacity(clip.slots.len());
             for &i in &clip.slots {
                 if let Some(g) = grads.get(self.slots[i].var.as_tensor()) {
                     let sq = g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?;
-                    squares.push((i, sq.to_scalar::<f64>()?));
+                    squares.push((i, sq));
                 }
             }
-            let groups: Vec<Vec<(usize, f64)>> = match clip.each {
+            let groups: Vec<Vec<(usize, Tensor)>> = match clip.each {
                 true => squares.into_iter().map(|s| vec![s]).collect(),
                 false => vec![squares],
             };
-            for members in groups {
-                let norm = members.iter().map(|(_, sq)| sq).sum::<f64>().sqrt();
-                if norm > clip.max {
-                    for (i, _) in members {
-                        factors[i] *= clip.max / (norm + 1e-6);
-                    }
+            for members in groups.into_iter().filter(|m| !m.is_empty()) {
+                let sums: Vec<&Tensor> = members.iter().map(|(_, sq)| sq).collect();
+                let norm = Tensor::stack(&sums, 0)?.sum_all()?.sqrt()?;
+                let factor = ((norm + 1e-6)?.recip()? * clip.max)?.clamp(0.0, 1.0)?;
+                for (i, _) in members {
+                    factors[i] = Some(match factors[i].take() {
+                        Some(f) => (f * &factor)?,
+                        None => factor.clone(),
+                    });
                 }
             }
         }
@@ -274,11 +278,12 @@ impl Optimizer {
                 continue;
             }
             let clipped;
-            let g = if factor < 1.0 {
-                clipped = (g * factor)?;
-                &clipped
-            } else {
-                g
+            let g = match factor {
+                Some(factor) => {
+                    clipped = g.broadcast_mul(&factor.to_dtype(g.dtype())?)?;
+                    &clipped
+                }
+                None => g,
             };
             slot.steps += 1;
             let t = slot.steps as i32;
