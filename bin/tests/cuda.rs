@@ -16,8 +16,11 @@ use candle_nn::{VarBuilder, VarMap};
 use parity::{check_encoder_row, compare, config, trace, ENCODER_ROWS};
 use ssl::setup;
 use ssl_models::autocast::{autocast, Precision};
+use ssl_models::gelu::gelu_erf;
+use ssl_models::layer_norm::layer_norm;
 use ssl_models::pool::max_pool_channel_major;
 use ssl_models::residual::residual_relu;
+use ssl_models::softmax::softmax_last_dim;
 use ssl_models::{BatchNorm, Conv};
 
 fn gpu() -> Device {
@@ -59,6 +62,24 @@ fn value_and_gradients(
     Ok(out)
 }
 
+/// Compares the CPU op's tensors with the GPU's, each within 1e-5 of the CPU tensor's largest
+/// magnitude, and adds a line to `report` for each that is not.
+fn check_within_1e5(
+    report: &mut Vec<String>,
+    what: &str,
+    cpu: &[Tensor],
+    gpu: &[Tensor],
+) -> Result<()> {
+    for (i, (a, b)) in cpu.iter().zip(gpu).enumerate() {
+        let error = relative_error(a, b)?;
+        println!("{what} [{i}]: largest error {error:.1e}");
+        if !within(error, 1e-5) {
+            report.push(format!("{what} [{i}]: relative error {error:.2e}"));
+        }
+    }
+    Ok(())
+}
+
 /// Our CUDA kernels against the CPU ops, values and every gradient within 1e-5 of each
 /// tensor's largest magnitude, f32 and f64: train-mode batch norm with its ReLU (rows long
 /// enough to split into segments, inputs off zero mean) and its running statistics, the
@@ -67,16 +88,8 @@ fn value_and_gradients(
 fn our_cuda_kernels_match_the_cpu_ops() -> Result<()> {
     let device = gpu();
     let mut report = Vec::new();
-    let mut check = |what: &str, cpu: &[Tensor], gpu: &[Tensor]| -> Result<()> {
-        for (i, (a, b)) in cpu.iter().zip(gpu).enumerate() {
-            let error = relative_error(a, b)?;
-            println!("{what} [{i}]: largest error {error:.1e}");
-            if !within(error, 1e-5) {
-                report.push(format!("{what} [{i}]: relative error {error:.2e}"));
-            }
-        }
-        Ok(())
-    };
+    let mut check =
+        |what: &str, cpu: &[Tensor], gpu: &[Tensor]| check_within_1e5(&mut report, what, cpu, gpu);
     for dtype in [DType::F32, DType::F64] {
         for (c, dims) in [(64usize, [8usize, 16, 16]), (8, [8, 64, 64])] {
             let shape = [c, dims[0], dims[1], dims[2]];
@@ -139,6 +152,89 @@ fn our_cuda_kernels_match_the_cpu_ops() -> Result<()> {
                 &format!("max pool {dtype:?} {shape:?}"),
                 &pool(&Device::Cpu)?,
                 &pool(&device)?,
+            )?;
+        }
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+    Ok(())
+}
+
+/// Our CUDA layer norm, softmax and GELU against the CPU ops, values and every gradient within
+/// 1e-5 of each tensor's largest magnitude, f32 and f64, at ViT-S/16's shapes (2 images of 197
+/// tokens: norms of width 384, 6 heads' 197 × 197 attention weights, the MLP's 1536 hidden
+/// units) and at odd row lengths, 7 (1000 rows) and 1000 (7 rows): layer norm with its weight
+/// and bias gradients on inputs off zero mean, softmax of logits up to ±20, GELU also at zero,
+/// tiny and tail inputs (where its backward does not read `Φ` off the output).
+#[test]
+fn our_transformer_kernels_match_the_cpu_ops() -> Result<()> {
+    let device = gpu();
+    let mut report = Vec::new();
+    let mut check =
+        |what: &str, cpu: &[Tensor], gpu: &[Tensor]| check_within_1e5(&mut report, what, cpu, gpu);
+    let randn = |shape: &[usize], scale: f64, shift: f64, dtype: DType| -> Result<Tensor> {
+        let x = Tensor::randn(0f64, 1.0, shape, &Device::Cpu)?;
+        Ok(((x * scale)? + shift)?.to_dtype(dtype)?)
+    };
+    let rows: [&[usize]; 3] = [&[2, 197, 384], &[1000, 7], &[7, 1000]];
+    for dtype in [DType::F32, DType::F64] {
+        for shape in rows {
+            let d = shape[shape.len() - 1];
+            let x = randn(shape, 3.0, 2.0, dtype)?;
+            let gamma = randn(&[d], 0.5, 1.0, dtype)?;
+            let beta = randn(&[d], 0.5, 0.0, dtype)?;
+            let r = randn(shape, 1.0, 0.0, dtype)?;
+            let run = |device: &Device| -> Result<Vec<Tensor>> {
+                let map = VarMap::new();
+                let ln = layer_norm(d, 1e-6, VarBuilder::from_varmap(&map, dtype, device))?;
+                let vars = map.data().lock().expect("the var map").clone();
+                vars["weight"].set(&gamma.to_device(device)?)?;
+                vars["bias"].set(&beta.to_device(device)?)?;
+                let x = Var::from_tensor(&x.to_device(device)?)?;
+                let y = ln.forward(x.as_tensor())?;
+                let grads = (&y * r.to_device(device)?)?.sum_all()?.backward()?;
+                let grad = |t: &Tensor| grads.get(t).expect("a gradient").to_device(&Device::Cpu);
+                Ok(vec![
+                    y.to_device(&Device::Cpu)?,
+                    grad(x.as_tensor())?,
+                    grad(vars["weight"].as_tensor())?,
+                    grad(vars["bias"].as_tensor())?,
+                ])
+            };
+            check(
+                &format!("layer norm {dtype:?} {shape:?}"),
+                &run(&Device::Cpu)?,
+                &run(&device)?,
+            )?;
+        }
+        let attention: &[usize] = &[2, 6, 197, 197];
+        for shape in [attention, rows[1], rows[2]] {
+            let x = randn(shape, 5.0, 0.0, dtype)?;
+            let r = randn(shape, 1.0, 0.0, dtype)?;
+            let softmax = |device: &Device| {
+                value_and_gradients(&[&x], &r, device, |t| softmax_last_dim(&t[0]))
+            };
+            check(
+                &format!("softmax {dtype:?} {shape:?}"),
+                &softmax(&Device::Cpu)?,
+                &softmax(&device)?,
+            )?;
+        }
+        let special = [
+            0.0, -0.0, 1e-35, -1e-35, 1e-31, 3e-7, -3e-7, -9.0, -16.0, 7.0, 40.0,
+        ];
+        let special = Tensor::new(&special[..], &Device::Cpu)?.to_dtype(dtype)?;
+        for x in [
+            randn(&[2, 197, 1536], 3.0, 0.0, dtype)?,
+            randn(&[1001], 3.0, 0.0, dtype)?,
+            special,
+        ] {
+            let r = x.randn_like(0.0, 1.0)?;
+            let gelu =
+                |device: &Device| value_and_gradients(&[&x], &r, device, |t| gelu_erf(&t[0]));
+            check(
+                &format!("GELU {dtype:?} {:?}", x.dims()),
+                &gelu(&Device::Cpu)?,
+                &gelu(&device)?,
             )?;
         }
     }
@@ -302,5 +398,59 @@ fn bf16_training_on_cuda_follows_f32() -> Result<()> {
         largest = largest.max(relative);
     }
     assert!(largest > 0.0, "bf16 products must change the numbers");
+    Ok(())
+}
+
+/// SGD and LARS on CUDA (our kernels; LARS's norms summed on the device and turned into the
+/// trust ratio there, with no read to the host) keep the parameter and its momentum buffer
+/// equal to the CPU's in-place step over four steps: plain, Nesterov and decayed SGD, LARS with
+/// and without Nesterov, and LARS on a zero parameter (the unadapted step), on more values than
+/// one block takes; f32 within 1e-6 of their scale (different summation orders of the norms),
+/// f64 within 1e-12.
+#[test]
+fn sgd_and_lars_steps_match_the_cpu() -> Result<()> {
+    use ssl::optim::sgd::SgdStep;
+    let gpu = gpu();
+    let step = |momentum, nesterov, weight_decay, lars_eta| SgdStep {
+        lr: 0.1,
+        weight_decay,
+        momentum,
+        nesterov,
+        lars_eta,
+    };
+    let cases = [
+        ("sgd", step(0.9, false, 0.0, None), false),
+        ("sgd nesterov", step(0.9, true, 0.0, None), false),
+        ("sgd decay", step(0.9, false, 0.05, None), false),
+        ("lars", step(0.9, false, 0.05, Some(0.02)), false),
+        ("lars nesterov", step(0.9, true, 0.05, Some(0.02)), false),
+        (
+            "lars zero parameter",
+            step(0.9, false, 0.0, Some(0.02)),
+            true,
+        ),
+    ];
+    for (dtype, limit) in [(DType::F32, 1e-6), (DType::F64, 1e-12)] {
+        for (name, step, zero) in cases {
+            let w0 = Tensor::randn(0f64, 1.0, (37, 1051), &Device::Cpu)?.to_dtype(dtype)?;
+            let w0 = if zero { w0.zeros_like()? } else { w0 };
+            let (w, buf) = (w0.copy()?, w0.zeros_like()?);
+            let (gw, gbuf) = (w0.to_device(&gpu)?, w0.zeros_like()?.to_device(&gpu)?);
+            for _ in 0..4 {
+                let g = Tensor::randn(0f64, 1.0, (37, 1051), &Device::Cpu)?.to_dtype(dtype)?;
+                let gg = g.to_device(&gpu)?;
+                assert!(
+                    SgdStep::fuses(&gw, &gg, Some(&gbuf)),
+                    "{name}: not our kernels"
+                );
+                step.in_place(&w, &g, &buf)?;
+                step.in_place(&gw, &gg, &gbuf)?;
+            }
+            for (what, cpu, cuda) in [("w", &w, &gw), ("buf", &buf, &gbuf)] {
+                let error = relative_error(cpu, cuda)?;
+                assert!(within(error, limit), "{dtype:?} {name}, {what}: {error:e}");
+            }
+        }
+    }
     Ok(())
 }

@@ -18,7 +18,8 @@
 //! `dK = dSᵀ Q / √d`.
 //!
 //! Other devices, dtypes and bf16 autocast take the composed path, whose gradients the tests
-//! compare with the fused op's.
+//! compare with the fused op's; on CUDA (feature `cuda`) its softmax is our kernel
+//! ([`softmax_last_dim`]).
 
 use std::sync::Mutex;
 

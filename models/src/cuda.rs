@@ -1,10 +1,12 @@
 //! Our CUDA kernels ([`kernels.cu`](cuda/kernels.cu)): train-mode batch norm (+ReLU) and its
-//! backward, the residual join `relu(h + shortcut)` and max pooling, each the GPU side of the
-//! CPU custom op in `batch_norm.rs` / `residual.rs` / `pool.rs` with the same formulas (sums in
-//! double, the same first-maximum rule). NVRTC compiles the source once per process, on first
-//! use, for the device's architecture ([`function`], which other crates' kernels use too); a
-//! batch norm pass is two launches (per-segment partial sums, then merge and apply) on a
-//! (channels × segments) grid.
+//! backward, the residual join `relu(h + shortcut)`, max pooling, layer norm, softmax over the
+//! last axis and the erf GELU with their backwards, each the GPU side of the CPU custom op in
+//! `batch_norm.rs` / `residual.rs` / `pool.rs` / `layer_norm.rs` / `softmax.rs` / `gelu.rs`
+//! with the same formulas (sums in double, the same first-maximum rule). NVRTC compiles the
+//! source once per process, on first use, for the device's architecture ([`function`], which
+//! other crates' kernels use too); a batch norm pass is two launches (per-segment partial sums,
+//! then merge and apply) on a (channels × segments) grid; layer norm and softmax give each row
+//! one warp.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{LazyLock, Mutex};
@@ -26,6 +28,8 @@ const MAX_BLOCKS: usize = 65_535;
 const TARGET_BLOCKS: usize = 512;
 /// The shortest row segment a block takes.
 const MIN_SEGMENT: usize = 4096;
+/// The fewest rows a block of the layer norm's parameter gradients sums.
+const MIN_SEGMENT_ROWS: usize = 32;
 
 /// The function `name` of the CUDA C++ `source` (named `module`), which NVRTC compiles on the
 /// first call for `dev`'s architecture, once per process; for other crates' kernels too (the
@@ -274,15 +278,144 @@ pub(crate) fn elementwise2<T: Element>(
     (a, b): (CudaView<T>, CudaView<T>),
     n: usize,
 ) -> Result<CudaStorage> {
+    elementwise(dev, name, &[a, b], n)
+}
+
+/// The elementwise kernel `name(inputs…, out, n)` over contiguous operands of `n` elements
+/// (`gelu`, `gelu_backward` and those of [`elementwise2`]).
+pub(crate) fn elementwise<T: Element>(
+    dev: &CudaDevice,
+    name: &str,
+    inputs: &[CudaView<T>],
+    n: usize,
+) -> Result<CudaStorage> {
     // SAFETY: the kernel writes every element.
     let mut out = unsafe { dev.alloc::<T>(n)? };
     let stream = dev.cuda_stream();
     let func = kernel::<T>(dev, name)?;
     let mut launch = stream.launch_builder(&func);
+    for input in inputs {
+        launch.arg(input);
+    }
     let n = n as i64;
-    launch.arg(&a).arg(&b).arg(&mut out).arg(&n);
+    launch.arg(&mut out).arg(&n);
     // SAFETY: as in `batch_norm`.
     unsafe { launch.launch(grid_stride(n as usize)) }?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+/// One warp per row, `THREADS / 32` rows a block, for `rows` rows.
+fn warp_per_row(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            rows.div_ceil(THREADS as usize / 32).clamp(1, MAX_BLOCKS) as u32,
+            1,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The row kernel `name(inputs…, out, rows, k)` (`softmax` or `softmax_backward`) over
+/// contiguous operands `[rows, k]`.
+pub(crate) fn row_kernel<T: Element>(
+    dev: &CudaDevice,
+    name: &str,
+    inputs: &[CudaView<T>],
+    (rows, k): (usize, usize),
+) -> Result<CudaStorage> {
+    // SAFETY: the kernel writes every element.
+    let mut out = unsafe { dev.alloc::<T>(rows * k)? };
+    let stream = dev.cuda_stream();
+    let func = kernel::<T>(dev, name)?;
+    let mut launch = stream.launch_builder(&func);
+    for input in inputs {
+        launch.arg(input);
+    }
+    let (rows_arg, k) = (rows as i64, k as i64);
+    launch.arg(&mut out).arg(&rows_arg).arg(&k);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(warp_per_row(rows)) }?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+/// Layer norm of contiguous rows `x` (`[R, D]`) with `gamma`, `beta` (`[D]`): the output and,
+/// per row, its mean and 1/√(σ² + ε) (`2R` doubles) for the backward.
+pub(crate) fn layer_norm<T: Element>(
+    dev: &CudaDevice,
+    (x, gamma, beta): (CudaView<T>, CudaView<T>, CudaView<T>),
+    (rows, d): (usize, usize),
+    eps: f64,
+) -> Result<(CudaStorage, CudaSlice<f64>)> {
+    // SAFETY: the kernel writes every element of `y` and `saved`.
+    let (mut y, mut saved) = unsafe { (dev.alloc::<T>(rows * d)?, dev.alloc::<f64>(2 * rows)?) };
+    let stream = dev.cuda_stream();
+    let func = kernel::<T>(dev, "layer_norm")?;
+    let mut launch = stream.launch_builder(&func);
+    let (rows_arg, d) = (rows as i64, d as i64);
+    launch
+        .arg(&x)
+        .arg(&gamma)
+        .arg(&beta)
+        .arg(&mut y)
+        .arg(&mut saved);
+    launch.arg(&rows_arg).arg(&d).arg(&eps);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(warp_per_row(rows)) }?;
+    Ok((CudaStorage::wrap_cuda_slice(y, dev.clone()), saved))
+}
+
+/// The layer norm backward from its input `x` (`[R, D]`), `gamma` (`[D]`), the output gradient
+/// `grad` (`[R, D]`) and the forward's saved row statistics: flat `[dx (R·D), dγ (D), dβ (D)]`.
+/// Three launches: `dx` a warp per row; per (32 columns × row segment) block the partial sums
+/// of `dγ = Σ g·x̂` and `dβ = Σ g`; their merge.
+pub(crate) fn layer_norm_backward<T: Element>(
+    dev: &CudaDevice,
+    (x, gamma, grad): (CudaView<T>, CudaView<T>, CudaView<T>),
+    saved: &CudaSlice<f64>,
+    (rows, d): (usize, usize),
+) -> Result<CudaStorage> {
+    let n = rows * d;
+    let tiles = d.div_ceil(32).max(1);
+    let s = TARGET_BLOCKS
+        .div_ceil(tiles)
+        .min(rows.div_ceil(MIN_SEGMENT_ROWS))
+        .max(1);
+    let seg = rows.div_ceil(s).max(1);
+    // SAFETY: the three kernels write every element of `out`, the second every partial sum.
+    let (mut out, mut partial) =
+        unsafe { (dev.alloc::<T>(n + 2 * d)?, dev.alloc::<f64>(2 * s * d)?) };
+    let stream = dev.cuda_stream();
+    let (rows_arg, d_arg, seg, segments) = (rows as i64, d as i64, seg as i64, s as i64);
+    let func = kernel::<T>(dev, "layer_norm_backward")?;
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&x)
+        .arg(&gamma)
+        .arg(&grad)
+        .arg(saved)
+        .arg(&mut out);
+    launch.arg(&rows_arg).arg(&d_arg);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(warp_per_row(rows)) }?;
+    let func = kernel::<T>(dev, "layer_norm_param_sums")?;
+    let mut launch = stream.launch_builder(&func);
+    launch.arg(&x).arg(&grad).arg(saved).arg(&mut partial);
+    launch.arg(&rows_arg).arg(&d_arg).arg(&seg);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(grid(tiles, s)) }?;
+    let func = kernel::<T>(dev, "layer_norm_param_merge")?;
+    let mut launch = stream.launch_builder(&func);
+    let n = n as i64;
+    launch
+        .arg(&partial)
+        .arg(&mut out)
+        .arg(&n)
+        .arg(&d_arg)
+        .arg(&segments);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(grid_stride(d)) }?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
 

@@ -8,18 +8,20 @@
 //! Candle's `gelu_erf` differentiates through a dozen elementwise passes over the input (and with
 //! `1/√(2π)` rounded to 0.398942); a ViT-S/16 MLP activation at batch 32 is 39 MB, twelve times
 //! per step. In f32, `Φ` and `φ` are branch-free approximations within 2·10⁻⁷ that vectorise
-//! ([`normal_cdf_f32`](crate::util::normal_cdf_f32)); f64 uses Candle's `erf`. Other devices
-//! and dtypes use Candle's op.
+//! ([`normal_cdf_f32`](crate::util::normal_cdf_f32)); f64 uses Candle's `erf`. On CUDA (feature
+//! `cuda`) the same two ops run our kernels (`cuda.rs`), `Φ` through CUDA's `erfc`. Other
+//! devices and dtypes use Candle's op.
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use ssl_linalg::extend_by_chunks;
 
-use crate::dispatch::fused_kernels;
+use crate::dispatch::{cuda_ops, fused_kernels};
 use crate::util::{contiguous_slice, vectorized, Float, ELEMENTWISE_BLOCK};
 
 /// `GELU(x)` elementwise (the erf form).
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
-    if fused_kernels(x.device()) && matches!(x.dtype(), DType::F32 | DType::F64) {
+    let ours = fused_kernels(x.device()) || cuda_ops(x.device());
+    if ours && matches!(x.dtype(), DType::F32 | DType::F64) {
         x.contiguous()?.apply_op1(GeluFwd)
     } else {
         x.gelu_erf()
@@ -97,6 +99,15 @@ impl candle_core::CustomOp1 for GeluFwd {
         Ok((out, l.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        cuda_elementwise("gelu", &[(s, l)])
+    }
+
     fn bwd(&self, x: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(x.apply_op3_no_bwd(
             y,
@@ -141,6 +152,39 @@ impl candle_core::CustomOp3 for GeluBwd {
         };
         Ok((out, lx.shape().clone()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        lx: &Layout,
+        y: &candle_core::CudaStorage,
+        ly: &Layout,
+        g: &candle_core::CudaStorage,
+        lg: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        cuda_elementwise("gelu_backward", &[(x, lx), (y, ly), (g, lg)])
+    }
+}
+
+/// Our CUDA elementwise `kernel` over contiguous f32 or f64 operands of one shape.
+#[cfg(feature = "cuda")]
+fn cuda_elementwise(
+    kernel: &str,
+    operands: &[(&candle_core::CudaStorage, &Layout)],
+) -> Result<(candle_core::CudaStorage, Shape)> {
+    use crate::cuda::{elementwise, float_dtype, view};
+    use candle_core::backend::BackendStorage;
+    let (s, l) = operands[0];
+    let n = l.shape().elem_count();
+    let out = float_dtype!(s.dtype(), T => {
+        let views = operands
+            .iter()
+            .map(|&(s, l)| view::<T>(s, l))
+            .collect::<Result<Vec<_>>>()?;
+        elementwise(&s.device, kernel, &views, n)?
+    });
+    Ok((out, l.shape().clone()))
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 //! its first norm. [`LayerNorm`] computes `y = (x − μ)/√(σ² + ε) · γ + β` per row (population
 //! variance, as `torch.nn.LayerNorm`) in one pass and its gradient
 //! `dx = (γ·g − mean(γ·g) − x̂·mean(γ·g·x̂)) / √(σ² + ε)`, `dγ = Σ g·x̂`, `dβ = Σ g` in another,
-//! over row blocks on Candle's workers. Other devices compose Candle ops.
+//! over row blocks on Candle's workers. On CUDA (feature `cuda`) the same two ops run our kernels
+//! (`cuda.rs`: a warp per row, the parameter gradients summed over row segments). Other devices
+//! and dtypes compose Candle ops.
 
 use std::sync::{Arc, Mutex};
 
@@ -13,7 +15,7 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::map_chunks_mut;
 
-use crate::dispatch::fused_kernels;
+use crate::dispatch::{cuda_ops, fused_kernels};
 use crate::util::{contiguous_slice, lane_sum, owned_part, vectorized, Float};
 
 /// Rows per parallel block.
@@ -43,14 +45,15 @@ impl LayerNorm {
         if x.dim(D::Minus1)? != d {
             candle_core::bail!("layer norm of width {d} got input {:?}", x.dims());
         }
-        let fused = fused_kernels(x.device()) && matches!(x.dtype(), DType::F32 | DType::F64);
+        let fused = (fused_kernels(x.device()) || cuda_ops(x.device()))
+            && matches!(x.dtype(), DType::F32 | DType::F64);
         if !fused {
             return self.forward_composed(x);
         }
         let dt = x.dtype();
         let op = LnFwd {
             eps: self.eps,
-            saved: Arc::new(Mutex::new(Vec::new())),
+            saved: Arc::new(Mutex::new(Saved::Host(Vec::new()))),
         };
         x.contiguous()?.apply_op3(
             &self.weight.to_dtype(dt)?.contiguous()?,
@@ -73,10 +76,29 @@ impl LayerNorm {
     }
 }
 
+/// Per row, the mean and 1/√(σ² + ε) the forward leaves for the backward.
+enum Saved {
+    /// From the CPU op.
+    Host(Vec<(f64, f64)>),
+    /// On the CUDA device, from our kernel: `[mean, inv]` per row, `2R` doubles.
+    #[cfg(feature = "cuda")]
+    Device(candle_core::cuda_backend::cudarc::driver::CudaSlice<f64>),
+}
+
+impl Saved {
+    /// The statistics of the CPU op.
+    fn host(&self) -> Result<&[(f64, f64)]> {
+        match self {
+            Saved::Host(stats) => Ok(stats),
+            #[cfg(feature = "cuda")]
+            Saved::Device(_) => candle_core::bail!("a CUDA layer norm's backward got CPU tensors"),
+        }
+    }
+}
+
 struct LnFwd {
     eps: f64,
-    /// Per row: mean and 1/√(σ² + ε), for the backward.
-    saved: Arc<Mutex<Vec<(f64, f64)>>>,
+    saved: Arc<Mutex<Saved>>,
 }
 
 fn ln_fwd_kernel<T: Float>(x: &[T], g: &[T], b: &[T], eps: f64) -> (Vec<T>, Vec<(f64, f64)>) {
@@ -142,8 +164,30 @@ impl candle_core::CustomOp3 for LnFwd {
             }
             _ => candle_core::bail!("layer norm supports f32 and f64 only"),
         };
-        *self.saved.lock().expect("layer-norm stats lock") = stats;
+        *self.saved.lock().expect("layer-norm stats lock") = Saved::Host(stats);
         Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::{float_dtype, layer_norm, view};
+        use candle_core::backend::BackendStorage;
+        let d = l2.shape().elem_count();
+        let rows = (l1.shape().elem_count() / d.max(1), d);
+        let (y, saved) = float_dtype!(s1.dtype(), T => {
+            let operands = (view::<T>(s1, l1)?, view::<T>(s2, l2)?, view::<T>(s3, l3)?);
+            layer_norm(&s1.device, operands, rows, self.eps)?
+        });
+        *self.saved.lock().expect("layer-norm stats lock") = Saved::Device(saved);
+        Ok((y, l1.shape().clone()))
     }
 
     fn bwd(
@@ -169,7 +213,7 @@ impl candle_core::CustomOp3 for LnFwd {
 
 /// Backward of [`LnFwd`]: inputs (x, γ, grad), output flat `[dx (R·D), dγ (D), dβ (D)]`.
 struct LnBwd {
-    saved: Arc<Mutex<Vec<(f64, f64)>>>,
+    saved: Arc<Mutex<Saved>>,
 }
 
 fn ln_bwd_kernel<T: Float>(x: &[T], gamma: &[T], g: &[T], stats: &[(f64, f64)]) -> Vec<T> {
@@ -234,24 +278,50 @@ impl candle_core::CustomOp3 for LnBwd {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let stats = self.saved.lock().expect("layer-norm stats lock");
+        let saved = self.saved.lock().expect("layer-norm stats lock");
+        let stats = saved.host()?;
         let len = l1.shape().elem_count() + 2 * l2.shape().elem_count();
         let out = match s1 {
             CpuStorage::F32(_) => CpuStorage::F32(ln_bwd_kernel::<f32>(
                 contiguous_slice(s1, l1)?,
                 contiguous_slice(s2, l2)?,
                 contiguous_slice(s3, l3)?,
-                &stats,
+                stats,
             )),
             CpuStorage::F64(_) => CpuStorage::F64(ln_bwd_kernel::<f64>(
                 contiguous_slice(s1, l1)?,
                 contiguous_slice(s2, l2)?,
                 contiguous_slice(s3, l3)?,
-                &stats,
+                stats,
             )),
             _ => candle_core::bail!("layer norm supports f32 and f64 only"),
         };
         Ok((out, Shape::from(len)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::{float_dtype, layer_norm_backward, view};
+        use candle_core::backend::BackendStorage;
+        let saved = self.saved.lock().expect("layer-norm stats lock");
+        let Saved::Device(stats) = &*saved else {
+            candle_core::bail!("a CPU layer norm's backward got CUDA tensors")
+        };
+        let d = l2.shape().elem_count();
+        let rows = (l1.shape().elem_count() / d.max(1), d);
+        let out = float_dtype!(s1.dtype(), T => {
+            let operands = (view::<T>(s1, l1)?, view::<T>(s2, l2)?, view::<T>(s3, l3)?);
+            layer_norm_backward(&s1.device, operands, stats, rows)?
+        });
+        Ok((out, Shape::from(l1.shape().elem_count() + 2 * d)))
     }
 }
 

@@ -4,12 +4,13 @@
 //! divide), each a broadcast op with its own backward; `softmax_last_dim` is fused but has no
 //! backward. [`softmax_last_dim`] computes `y = exp(x − max x) / Σ exp(x − max x)` per row in one
 //! pass and its gradient `dx = y ⊙ (g − ⟨g, y⟩)` in another, over row blocks on Candle's workers.
-//! Other devices and dtypes compose Candle ops.
+//! On CUDA (feature `cuda`) the same two ops run our kernels (`cuda.rs`, a warp per row). Other
+//! devices and dtypes compose Candle ops.
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 use ssl_linalg::map_chunks_mut;
 
-use crate::dispatch::fused_kernels;
+use crate::dispatch::{cuda_ops, fused_kernels};
 use crate::util::{contiguous_slice, Float};
 
 /// Rows per parallel block.
@@ -17,7 +18,8 @@ const BLOCK_ROWS: usize = 64;
 
 /// Softmax of `x`: `[…, K]` over its last axis (`torch.softmax(x, -1)`).
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    if fused_kernels(x.device()) && matches!(x.dtype(), DType::F32 | DType::F64) {
+    let ours = fused_kernels(x.device()) || cuda_ops(x.device());
+    if ours && matches!(x.dtype(), DType::F32 | DType::F64) {
         x.contiguous()?.apply_op1(SoftmaxFwd)
     } else {
         candle_nn::ops::softmax(x, D::Minus1)
@@ -87,6 +89,15 @@ impl candle_core::CustomOp1 for SoftmaxFwd {
         Ok((out, l.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        cuda_rows("softmax", &[(s, l)])
+    }
+
     fn bwd(&self, _x: &Tensor, y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(y.apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxBwd)?))
     }
@@ -123,6 +134,39 @@ impl candle_core::CustomOp2 for SoftmaxBwd {
         };
         Ok((out, l1.shape().clone()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        cuda_rows("softmax_backward", &[(s1, l1), (s2, l2)])
+    }
+}
+
+/// Our CUDA row `kernel` over contiguous f32 or f64 operands of one shape, rows along the last
+/// axis.
+#[cfg(feature = "cuda")]
+fn cuda_rows(
+    kernel: &str,
+    operands: &[(&candle_core::CudaStorage, &Layout)],
+) -> Result<(candle_core::CudaStorage, Shape)> {
+    use crate::cuda::{float_dtype, row_kernel, view};
+    use candle_core::backend::BackendStorage;
+    let (s, l) = operands[0];
+    let k = row_len(l);
+    let rows = l.shape().elem_count() / k;
+    let out = float_dtype!(s.dtype(), T => {
+        let views = operands
+            .iter()
+            .map(|&(s, l)| view::<T>(s, l))
+            .collect::<Result<Vec<_>>>()?;
+        row_kernel(&s.device, kernel, &views, (rows, k))?
+    });
+    Ok((out, l.shape().clone()))
 }
 
 #[cfg(test)]

@@ -275,3 +275,216 @@ __device__ void max_pool_backward(const T *grad, const unsigned *arg, T *dx, lon
 
 INSTANTIATE_POOL(float, f32)
 INSTANTIATE_POOL(double, f64)
+
+// Layer norm, softmax over the last axis and the erf GELU, forward and backward: the CPU ops of
+// layer_norm.rs, softmax.rs and gelu.rs with the same formulas, sums in double, exponentials
+// and erfc in the element type. The row kernels give each row of `k` values one warp
+// (THREADS / 32 rows a block, a grid-stride loop over rows); a warp strides over its row, so
+// any row length is correct, and rows of up to a few thousand keep every lane busy.
+
+#define WARPS (THREADS / 32)
+
+// The sum over the warp, in every lane.
+__device__ double warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// The largest value over the warp, in every lane (NaNs ignored, as f64::max).
+template <typename T>
+__device__ T warp_max(T v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The rows of the calling warp: `for (long long r = first_row(); r < rows; r += row_step())`,
+// the same in every lane, so that the warp's shuffles see all 32 lanes.
+__device__ long long first_row() { return blockIdx.x * (long long)WARPS + (threadIdx.x >> 5); }
+__device__ long long row_step() { return (long long)gridDim.x * WARPS; }
+
+// y = exp(x − max x) / Σ exp(x − max x) per row of k.
+template <typename T>
+__device__ void softmax(const T *x, T *y, long long rows, long long k) {
+    int lane = threadIdx.x & 31;
+    for (long long r = first_row(); r < rows; r += row_step()) {
+        const T *in = x + r * k;
+        T *out = y + r * k;
+        T max = in[0];
+        for (long long i = lane; i < k; i += 32) max = fmax(max, in[i]);
+        max = warp_max(max);
+        double sum = 0.0;
+        for (long long i = lane; i < k; i += 32) sum += (double)exp(in[i] - max);
+        T inv = (T)(1.0 / warp_sum(sum));
+        for (long long i = lane; i < k; i += 32) out[i] = exp(in[i] - max) * inv;
+    }
+}
+
+// dx = y ⊙ (g − ⟨g, y⟩) per row of k, from the softmax output y and its gradient g.
+template <typename T>
+__device__ void softmax_backward(const T *y, const T *g, T *dx, long long rows, long long k) {
+    int lane = threadIdx.x & 31;
+    for (long long r = first_row(); r < rows; r += row_step()) {
+        long long at = r * k;
+        double dot = 0.0;
+        for (long long i = lane; i < k; i += 32) dot += (double)y[at + i] * (double)g[at + i];
+        T d = (T)warp_sum(dot);
+        for (long long i = lane; i < k; i += 32) dx[at + i] = y[at + i] * (g[at + i] - d);
+    }
+}
+
+// y = (x − mean)·inv·γ + β per row of d, inv = 1/√(var + eps) with the population variance;
+// saved[2r], saved[2r + 1] = the row's mean and inv.
+template <typename T>
+__device__ void layer_norm(const T *x, const T *gamma, const T *beta, T *y, double *saved,
+                           long long rows, long long d, double eps) {
+    int lane = threadIdx.x & 31;
+    for (long long r = first_row(); r < rows; r += row_step()) {
+        const T *in = x + r * d;
+        T *out = y + r * d;
+        double sum = 0.0;
+        for (long long i = lane; i < d; i += 32) sum += (double)in[i];
+        double mean = warp_sum(sum) / (double)d, squares = 0.0;
+        for (long long i = lane; i < d; i += 32) {
+            double c = (double)in[i] - mean;
+            squares += c * c;
+        }
+        double inv = 1.0 / sqrt(warp_sum(squares) / (double)d + eps);
+        T mt = (T)mean, it = (T)inv;
+        for (long long i = lane; i < d; i += 32) out[i] = (in[i] - mt) * it * gamma[i] + beta[i];
+        if (lane == 0) {
+            saved[2 * r] = mean;
+            saved[2 * r + 1] = inv;
+        }
+    }
+}
+
+// dx = inv·(γ·g − a − (x − mean)·inv·b) per row of d, a = mean(γ·g), b = mean(γ·g·x̂),
+// x̂ = (x − mean)·inv.
+template <typename T>
+__device__ void layer_norm_backward(const T *x, const T *gamma, const T *g, const double *saved,
+                                    T *dx, long long rows, long long d) {
+    int lane = threadIdx.x & 31;
+    for (long long r = first_row(); r < rows; r += row_step()) {
+        long long at = r * d;
+        double mean = saved[2 * r], inv = saved[2 * r + 1], a = 0.0, b = 0.0;
+        for (long long i = lane; i < d; i += 32) {
+            double dy = (double)g[at + i] * (double)gamma[i];
+            a += dy;
+            b += dy * ((double)x[at + i] - mean) * inv;
+        }
+        T a_t = (T)(warp_sum(a) / (double)d), b_t = (T)(warp_sum(b) / (double)d);
+        T mt = (T)mean, it = (T)inv;
+        for (long long i = lane; i < d; i += 32)
+            dx[at + i] = it * (g[at + i] * gamma[i] - a_t - (x[at + i] - mt) * it * b_t);
+    }
+}
+
+// Grid (⌈d/32⌉, S): block (c, s) takes columns [32c, 32c + 32) of rows [s·seg, (s + 1)·seg),
+// a warp a row at a time, and writes partial[(2s + {0, 1})·d + column] = Σ g·x̂, Σ g.
+template <typename T>
+__device__ void layer_norm_param_sums(const T *x, const T *g, const double *saved,
+                                      double *partial, long long rows, long long d,
+                                      long long seg) {
+    __shared__ double sg[WARPS][32], sb[WARPS][32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    long long col = blockIdx.x * 32LL + lane, first = blockIdx.y * seg;
+    long long last = first + seg < rows ? first + seg : rows;
+    double dgamma = 0.0, dbeta = 0.0;
+    if (col < d) {
+        for (long long r = first + w; r < last; r += WARPS) {
+            double gv = (double)g[r * d + col];
+            dgamma += gv * ((double)x[r * d + col] - saved[2 * r]) * saved[2 * r + 1];
+            dbeta += gv;
+        }
+    }
+    sg[w][lane] = dgamma;
+    sb[w][lane] = dbeta;
+    __syncthreads();
+    if (w == 0 && col < d) {
+        for (int k = 1; k < WARPS; ++k) {
+            dgamma += sg[k][lane];
+            dbeta += sb[k][lane];
+        }
+        partial[2 * blockIdx.y * d + col] = dgamma;
+        partial[(2 * blockIdx.y + 1) * d + col] = dbeta;
+    }
+}
+
+// out[n + j], out[n + d + j] = dγ, dβ of column j: the sums of its S partials (grid-stride
+// over the d columns).
+template <typename T>
+__device__ void layer_norm_param_merge(const double *partial, T *out, long long n, long long d,
+                                       long long segments) {
+    for (long long j = blockIdx.x * (long long)THREADS + threadIdx.x; j < d;
+         j += (long long)gridDim.x * THREADS) {
+        double dgamma = 0.0, dbeta = 0.0;
+        for (long long s = 0; s < segments; ++s) {
+            dgamma += partial[2 * s * d + j];
+            dbeta += partial[(2 * s + 1) * d + j];
+        }
+        out[n + j] = (T)dgamma;
+        out[n + d + j] = (T)dbeta;
+    }
+}
+
+// y = x·Φ(x), Φ(x) = erfc(−x/√2)/2.
+template <typename T>
+__device__ void gelu(const T *x, T *y, long long n) {
+    for (long long i = blockIdx.x * (long long)THREADS + threadIdx.x; i < n;
+         i += (long long)gridDim.x * THREADS) {
+        T v = x[i];
+        y[i] = v * ((T)0.5 * erfc(-v * (T)0.70710678118654752440));
+    }
+}
+
+// dx = g·(Φ(x) + x·φ(x)), φ(x) = exp(−x²/2)/√(2π), with Φ(x) = y/x from the output (1/2 where
+// |x| ≤ 10⁻³⁰).
+template <typename T>
+__device__ void gelu_backward(const T *x, const T *y, const T *g, T *dx, long long n) {
+    for (long long i = blockIdx.x * (long long)THREADS + threadIdx.x; i < n;
+         i += (long long)gridDim.x * THREADS) {
+        T v = x[i];
+        T cdf = v > (T)1e-30 || v < (T)-1e-30 ? y[i] / v : (T)0.5;
+        T density = exp((T)-0.5 * v * v) * (T)0.39894228040143267794;
+        dx[i] = g[i] * (cdf + v * density);
+    }
+}
+
+#define INSTANTIATE_ROWS(T, SUFFIX)                                                               \
+    extern "C" __global__ void softmax_##SUFFIX(const T *x, T *y, long long rows, long long k) { \
+        softmax<T>(x, y, rows, k);                                                              \
+    }                                                                                           \
+    extern "C" __global__ void softmax_backward_##SUFFIX(const T *y, const T *g, T *dx,         \
+                                                         long long rows, long long k) {         \
+        softmax_backward<T>(y, g, dx, rows, k);                                                 \
+    }                                                                                           \
+    extern "C" __global__ void layer_norm_##SUFFIX(const T *x, const T *gamma, const T *beta,   \
+                                                   T *y, double *saved, long long rows,         \
+                                                   long long d, double eps) {                   \
+        layer_norm<T>(x, gamma, beta, y, saved, rows, d, eps);                                  \
+    }                                                                                           \
+    extern "C" __global__ void layer_norm_backward_##SUFFIX(const T *x, const T *gamma,         \
+                                                            const T *g, const double *saved,    \
+                                                            T *dx, long long rows,              \
+                                                            long long d) {                      \
+        layer_norm_backward<T>(x, gamma, g, saved, dx, rows, d);                                \
+    }                                                                                           \
+    extern "C" __global__ void layer_norm_param_sums_##SUFFIX(                                  \
+        const T *x, const T *g, const double *saved, double *partial, long long rows,           \
+        long long d, long long seg) {                                                           \
+        layer_norm_param_sums<T>(x, g, saved, partial, rows, d, seg);                           \
+    }                                                                                           \
+    extern "C" __global__ void layer_norm_param_merge_##SUFFIX(                                 \
+        const double *partial, T *out, long long n, long long d, long long segments) {          \
+        layer_norm_param_merge<T>(partial, out, n, d, segments);                                \
+    }                                                                                           \
+    extern "C" __global__ void gelu_##SUFFIX(const T *x, T *y, long long n) {                   \
+        gelu<T>(x, y, n);                                                                       \
+    }                                                                                           \
+    extern "C" __global__ void gelu_backward_##SUFFIX(const T *x, const T *y, const T *g,       \
+                                                      T *dx, long long n) {                     \
+        gelu_backward<T>(x, y, g, dx, n);                                                       \
+    }
+
+INSTANTIATE_ROWS(float, f32)
+INSTANTIATE_ROWS(double, f64)
