@@ -289,9 +289,11 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', value_name = "KEY", requires = "resume")]
     pub allow_changed: Vec<String>,
     /// Data parallelism: mpi (one process per rank, started by mpirun or srun; needs a build
-    /// with `--features mpi`) or none [default: mpi under a launcher of several processes
-    /// (OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS), else none]
-    #[arg(long, value_name = "mpi|none")]
+    /// with `--features mpi`), nccl (one process per GPU, each on cuda:<local rank>; needs
+    /// `--features nccl`, and mpi too for more than one process) or none [default: mpi under a
+    /// launcher of several processes (OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS),
+    /// else none]
+    #[arg(long, value_name = "mpi|nccl|none")]
     pub distributed: Option<String>,
 }
 

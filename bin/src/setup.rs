@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{Device, Tensor};
+use candle_core::{Device, DeviceLocation, Tensor};
 use candle_nn::VarBuilder;
 use ssl_data::{Dataset, Normalization};
 use ssl_models::{
@@ -33,6 +33,25 @@ pub fn device(name: &str) -> Result<Device> {
         ),
         other => bail!("unknown device `{other}`; use cpu, cuda[:N] or metal"),
     }
+}
+
+/// The device a rank of `comm` trains on: the one `comm` is bound to (NCCL: `cuda:<local
+/// rank>`, which `name` must then be: `cuda`, or `cuda:N` with that N), else [`device`]`(name)`.
+pub fn rank_device(name: &str, comm: &dyn ssl_dist::Comm) -> Result<Device> {
+    let Some(bound) = comm.device() else {
+        return device(name);
+    };
+    if let DeviceLocation::Cuda { gpu_id } = bound.location() {
+        if name != "cuda" && name != format!("cuda:{gpu_id}") {
+            bail!(
+                "--distributed nccl: rank {} trains on cuda:{gpu_id}, the GPU of its local rank, \
+                 but the device asked for is `{name}`; use --device cuda (every rank then takes \
+                 its own GPU)",
+                comm.rank()
+            );
+        }
+    }
+    Ok(bound.clone())
 }
 
 /// The data set and its stratified train/test split (positions into the data set; for MedMNIST

@@ -8,22 +8,28 @@
 //! all-reduce, barrier, abort).
 //!
 //! Back ends: [`SingleProcess`] (world size 1, no communication) always; `MpiCollective` over the
-//! system OpenMPI with the cargo feature `mpi`. The default build needs no MPI installation.
-//! There is no NCCL back end: a multi-rank NCCL run needs several GPUs, which no machine this
-//! project is tested on has, and an untested back end is not shipped.
+//! system OpenMPI with the cargo feature `mpi`; `NcclCollective` with the feature `nccl`, one
+//! process per GPU, NCCL carrying the tensors on the devices and MPI the control (so more than
+//! one rank needs both features). The default build needs neither MPI nor CUDA. The NCCL back
+//! end is compile-checked only: its tests (`tests/nccl.rs`, world size 1) wait for a session
+//! with a GPU, and no machine this project is tested on has several.
 
 use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 pub use ssl_core::{Collective, SingleProcess};
 
 #[cfg(feature = "mpi")]
 mod mpi_backend;
 #[cfg(feature = "mpi")]
 pub use mpi_backend::MpiCollective;
+#[cfg(feature = "nccl")]
+mod nccl_backend;
+#[cfg(feature = "nccl")]
+pub use nccl_backend::NcclCollective;
 
 /// A data-parallel communicator: the trainer's view of the ranks.
 pub trait Comm: Collective {
@@ -33,6 +39,19 @@ pub trait Comm: Collective {
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()>;
     /// [`Self::all_reduce_sum`] in double precision (logged losses).
     fn all_reduce_sum_f64(&self, buf: &mut [f64]) -> Result<()>;
+    /// The element-wise sum over all ranks of `t` (the same shape on every rank), on `t`'s
+    /// device; not differentiable. By default through the host in `f32`
+    /// ([`Self::all_reduce_sum`]); NCCL keeps it on the GPU.
+    fn all_reduce_sum_tensor(&self, t: &Tensor) -> Result<Tensor> {
+        let mut buf = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        self.all_reduce_sum(&mut buf)?;
+        Ok(Tensor::from_vec(buf, t.shape(), t.device())?.to_dtype(t.dtype())?)
+    }
+    /// The device this rank must train on, when the communicator is bound to one (NCCL:
+    /// `cuda:<local rank>`, the very device its collectives run on).
+    fn device(&self) -> Option<&Device> {
+        None
+    }
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
     /// Ends every rank of the job with exit status `code` (a failed rank must not leave the
@@ -70,6 +89,8 @@ pub enum Backend {
     None,
     /// OpenMPI (feature `mpi`).
     Mpi,
+    /// NCCL on one GPU per process (feature `nccl`; `mpi` too for more than one process).
+    Nccl,
 }
 
 impl FromStr for Backend {
@@ -78,7 +99,8 @@ impl FromStr for Backend {
         match s {
             "none" => Ok(Self::None),
             "mpi" => Ok(Self::Mpi),
-            other => bail!("unknown --distributed `{other}`; choose mpi or none"),
+            "nccl" => Ok(Self::Nccl),
+            other => bail!("unknown --distributed `{other}`; choose mpi, nccl or none"),
         }
     }
 }
@@ -114,9 +136,31 @@ pub fn detect_launch(env: impl Fn(&str) -> Option<String>) -> Result<Option<Laun
     Ok(None)
 }
 
+/// The environment variables that carry a process's rank on its node, in the order they are
+/// read: OpenMPI's `mpirun`, SLURM's `srun` and MPICH's Hydra.
+pub const LOCAL_RANK_VARIABLES: [&str; 3] = [
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_LOCALID",
+    "MPI_LOCALRANKID",
+];
+
+/// This process's rank on its node (under NCCL, the GPU it trains on), if a launcher set one,
+/// as `env` (a variable's value) reports it.
+pub fn local_rank(env: impl Fn(&str) -> Option<String>) -> Result<Option<usize>> {
+    LOCAL_RANK_VARIABLES
+        .into_iter()
+        .find_map(|variable| env(variable).map(|value| (variable, value)))
+        .map(|(variable, value)| {
+            value.trim().parse().with_context(|| {
+                format!("the launcher set {variable}={value:?}, which is not a local rank")
+            })
+        })
+        .transpose()
+}
+
 /// The communicator `ssl run` trains with: `requested` (`--distributed`), or when absent `mpi`
-/// under a launcher of more than one process and `none` otherwise. Refuses `mpi` in a build
-/// without the `mpi` feature, and `none` under a multi-process launcher (every process would
+/// under a launcher of more than one process and `none` otherwise. Refuses `mpi` or `nccl` in a
+/// build without its feature, and `none` under a multi-process launcher (every process would
 /// train the whole job into the same run directory).
 pub fn connect(requested: Option<Backend>) -> Result<Arc<dyn Comm>> {
     let launch = detect_launch(|v| std::env::var(v).ok())?;
@@ -124,13 +168,15 @@ pub fn connect(requested: Option<Backend>) -> Result<Arc<dyn Comm>> {
     match (requested, many) {
         (Some(Backend::None), Some(l)) => bail!(
             "--distributed none, but the launcher started {} processes ({}={}): each would train \
-             the whole job into the same run directory; launch one process, or use --distributed mpi",
+             the whole job into the same run directory; launch one process, or use --distributed \
+             mpi (nccl on GPUs)",
             l.processes,
             l.variable,
             l.processes
         ),
         (Some(Backend::None), None) | (None, None) => Ok(Arc::new(SingleProcess)),
         (Some(Backend::Mpi), _) | (None, Some(_)) => mpi(launch.as_ref()),
+        (Some(Backend::Nccl), _) => nccl(launch.as_ref()),
     }
 }
 
@@ -168,6 +214,60 @@ fn mpi(launch: Option<&Launch>) -> Result<Arc<dyn Comm>> {
     )
 }
 
+/// NCCL for the tensors, on `cuda:<local rank>`; control over MPI under a launcher of more than
+/// one process, local otherwise.
+#[cfg(feature = "nccl")]
+fn nccl(launch: Option<&Launch>) -> Result<Arc<dyn Comm>> {
+    let control: Arc<dyn Comm> = match launch.filter(|l| l.processes > 1) {
+        Some(l) => nccl_control(l)?,
+        None => Arc::new(SingleProcess),
+    };
+    let local = match local_rank(|v| std::env::var(v).ok())? {
+        Some(local) => local,
+        None if control.world_size() == 1 => 0,
+        None => bail!(
+            "--distributed nccl: rank {} cannot tell which GPU is its own, as the launcher set \
+             none of {}; start the job with mpirun or srun",
+            control.rank(),
+            LOCAL_RANK_VARIABLES.join(", ")
+        ),
+    };
+    Ok(Arc::new(NcclCollective::init(control, local)?))
+}
+
+#[cfg(all(feature = "nccl", feature = "mpi"))]
+fn nccl_control(launch: &Launch) -> Result<Arc<dyn Comm>> {
+    mpi(Some(launch))
+}
+
+#[cfg(all(feature = "nccl", not(feature = "mpi")))]
+fn nccl_control(launch: &Launch) -> Result<Arc<dyn Comm>> {
+    bail!(
+        "--distributed nccl over {} processes ({}) needs MPI for its control (ranks, the NCCL \
+         id, barriers), but ssl was built without the mpi feature; rebuild with `--features \
+         mpi,nccl` (needs OpenMPI: apt-get install openmpi-bin libopenmpi-dev libclang-dev), or \
+         launch one process",
+        launch.processes,
+        launch.variable
+    )
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl(launch: Option<&Launch>) -> Result<Arc<dyn Comm>> {
+    let by = match launch {
+        Some(l) => format!(
+            " (the launcher started {} processes: {})",
+            l.processes, l.variable
+        ),
+        None => String::new(),
+    };
+    bail!(
+        "data-parallel training over NCCL was asked for{by}, but ssl was built without the nccl \
+         feature; rebuild with `--features nccl` (a CUDA build; add mpi for more than one \
+         process), or use --distributed mpi or none"
+    )
+}
+
 /// Elements of one all-reduce message: 25 MiB of `f32`, PyTorch DDP's default bucket.
 pub const BUCKET_ELEMENTS: usize = 25 * 1024 * 1024 / 4;
 
@@ -177,8 +277,12 @@ pub const BUCKET_ELEMENTS: usize = 25 * 1024 * 1024 / 4;
 ///
 /// A variable that has a gradient on some ranks only (a parameter this rank's batch did not
 /// reach) counts as zero where it has none, as in PyTorch's DDP; one that has none anywhere
-/// keeps none, so the optimiser skips it as it would in one process. Gradients travel as `f32`
-/// and come back in the variable's dtype. Runs after the backward pass (no overlap with it).
+/// keeps none, so the optimiser skips it as it would in one process. A bucket is the `f32`
+/// concatenation of its flattened gradients, built on their device and reduced by
+/// [`Comm::all_reduce_sum_tensor`] (NCCL: without leaving the GPU); the means come back in each
+/// variable's dtype. Runs after the backward pass (no overlap with it). At world size 1 the
+/// gradients are left as they are, except on a communicator bound to a device (NCCL), which
+/// reduces them anyway (device copies) so that one GPU runs the path several take.
 pub fn reduce_gradients(
     comm: &dyn Comm,
     params: &[(String, Var)],
@@ -186,7 +290,7 @@ pub fn reduce_gradients(
     bucket_elements: usize,
 ) -> Result<()> {
     let world = comm.world_size();
-    if world == 1 {
+    if world == 1 && comm.device().is_none() {
         return Ok(());
     }
     let mut present: Vec<f32> = params
@@ -210,27 +314,22 @@ pub fn reduce_gradients(
             end += 1;
         }
         let bucket = &reduced[start..end];
-        let mut buf = Vec::with_capacity(len);
-        for (name, var) in bucket {
-            match grads.get(var.as_tensor()) {
-                Some(g) => buf.extend(
-                    g.to_dtype(DType::F32)?
-                        .flatten_all()?
-                        .to_vec1::<f32>()
-                        .with_context(|| format!("the gradient of {name}"))?,
-                ),
-                None => buf.resize(buf.len() + var.elem_count(), 0.0),
-            }
-        }
-        comm.all_reduce_sum(&mut buf)?;
+        let parts = bucket
+            .iter()
+            .map(|(name, var)| match grads.get(var.as_tensor()) {
+                Some(g) => g
+                    .to_dtype(DType::F32)
+                    .and_then(|g| g.flatten_all())
+                    .with_context(|| format!("the gradient of {name}")),
+                None => Ok(Tensor::zeros(var.elem_count(), DType::F32, var.device())?),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sum = comm.all_reduce_sum_tensor(&Tensor::cat(&parts, 0)?)?;
         let mut offset = 0;
         for (_, var) in bucket {
             let n = var.elem_count();
-            let mean = Tensor::from_slice(&buf[offset..offset + n], var.shape(), var.device())?;
-            grads.insert(
-                var.as_tensor(),
-                (mean * f64::from(scale))?.to_dtype(var.dtype())?,
-            );
+            let mean = (sum.narrow(0, offset, n)?.reshape(var.shape())? * f64::from(scale))?;
+            grads.insert(var.as_tensor(), mean.to_dtype(var.dtype())?);
             offset += n;
         }
         start = end;
@@ -272,9 +371,27 @@ mod tests {
     #[test]
     fn backend_names_parse_and_others_are_refused() {
         assert_eq!("mpi".parse::<Backend>().unwrap(), Backend::Mpi);
+        assert_eq!("nccl".parse::<Backend>().unwrap(), Backend::Nccl);
         assert_eq!("none".parse::<Backend>().unwrap(), Backend::None);
-        let e = "nccl".parse::<Backend>().unwrap_err().to_string();
-        assert!(e.contains("choose mpi or none"), "{e}");
+        let e = "gloo".parse::<Backend>().unwrap_err().to_string();
+        assert!(e.contains("choose mpi, nccl or none"), "{e}");
+    }
+
+    #[test]
+    fn local_ranks_are_read_in_order_and_a_bad_one_is_an_error() {
+        assert_eq!(local_rank(env(&[])).unwrap(), None);
+        let both = [("MPI_LOCALRANKID", "3"), ("SLURM_LOCALID", "1")];
+        assert_eq!(local_rank(env(&both)).unwrap(), Some(1));
+        let e = local_rank(env(&[("OMPI_COMM_WORLD_LOCAL_RANK", "x")])).unwrap_err();
+        assert!(e.to_string().contains("OMPI_COMM_WORLD_LOCAL_RANK"), "{e}");
+    }
+
+    /// Without the feature, asking for NCCL names the feature to build with.
+    #[cfg(not(feature = "nccl"))]
+    #[test]
+    fn nccl_without_the_feature_says_how_to_rebuild() {
+        let e = connect(Some(Backend::Nccl)).err().unwrap().to_string();
+        assert!(e.contains("rebuild with `--features nccl`"), "{e}");
     }
 
     /// Without the feature, asking for MPI names the feature to build with.

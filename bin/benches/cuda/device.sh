@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with DIR/cuda-bins.txz from build.sh, in one
 # call: the CUDA parity tests (and the convolution test again with packed cuDNN layouts), the
+# NCCL tests at world size 1 (dist/tests/nccl.rs, then bin/tests/nccl.rs with ssl_nccl), the
 # four train_step rows in f32 — ours, ours through the composed ops (the GPU path before cuDNN
 # and our kernels), PyTorch with its defaults and with cudnn.benchmark, in that order, row by
 # row — then the rows in bf16 (ours against PyTorch autocast), kernel profiles of the step
@@ -17,14 +18,14 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
   "$dir/cuda-bins.txz" "$dir"
-# The driver's library and PyTorch's CUDA 13 wheels (runtime, cuBLAS, NVRTC, cuDNN, CUPTI).
+# The driver's library and PyTorch's CUDA 13 wheels (runtime, cuBLAS, NVRTC, cuDNN, CUPTI, NCCL).
 roots="/usr /opt $(python3 -c 'import site; print(*site.getsitepackages())' 2>/dev/null)"
 libs=$(for l in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcuda.so.1 \
-  libnvrtc.so.13 libcudnn.so.9 libcupti.so.13; do
+  libnvrtc.so.13 libcudnn.so.9 libcupti.so.13 libnccl.so.2; do
   find $roots -name "$l" 2>/dev/null | head -1 | xargs -r dirname; done | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
-ldd "$dir/ssl" "$dir/libkernel_profile.so" | grep "not found"
+ldd "$dir/ssl" "$dir/libkernel_profile.so" "$dir/ssl_nccl" | grep "not found"
 kp=$dir/libkernel_profile.so
 ldd "$kp" | grep -q "not found" && kp=
 
@@ -33,12 +34,17 @@ stamp() {
   [ -z "$archive" ] || tar -czf "$archive" -C "$out" .
 }
 stamp start
-timeout 150 "$dir/cuda_test" --test-threads 1 --nocapture > "$out/cuda_test.log" 2>&1
+timeout 200 "$dir/cuda_test" --test-threads 1 --nocapture > "$out/cuda_test.log" 2>&1
 echo "cuda_test exit $?" | tee -a "$out/cuda_test.log"
 stamp tests
 SSL_CUDNN_LAYOUT=packed timeout 60 "$dir/cuda_test" cudnn_convolutions --nocapture \
   > "$out/cuda_test_packed.log" 2>&1
 echo "packed exit $?" | tee -a "$out/cuda_test_packed.log"
+timeout 60 "$dir/nccl_dist_test" --test-threads 1 --nocapture > "$out/nccl_test.log" 2>&1
+echo "nccl_dist_test exit $?" | tee -a "$out/nccl_test.log"
+SSL_BIN="$dir/ssl_nccl" timeout 240 "$dir/nccl_run_test" --nocapture >> "$out/nccl_test.log" 2>&1
+echo "nccl_run_test exit $?" | tee -a "$out/nccl_test.log"
+stamp nccl
 
 bench="--device cuda --steps 10 --warmup 3"
 for r in 1 2 3 4; do
