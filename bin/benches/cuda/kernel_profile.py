@@ -5,6 +5,9 @@
         the top kernels by total GPU time and a summary by category
     kernel_profile.py A.json B.json [--steps N | --steps NA,NB] [--labels A,B]
         the two category summaries side by side (ours vs PyTorch, before vs after)
+    kernel_profile.py SHORT.json LONG.json --copies-per-step NS,NL
+        memcpys per training step, by kind, from two runs of NS and NL steps that differ in
+        nothing else (set-up and warm-up cancel); exits 1 when a step copies device to host
 
 --steps divides by the steps the profiled run made (everything from process start to exit is
 recorded, warm-up included, so profile runs that differ only in step count to isolate steps).
@@ -187,6 +190,22 @@ def compare(paths, steps, labels):
         print("| " + " | ".join([c] + cells(0, *vals[0]) + cells(1, *vals[1]) + [ratio]) + " |")
 
 
+def copies_per_step(paths, steps):
+    """Prints `{kind: copies per step}` from two runs that differ only in their step counts, and
+    returns whether a step copies from the device to the host (a host synchronisation)."""
+    counts = []
+    for p in paths:
+        by_kind = {}
+        for m in load(p)["memcpy"]:
+            by_kind[m["kind"]] = by_kind.get(m["kind"], 0) + m["count"]
+        counts.append(by_kind)
+    extra = steps[1] - steps[0]
+    kinds = sorted(set(counts[0]) | set(counts[1]))
+    per_step = {k: (counts[1].get(k, 0) - counts[0].get(k, 0)) / extra for k in kinds}
+    print(json.dumps({"copies_per_step": per_step, "steps": steps}))
+    return per_step.get("DtoH", 0) > 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="+", metavar="FILE.json", help="one profile, or two to compare")
@@ -195,7 +214,14 @@ def main(argv=None):
     ap.add_argument("--labels", help="column labels for two files, e.g. candle,torch")
     ap.add_argument("--width", type=int, default=100, help="truncate kernel names (0: never)")
     ap.add_argument("--no-demangle", action="store_true", help="show names as recorded")
+    ap.add_argument("--copies-per-step", metavar="NS,NL",
+                    help="two files' step counts: print memcpys per step, fail on DtoH")
     args = ap.parse_args(argv)
+    if args.copies_per_step:
+        steps = [int(s) for s in args.copies_per_step.split(",")]
+        if len(args.files) != 2 or len(steps) != 2 or steps[1] <= steps[0]:
+            ap.error("--copies-per-step NS,NL with two files, NL > NS")
+        return int(copies_per_step(args.files, steps))
     if len(args.files) > 2:
         ap.error("give one or two files")
     steps = [int(s) for s in args.steps.split(",")] if args.steps else [0]
