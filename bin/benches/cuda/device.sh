@@ -5,7 +5,8 @@
 # four train_step rows in f32 — ours, ours through the composed ops (the GPU path before cuDNN
 # and our kernels), PyTorch with its defaults and with cudnn.benchmark, in that order, row by
 # row — then the rows in bf16 (ours against PyTorch autocast), kernel profiles of the step
-# (CUPTI, libkernel_profile.so: ours, PyTorch, composed) and the main job on the GPU. Logs and
+# (CUPTI, libkernel_profile.so: ours, PyTorch, composed) with the check that a step copies
+# nothing from the device to the host (copies_per_step.log), and the main job on the GPU. Logs and
 # JSON go to OUT (default DIR), packed after each phase into ARCHIVE (a .tgz) if given, so a
 # run cut short still returns what it finished.
 #
