@@ -270,19 +270,8 @@ pub(crate) fn batch_norm_backward<T: Element>(
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
 
-/// The kernel `name` (`residual_relu` or `residual_relu_backward`) over two contiguous operands
-/// of `n` elements.
-pub(crate) fn elementwise2<T: Element>(
-    dev: &CudaDevice,
-    name: &str,
-    (a, b): (CudaView<T>, CudaView<T>),
-    n: usize,
-) -> Result<CudaStorage> {
-    elementwise(dev, name, &[a, b], n)
-}
-
 /// The elementwise kernel `name(inputs…, out, n)` over contiguous operands of `n` elements
-/// (`gelu`, `gelu_backward` and those of [`elementwise2`]).
+/// (`gelu`, `gelu_backward`, `residual_relu`, `residual_relu_backward`).
 pub(crate) fn elementwise<T: Element>(
     dev: &CudaDevice,
     name: &str,

@@ -138,11 +138,11 @@ fn cuda_kernel(
     (s1, l1): (&candle_core::CudaStorage, &Layout),
     (s2, l2): (&candle_core::CudaStorage, &Layout),
 ) -> Result<(candle_core::CudaStorage, Shape)> {
-    use crate::cuda::{elementwise2, float_dtype, view};
+    use crate::cuda::{elementwise, float_dtype, view};
     use candle_core::backend::BackendStorage;
     let n = l1.shape().elem_count();
     let out = float_dtype!(s1.dtype(), T => {
-        elementwise2(&s1.device, kernel, (view::<T>(s1, l1)?, view::<T>(s2, l2)?), n)?
+        elementwise(&s1.device, kernel, &[view::<T>(s1, l1)?, view::<T>(s2, l2)?], n)?
     });
     Ok((out, l1.shape().clone()))
 }
