@@ -583,7 +583,7 @@ struct PendingStep {
     epoch: usize,
     lr: f64,
     data_wait_ms: f64,
-    out: StepOutput,
+    logged: Logged,
 }
 
 impl<'a> Training<'a> {
@@ -745,7 +745,7 @@ impl<'a> Training<'a> {
             epoch,
             lr,
             data_wait_ms: 1e3 * data_wait.as_secs_f64(),
-            out,
+            logged: out.logged,
         });
         Ok(())
     }
@@ -760,8 +760,8 @@ impl<'a> Training<'a> {
             .steps
             .last()
             .context("a logging interval has a step")?;
-        let values: Vec<&Tensor> = pending.steps.iter().map(|p| &p.out.values).collect();
-        let width = last.out.values.elem_count();
+        let values: Vec<&Tensor> = pending.steps.iter().map(|p| &p.logged.values).collect();
+        let width = last.logged.values.elem_count();
         let mut rows = Tensor::stack(&values, 0)?.flatten_all()?.to_vec1::<f64>()?;
         let world = self.comm.world_size();
         if world > 1 {
@@ -771,7 +771,7 @@ impl<'a> Training<'a> {
         let seconds = pending.since.map_or(0.0, |t| t.elapsed().as_secs_f64());
         let mut loss = f64::NAN;
         for (p, row) in pending.steps.iter().zip(rows.chunks(width)) {
-            let values = p.out.values_of(row);
+            let values = p.logged.values_of(row);
             values.check_finite(p.step, p.lr)?;
             loss = values.loss;
             if let Some(log) = self.log.as_deref_mut() {
@@ -899,17 +899,22 @@ pub struct StepInput<'a> {
     pub lr: f64,
 }
 
-/// What one step computed. Its logged values stay on the step's device until they are read
-/// ([`Self::read`]; the trainer reads `train.log_every` steps' at once).
+/// What one step computed.
 pub struct StepOutput {
+    pub logged: Logged,
+    /// The projections of the global views the loss saw, `[V, B, D]` (detached).
+    pub projections: Tensor,
+}
+
+/// A step's logged values, on the step's device until they are read ([`Self::read`]; the
+/// trainer reads `train.log_every` steps' at once).
+pub struct Logged {
     /// `[K]` f64: the objective's loss, its terms in the order of [`Self::terms`], then the
     /// online probe's cross-entropy if there is a probe (detached).
     pub values: Tensor,
     /// The names of the objective's loss terms.
     pub terms: Vec<String>,
     pub probe: bool,
-    /// The projections of the global views the loss saw, `[V, B, D]` (detached).
-    pub projections: Tensor,
 }
 
 /// One step's logged values on the host.
@@ -921,7 +926,7 @@ pub struct StepValues {
     pub probe_ce: Option<f64>,
 }
 
-impl StepOutput {
+impl Logged {
     /// The values on the host (one device-to-host copy).
     pub fn read(&self) -> Result<StepValues> {
         Ok(self.values_of(&self.values.to_vec1::<f64>()?))
@@ -1064,7 +1069,7 @@ pub fn training_step(
     input: &StepInput<'_>,
 ) -> Result<StepValues> {
     let (out, grads) = forward_backward(model, input)?;
-    let values = out.read()?;
+    let values = out.logged.read()?;
     values.check_finite(input.progress.step, input.lr)?;
     optimizer.step(&grads, input.lr, &input.progress)?;
     Ok(values)
@@ -1103,15 +1108,15 @@ fn mean_output(outs: Vec<StepOutput>) -> Result<StepOutput> {
     let values = match outs.as_slice() {
         [_] => None,
         many => {
-            let values: Vec<&Tensor> = many.iter().map(|o| &o.values).collect();
+            let values: Vec<&Tensor> = many.iter().map(|o| &o.logged.values).collect();
             Some(Tensor::stack(&values, 0)?.mean(0)?)
         }
     };
-    let last = outs.into_iter().last().context("at least one batch")?;
-    Ok(match values {
-        Some(values) => StepOutput { values, ..last },
-        None => last,
-    })
+    let mut last = outs.into_iter().last().context("at least one batch")?;
+    if let Some(values) = values {
+        last.logged.values = values;
+    }
+    Ok(last)
 }
 
 /// Forward, loss and backward of one batch (no optimiser step): its outputs and gradients.
@@ -1212,9 +1217,11 @@ pub fn forward_backward_on(
     }
     grads.extend(backward_views(roots)?)?;
     let out = StepOutput {
-        values: Tensor::stack(&values, 0)?,
-        terms,
-        probe: model.probe.is_some(),
+        logged: Logged {
+            values: Tensor::stack(&values, 0)?,
+            terms,
+            probe: model.probe.is_some(),
+        },
         projections: projections_v.narrow(0, 0, v)?.detach(),
     };
     Ok((out, grads))

@@ -118,7 +118,7 @@ pub fn trace(
         .map(|step| Ok(trainer::training_step(&mut model, &mut optimizer, &input(step))?.loss))
         .collect::<Result<_>>()?;
     Ok(Trace {
-        loss: out.read()?.loss,
+        loss: out.logged.read()?.loss,
         gradients,
         losses,
     })
