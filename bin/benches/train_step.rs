@@ -36,7 +36,7 @@ use ssl::config::{apply_set, RunConfig};
 use ssl::setup::DataSplit;
 use ssl::trainer::{self, StepInput};
 use ssl_core::Progress;
-use ssl_dist::Comm;
+use ssl_dist::{Comm, GradientAveraging, BUCKET_ELEMENTS};
 
 /// Instances in the training set (IConE's table rows).
 const INSTANCES: usize = 1024;
@@ -257,9 +257,12 @@ fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
             lr: cfg.train.lr,
         };
         let t = Instant::now();
-        let (_, mut grads) =
-            trainer::forward_backward_on(&mut model, &input, comm.as_collective())?;
-        ssl_dist::reduce_gradients(comm, &trainable, &mut grads, ssl_dist::BUCKET_ELEMENTS)?;
+        let grads = GradientAveraging::new(comm, &trainable, BUCKET_ELEMENTS)
+            .run(|complete| {
+                let collective = comm.as_collective();
+                Ok(trainer::forward_backward_on(&mut model, &input, collective, complete)?.1)
+            })?
+            .grads;
         optimizer.step(&grads, input.lr, &input.progress)?;
         device.synchronize()?;
         if step >= args.warmup {

@@ -14,6 +14,7 @@
 //! ([`ssl_dist::reduce_gradients`]), so the ranks stay identical. Rank 0 alone writes the run
 //! directory and evaluates; the others wait at a barrier at the end of every epoch and of the run.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::utils::barrier_pool;
-use candle_core::{Device, Tensor, Var, D};
+use candle_core::{Device, Tensor, TensorId, Var, D};
 use candle_nn::{Linear, Module};
 use serde_json::json;
 use ssl_core::{
@@ -29,7 +30,7 @@ use ssl_core::{
     StepContext,
 };
 use ssl_data::{ImageAugment, Interpolation, LocalCrop, ViewLoader, ViewTransform, ViewTypes};
-use ssl_dist::Comm;
+use ssl_dist::{Comm, Complete, GradientAveraging};
 use ssl_models::autocast::{autocast, Precision};
 use ssl_models::{Encoder, Projector};
 
@@ -345,8 +346,13 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
             true => "batch norm over the global batch (model.sync_bn)",
             false => "batch norm per rank (model.sync_bn: false)",
         };
+        let averaged = match comm.reduces_during_backward() {
+            true => "gradients averaged during the backward pass",
+            false => "gradients averaged after the backward pass",
+        };
         eprintln!(
-            "data parallel over {world} ranks: batch {b} per rank, global batch {}, {norm}",
+            "data parallel over {world} ranks: batch {b} per rank, global batch {}, {norm}, \
+             {averaged}",
             world * b
         );
         let record = json!({
@@ -692,35 +698,58 @@ impl<'a> Training<'a> {
             t.lr,
             t.min_lr,
         );
-        let (mut outs, mut grads, mut images) = (Vec::with_capacity(t.accumulate), None, 0);
+        let (mut outs, mut images) = (Vec::with_capacity(t.accumulate), 0);
         let mut data_wait = Duration::ZERO;
-        for _ in 0..t.accumulate {
-            let asked = Instant::now();
-            let mut view_batch = batches
-                .next()
-                .context("the data loader stopped before the epoch's last batch")?;
-            data_wait += asked.elapsed();
-            let input = step_input(&mut view_batch, &data.dataset.shape, device, progress, lr)?;
-            let (out, batch_grads) =
-                forward_backward_on(self.model, &input, self.comm.as_collective())
-                    .with_context(|| self.stopped_at(epoch))?;
-            images += input.views * input.instance_ids.len() * self.comm.world_size();
-            grads = Some(match grads.take() {
-                None => batch_grads,
-                Some(sum) => add_grads(&self.model.store, sum, &batch_grads)?,
-            });
-            outs.push(out);
-        }
-        let mut grads = grads.context("train.accumulate is at least 1")?;
-        if t.accumulate > 1 {
-            scale_grads(&self.model.store, &mut grads, 1.0 / t.accumulate as f64)?;
-        }
-        ssl_dist::reduce_gradients(
-            self.comm,
-            &self.trainable,
-            &mut grads,
-            ssl_dist::BUCKET_ELEMENTS,
-        )?;
+        let (comm, stopped_at) = (self.comm, self.stopped_at(epoch));
+        let averaging = GradientAveraging::new(comm, &self.trainable, ssl_dist::BUCKET_ELEMENTS);
+        let model = &mut *self.model;
+        let grads = averaging
+            .run(|complete| {
+                // The batches before the last are summed; the last one's backward completes the
+                // mean over them, and hands each variable's over as it does.
+                let mut sum: Option<GradStore> = None;
+                let scale = 1.0 / t.accumulate as f64;
+                for batch in 0..t.accumulate {
+                    let asked = Instant::now();
+                    let mut view_batch = batches
+                        .next()
+                        .context("the data loader stopped before the epoch's last batch")?;
+                    data_wait += asked.elapsed();
+                    let input =
+                        step_input(&mut view_batch, &data.dataset.shape, device, progress, lr)?;
+                    let earlier = sum.as_ref();
+                    let mean = |id: TensorId, grad: Option<&Tensor>| -> Result<()> {
+                        if t.accumulate == 1 {
+                            return complete(id, grad);
+                        }
+                        let total = match (earlier.and_then(|s| s.get_id(id)), grad) {
+                            (Some(s), Some(g)) => Some((s + g)?),
+                            (s, g) => s.or(g).cloned(),
+                        };
+                        complete(id, total.map(|t| t * scale).transpose()?.as_ref())
+                    };
+                    let last = batch + 1 == t.accumulate;
+                    let hand_over: &Complete = match last {
+                        true => &mean,
+                        false => &|_, _| Ok(()),
+                    };
+                    let (out, batch_grads) =
+                        forward_backward_on(model, &input, comm.as_collective(), hand_over)
+                            .with_context(|| stopped_at.clone())?;
+                    images += input.views * input.instance_ids.len() * comm.world_size();
+                    sum = Some(match sum.take() {
+                        None => batch_grads,
+                        Some(sum) => add_grads(&model.store, sum, &batch_grads)?,
+                    });
+                    outs.push(out);
+                }
+                let mut grads = sum.context("train.accumulate is at least 1")?;
+                if t.accumulate > 1 {
+                    scale_grads(&model.store, &mut grads, scale)?;
+                }
+                Ok(grads)
+            })?
+            .grads;
         let hook = StepContext {
             progress,
             student: &self.student,
@@ -991,22 +1020,28 @@ fn forward_views(
     Ok((features, projections))
 }
 
-/// The gradients of every variable behind `roots` (each a scalar, one view's share of the
-/// loss). The roots' backward passes share no node but the variables; on the CPU they run side
-/// by side, one to a Candle worker at a time, every op of a pass on the thread that took it. A
-/// pass on its own thread needs no barrier between its ops and multiplies whole matrices (2
-/// threads, ViT-S's linear layers: 0.91–0.95 of the time of the same products each split over
-/// both threads). Each pass's gradients are added to the total as soon as the passes before it
-/// are in, so the sum runs in root order whatever the thread count, and few stores are alive at
-/// once. Other devices take the roots in turn, and so does synchronised batch norm, whose
-/// gathers' backward passes must reach the ranks' collectives in the same order everywhere.
-fn backward_views(roots: Vec<Tensor>) -> Result<GradStore> {
+/// The loss graph's gradients `grads` plus those of every variable behind `roots` (each a
+/// scalar, one view's share of the loss), each variable's total handed to `complete` as soon as
+/// it is complete: a variable no root reaches at once, another when every pass that reaches it
+/// has given its share. The roots' backward passes share no node but the variables; on the CPU
+/// they run side by side, one to a Candle worker at a time, every op of a pass on the thread that
+/// took it. A pass on its own thread needs no barrier between its ops and multiplies whole
+/// matrices (2 threads, ViT-S's linear layers: 0.91–0.95 of the time of the same products each
+/// split over both threads). A variable's shares are added in root order whatever the thread
+/// count, each as soon as the ones before it are in. Other devices take the roots in turn, and so
+/// does synchronised batch norm, whose gathers' backward passes must reach the ranks' collectives
+/// in the same order everywhere.
+fn backward_views(roots: Vec<Tensor>, grads: GradStore, complete: &Complete) -> Result<GradStore> {
     let count = roots.len();
     let side_by_side =
         roots.iter().all(|r| r.device().is_cpu()) && !ssl_models::sync_bn::synchronised();
+    let sums = ViewSums::new(&roots, grads);
+    for id in sums.unreached() {
+        complete(id, sums.total.get_id(id))?;
+    }
     let roots: Vec<Mutex<Option<Tensor>>> =
         roots.into_iter().map(|r| Mutex::new(Some(r))).collect();
-    let sum = Mutex::new(OrderedSum::default());
+    let sums = Mutex::new(sums);
     let take_back = |i: usize| {
         let Some(root) = roots[i]
             .lock()
@@ -1015,47 +1050,133 @@ fn backward_views(roots: Vec<Tensor>) -> Result<GradStore> {
         else {
             return;
         };
-        let grads = root.backward();
-        // The root, and with it the view's graph, goes before the sum.
+        let lock = || sums.lock().unwrap_or_else(PoisonError::into_inner);
+        let pass = root.backward_with(|var, grad| {
+            let Some(total) = lock().add(i, var.id(), grad)? else {
+                return Ok(());
+            };
+            complete(var.id(), total.as_ref())
+                .map_err(|e| candle_core::Error::msg(format!("{e:#}")))
+        });
+        // The root, and with it the view's graph, goes before the next pass.
         drop(root);
-        sum.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .add(i, grads);
+        if let Err(e) = pass {
+            lock().error.get_or_insert(e);
+        }
     };
     match side_by_side {
         true => barrier_pool().execute_chunked(count, |range| range.for_each(take_back)),
         false => (0..count).for_each(take_back),
     }
-    let sum = sum.into_inner().unwrap_or_else(PoisonError::into_inner);
-    if let Some(e) = sum.error {
-        return Err(e.into());
-    }
-    ensure!(sum.next == count, "a view's backward pass did not run");
-    Ok(sum.total)
+    sums.into_inner()
+        .unwrap_or_else(PoisonError::into_inner)
+        .into_total()
 }
 
-/// The sum of gradient stores that arrive in any order, added in their index order.
-#[derive(Default)]
-struct OrderedSum {
-    /// The sum of stores `0..next`.
+/// Each variable's gradient summed over the backward passes that reach it, in pass order,
+/// whatever order the passes give their shares in.
+struct ViewSums {
+    /// The loss graph's gradients, then each variable's total as it completes.
     total: GradStore,
-    next: usize,
-    waiting: std::collections::BTreeMap<usize, candle_core::Result<GradStore>>,
+    reached: HashMap<TensorId, ViewSum>,
     /// The first error of a pass or a sum; nothing is added after it.
     error: Option<candle_core::Error>,
 }
 
-impl OrderedSum {
-    fn add(&mut self, index: usize, grads: candle_core::Result<GradStore>) {
-        self.waiting.insert(index, grads);
-        while let Some(grads) = self.waiting.remove(&self.next) {
-            self.next += 1;
-            if self.error.is_none() {
-                if let Err(e) = grads.and_then(|g| self.total.extend(g)) {
-                    self.error = Some(e);
-                }
+/// One variable's shares.
+struct ViewSum {
+    /// The passes that reach it, in order, and how many of them are in the sum.
+    passes: Vec<usize>,
+    added: usize,
+    sum: Option<Tensor>,
+    /// Shares that came before an earlier pass's.
+    waiting: BTreeMap<usize, Option<Tensor>>,
+}
+
+impl ViewSums {
+    fn new(roots: &[Tensor], grads: GradStore) -> Self {
+        let mut reached: HashMap<TensorId, ViewSum> = HashMap::new();
+        for (i, root) in roots.iter().enumerate() {
+            for var in root.sorted_nodes().into_iter().filter(|n| n.is_variable()) {
+                let entry = reached.entry(var.id()).or_insert_with(|| ViewSum {
+                    passes: Vec::new(),
+                    added: 0,
+                    sum: None,
+                    waiting: BTreeMap::new(),
+                });
+                entry.passes.push(i);
             }
         }
+        Self {
+            total: grads,
+            reached,
+            error: None,
+        }
+    }
+
+    /// The variables of the loss graph that no pass reaches: complete already.
+    fn unreached(&self) -> Vec<TensorId> {
+        self.total
+            .get_ids()
+            .filter(|id| !self.reached.contains_key(id))
+            .copied()
+            .collect()
+    }
+
+    /// Adds pass `pass`'s share `grad` of variable `id`; returns its total once every pass that
+    /// reaches it is in (`Some(None)`: no gradient anywhere), `None` before.
+    fn add(
+        &mut self,
+        pass: usize,
+        id: TensorId,
+        grad: Option<&Tensor>,
+    ) -> candle_core::Result<Option<Option<Tensor>>> {
+        if let Some(e) = &self.error {
+            candle_core::bail!("another view's backward pass failed: {e}");
+        }
+        let Some(var) = self.reached.get_mut(&id) else {
+            candle_core::bail!("a backward pass reached a variable its graph does not hold");
+        };
+        var.waiting.insert(pass, grad.cloned());
+        while let Some(share) = var
+            .passes
+            .get(var.added)
+            .and_then(|next| var.waiting.remove(next))
+        {
+            var.added += 1;
+            var.sum = match (var.sum.take(), share) {
+                (Some(sum), Some(share)) => Some(sum.add(&share)?),
+                (sum, share) => sum.or(share),
+            };
+        }
+        if var.added < var.passes.len() {
+            return Ok(None);
+        }
+        // The loss graph's gradient comes first, as one pass's total would have been added to it.
+        if let Some(sum) = var.sum.take() {
+            let total = match self.total.get_id(id) {
+                Some(loss) => loss.add(&sum)?,
+                None => sum,
+            };
+            self.total.insert_id(id, total);
+        }
+        Ok(Some(self.total.get_id(id).cloned()))
+    }
+
+    fn into_total(self) -> Result<GradStore> {
+        if let Some(e) = self.error {
+            return Err(e.into());
+        }
+        let open = self
+            .reached
+            .values()
+            .filter(|v| v.added < v.passes.len())
+            .count();
+        ensure!(
+            open == 0,
+            "{open} variables' backward passes did not all run"
+        );
+        Ok(self.total)
     }
 }
 
@@ -1124,15 +1245,18 @@ pub fn forward_backward(
     model: &mut Model,
     input: &StepInput<'_>,
 ) -> Result<(StepOutput, GradStore)> {
-    forward_backward_on(model, input, &SingleProcess)
+    forward_backward_on(model, input, &SingleProcess, &|_, _| Ok(()))
 }
 
 /// [`forward_backward`] of this rank's shard, the objective gathering the global batch through
-/// `collective`. The gradients are this rank's (averaged over the ranks by the caller).
+/// `collective`. The gradients are this rank's; each variable's is also handed to `complete` as
+/// soon as the backward has completed it (for [`GradientAveraging`] to average it over the ranks
+/// while the backward goes on).
 pub fn forward_backward_on(
     model: &mut Model,
     input: &StepInput<'_>,
     collective: &dyn Collective,
+    complete: &Complete,
 ) -> Result<(StepOutput, GradStore)> {
     let _precision = autocast(model.precision);
     let device = input.images.device();
@@ -1215,7 +1339,7 @@ pub fn forward_backward_on(
         }
         roots.extend(root);
     }
-    grads.extend(backward_views(roots)?)?;
+    let grads = backward_views(roots, grads, complete)?;
     let out = StepOutput {
         logged: Logged {
             values: Tensor::stack(&values, 0)?,
@@ -1295,35 +1419,47 @@ mod tests {
         (clean, (0..b as u32).collect(), labels, progress)
     }
 
-    /// Stores arriving out of order are summed in index order, and the first error stops the
-    /// sum: what came before it stays, nothing after it is added.
+    /// A variable's shares arriving out of order are summed in pass order and added to the loss
+    /// graph's gradient once every pass that reaches it is in; a variable only the loss graph
+    /// holds is complete from the start, one reached without a gradient completes with none, and
+    /// after a failed pass nothing more is added.
     #[test]
-    fn ordered_sum_adds_in_index_order_and_stops_at_the_first_error() {
-        let var = Var::new(&[0f32, 0.], &Device::Cpu).unwrap();
-        let store = |value: f32| -> candle_core::Result<GradStore> {
-            let mut grads = GradStore::default();
-            grads.insert(var.as_tensor(), Tensor::new(&[value, 1.0], &Device::Cpu)?);
-            Ok(grads)
-        };
-        let values = |sum: &OrderedSum| -> Vec<f32> {
-            sum.total.get(var.as_tensor()).unwrap().to_vec1().unwrap()
-        };
-        let mut sum = OrderedSum::default();
-        sum.add(2, store(4.0));
-        sum.add(1, store(2.0));
-        assert_eq!(sum.next, 0, "stores 1 and 2 wait for store 0");
-        assert!(sum.total.get(var.as_tensor()).is_none());
-        sum.add(0, store(1.0));
-        assert_eq!(sum.next, 3);
-        assert_eq!(values(&sum), [7.0, 3.0]);
+    fn view_sums_add_in_pass_order_and_stop_at_the_first_error() {
+        let cpu = &Device::Cpu;
+        let [x, y, z] = [2, 1, 1].map(|n| Var::zeros(n, candle_core::DType::F32, cpu).unwrap());
+        let g = |v: &[f32]| Tensor::new(v, cpu).unwrap();
+        let values = |t: &Tensor| t.to_vec1::<f32>().unwrap();
+        // Passes 0 and 2 reach x, pass 1 reaches y; the loss graph holds x and z.
+        let roots = [
+            x.as_tensor().sum_all().unwrap(),
+            y.as_tensor().sum_all().unwrap(),
+            (x.as_tensor() * 2.0).unwrap().sum_all().unwrap(),
+        ];
+        let mut loss = GradStore::default();
+        loss.insert(x.as_tensor(), g(&[10.0, 10.0]));
+        loss.insert(z.as_tensor(), g(&[3.0]));
+        let mut sums = ViewSums::new(&roots, loss);
+        assert_eq!(sums.unreached(), [z.as_tensor().id()]);
+        let early = sums.add(2, x.as_tensor().id(), Some(&g(&[4.0, 1.0])));
+        assert!(early.unwrap().is_none(), "pass 2 waits for pass 0");
+        let x_total = sums.add(0, x.as_tensor().id(), Some(&g(&[1.0, 1.0])));
+        assert_eq!(values(&x_total.unwrap().unwrap().unwrap()), [15.0, 12.0]);
+        let y_total = sums.add(1, y.as_tensor().id(), None).unwrap();
+        assert!(
+            matches!(y_total, Some(None)),
+            "y is complete, without a gradient"
+        );
+        let total = sums.into_total().unwrap();
+        assert_eq!(values(total.get(x.as_tensor()).unwrap()), [15.0, 12.0]);
+        assert_eq!(values(total.get(z.as_tensor()).unwrap()), [3.0]);
+        assert!(total.get(y.as_tensor()).is_none());
 
-        let mut sum = OrderedSum::default();
-        sum.add(0, store(1.0));
-        sum.add(2, store(4.0));
-        sum.add(1, Err(candle_core::Error::Msg("pass 1 failed".into())));
-        assert_eq!(sum.next, 3);
-        assert_eq!(values(&sum), [1.0, 1.0]);
-        assert!(sum.error.unwrap().to_string().contains("pass 1 failed"));
+        let mut sums = ViewSums::new(&roots, GradStore::default());
+        sums.error = Some(candle_core::Error::Msg("pass 1 failed".into()));
+        let e = sums.add(0, x.as_tensor().id(), Some(&g(&[1.0, 1.0])));
+        assert!(e.unwrap_err().to_string().contains("pass 1 failed"));
+        let e = sums.into_total().unwrap_err().to_string();
+        assert!(e.contains("pass 1 failed"), "{e}");
     }
 
     #[test]

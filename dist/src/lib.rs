@@ -1,9 +1,9 @@
 //! Data-parallel training for candle-ssl.
 //!
 //! One process per rank, started by a launcher (`mpirun`, SLURM's `srun`); every rank holds the
-//! whole model, reads its own shard of each global batch, and after its backward pass the
-//! gradients are averaged over the ranks ([`reduce_gradients`]), so every rank takes the same
-//! optimiser step. Objectives with batch statistics gather the global batch through
+//! whole model, reads its own shard of each global batch, and its gradients are averaged over
+//! the ranks in buckets, during the backward pass where the back end allows it
+//! ([`GradientAveraging`]), so every rank takes the same optimiser step. Objectives with batch statistics gather the global batch through
 //! [`ssl_core::Collective::all_gather`]; [`Comm`] adds what the trainer itself needs (rank,
 //! all-reduce, barrier, abort).
 //!
@@ -18,10 +18,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor};
 pub use ssl_core::{Collective, SingleProcess};
 
+mod averaging;
+pub use averaging::{reduce_gradients, Averaged, Complete, GradientAveraging, BUCKET_ELEMENTS};
 #[cfg(feature = "mpi")]
 mod mpi_backend;
 #[cfg(feature = "mpi")]
@@ -46,6 +47,18 @@ pub trait Comm: Collective {
         let mut buf = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         self.all_reduce_sum(&mut buf)?;
         Ok(Tensor::from_vec(buf, t.shape(), t.device())?.to_dtype(t.dtype())?)
+    }
+    /// [`Self::all_reduce_sum_tensor`] of a gradient bucket; every rank reduces its buckets in
+    /// the same order. Where [`Self::reduces_during_backward`] holds, it runs on a thread of its
+    /// own while the trainer's thread makes the other collectives.
+    fn all_reduce_gradients(&self, bucket: &Tensor) -> Result<Tensor> {
+        self.all_reduce_sum_tensor(bucket)
+    }
+    /// Whether gradient buckets are all-reduced while the backward pass goes on
+    /// ([`GradientAveraging`]): MPI at thread level `Multiple`, over a communicator of its own.
+    /// Otherwise they are reduced after it.
+    fn reduces_during_backward(&self) -> bool {
+        false
     }
     /// The device this rank must train on, when the communicator is bound to one (NCCL:
     /// `cuda:<local rank>`, the very device its collectives run on).
@@ -268,79 +281,9 @@ fn nccl(launch: Option<&Launch>) -> Result<Arc<dyn Comm>> {
     )
 }
 
-/// Elements of one all-reduce message: 25 MiB of `f32`, PyTorch DDP's default bucket.
-pub const BUCKET_ELEMENTS: usize = 25 * 1024 * 1024 / 4;
-
-/// Replaces the gradient of every variable of `params` in `grads` by its mean over the ranks,
-/// `params` in their order packed into buckets of at most `bucket_elements` values (a larger
-/// variable travels alone), one all-reduce per bucket. Every rank must pass the same `params`.
-///
-/// A variable that has a gradient on some ranks only (a parameter this rank's batch did not
-/// reach) counts as zero where it has none, as in PyTorch's DDP; one that has none anywhere
-/// keeps none, so the optimiser skips it as it would in one process. A bucket is the `f32`
-/// concatenation of its flattened gradients, built on their device and reduced by
-/// [`Comm::all_reduce_sum_tensor`] (NCCL: without leaving the GPU); the means come back in each
-/// variable's dtype. Runs after the backward pass (no overlap with it). At world size 1 the
-/// gradients are left as they are, except on a communicator bound to a device (NCCL), which
-/// reduces them anyway (device copies) so that one GPU runs the path several take.
-pub fn reduce_gradients(
-    comm: &dyn Comm,
-    params: &[(String, Var)],
-    grads: &mut GradStore,
-    bucket_elements: usize,
-) -> Result<()> {
-    let world = comm.world_size();
-    if world == 1 && comm.device().is_none() {
-        return Ok(());
-    }
-    let mut present: Vec<f32> = params
-        .iter()
-        .map(|(_, v)| f32::from(u8::from(grads.get(v.as_tensor()).is_some())))
-        .collect();
-    comm.all_reduce_sum(&mut present)?;
-    let reduced: Vec<&(String, Var)> = params
-        .iter()
-        .zip(&present)
-        .filter(|(_, &count)| count > 0.0)
-        .map(|(p, _)| p)
-        .collect();
-    let scale = 1.0 / world as f32;
-    let mut start = 0;
-    while start < reduced.len() {
-        let mut end = start + 1;
-        let mut len = reduced[start].1.elem_count();
-        while end < reduced.len() && len + reduced[end].1.elem_count() <= bucket_elements {
-            len += reduced[end].1.elem_count();
-            end += 1;
-        }
-        let bucket = &reduced[start..end];
-        let parts = bucket
-            .iter()
-            .map(|(name, var)| match grads.get(var.as_tensor()) {
-                Some(g) => g
-                    .to_dtype(DType::F32)
-                    .and_then(|g| g.flatten_all())
-                    .with_context(|| format!("the gradient of {name}")),
-                None => Ok(Tensor::zeros(var.elem_count(), DType::F32, var.device())?),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let sum = comm.all_reduce_sum_tensor(&Tensor::cat(&parts, 0)?)?;
-        let mut offset = 0;
-        for (_, var) in bucket {
-            let n = var.elem_count();
-            let mean = (sum.narrow(0, offset, n)?.reshape(var.shape())? * f64::from(scale))?;
-            grads.insert(var.as_tensor(), mean.to_dtype(var.dtype())?);
-            offset += n;
-        }
-        start = end;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| {
@@ -400,19 +343,5 @@ mod tests {
     fn mpi_without_the_feature_says_how_to_rebuild() {
         let e = connect(Some(Backend::Mpi)).err().unwrap().to_string();
         assert!(e.contains("rebuild with `--features mpi`"), "{e}");
-    }
-
-    /// One process: the gradients are left exactly as they are.
-    #[test]
-    fn one_rank_leaves_gradients_alone() {
-        let var = Var::new(&[1f32, 2.0], &Device::Cpu).unwrap();
-        let mut grads = GradStore::default();
-        grads.insert(
-            var.as_tensor(),
-            Tensor::new(&[3f32, 4.0], &Device::Cpu).unwrap(),
-        );
-        reduce_gradients(&SingleProcess, &[("w".into(), var.clone())], &mut grads, 1).unwrap();
-        let g: Vec<f32> = grads.get(var.as_tensor()).unwrap().to_vec1().unwrap();
-        assert_eq!(g, [3.0, 4.0]);
     }
 }

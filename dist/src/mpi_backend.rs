@@ -8,6 +8,11 @@
 //! parameter gradients over the ranks ([`crate::reduce_gradients`]): when every rank computes the
 //! same global loss `L` (all gathering objectives here), the sum gives `world · ∂L/∂rows` and the
 //! mean brings it back to `∂L/∂θ`, exactly one process's gradient on the global batch.
+//!
+//! Gradient buckets travel over a duplicate of the world communicator, on a thread of their own
+//! while the backward pass goes on ([`crate::GradientAveraging`]); that needs MPI's thread level
+//! `Multiple`, which OpenMPI offers (Debian's and Ubuntu's builds do). A library that offers only
+//! `Serialized` still trains: its buckets are reduced after the backward.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -23,18 +28,26 @@ use ssl_core::Collective;
 
 use crate::Comm;
 
+/// How long the gradient thread sleeps between two tests of its all-reduce; a bucket completes
+/// at most this much after the slowest rank's share arrives.
+const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// The world communicator, usable from any thread one call at a time.
 struct World(SimpleCommunicator);
 
 // SAFETY: MPI is initialised with `Threading::Serialized` or higher (checked in
-// `MpiCollective::init`), which allows calls from any thread as long as no two run at once; every
-// use of the communicator goes through the `Mutex` in `Shared`.
+// `MpiCollective::init`), which allows calls from any thread as long as no two run at once on one
+// communicator (at `Multiple`, two communicators may be used at once); every use of a
+// communicator goes through its `Mutex` in `Shared`.
 unsafe impl Send for World {}
 
 /// What the collective and the custom ops in a graph share. The universe finalises MPI when the
 /// last reference goes, so a graph that outlives the trainer still has a live MPI.
 struct Shared {
     world: Mutex<World>,
+    /// The gradient buckets' communicator, a duplicate of the world's: at thread level
+    /// `Multiple` only.
+    gradients: Option<Mutex<World>>,
     rank: usize,
     size: usize,
     _universe: Universe,
@@ -42,7 +55,7 @@ struct Shared {
 
 impl Shared {
     fn world(&self) -> MutexGuard<'_, World> {
-        self.world.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.world)
     }
 
     /// Every rank's `local` concatenated in rank order; all must have the same length.
@@ -54,12 +67,21 @@ impl Shared {
 
     /// The element-wise sum of every rank's `local`.
     fn all_reduce_sum<T: Equivalence + Copy + Default>(&self, local: &[T]) -> Vec<T> {
-        let mut out = vec![T::default(); local.len()];
-        self.world()
-            .0
-            .all_reduce_into(local, &mut out[..], SystemOperation::sum());
-        out
+        sum_over(&self.world(), local)
     }
+}
+
+fn lock(world: &Mutex<World>) -> MutexGuard<'_, World> {
+    world.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The element-wise sum over the ranks of `world` of every rank's `local`.
+fn sum_over<T: Equivalence + Copy + Default>(world: &World, local: &[T]) -> Vec<T> {
+    let mut out = vec![T::default(); local.len()];
+    world
+        .0
+        .all_reduce_into(local, &mut out[..], SystemOperation::sum());
+    out
 }
 
 /// Data-parallel collectives over MPI's world communicator (one process per rank, started by
@@ -69,9 +91,10 @@ pub struct MpiCollective {
 }
 
 impl MpiCollective {
-    /// Initialises MPI (once per process) and joins the world communicator.
+    /// Initialises MPI (once per process) at thread level `Multiple` where the library offers
+    /// it (`Serialized` at least) and joins the world communicator.
     pub fn init() -> Result<Self> {
-        let Some((universe, threading)) = mpi::initialize_with_threading(Threading::Serialized)
+        let Some((universe, threading)) = mpi::initialize_with_threading(Threading::Multiple)
         else {
             bail!(
                 "MPI is already initialised in this process; create one MpiCollective per process"
@@ -85,9 +108,12 @@ impl MpiCollective {
         );
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
+        let gradients =
+            (threading == Threading::Multiple).then(|| Mutex::new(World(world.duplicate())));
         Ok(Self {
             shared: Arc::new(Shared {
                 world: Mutex::new(World(world)),
+                gradients,
                 rank,
                 size,
                 _universe: universe,
@@ -127,6 +153,36 @@ impl Comm for MpiCollective {
         let sum = self.shared.all_reduce_sum(buf);
         buf.copy_from_slice(&sum);
         Ok(())
+    }
+    /// On the host in `f32`, over the gradients' own communicator where there is one.
+    fn all_reduce_gradients(&self, bucket: &Tensor) -> Result<Tensor> {
+        let Some(gradients) = &self.shared.gradients else {
+            return self.all_reduce_sum_tensor(bucket);
+        };
+        let local = bucket
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let mut sum = vec![0f32; local.len()];
+        let world = lock(gradients);
+        // Started, then polled with pauses: a blocking all-reduce would spin on a core the
+        // backward pass is using while it waits for the other ranks.
+        mpi::request::scope(|scope| {
+            let mut request = world.0.immediate_all_reduce_into(
+                scope,
+                &local[..],
+                &mut sum[..],
+                SystemOperation::sum(),
+            );
+            while let Err(pending) = request.test() {
+                request = pending;
+                std::thread::sleep(POLL_INTERVAL);
+            }
+        });
+        Ok(Tensor::from_vec(sum, bucket.shape(), bucket.device())?.to_dtype(bucket.dtype())?)
+    }
+    fn reduces_during_backward(&self) -> bool {
+        self.shared.gradients.is_some()
     }
     fn barrier(&self) -> Result<()> {
         self.shared.world().0.barrier();

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
-use ssl_dist::{reduce_gradients, Collective, Comm, MpiCollective};
+use ssl_dist::{reduce_gradients, Collective, Comm, GradientAveraging, MpiCollective};
 
 const RANKS: usize = 2;
 
@@ -176,10 +176,12 @@ fn gather_backward_is_the_gradient_of_the_global_loss() {
 }
 
 /// Every rank computes the same loss of the gathered batch through a shared layer on its own
-/// inputs; after the gradient mean over ranks, in buckets small enough that each parameter
-/// travels in its own, the layer's gradient equals one process's on the whole batch. A parameter
+/// inputs; after the gradient mean over ranks, in buckets of at most 30 values (the weight
+/// travels alone), the layer's gradient equals one process's on the whole batch. A parameter
 /// with a gradient on rank 0 only comes back as half of it everywhere; one with none anywhere
-/// stays without.
+/// stays without. Averaged while the backward goes on (OpenMPI offers thread level `Multiple`;
+/// the gather's backward all-reduces on the world communicator meanwhile), the gradients are
+/// those averaged after it, bit for bit.
 #[test]
 fn mean_gradients_over_ranks_equal_one_process_on_the_global_batch() {
     if launched("mean_gradients_over_ranks_equal_one_process_on_the_global_batch") {
@@ -231,6 +233,23 @@ fn mean_gradients_over_ranks_equal_one_process_on_the_global_batch() {
     let mut grads = loss.backward().unwrap();
     assert!(grads.get(never.as_tensor()).is_none());
     reduce_gradients(&comm, &params, &mut grads, d * k).unwrap();
+
+    assert!(comm.reduces_during_backward());
+    let during = GradientAveraging::new(&comm, &params, d * k)
+        .run(|complete| {
+            Ok(loss.backward_with(|var, grad| {
+                complete(var.id(), grad).map_err(candle_core::Error::msg)
+            })?)
+        })
+        .unwrap();
+    assert_eq!(during.buckets, 2);
+    // The weight's bucket; `never` (and on rank 1 `only0`) is in no graph, so the other bucket
+    // completes when the backward returns.
+    assert_eq!(during.ready_during_backward, 1);
+    for (name, var) in &params {
+        let values = |g: &GradStore| g.get(var.as_tensor()).map(|g| g.to_vec2::<f32>().unwrap());
+        assert_eq!(values(&during.grads), values(&grads), "{name}, rank {rank}");
+    }
 
     let reference: GradStore = vicreg(&project(&full)).unwrap().backward().unwrap();
     for var in [&w, &bias] {

@@ -1,11 +1,12 @@
-//! The backward pass as the workspace builds it: Candle's core with the first-gradient patch
-//! (`vendor/README.md`), and the custom ops' parameter gradients.
+//! The backward pass as the workspace builds it: Candle's core with the first-gradient and hook
+//! patches (`vendor/README.md`), and the custom ops' parameter gradients.
 //!
 //! The patch stores the first gradient a tensor receives instead of adding it to zeros. These
 //! tests pin what that must not change: values where a tensor is reached once, twice, through a
 //! subtraction, a negation, a broadcast and a transpose; contiguous gradients; and that no
 //! parameter gradient is a view that keeps a larger backward buffer alive until the optimizer
-//! step (the input gradient of the op that produced it).
+//! step (the input gradient of the op that produced it). The hook patch (`backward_with`) must
+//! hand each variable over once, complete, in the backward order.
 
 use candle_core::{DType, Device, Result, Storage, Tensor, Var, D};
 use ssl_models::{batch_norm::batch_norm, conv::conv, layer_norm::layer_norm, linear};
@@ -96,6 +97,41 @@ fn parameter_gradients_own_their_storage() -> Result<()> {
             g.elem_count(),
             "{name}'s gradient is a view of a larger buffer"
         );
+    }
+    Ok(())
+}
+
+/// `backward_with` hands each variable over once, after every op that consumes it: with the
+/// gradient the finished store holds, the last layer's first, and a weight used both at the
+/// start and at the end of the graph only once its first use is taken back.
+#[test]
+fn variables_are_handed_over_complete_last_layer_first() -> Result<()> {
+    let dev = Device::Cpu;
+    let init = |shift: f64| -> Result<Var> {
+        let v: Vec<f64> = (0..9).map(|i| ((i as f64 + shift) * 0.7).sin()).collect();
+        Var::from_tensor(&Tensor::from_vec(v, (3, 3), &dev)?)
+    };
+    let (w1, w2, w3) = (init(0.0)?, init(1.0)?, init(2.0)?);
+    let x = Tensor::new(&[[1.0f64, -0.5, 2.0], [0.3, 0.8, -1.2]], &dev)?;
+    let h1 = x.matmul(w1.as_tensor())?.tanh()?;
+    let h2 = h1.matmul(w2.as_tensor())?.tanh()?;
+    let out = (h2.matmul(w3.as_tensor())? + h2.matmul(w1.as_tensor())?)?;
+    let loss = out.sqr()?.sum_all()?;
+    let mut handed = Vec::new();
+    let grads = loss.backward_with(|var, grad| {
+        handed.push((var.id(), grad.map(values).transpose()?));
+        Ok(())
+    })?;
+    let ids = [&w1, &w2, &w3].map(|w| w.as_tensor().id());
+    let order: Vec<usize> = handed
+        .iter()
+        .map(|(id, _)| ids.iter().position(|w| w == id).expect("a weight"))
+        .collect();
+    // w3 and w1's late use are taken back first, but w1 also feeds h1, which needs w2's layer.
+    assert_eq!(order, [2, 1, 0]);
+    for (id, grad) in &handed {
+        let whole = grads.get_id(*id).expect("every weight has a gradient");
+        assert_eq!(grad.as_deref(), Some(values(whole)?.as_slice()));
     }
     Ok(())
 }

@@ -163,11 +163,24 @@ impl Tensor {
     }
 
     pub fn backward(&self) -> Result<GradStore> {
+        self.backward_with(|_, _| Ok(()))
+    }
+
+    /// [`Tensor::backward`], calling `on_complete(variable, gradient)` for every variable of the
+    /// graph as soon as its gradient is complete: a variable comes after every op that consumes
+    /// it in the backward order, so the variables of the last layers are handed over first.
+    /// `gradient` is `None` for a variable that no op gave a gradient to; an error of
+    /// `on_complete` ends the pass.
+    pub fn backward_with(
+        &self,
+        mut on_complete: impl FnMut(&Tensor, Option<&Tensor>) -> Result<()>,
+    ) -> Result<GradStore> {
         let sorted_nodes = self.sorted_nodes();
         let mut grads = GradStore::new();
         grads.insert(self, self.ones_like()?.contiguous()?);
         for node in sorted_nodes.iter() {
             if node.is_variable() {
+                on_complete(node, grads.get(node))?;
                 continue;
             }
             let grad = grads
