@@ -10,8 +10,9 @@
 //! Data parallel ([`run_on`] with a [`Comm`] of several ranks): every rank builds the same model
 //! from the seed, reads its shard of each global batch of `world × train.batch_size`
 //! ([`ViewLoader::with_shard`]), gathers the global batch where the objective asks
-//! (`Batch::collective`), and averages its gradients over the ranks before the optimiser step
-//! ([`ssl_dist::reduce_gradients`]), so the ranks stay identical. Rank 0 alone writes the run
+//! (`Batch::collective`), and averages its gradients over the ranks before the optimiser step,
+//! bucket by bucket while the backward pass goes on ([`GradientAveraging`]), so the ranks stay
+//! identical. Rank 0 alone writes the run
 //! directory and evaluates; the others wait at a barrier at the end of every epoch and of the run.
 
 use std::collections::{BTreeMap, HashMap};
