@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use md5::{Digest, Md5};
-use reqwest::blocking::{Client, Response};
+use reqwest::blocking::{Client, ClientBuilder, Response};
 use reqwest::header::{CONTENT_RANGE, RANGE};
 use reqwest::StatusCode;
 use ssl_data::caltech256;
@@ -188,11 +188,9 @@ pub fn fetch_verified(url: &str, path: &Path, md5: &str, progress: bool) -> Resu
     };
     fs::create_dir_all(dir).map_err(|e| not_writable(dir, e))?;
     let part = part_path(path);
-    let client = Client::builder()
-        .connect_timeout(Duration::from_secs(30))
+    let client = http_client()
         // Per read, not for the whole transfer (blocking client).
         .timeout(Duration::from_secs(60))
-        .user_agent(concat!("candle-ssl/", env!("CARGO_PKG_VERSION")))
         .build()
         .context("cannot start the HTTP client")?;
 
@@ -254,6 +252,16 @@ pub fn fetch_verified(url: &str, path: &Path, md5: &str, progress: bool) -> Resu
         }
         return finish(&part, path).map(|()| done(false));
     }
+}
+
+/// A blocking HTTP client builder with candle-ssl's user agent and a 30-s connect timeout; its
+/// TLS is rustls with ring's crypto, installed as the process's provider on the first call.
+pub fn http_client() -> ClientBuilder {
+    // A provider installed before (by an earlier call) serves as well.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Client::builder()
+        .user_agent(concat!("candle-ssl/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(Duration::from_secs(30))
 }
 
 /// `path` with `.part` appended to its name.

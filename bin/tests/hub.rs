@@ -1,7 +1,10 @@
 //! `ssl::hub` against a fake Hub: a small HTTP/1.1 server on 127.0.0.1, started by each test,
-//! that implements the endpoints hf-hub 1.0.0 calls to create a repository, commit files
-//! (preupload + inline base64 commit), read repository info and download files, and that records
-//! every request and commit so the tests can check what reached it.
+//! that implements the endpoints `huggingface_hub` calls to create a repository, commit files
+//! (preupload, then the LFS batch API for the files its `.gitattributes` sends through LFS, then
+//! one NDJSON commit with inline base64 and LFS pointer entries), read repository info and
+//! download files (LFS files by a redirect to storage). A second server on another port plays the
+//! LFS storage and CDN, as the Hub's pre-signed storage URLs live on another host. Both record
+//! every request, and the Hub every commit, so the tests can check what reached them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -11,6 +14,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use ssl::hub::{self, HubOptions};
 
 /// A token the fake Hub accepts for reading and writing.
@@ -40,9 +44,11 @@ impl Repo {
     }
 }
 
-/// One request as it reached the server.
+/// One request as it reached a server.
 #[derive(Clone, Debug)]
 struct Seen {
+    /// It reached the storage server, not the Hub.
+    storage: bool,
     method: String,
     path: String,
     authorization: Option<String>,
@@ -54,7 +60,10 @@ struct Commit {
     repo: String,
     oid: String,
     summary: String,
+    /// Every file the commit adds, in the order of its entries.
     files: Vec<String>,
+    /// The files added by an `lfsFile` entry, with the object id it names.
+    lfs: Vec<(String, String)>,
 }
 
 #[derive(Clone, Copy)]
@@ -75,6 +84,24 @@ struct State {
     /// Commit requests failed so far.
     failed_commits: usize,
     oids: u64,
+    /// What each preupload call was told, by repository and path: the size and the sample.
+    preuploaded: HashMap<(String, String), (u64, Vec<u8>)>,
+    /// The LFS objects in storage, by SHA-256 (hex).
+    lfs_objects: HashMap<String, Vec<u8>>,
+    /// The parts of multi-part uploads received so far, by object id and part number.
+    parts: BTreeMap<(String, usize), Vec<u8>>,
+    /// Objects that passed the verify call.
+    verified: Vec<String>,
+    /// When set, the batch endpoint asks for multi-part uploads in parts of this many bytes.
+    chunk_size: Option<usize>,
+    /// How every upload to storage (`PUT`) fails, if it does.
+    storage_fault: Option<Fault>,
+    /// Uploads to storage failed so far.
+    failed_puts: usize,
+    /// The CDN sends half of each file and closes the connection.
+    cut_downloads: bool,
+    /// With `cut_downloads`, the CDN keeps the connection open for a minute instead.
+    stall_downloads: bool,
 }
 
 impl State {
@@ -87,6 +114,19 @@ impl State {
         let seen = self.requests.iter();
         seen.map(|r| (r.method.clone(), r.path.clone())).collect()
     }
+
+    /// The requests that reached the storage server.
+    fn storage_requests(&self) -> Vec<Seen> {
+        let seen = self.requests.iter().filter(|r| r.storage);
+        seen.cloned().collect()
+    }
+}
+
+/// The two servers' base URLs.
+#[derive(Clone)]
+struct Bases {
+    hub: String,
+    storage: String,
 }
 
 struct FakeHub {
@@ -96,17 +136,30 @@ struct FakeHub {
 
 impl FakeHub {
     fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake Hub");
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let bind = || {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind a fake server");
+            let base = format!("http://{}", listener.local_addr().unwrap());
+            (listener, base)
+        };
+        let ((hub, hub_base), (storage, storage_base)) = (bind(), bind());
+        let bases = Bases {
+            hub: hub_base,
+            storage: storage_base,
+        };
         let state = Arc::new(Mutex::new(State::default()));
-        let (shared, base) = (state.clone(), endpoint.clone());
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let (state, base) = (shared.clone(), base.clone());
-                std::thread::spawn(move || serve(stream, &state, &base));
-            }
-        });
-        Self { endpoint, state }
+        for (listener, on_storage) in [(hub, false), (storage, true)] {
+            let (shared, bases) = (state.clone(), bases.clone());
+            std::thread::spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    let (state, bases) = (shared.clone(), bases.clone());
+                    std::thread::spawn(move || serve(stream, &state, &bases, on_storage));
+                }
+            });
+        }
+        Self {
+            endpoint: bases.hub,
+            state,
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -170,7 +223,7 @@ fn hub_error(status: u16, code: &str, message: &str) -> Response {
     response
 }
 
-fn serve(stream: TcpStream, state: &Mutex<State>, endpoint: &str) {
+fn serve(stream: TcpStream, state: &Mutex<State>, bases: &Bases, on_storage: bool) {
     let Ok(mut writer) = stream.try_clone() else {
         return;
     };
@@ -178,16 +231,33 @@ fn serve(stream: TcpStream, state: &Mutex<State>, endpoint: &str) {
     let Some(request) = read_request(&mut reader) else {
         return;
     };
+    let mut state = state.lock().unwrap();
+    let cut = on_storage && request.method == "GET" && state.cut_downloads;
+    let stall = cut && state.stall_downloads;
+    state.requests.push(Seen {
+        storage: on_storage,
+        method: request.method.clone(),
+        path: format!("/{}", request.segments.join("/")),
+        authorization: request.header("authorization").map(str::to_string),
+    });
     // `None`: drop the connection without answering.
-    let Some(response) = route(&request, &mut state.lock().unwrap(), endpoint) else {
+    let response = match on_storage {
+        false => route(&request, &mut state, bases),
+        true => route_storage(&request, &mut state),
+    };
+    drop(state);
+    let Some(response) = response else {
         return;
     };
     let reason = match response.status {
         200 => "OK",
+        302 => "Found",
         401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
         409 => "Conflict",
+        422 => "Unprocessable Entity",
+        500 => "Internal Server Error",
         503 => "Service Unavailable",
         _ => "Bad Request",
     };
@@ -201,11 +271,18 @@ fn serve(stream: TcpStream, state: &Mutex<State>, endpoint: &str) {
     }
     head.push_str("\r\n");
     let mut bytes = head.into_bytes();
+    let body = match cut {
+        false => &response.body[..],
+        true => &response.body[..response.body.len() / 2],
+    };
     if request.method != "HEAD" {
-        bytes.extend_from_slice(&response.body);
+        bytes.extend_from_slice(body);
     }
     let _ = writer.write_all(&bytes);
     let _ = writer.flush();
+    if stall {
+        std::thread::sleep(std::time::Duration::from_secs(60));
+    }
 }
 
 /// Request line, headers (names lower-cased) and a `Content-Length` body.
@@ -250,12 +327,8 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Request> {
     Some(request)
 }
 
-fn route(request: &Request, state: &mut State, endpoint: &str) -> Option<Response> {
-    state.requests.push(Seen {
-        method: request.method.clone(),
-        path: format!("/{}", request.segments.join("/")),
-        authorization: request.header("authorization").map(str::to_string),
-    });
+fn route(request: &Request, state: &mut State, bases: &Bases) -> Option<Response> {
+    let endpoint = bases.hub.as_str();
     let segments: Vec<&str> = request.segments.iter().map(String::as_str).collect();
     let response = match (request.method.as_str(), segments.as_slice()) {
         ("POST", ["api", "repos", "create"]) => create_repo(request, state, endpoint),
@@ -266,6 +339,13 @@ fn route(request: &Request, state: &mut State, endpoint: &str) -> Option<Respons
         ("POST", ["api", "models", owner, name, "preupload", _]) => {
             preupload(request, state, &format!("{owner}/{name}"))
         }
+        ("POST", [owner, name, "info", "lfs", "objects", "batch"]) if name.ends_with(".git") => {
+            let repo = format!("{owner}/{}", name.trim_end_matches(".git"));
+            lfs_batch(request, state, bases, &repo)
+        }
+        ("POST", [_, name, "info", "lfs", "objects", "verify"]) if name.ends_with(".git") => {
+            lfs_verify(request, state)
+        }
         ("POST", ["api", "models", owner, name, "commit", revision]) => {
             let repo = format!("{owner}/{name}");
             return commit(request, state, endpoint, &repo, revision);
@@ -273,6 +353,7 @@ fn route(request: &Request, state: &mut State, endpoint: &str) -> Option<Respons
         ("HEAD" | "GET", [owner, name, "resolve", revision, file @ ..]) => resolve(
             request,
             state,
+            &bases.storage,
             &format!("{owner}/{name}"),
             revision,
             &file.join("/"),
@@ -328,7 +409,7 @@ fn create_repo(request: &Request, state: &mut State, endpoint: &str) -> Response
     let oid = state.new_oid();
     let files = BTreeMap::from([(
         ".gitattributes".to_string(),
-        b"*.safetensors lfs\n".to_vec(),
+        b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n".to_vec(),
     )]);
     let repo = Repo {
         private: body["private"].as_bool().unwrap(),
@@ -351,19 +432,185 @@ fn repo_info(request: &Request, state: &State, owner: &str, name: &str, rev: &st
     respond(200, info)
 }
 
-fn preupload(request: &Request, state: &State, id: &str) -> Response {
+/// Whether `path` goes through LFS by the `.gitattributes` in `files`: a line
+/// `*.{ext} filter=lfs …` whose extension `path` ends with.
+fn is_lfs(files: &BTreeMap<String, Vec<u8>>, path: &str) -> bool {
+    let Some(attributes) = files.get(".gitattributes") else {
+        return false;
+    };
+    String::from_utf8_lossy(attributes).lines().any(|line| {
+        let mut fields = line.split_whitespace();
+        let pattern = fields.next().unwrap_or_default();
+        let suffix = pattern.strip_prefix('*').unwrap_or(pattern);
+        fields.any(|f| f == "filter=lfs") && path.ends_with(suffix)
+    })
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Says, like the Hub, `lfs` for files the `.gitattributes` sends through LFS and `regular`
+/// otherwise, and records the size and sample it was told, for the commit to check.
+fn preupload(request: &Request, state: &mut State, id: &str) -> Response {
     if let Some(refused) = refuse_write(request) {
         return refused;
     }
-    if !state.repos.contains_key(id) {
+    let Some((_, head)) = state.repos.get(id).and_then(|repo| repo.commits.last()) else {
         return hub_error(404, "RepoNotFound", "Repository not found");
-    }
+    };
     let files = request.json()["files"].as_array().unwrap().clone();
     let modes: Vec<Value> = files
         .iter()
-        .map(|f| json!({ "path": f["path"], "uploadMode": "regular", "shouldIgnore": false }))
+        .map(|f| {
+            let path = f["path"].as_str().unwrap();
+            let mode = if is_lfs(head, path) { "lfs" } else { "regular" };
+            json!({ "path": path, "uploadMode": mode, "shouldIgnore": false })
+        })
         .collect();
+    for file in &files {
+        let sample = base64_decode(file["sample"].as_str().unwrap());
+        let size = file["size"].as_u64().unwrap();
+        assert_eq!(
+            sample.len() as u64,
+            size.min(512),
+            "the sample is the first 512 bytes"
+        );
+        let key = (id.to_string(), file["path"].as_str().unwrap().to_string());
+        state.preuploaded.insert(key, (size, sample));
+    }
     respond(200, json!({ "files": modes }))
+}
+
+/// The git-lfs batch API: no actions for an object storage holds, else an upload to the storage
+/// server (in parts when `chunk_size` is set) and a verify call to the Hub.
+fn lfs_batch(request: &Request, state: &State, bases: &Bases, id: &str) -> Response {
+    if let Some(refused) = refuse_write(request) {
+        return refused;
+    }
+    const LFS: &str = "application/vnd.git-lfs+json";
+    assert_eq!(request.header("accept"), Some(LFS));
+    assert_eq!(request.header("content-type"), Some(LFS));
+    if !state.repos.contains_key(id) {
+        return hub_error(404, "RepoNotFound", "Repository not found");
+    }
+    let body = request.json();
+    assert_eq!(body["operation"], "upload");
+    assert_eq!(body["hash_algo"], "sha256");
+    assert_eq!(body["ref"]["name"], "main");
+    let transfers = body["transfers"].as_array().unwrap();
+    assert!(transfers.contains(&json!("basic")), "{body}");
+    let storage = &bases.storage;
+    let verify = json!({ "href": format!("{}/{id}.git/info/lfs/objects/verify", bases.hub) });
+    let objects: Vec<Value> = body["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|object| {
+            let oid = object["oid"].as_str().unwrap();
+            let size = object["size"].as_u64().unwrap() as usize;
+            if state.lfs_objects.contains_key(oid) {
+                return json!({ "oid": oid, "size": size });
+            }
+            let upload = match state.chunk_size {
+                None => json!({ "href": format!("{storage}/storage/{oid}") }),
+                Some(chunk) => {
+                    assert!(transfers.contains(&json!("multipart")), "{body}");
+                    let mut header = serde_json::Map::new();
+                    header.insert("chunk_size".into(), json!(chunk.to_string()));
+                    for part in 1..=size.div_ceil(chunk) {
+                        let url = format!("{storage}/storage/{oid}/part/{part}");
+                        header.insert(format!("{part:05}"), json!(url));
+                    }
+                    json!({ "href": format!("{storage}/storage/{oid}/complete"), "header": header })
+                }
+            };
+            json!({ "oid": oid, "size": size, "actions": { "upload": upload, "verify": verify } })
+        })
+        .collect();
+    let transfer = if state.chunk_size.is_some() {
+        "multipart"
+    } else {
+        "basic"
+    };
+    respond(200, json!({ "transfer": transfer, "objects": objects }))
+}
+
+/// The verify action: the object must be in storage, with that size and SHA-256.
+fn lfs_verify(request: &Request, state: &mut State) -> Response {
+    if let Some(refused) = refuse_write(request) {
+        return refused;
+    }
+    let body = request.json();
+    let oid = body["oid"].as_str().unwrap();
+    match state.lfs_objects.get(oid) {
+        Some(bytes) if bytes.len() as u64 == body["size"].as_u64().unwrap() => {
+            assert_eq!(
+                sha256_hex(bytes),
+                oid,
+                "the object id is the SHA-256 of its bytes"
+            );
+            state.verified.push(oid.to_string());
+            respond(200, json!({}))
+        }
+        _ => hub_error(404, "NotFound", "Object not found in storage"),
+    }
+}
+
+/// The storage server: single-part uploads, parts and their completion, and the CDN that LFS
+/// downloads are redirected to. It checks no token, as pre-signed URLs carry their own.
+fn route_storage(request: &Request, state: &mut State) -> Option<Response> {
+    let segments: Vec<&str> = request.segments.iter().map(String::as_str).collect();
+    let stored = |status| Response {
+        status,
+        headers: vec![("ETag".into(), format!("\"{:016x}\"", fnv1a(&request.body)))],
+        body: Vec::new(),
+    };
+    let response = match (request.method.as_str(), segments.as_slice()) {
+        ("PUT", ["storage", ..]) if state.storage_fault.is_some() => {
+            state.failed_puts += 1;
+            match state.storage_fault.unwrap() {
+                Fault::Drop => return None,
+                Fault::Status(status) => hub_error(status, "Internal", "storage unavailable"),
+            }
+        }
+        ("PUT", ["storage", oid]) => {
+            state
+                .lfs_objects
+                .insert(oid.to_string(), request.body.clone());
+            stored(200)
+        }
+        ("PUT", ["storage", oid, "part", part]) => {
+            let key = (oid.to_string(), part.parse().unwrap());
+            state.parts.insert(key, request.body.clone());
+            stored(200)
+        }
+        ("POST", ["storage", oid, "complete"]) => {
+            let body = request.json();
+            assert_eq!(body["oid"], *oid);
+            let mut object = Vec::new();
+            for (index, part) in body["parts"].as_array().unwrap().iter().enumerate() {
+                assert_eq!(part["partNumber"], index + 1, "{body}");
+                let bytes = &state.parts[&(oid.to_string(), index + 1)];
+                let etag = format!("\"{:016x}\"", fnv1a(bytes));
+                assert_eq!(part["etag"], etag, "the part's ETag comes back");
+                object.extend_from_slice(bytes);
+            }
+            state.lfs_objects.insert(oid.to_string(), object);
+            respond(200, json!({}))
+        }
+        ("GET", ["cdn", oid]) => match state.lfs_objects.get(*oid) {
+            Some(bytes) => Response {
+                status: 200,
+                headers: Vec::new(),
+                body: bytes.clone(),
+            },
+            None => hub_error(404, "NotFound", "no such object"),
+        },
+        _ => hub_error(404, "NotFound", "no such endpoint on the fake storage"),
+    };
+    Some(response)
 }
 
 fn commit(
@@ -388,7 +635,7 @@ fn commit(
         return Some(hub_error(404, "RepoNotFound", "Repository not found"));
     };
     let mut files = head.clone();
-    let (mut summary, mut added) = (String::new(), Vec::new());
+    let (mut summary, mut added, mut lfs) = (String::new(), Vec::new(), Vec::new());
     for line in request
         .body
         .split(|&b| b == b'\n')
@@ -401,10 +648,29 @@ fn commit(
             "file" => {
                 assert_eq!(value["encoding"], "base64");
                 let path = value["path"].as_str().unwrap().to_string();
-                files.insert(
-                    path.clone(),
-                    base64_decode(value["content"].as_str().unwrap()),
-                );
+                if is_lfs(head, &path) {
+                    return Some(hub_error(
+                        422,
+                        "BadRequest",
+                        &format!("{path} must be uploaded through LFS (see .gitattributes)"),
+                    ));
+                }
+                let content = base64_decode(value["content"].as_str().unwrap());
+                check_preuploaded(state, id, &path, &content);
+                files.insert(path.clone(), content);
+                added.push(path);
+            }
+            "lfsFile" => {
+                assert_eq!(value["algo"], "sha256");
+                let path = value["path"].as_str().unwrap().to_string();
+                let oid = value["oid"].as_str().unwrap().to_string();
+                let Some(content) = state.lfs_objects.get(&oid).cloned() else {
+                    return Some(hub_error(422, "BadRequest", "LFS object not found"));
+                };
+                assert_eq!(value["size"].as_u64().unwrap(), content.len() as u64);
+                check_preuploaded(state, id, &path, &content);
+                files.insert(path.clone(), content);
+                lfs.push((path.clone(), oid));
                 added.push(path);
             }
             other => panic!("the fake Hub did not expect a `{other}` commit entry"),
@@ -418,14 +684,31 @@ fn commit(
         oid: oid.clone(),
         summary,
         files: added,
+        lfs,
     });
     let url = format!("{endpoint}/{id}/commit/{oid}");
     Some(respond(200, json!({ "commitUrl": url, "commitOid": oid })))
 }
 
-/// `HEAD`/`GET /{repo}/resolve/{revision}/{file}` with the headers hf-hub's cache needs: `ETag`,
-/// `X-Repo-Commit` and `Content-Length`.
-fn resolve(request: &Request, state: &State, id: &str, revision: &str, file: &str) -> Response {
+/// Checks that the preupload call was told the size and first bytes of the committed `content`.
+fn check_preuploaded(state: &State, id: &str, path: &str, content: &[u8]) {
+    let key = (id.to_string(), path.to_string());
+    let (size, sample) = &state.preuploaded[&key];
+    assert_eq!(*size, content.len() as u64, "{path}: preuploaded size");
+    assert!(content.starts_with(sample), "{path}: preuploaded sample");
+}
+
+/// `HEAD`/`GET /{repo}/resolve/{revision}/{file}` with the headers the cache needs: `ETag`,
+/// `X-Repo-Commit` and `Content-Length`; for an LFS file, like the Hub, a redirect to the CDN
+/// (`storage`) with the object's id and size in `X-Linked-Etag` and `X-Linked-Size`.
+fn resolve(
+    request: &Request,
+    state: &State,
+    storage: &str,
+    id: &str,
+    revision: &str,
+    file: &str,
+) -> Response {
     let Some(repo) = state.repos.get(id) else {
         return hub_error(404, "RepoNotFound", "Repository not found");
     };
@@ -441,6 +724,20 @@ fn resolve(request: &Request, state: &State, id: &str, revision: &str, file: &st
         return response;
     };
     let etag = format!("{:016x}{:08x}", fnv1a(bytes), bytes.len());
+    if is_lfs(files, file) {
+        let sha = sha256_hex(bytes);
+        return Response {
+            status: 302,
+            headers: vec![
+                ("Location".into(), format!("{storage}/cdn/{sha}")),
+                ("ETag".into(), format!("\"{etag}\"")),
+                ("X-Linked-Etag".into(), format!("\"{sha}\"")),
+                ("X-Linked-Size".into(), bytes.len().to_string()),
+                ("X-Repo-Commit".into(), oid.clone()),
+            ],
+            body: Vec::new(),
+        };
+    }
     Response {
         status: 200,
         headers: vec![
@@ -538,6 +835,19 @@ fn assert_mentions(text: &str, parts: &[&str]) {
     }
 }
 
+/// Every file and link under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        match path.symlink_metadata().unwrap().is_dir() {
+            true => found.extend(files_under(&path)),
+            false => found.push(path),
+        }
+    }
+    found
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tests
 // ---------------------------------------------------------------------------------------------
@@ -558,11 +868,17 @@ fn push_then_pull_round_trips_the_bytes() {
         let state = hub.state();
         assert_eq!(state.commits.len(), 1, "exactly one commit");
         assert!(state.repos["alice/vicreg-digits"].private);
-        let all_authorised = state
-            .requests
-            .iter()
-            .all(|r| r.authorization.as_deref() == Some(&format!("Bearer {WRITE_TOKEN}") as &str));
-        assert!(all_authorised, "{:?}", state.requests);
+        // The Hub sees the token on every request; storage, on none.
+        let bearer = format!("Bearer {WRITE_TOKEN}");
+        let authorised = |r: &Seen| match r.storage {
+            false => r.authorization.as_deref() == Some(&bearer as &str),
+            true => r.authorization.is_none(),
+        };
+        assert!(
+            state.requests.iter().all(authorised),
+            "{:?}",
+            state.requests
+        );
         (state.commits[0].clone(), state.calls())
     };
     assert_eq!(commit.repo, "alice/vicreg-digits");
@@ -573,11 +889,16 @@ fn push_then_pull_round_trips_the_bytes() {
         format!("{}/alice/vicreg-digits/commit/{}", hub.endpoint, commit.oid)
     );
     let post = |path: &str| ("POST".to_string(), path.to_string());
+    let weights = std::fs::read(folder.join("model.safetensors")).unwrap();
+    let oid = sha256_hex(&weights);
     assert_eq!(
         requests,
         [
             post("/api/repos/create"),
             post("/api/models/alice/vicreg-digits/preupload/main"),
+            post("/alice/vicreg-digits.git/info/lfs/objects/batch"),
+            ("PUT".to_string(), format!("/storage/{oid}")),
+            post("/alice/vicreg-digits.git/info/lfs/objects/verify"),
             post("/api/models/alice/vicreg-digits/commit/main"),
         ]
     );
@@ -597,6 +918,403 @@ fn push_then_pull_round_trips_the_bytes() {
         );
     }
     assert!(!snapshot.join("nested").exists());
+}
+
+#[test]
+fn weights_travel_by_lfs_and_come_back_through_the_cache() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = model_folder(tmp.path());
+    hub::push_folder("alice/m", &folder, "v1", &hub.options(tmp.path())).unwrap();
+    let weights = std::fs::read(folder.join("model.safetensors")).unwrap();
+    let oid = sha256_hex(&weights);
+    {
+        let state = hub.state();
+        let commit = &state.commits[0];
+        assert_eq!(commit.lfs, [("model.safetensors".to_string(), oid.clone())]);
+        assert_eq!(commit.files, FILES, "README.md and config.yaml inline");
+        assert_eq!(state.lfs_objects[&oid], weights);
+        assert_eq!(state.verified, std::slice::from_ref(&oid));
+        let puts: Vec<&Seen> = state
+            .requests
+            .iter()
+            .filter(|r| r.method == "PUT")
+            .collect();
+        assert_eq!(puts.len(), 1, "{:?}", state.requests);
+        assert!(puts[0].storage, "{:?}", puts[0]);
+        assert!(puts[0].authorization.is_none(), "no Hub token to storage");
+    }
+
+    hub.state().requests.clear();
+    let cache = tmp.path().join("fresh-cache");
+    let snapshot = hub::pull("alice/m", &FILES, &hub.options(&cache)).unwrap();
+    for file in FILES {
+        let pulled = std::fs::read(snapshot.join(file)).unwrap();
+        assert_eq!(pulled, std::fs::read(folder.join(file)).unwrap(), "{file}");
+    }
+    // huggingface_hub's layout: the snapshot entry links to the blob named by the object id.
+    let blob = cache.join("models--alice--m").join("blobs").join(&oid);
+    assert_eq!(std::fs::read(&blob).unwrap(), weights);
+    #[cfg(unix)]
+    assert_eq!(
+        std::fs::read_link(snapshot.join("model.safetensors")).unwrap(),
+        Path::new("../../blobs").join(&oid)
+    );
+    let leftovers: Vec<PathBuf> = files_under(&cache)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(".incomplete"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // The metadata comes from the Hub, with the token; the bytes from the CDN, without it.
+    let state = hub.state();
+    let cdn = state.storage_requests();
+    assert_eq!(cdn.len(), 1, "{:?}", state.requests);
+    assert_eq!(
+        (cdn[0].method.as_str(), cdn[0].path.clone()),
+        ("GET", format!("/cdn/{oid}"))
+    );
+    assert!(cdn[0].authorization.is_none(), "{:?}", cdn[0]);
+    let bearer = format!("Bearer {WRITE_TOKEN}");
+    let hub_requests = state.requests.iter().filter(|r| !r.storage);
+    assert!(hub_requests
+        .clone()
+        .all(|r| r.authorization.as_deref() == Some(&bearer as &str)));
+    let heads = hub_requests.filter(|r| r.method == "HEAD").count();
+    assert_eq!(heads, FILES.len(), "{:?}", state.requests);
+}
+
+#[test]
+fn an_lfs_object_the_hub_holds_is_not_uploaded_again() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = model_folder(tmp.path());
+    let opts = HubOptions {
+        update: true,
+        ..hub.options(tmp.path())
+    };
+    hub::push_folder("alice/m", &folder, "v1", &opts).unwrap();
+    hub.state().requests.clear();
+
+    // Same weights, new config.
+    std::fs::write(folder.join("config.yaml"), "objective:\n  name: barlow\n").unwrap();
+    hub::push_folder("alice/m", &folder, "v2", &opts).unwrap();
+    let weights = std::fs::read(folder.join("model.safetensors")).unwrap();
+    let state = hub.state();
+    let calls = state.calls();
+    assert!(
+        calls.contains(&("POST".into(), "/alice/m.git/info/lfs/objects/batch".into())),
+        "{calls:?}"
+    );
+    assert!(state.storage_requests().is_empty(), "{calls:?}");
+    assert!(
+        !calls.iter().any(|(_, path)| path.ends_with("/verify")),
+        "{calls:?}"
+    );
+    assert_eq!(state.verified.len(), 1, "verified once, by the first push");
+    let oid = sha256_hex(&weights);
+    assert_eq!(
+        state.commits[1].lfs,
+        [("model.safetensors".to_string(), oid)]
+    );
+    drop(state);
+    let files = hub.head_files("alice/m");
+    assert_eq!(files["model.safetensors"], weights);
+    assert_eq!(files["config.yaml"], b"objective:\n  name: barlow\n");
+}
+
+#[test]
+fn failed_upload_to_storage_commits_nothing() {
+    for fault in [Fault::Status(500), Fault::Drop] {
+        let hub = FakeHub::start();
+        let tmp = tempfile::tempdir().unwrap();
+        let folder = model_folder(tmp.path());
+        let opts = hub.options(tmp.path());
+        hub.state().storage_fault = Some(fault);
+
+        let err = error_text(hub::push_folder("alice/m", &folder, "m", &opts));
+        assert_mentions(
+            &err,
+            &[
+                "upload of model.safetensors (204800 bytes) for alice/m to the Hub's storage \
+                 failed (",
+                "nothing was committed",
+                "run the same command again to retry",
+            ],
+        );
+        if let Fault::Status(_) = fault {
+            assert_mentions(
+                &err,
+                &["HTTP 500 Internal Server Error: storage unavailable"],
+            );
+        }
+        {
+            let state = hub.state();
+            assert_eq!(state.failed_puts, opts.retries, "the upload is retried");
+            assert!(state.commits.is_empty());
+            assert!(state.lfs_objects.is_empty());
+            let calls = state.calls();
+            assert!(
+                !calls.iter().any(|(_, p)| p.contains("/commit/")),
+                "{calls:?}"
+            );
+        }
+
+        // Storage is back: the same command uploads the weights and commits.
+        hub.state().storage_fault = None;
+        hub::push_folder("alice/m", &folder, "m", &opts).unwrap();
+        let state = hub.state();
+        assert_eq!(state.commits.len(), 1);
+        let weights = std::fs::read(folder.join("model.safetensors")).unwrap();
+        assert_eq!(state.lfs_objects[&sha256_hex(&weights)], weights);
+    }
+}
+
+#[test]
+fn large_weights_go_up_in_parts() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = model_folder(tmp.path());
+    let opts = hub.options(&tmp.path().join("cache"));
+    hub.state().chunk_size = Some(64 * 1024);
+    hub::push_folder("alice/m", &folder, "m", &opts).unwrap();
+
+    let weights = std::fs::read(folder.join("model.safetensors")).unwrap();
+    let oid = sha256_hex(&weights);
+    {
+        let state = hub.state();
+        let storage: Vec<(String, String)> = state
+            .storage_requests()
+            .into_iter()
+            .map(|r| (r.method, r.path))
+            .collect();
+        // 200 KiB in parts of 64 KiB: four parts, then their ETags.
+        let part = |n: usize| ("PUT".to_string(), format!("/storage/{oid}/part/{n}"));
+        let complete = ("POST".to_string(), format!("/storage/{oid}/complete"));
+        assert_eq!(storage, [part(1), part(2), part(3), part(4), complete]);
+        assert_eq!(
+            state.parts[&(oid.clone(), 4)].len(),
+            200 * 1024 - 3 * 64 * 1024
+        );
+        assert_eq!(state.lfs_objects[&oid], weights);
+        assert_eq!(state.verified, std::slice::from_ref(&oid));
+        assert_eq!(
+            state.commits[0].lfs,
+            [("model.safetensors".to_string(), oid)]
+        );
+    }
+    let snapshot = hub::pull("alice/m", &FILES, &opts).unwrap();
+    assert_eq!(
+        std::fs::read(snapshot.join("model.safetensors")).unwrap(),
+        weights
+    );
+}
+
+#[test]
+fn pull_at_a_cached_commit_sends_no_request() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = model_folder(tmp.path());
+    let cache = tmp.path().join("cache");
+    let opts = hub.options(&cache);
+    hub::push_folder("alice/m", &folder, "m", &opts).unwrap();
+    let snapshot = hub::pull("alice/m", &FILES, &opts).unwrap();
+    let commit = hub.state().commits[0].oid.clone();
+
+    let pinned = HubOptions {
+        revision: commit.clone(),
+        ..opts.clone()
+    };
+    hub.state().requests.clear();
+    assert_eq!(hub::pull("alice/m", &FILES, &pinned).unwrap(), snapshot);
+    assert!(hub.state().requests.is_empty(), "{:?}", hub.state().calls());
+
+    // A file missing from the snapshot is asked for alone, at the commit; its blob is still
+    // cached, so it is linked again without a download.
+    std::fs::remove_file(snapshot.join("config.yaml")).unwrap();
+    assert_eq!(hub::pull("alice/m", &FILES, &pinned).unwrap(), snapshot);
+    let at_commit = format!("/alice/m/resolve/{commit}/config.yaml");
+    assert_eq!(hub.state().calls(), [("HEAD".into(), at_commit.clone())]);
+    assert_eq!(
+        std::fs::read(snapshot.join("config.yaml")).unwrap(),
+        std::fs::read(folder.join("config.yaml")).unwrap()
+    );
+    // Without the blob, it is downloaded again.
+    std::fs::remove_file(snapshot.join("config.yaml")).unwrap();
+    let blobs = snapshot.join("../../blobs");
+    for blob in std::fs::read_dir(&blobs).unwrap() {
+        let blob = blob.unwrap().path();
+        if std::fs::read(&blob).unwrap() == std::fs::read(folder.join("config.yaml")).unwrap() {
+            std::fs::remove_file(blob).unwrap();
+        }
+    }
+    hub.state().requests.clear();
+    assert_eq!(hub::pull("alice/m", &FILES, &pinned).unwrap(), snapshot);
+    assert_eq!(
+        hub.state().calls(),
+        [
+            ("HEAD".into(), at_commit.clone()),
+            ("GET".into(), at_commit)
+        ]
+    );
+    assert_eq!(
+        std::fs::read(snapshot.join("config.yaml")).unwrap(),
+        std::fs::read(folder.join("config.yaml")).unwrap()
+    );
+
+    // In a fresh cache, a commit id is fetched as such and recorded in no ref.
+    let fresh = tmp.path().join("fresh-cache");
+    let pinned_fresh = HubOptions {
+        cache_dir: Some(fresh.clone()),
+        ..pinned
+    };
+    hub.state().requests.clear();
+    let snapshot = hub::pull("alice/m", &FILES, &pinned_fresh).unwrap();
+    assert_eq!(
+        snapshot,
+        fresh
+            .join("models--alice--m")
+            .join("snapshots")
+            .join(&commit)
+    );
+    assert!(!fresh.join("models--alice--m").join("refs").exists());
+    let calls = hub.state().calls();
+    let heads: Vec<&String> = calls
+        .iter()
+        .filter(|(m, _)| m == "HEAD")
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(heads.len(), FILES.len(), "{calls:?}");
+    assert!(heads.iter().all(|p| p.contains(&commit)), "{calls:?}");
+}
+
+#[test]
+fn interrupted_download_leaves_nothing_half_written() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = model_folder(tmp.path());
+    let cache = tmp.path().join("cache");
+    let opts = hub.options(&cache);
+    hub::push_folder("alice/m", &folder, "m", &opts).unwrap();
+    hub.state().cut_downloads = true;
+
+    let err = error_text(hub::pull("alice/m", &FILES, &opts));
+    assert_mentions(
+        &err,
+        &[
+            &format!(
+                "download of model.safetensors from alice/m on {} failed",
+                hub.endpoint
+            ),
+            "run the same command again to retry",
+        ],
+    );
+    let repo = cache.join("models--alice--m");
+    let weights = std::fs::read(folder.join("model.safetensors")).unwrap();
+    let oid = sha256_hex(&weights);
+    assert!(!repo.join("blobs").join(&oid).exists());
+    let files = files_under(&repo);
+    assert!(
+        files.iter().all(|p| !p.ends_with("model.safetensors")),
+        "{files:?}"
+    );
+    assert!(
+        files
+            .iter()
+            .all(|p| !p.to_string_lossy().contains(".incomplete")),
+        "{files:?}"
+    );
+
+    hub.state().cut_downloads = false;
+    let snapshot = hub::pull("alice/m", &FILES, &opts).unwrap();
+    assert_eq!(
+        std::fs::read(snapshot.join("model.safetensors")).unwrap(),
+        weights
+    );
+}
+
+#[test]
+fn a_pull_killed_mid_download_leaves_only_a_temporary_file() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = model_folder(tmp.path());
+    hub::push_folder("alice/m", &folder, "m", &hub.options(tmp.path())).unwrap();
+    let weights = std::fs::read(folder.join("model.safetensors")).unwrap();
+    let mut state = hub.state();
+    (state.cut_downloads, state.stall_downloads) = (true, true);
+    drop(state);
+
+    // A child process pulls; the CDN sends half of the weights and stalls.
+    let cache = tmp.path().join("cache");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_pull_stalls",
+            "--exact",
+            "--ignored",
+            "--test-threads=1",
+        ])
+        .env(CHILD_MARKER, "1")
+        .env("SSL_HUB_TEST_ENDPOINT", &hub.endpoint)
+        .env("SSL_HUB_TEST_CACHE", &cache)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let blobs = cache.join("models--alice--m").join("blobs");
+    let half = (weights.len() / 2) as u64;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let partial = loop {
+        let found = std::fs::read_dir(&blobs).into_iter().flatten().flatten();
+        let partial = found
+            .map(|e| e.path())
+            .find(|p| p.metadata().unwrap().len() == half);
+        if let Some(partial) = partial {
+            break partial;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child wrote no half download"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // The half is under a temporary name: neither the blob nor the snapshot entry exists.
+    let name = partial.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.ends_with(".incomplete"), "{name}");
+    let oid = sha256_hex(&weights);
+    assert!(!blobs.join(&oid).exists());
+    let snapshots = cache.join("models--alice--m").join("snapshots");
+    let entries = files_under(&snapshots);
+    assert!(
+        entries.iter().all(|p| !p.ends_with("model.safetensors")),
+        "{entries:?}"
+    );
+
+    // The next pull downloads the weights whole.
+    hub.state().cut_downloads = false;
+    let snapshot = hub::pull("alice/m", &FILES, &hub.options(&cache)).unwrap();
+    assert_eq!(
+        std::fs::read(snapshot.join("model.safetensors")).unwrap(),
+        weights
+    );
+}
+
+#[test]
+#[ignore = "run by a_pull_killed_mid_download_leaves_only_a_temporary_file in a child process"]
+fn child_pull_stalls() {
+    if std::env::var_os(CHILD_MARKER).is_none() {
+        return;
+    }
+    let opts = HubOptions {
+        endpoint: std::env::var("SSL_HUB_TEST_ENDPOINT").ok(),
+        token: Some(WRITE_TOKEN.to_string()),
+        cache_dir: std::env::var_os("SSL_HUB_TEST_CACHE").map(PathBuf::from),
+        retries: 1,
+        ..Default::default()
+    };
+    // Killed by the parent while the weights' download stalls.
+    let _ = hub::pull("alice/m", &FILES, &opts);
 }
 
 #[test]
@@ -658,7 +1376,7 @@ fn dropped_commit_fails_cleanly_and_the_same_push_then_succeeds() {
     {
         let state = hub.state();
         let attempts = state.failed_commits;
-        assert_eq!(attempts, opts.retries, "hf-hub retries a dropped commit");
+        assert_eq!(attempts, opts.retries, "a dropped commit is retried");
         assert!(state.commits.is_empty());
         assert!(
             state.repos.contains_key("alice/m"),
@@ -675,17 +1393,19 @@ fn dropped_commit_fails_cleanly_and_the_same_push_then_succeeds() {
     let state = hub.state();
     assert_eq!(state.commits.len(), 1);
     assert_eq!(state.commits[0].files, FILES);
-    let get = |path: &str| ("GET".to_string(), format!("/api/models/alice/m{path}"));
-    let retried = state.calls();
-    assert_eq!(retried[0], ("POST".into(), "/api/repos/create".into()));
+    // Create (409), look for a model at the branch (none), then upload: the weights reached
+    // storage on the first try, so the batch call asks for nothing and nothing is sent again.
+    let post = |path: &str| ("POST".to_string(), path.to_string());
     assert_eq!(
-        retried[1],
-        (
-            "HEAD".into(),
-            "/alice/m/resolve/main/model.safetensors".into()
-        )
+        state.calls(),
+        [
+            post("/api/repos/create"),
+            ("GET".into(), "/api/models/alice/m/revision/main".into()),
+            post("/api/models/alice/m/preupload/main"),
+            post("/alice/m.git/info/lfs/objects/batch"),
+            post("/api/models/alice/m/commit/main"),
+        ]
     );
-    assert_eq!(retried[2], get("/revision/main"));
     drop(state);
     let files = hub.head_files("alice/m");
     assert_eq!(
@@ -1060,11 +1780,19 @@ fn child_push_with_token_file() {
     let state = hub.state();
     assert_eq!(state.commits.len(), 1);
     let bearer = format!("Bearer {WRITE_TOKEN}");
-    let all_authorised = state
-        .requests
+    let (hub_requests, storage): (Vec<&Seen>, Vec<&Seen>) =
+        state.requests.iter().partition(|r| !r.storage);
+    let all_authorised = hub_requests
         .iter()
         .all(|r| r.authorization.as_deref() == Some(&bearer as &str));
     assert!(all_authorised, "{:?}", state.requests);
+    assert_eq!(
+        storage.len(),
+        1,
+        "the weights' upload: {:?}",
+        state.requests
+    );
+    assert!(storage[0].authorization.is_none(), "{:?}", storage[0]);
 }
 
 // ---------------------------------------------------------------------------------------------
