@@ -154,21 +154,7 @@ fn two_ranks_match_one_process_within(args: &[&str], tolerance: f64, lowers: boo
             "{objective}, step {step}: one process {x}, two ranks {y}\n{a:?}\n{b:?}"
         );
     }
-    let (wa, wb) = (weights(&one), weights(&two));
-    assert_eq!(wa.len(), wb.len());
-    let scale = wa.values().map(max_abs).fold(0.0f32, f32::max);
-    let (mut worst, mut at) = (0.0f32, "");
-    for (name, t) in &wa {
-        let diff = max_abs(&(t - &wb[name]).unwrap());
-        if diff >= worst {
-            (worst, at) = (diff, name);
-        }
-    }
-    eprintln!("{objective}: largest weight difference {worst:e} in {at} (largest weight {scale})");
-    assert!(
-        worst <= tolerance as f32 * scale,
-        "{objective}: weights differ by {worst} in {at} (largest {scale})"
-    );
+    assert_weights_match(&one, &two, tolerance, &objective);
 
     // Resuming on another number of ranks is refused, naming the one to use.
     let out = Command::new(env!("CARGO_BIN_EXE_ssl"))
@@ -185,6 +171,25 @@ fn two_ranks_match_one_process_within(args: &[&str], tolerance: f64, lowers: boo
     );
 }
 
+/// The final weights of runs `one` and `two` agree to `tolerance` of the largest weight.
+fn assert_weights_match(one: &Path, two: &Path, tolerance: f64, objective: &str) {
+    let (wa, wb) = (weights(one), weights(two));
+    assert_eq!(wa.len(), wb.len());
+    let scale = wa.values().map(max_abs).fold(0.0f32, f32::max);
+    let (mut worst, mut at) = (0.0f32, "");
+    for (name, t) in &wa {
+        let diff = max_abs(&(t - &wb[name]).unwrap());
+        if diff >= worst {
+            (worst, at) = (diff, name);
+        }
+    }
+    eprintln!("{objective}: largest weight difference {worst:e} in {at} (largest weight {scale})");
+    assert!(
+        worst <= tolerance as f32 * scale,
+        "{objective}: weights differ by {worst} in {at} (largest {scale})"
+    );
+}
+
 /// A one-layer projector: no batch norm anywhere.
 const NO_BN: [&str; 2] = ["--set", "model.projector=[64]"];
 
@@ -197,6 +202,34 @@ fn vicreg_on_two_ranks_matches_one_process() {
         ]
         .concat(),
     );
+}
+
+/// Two batches accumulated per step: the second one's backward hands over each parameter's
+/// mean over both while it runs, and the ranks average that. 10 steps of 2 × 128 (2 × 64 per
+/// rank).
+#[test]
+fn accumulating_on_two_ranks_matches_one_process() {
+    if mpirun_missing() {
+        return;
+    }
+    let args = [
+        &NO_BN[..],
+        &["--objective", "vicreg", "--set", "train.optimizer=sgd"],
+        &["--set", "train.accumulate=2"],
+    ]
+    .concat();
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two, _) = one_and_two_ranks(dir.path(), &args);
+    let (a, b) = (losses(&one), losses(&two));
+    assert_eq!((a.len(), b.len()), (STEPS / 2, STEPS / 2), "{a:?}\n{b:?}");
+    assert!(a[STEPS / 2 - 1] < a[0], "training lowers the loss: {a:?}");
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            (x - y).abs() <= TOLERANCE * x.abs().max(1.0),
+            "step {step}: one process {x}, two ranks {y}\n{a:?}\n{b:?}"
+        );
+    }
+    assert_weights_match(&one, &two, TOLERANCE, "vicreg, accumulate 2");
 }
 
 #[test]
