@@ -701,7 +701,8 @@ impl<'a> Training<'a> {
         );
         let (mut outs, mut images) = (Vec::with_capacity(t.accumulate), 0);
         let mut data_wait = Duration::ZERO;
-        let (comm, stopped_at) = (self.comm, self.stopped_at(epoch));
+        let comm = self.comm;
+        let (out, checkpointed, step) = (&self.cfg.out, self.checkpointed, self.state.step);
         let averaging = GradientAveraging::new(comm, &self.trainable, ssl_dist::BUCKET_ELEMENTS);
         let model = &mut *self.model;
         let grads = averaging
@@ -736,7 +737,7 @@ impl<'a> Training<'a> {
                     };
                     let (out, batch_grads) =
                         forward_backward_on(model, &input, comm.as_collective(), hand_over)
-                            .with_context(|| stopped_at.clone())?;
+                            .with_context(|| stopped_at(out, checkpointed, step, epoch))?;
                     images += input.views * input.instance_ids.len() * comm.world_size();
                     sum = Some(match sum.take() {
                         None => batch_grads,
@@ -822,19 +823,7 @@ impl<'a> Training<'a> {
 
     /// Where a failed step stopped the run, and what it left: only what is true of the disk.
     fn stopped_at(&self, epoch: usize) -> String {
-        let dir = self.cfg.out.join("checkpoint");
-        let kept = match self.checkpointed {
-            Some(step) => format!(
-                "the checkpoint of step {step} in {} is kept (continue with --resume)",
-                dir.display()
-            ),
-            None => "no checkpoint had been written yet".to_string(),
-        };
-        format!(
-            "training stopped at step {} (epoch {}); {kept}",
-            self.state.step,
-            epoch + 1
-        )
+        stopped_at(&self.cfg.out, self.checkpointed, self.state.step, epoch)
     }
 
     /// The end of an epoch: the k-NN / online-probe monitor when due, the logs flushed, and a
@@ -1181,6 +1170,22 @@ impl ViewSums {
     }
 }
 
+/// What a failed step says: where training stopped and what `out` holds to resume from.
+fn stopped_at(out: &Path, checkpointed: Option<usize>, step: usize, epoch: usize) -> String {
+    let dir = out.join("checkpoint");
+    let kept = match checkpointed {
+        Some(step) => format!(
+            "the checkpoint of step {step} in {} is kept (continue with --resume)",
+            dir.display()
+        ),
+        None => "no checkpoint had been written yet".to_string(),
+    };
+    format!(
+        "training stopped at step {step} (epoch {}); {kept}",
+        epoch + 1
+    )
+}
+
 /// One step: encoder (train mode, view by view, global views then local crops) → projector →
 /// objective loss (+ the online probe's cross-entropy on the global views' detached features) →
 /// backward → optimiser. A teacher sees the global views only. A non-finite loss or term is an
@@ -1461,6 +1466,29 @@ mod tests {
         assert!(e.unwrap_err().to_string().contains("pass 1 failed"));
         let e = sums.into_total().unwrap_err().to_string();
         assert!(e.contains("pass 1 failed"), "{e}");
+    }
+
+    /// A failed step names where training stopped (1-based epoch) and the checkpoint that is
+    /// left to resume from, if any.
+    #[test]
+    fn a_failed_step_says_where_it_stopped_and_what_is_kept() {
+        let out = Path::new("runs/a");
+        let kept = stopped_at(out, Some(40), 57, 2);
+        assert!(
+            kept.starts_with("training stopped at step 57 (epoch 3); "),
+            "{kept}"
+        );
+        let dir = out.join("checkpoint");
+        let named = format!("the checkpoint of step 40 in {} is kept", dir.display());
+        assert!(
+            kept.contains(&named) && kept.ends_with("(continue with --resume)"),
+            "{kept}"
+        );
+        let none = stopped_at(out, None, 3, 0);
+        assert_eq!(
+            none,
+            "training stopped at step 3 (epoch 1); no checkpoint had been written yet"
+        );
     }
 
     #[test]
