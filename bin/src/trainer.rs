@@ -31,7 +31,7 @@ use ssl_core::{
     StepContext,
 };
 use ssl_data::{ImageAugment, Interpolation, LocalCrop, ViewLoader, ViewTransform, ViewTypes};
-use ssl_dist::{Comm, Complete, GradientAveraging};
+use ssl_dist::{Comm, Complete, GradientAveraging, GradientReduction};
 use ssl_models::autocast::{autocast, Precision};
 use ssl_models::{Encoder, Projector};
 
@@ -347,9 +347,11 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
             true => "batch norm over the global batch (model.sync_bn)",
             false => "batch norm per rank (model.sync_bn: false)",
         };
-        let averaged = match comm.reduces_during_backward() {
-            true => "gradients averaged during the backward pass",
-            false => "gradients averaged after the backward pass",
+        let averaged = match comm.gradient_reduction() {
+            GradientReduction::OnThread | GradientReduction::Enqueued => {
+                "gradients averaged during the backward pass"
+            }
+            GradientReduction::AfterBackward => "gradients averaged after the backward pass",
         };
         eprintln!(
             "data parallel over {world} ranks: batch {b} per rank, global batch {}, {norm}, \

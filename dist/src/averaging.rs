@@ -5,9 +5,11 @@
 //! The parameters are packed, in reverse order, into buckets of at most
 //! [`BUCKET_ELEMENTS`] values: the backward pass completes the last layers' gradients first, so
 //! the first buckets fill first. The backward hands each parameter's gradient over as soon as it
-//! is complete (Candle's `backward_with`); a bucket whose gradients are all in is all-reduced —
-//! on a thread of its own while the backward goes on, when [`Comm::reduces_during_backward`], or
-//! else after it — and every rank reduces the buckets in the same order. A bucket is the `f32`
+//! is complete (Candle's `backward_with`); a bucket whose gradients are all in is all-reduced as
+//! the back end's [`Comm::gradient_reduction`] says — on a thread of its own while the backward
+//! goes on (MPI), enqueued from the backward's thread as it completes (NCCL, on a stream of its
+//! own), or after the backward — and every rank reduces the buckets in the same order, a bucket
+//! complete before an earlier one waiting for it. A bucket is the `f32`
 //! concatenation of its gradients, built and reduced on their device
 //! ([`Comm::all_reduce_gradients`]). Once the backward has returned, one more (host) all-reduce
 //! counts the ranks on which each parameter had a gradient: none anywhere leaves it without one
@@ -21,7 +23,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, TensorId, Var};
 
-use crate::Comm;
+use crate::{Comm, GradientReduction};
 
 /// Elements of one all-reduce message: 25 MiB of `f32`, PyTorch DDP's default bucket.
 pub const BUCKET_ELEMENTS: usize = 25 * 1024 * 1024 / 4;
@@ -33,6 +35,7 @@ pub type Complete<'a> = dyn Fn(TensorId, Option<&Tensor>) -> Result<()> + Sync +
 /// One optimiser step's averaging of `params`' gradients over the ranks of `comm`.
 pub struct GradientAveraging<'a> {
     comm: &'a dyn Comm,
+    reduction: GradientReduction,
     params: &'a [(String, Var)],
     index: HashMap<TensorId, usize>,
     /// Parameter indices, bucket by bucket: `order[buckets[b]]`.
@@ -41,6 +44,8 @@ pub struct GradientAveraging<'a> {
     bucket_of: Vec<usize>,
     progress: Mutex<Progress>,
     changed: Condvar,
+    /// Held while buckets are being reduced: one thread at a time, in bucket order.
+    reducing: Mutex<()>,
 }
 
 /// What the backward and the reducing thread share.
@@ -55,14 +60,16 @@ struct Progress {
     backward_over: bool,
     /// Per bucket: the sum over the ranks, once reduced.
     sums: Vec<Option<Tensor>>,
+    /// The next bucket to reduce: the ones before it are.
+    next: usize,
 }
 
 /// The gradients averaged over the ranks, and how the buckets went.
 pub struct Averaged {
     pub grads: GradStore,
     pub buckets: usize,
-    /// Buckets complete before the backward pass returned: those a back end that
-    /// [`Comm::reduces_during_backward`] reduces while it goes on.
+    /// Buckets complete before the backward pass returned: those a back end that reduces
+    /// during the backward ([`Comm::gradient_reduction`]) reduces while it goes on.
     pub ready_during_backward: usize,
 }
 
@@ -93,9 +100,11 @@ impl<'a> GradientAveraging<'a> {
             ready_during_backward: 0,
             backward_over: false,
             sums: vec![None; buckets.len()],
+            next: 0,
         };
         Self {
             comm,
+            reduction: comm.gradient_reduction(),
             params,
             index: params
                 .iter()
@@ -107,6 +116,7 @@ impl<'a> GradientAveraging<'a> {
             bucket_of,
             progress: Mutex::new(progress),
             changed: Condvar::new(),
+            reducing: Mutex::new(()),
         }
     }
 
@@ -128,9 +138,9 @@ impl<'a> GradientAveraging<'a> {
             Some(&p) => self.hand_over(p, grad, true),
             None => Ok(()),
         };
-        let (local, present) = if self.comm.reduces_during_backward() {
-            std::thread::scope(|scope| {
-                let reducing = scope.spawn(|| self.reduce_buckets());
+        let (local, present) = match self.reduction {
+            GradientReduction::OnThread => std::thread::scope(|scope| {
+                let reducing = scope.spawn(|| self.reduce_buckets(true));
                 let local = backward(&complete).and_then(|grads| self.hand_over_rest(grads));
                 self.lock().backward_over = true;
                 self.changed.notify_all();
@@ -142,13 +152,29 @@ impl<'a> GradientAveraging<'a> {
                 let local = local?;
                 reduced?;
                 Ok::<_, anyhow::Error>((local, present.context("presence counted")??))
-            })?
-        } else {
-            let local = backward(&complete).and_then(|grads| self.hand_over_rest(grads))?;
-            self.lock().backward_over = true;
-            let present = self.presence()?;
-            self.reduce_buckets()?;
-            (local, present)
+            })?,
+            GradientReduction::Enqueued => {
+                let local = backward(&complete).and_then(|grads| self.hand_over_rest(grads));
+                self.lock().backward_over = true;
+                let enqueued = match &local {
+                    Ok(_) => self.reduce_buckets(true),
+                    Err(_) => Ok(()),
+                };
+                // Also after a failed backward: the buckets enqueued must be done with its
+                // gradients before they are freed.
+                let reduced = self.comm.gradients_reduced();
+                let local = local?;
+                enqueued?;
+                reduced?;
+                (local, self.presence()?)
+            }
+            GradientReduction::AfterBackward => {
+                let local = backward(&complete).and_then(|grads| self.hand_over_rest(grads))?;
+                self.lock().backward_over = true;
+                let present = self.presence()?;
+                self.reduce_buckets(true)?;
+                (local, present)
+            }
         };
         self.averaged(local, &present)
     }
@@ -173,6 +199,9 @@ impl<'a> GradientAveraging<'a> {
             progress.ready_during_backward += usize::from(during_backward);
             drop(progress);
             self.changed.notify_all();
+            if during_backward && self.reduction == GradientReduction::Enqueued {
+                self.reduce_buckets(false)?;
+            }
         }
         Ok(())
     }
@@ -203,13 +232,19 @@ impl<'a> GradientAveraging<'a> {
         Ok(present)
     }
 
-    /// All-reduces the buckets in order, each once its gradients are in; stops early when the
-    /// backward failed.
-    fn reduce_buckets(&self) -> Result<()> {
-        for (b, range) in self.buckets.iter().enumerate() {
-            let grads: Vec<Option<Tensor>> = {
+    /// All-reduces the buckets not reduced yet, in order, each once its gradients are in: waits
+    /// for them when `wait` (stopping early when the backward failed), else stops at the first
+    /// bucket still missing one.
+    fn reduce_buckets(&self, wait: bool) -> Result<()> {
+        let _one_at_a_time = self.reducing.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let (b, grads): (usize, Vec<Option<Tensor>>) = {
                 let mut progress = self.lock();
-                while progress.missing[b] > 0 && !progress.backward_over {
+                let b = progress.next;
+                if b == self.buckets.len() {
+                    return Ok(());
+                }
+                while wait && progress.missing[b] > 0 && !progress.backward_over {
                     progress = self
                         .changed
                         .wait(progress)
@@ -218,18 +253,20 @@ impl<'a> GradientAveraging<'a> {
                 if progress.missing[b] > 0 {
                     return Ok(());
                 }
-                self.order[range.clone()]
+                let grads = self.order[self.buckets[b].clone()]
                     .iter()
                     .map(|&p| progress.grads[p].clone().flatten())
-                    .collect()
+                    .collect();
+                (b, grads)
             };
             let sum = self
                 .comm
-                .all_reduce_gradients(&self.bucket(range, &grads)?)
+                .all_reduce_gradients(&self.bucket(&self.buckets[b], &grads)?)
                 .with_context(|| format!("all-reducing gradient bucket {b}"))?;
-            self.lock().sums[b] = Some(sum);
+            let mut progress = self.lock();
+            progress.sums[b] = Some(sum);
+            progress.next = b + 1;
         }
-        Ok(())
     }
 
     /// The `f32` message of the bucket `range` whose parameters have gradients `grads`: the
@@ -303,23 +340,35 @@ mod tests {
     use std::time::{Duration, Instant};
 
     /// Two ranks with identical gradients, in one process: a sum over the ranks doubles. Logs
-    /// the size of every gradient bucket it reduces.
+    /// the size of every gradient bucket it reduces, and how many were reduced at each
+    /// [`Comm::gradients_reduced`].
     struct IdenticalPair {
-        during_backward: bool,
+        reduction: GradientReduction,
         reduced: Mutex<Vec<usize>>,
+        waits: Mutex<Vec<usize>>,
     }
 
     impl IdenticalPair {
-        fn new(during_backward: bool) -> Self {
+        fn new(reduction: GradientReduction) -> Self {
             Self {
-                during_backward,
+                reduction,
                 reduced: Mutex::new(Vec::new()),
+                waits: Mutex::new(Vec::new()),
             }
         }
         fn reduced(&self) -> Vec<usize> {
             self.reduced.lock().unwrap().clone()
         }
+        fn waits(&self) -> Vec<usize> {
+            self.waits.lock().unwrap().clone()
+        }
     }
+
+    const MODES: [GradientReduction; 3] = [
+        GradientReduction::AfterBackward,
+        GradientReduction::OnThread,
+        GradientReduction::Enqueued,
+    ];
 
     impl Collective for IdenticalPair {
         fn world_size(&self) -> usize {
@@ -346,8 +395,13 @@ mod tests {
             self.reduced.lock().unwrap().push(bucket.elem_count());
             Ok((bucket * 2.0)?)
         }
-        fn reduces_during_backward(&self) -> bool {
-            self.during_backward
+        fn gradient_reduction(&self) -> GradientReduction {
+            self.reduction
+        }
+        fn gradients_reduced(&self) -> Result<()> {
+            let reduced = self.reduced().len();
+            self.waits.lock().unwrap().push(reduced);
+            Ok(())
         }
         fn barrier(&self) -> Result<()> {
             Ok(())
@@ -388,14 +442,15 @@ mod tests {
         grads.get(var.as_tensor()).map(|g| g.to_vec1().unwrap())
     }
 
-    /// The mean over two ranks with the same gradients is those gradients, whether the buckets
-    /// are reduced during the backward or after it; a parameter without a gradient on any rank
-    /// keeps none. Buckets of at most 12 values from the last parameter: [p4], [p3, p2], [p1, p0]
-    /// (a bucket holds what fits; a larger parameter would travel alone).
+    /// The mean over two ranks with the same gradients is those gradients, however the buckets
+    /// are reduced; a parameter without a gradient on any rank keeps none. Buckets of at most 12
+    /// values from the last parameter: [p4], [p3, p2], [p1, p0] (a bucket holds what fits; a
+    /// larger parameter would travel alone). Enqueued reductions are waited for once, after the
+    /// last.
     #[test]
     fn the_mean_over_identical_ranks_is_the_local_gradient() {
-        for during_backward in [false, true] {
-            let (params, comm) = (params(), IdenticalPair::new(during_backward));
+        for mode in MODES {
+            let (params, comm) = (params(), IdenticalPair::new(mode));
             let grads = gradients(&params);
             let averaged = GradientAveraging::new(&comm, &params, 12)
                 .run(|_| Ok(gradients(&params)))
@@ -406,10 +461,15 @@ mod tests {
                 assert_eq!(
                     values(&averaged.grads, var),
                     values(&grads, var),
-                    "{name}, during_backward {during_backward}"
+                    "{name}, {mode:?}"
                 );
             }
             assert!(averaged.grads.get(params[2].1.as_tensor()).is_none());
+            let waits = match mode {
+                GradientReduction::Enqueued => vec![3],
+                _ => vec![],
+            };
+            assert_eq!(comm.waits(), waits, "{mode:?}");
         }
     }
 
@@ -419,7 +479,7 @@ mod tests {
     /// returned store.
     #[test]
     fn a_full_bucket_is_reduced_while_the_backward_goes_on() {
-        let (params, comm) = (params(), IdenticalPair::new(true));
+        let (params, comm) = (params(), IdenticalPair::new(GradientReduction::OnThread));
         let grads = gradients(&params);
         let averaged = GradientAveraging::new(&comm, &params, 12)
             .run(|complete| {
@@ -444,21 +504,60 @@ mod tests {
         }
     }
 
-    /// A failed backward is the error returned, and the reducing thread does not wait for
-    /// gradients that will not come.
+    /// Enqueued, a bucket's all-reduce starts in the hand-over that completes it, on the
+    /// backward's thread, and in bucket order: the last bucket, complete first, waits for the
+    /// first two; the one wait comes after all three.
+    #[test]
+    fn enqueued_buckets_start_as_they_complete_in_bucket_order() {
+        let (params, comm) = (params(), IdenticalPair::new(GradientReduction::Enqueued));
+        let grads = gradients(&params);
+        let averaged = GradientAveraging::new(&comm, &params, 12)
+            .run(|complete| {
+                let hand_over = |p: usize| {
+                    let var = params[p].1.as_tensor();
+                    complete(var.id(), grads.get(var))
+                };
+                hand_over(1)?;
+                hand_over(0)?;
+                assert_eq!(comm.reduced(), [] as [usize; 0], "[p1, p0] waits for [p4]");
+                hand_over(4)?;
+                assert_eq!(comm.reduced(), [7]);
+                hand_over(3)?;
+                hand_over(2)?;
+                assert_eq!(comm.reduced(), [7, 11, 7]);
+                assert_eq!(comm.waits(), [] as [usize; 0]);
+                Ok(gradients(&params))
+            })
+            .unwrap();
+        assert_eq!(averaged.ready_during_backward, 3);
+        assert_eq!(comm.waits(), [3]);
+        for (name, var) in &params {
+            assert_eq!(values(&averaged.grads, var), values(&grads, var), "{name}");
+        }
+    }
+
+    /// A failed backward is the error returned; the reducing thread does not wait for gradients
+    /// that will not come, and the buckets already enqueued are waited for.
     #[test]
     fn a_failed_backward_ends_the_averaging_with_its_error() {
-        let (params, comm) = (params(), IdenticalPair::new(true));
+        for mode in MODES {
+            let (params, comm) = (params(), IdenticalPair::new(mode));
+            let grads = gradients(&params);
+            let e = GradientAveraging::new(&comm, &params, 12)
+                .run(|complete| {
+                    let last = params[4].1.as_tensor();
+                    complete(last.id(), grads.get(last))?;
+                    bail!("the backward failed")
+                })
+                .err()
+                .unwrap();
+            assert_eq!(e.to_string(), "the backward failed", "{mode:?}");
+            if mode == GradientReduction::Enqueued {
+                assert_eq!(comm.waits(), [1]);
+            }
+        }
+        let (params, comm) = (params(), IdenticalPair::new(GradientReduction::OnThread));
         let grads = gradients(&params);
-        let e = GradientAveraging::new(&comm, &params, 12)
-            .run(|complete| {
-                let last = params[4].1.as_tensor();
-                complete(last.id(), grads.get(last))?;
-                bail!("the backward failed")
-            })
-            .err()
-            .unwrap();
-        assert_eq!(e.to_string(), "the backward failed");
         let twice = GradientAveraging::new(&comm, &params, 12)
             .run(|complete| {
                 let last = params[4].1.as_tensor();

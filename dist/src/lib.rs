@@ -32,6 +32,20 @@ mod nccl_backend;
 #[cfg(feature = "nccl")]
 pub use nccl_backend::NcclCollective;
 
+/// When a back end all-reduces the gradient buckets of a step ([`Comm::gradient_reduction`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradientReduction {
+    /// After the backward pass, one bucket after the other.
+    AfterBackward,
+    /// While the backward pass goes on, on a thread of its own that waits for each bucket's
+    /// all-reduce (MPI at thread level `Multiple`, over a communicator of its own).
+    OnThread,
+    /// While the backward pass goes on, enqueued from the backward's thread as each bucket
+    /// completes and run asynchronously (NCCL on a stream of its own);
+    /// [`Comm::gradients_reduced`] waits for them.
+    Enqueued,
+}
+
 /// A data-parallel communicator: the trainer's view of the ranks.
 pub trait Comm: Collective {
     /// This process's rank, `0..world_size()`; rank 0 writes logs and checkpoints.
@@ -49,16 +63,18 @@ pub trait Comm: Collective {
         Ok(Tensor::from_vec(buf, t.shape(), t.device())?.to_dtype(t.dtype())?)
     }
     /// [`Self::all_reduce_sum_tensor`] of a gradient bucket; every rank reduces its buckets in
-    /// the same order. Where [`Self::reduces_during_backward`] holds, it runs on a thread of its
-    /// own while the trainer's thread makes the other collectives.
+    /// the same order, when and where [`Self::gradient_reduction`] says.
     fn all_reduce_gradients(&self, bucket: &Tensor) -> Result<Tensor> {
         self.all_reduce_sum_tensor(bucket)
     }
-    /// Whether gradient buckets are all-reduced while the backward pass goes on
-    /// ([`GradientAveraging`]): MPI at thread level `Multiple`, over a communicator of its own.
-    /// Otherwise they are reduced after it.
-    fn reduces_during_backward(&self) -> bool {
-        false
+    /// When gradient buckets are all-reduced ([`GradientAveraging`]).
+    fn gradient_reduction(&self) -> GradientReduction {
+        GradientReduction::AfterBackward
+    }
+    /// With [`GradientReduction::Enqueued`]: makes what runs next on the calling thread wait for
+    /// every bucket all-reduce enqueued so far; the sums may be read after it.
+    fn gradients_reduced(&self) -> Result<()> {
+        Ok(())
     }
     /// The device this rank must train on, when the communicator is bound to one (NCCL:
     /// `cuda:<local rank>`, the very device its collectives run on).

@@ -26,7 +26,7 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, CommunicatorCollectives};
 use ssl_core::Collective;
 
-use crate::Comm;
+use crate::{Comm, GradientReduction};
 
 /// How long the gradient thread sleeps between two tests of its all-reduce; a bucket completes
 /// at most this much after the slowest rank's share arrives.
@@ -181,8 +181,11 @@ impl Comm for MpiCollective {
         });
         Ok(Tensor::from_vec(sum, bucket.shape(), bucket.device())?.to_dtype(bucket.dtype())?)
     }
-    fn reduces_during_backward(&self) -> bool {
-        self.shared.gradients.is_some()
+    fn gradient_reduction(&self) -> GradientReduction {
+        match self.shared.gradients {
+            Some(_) => GradientReduction::OnThread,
+            None => GradientReduction::AfterBackward,
+        }
     }
     fn barrier(&self) -> Result<()> {
         self.shared.world().0.barrier();

@@ -9,19 +9,31 @@
 //! abort, the host reductions of logged losses) goes through another [`Comm`]: MPI for several
 //! ranks, [`crate::SingleProcess`] for one. The collectives run at world size 1 too (a device
 //! copy), so one GPU exercises every path a multi-GPU run takes.
+//!
+//! Gradient buckets go over a second communicator, on a stream of its own
+//! ([`GradientReduction::Enqueued`], PyTorch DDP's arrangement): each bucket's all-reduce is
+//! enqueued there from the backward's thread as soon as the bucket is complete, after an event
+//! that marks the bucket written on Candle's stream, and the backward's next kernels go on
+//! beside it; [`Comm::gradients_reduced`] makes Candle's stream wait for the last one. The
+//! stream is made without switching cudarc's context to its multi-stream mode, in which every
+//! kernel launch would record and wait for events on every buffer it touches: the two streams
+//! meet only at these events, and a bucket is kept alive until Candle's stream has waited for
+//! the all-reduce that reads it.
 
 use std::ffi::c_char;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use anyhow::{Context, Result};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
+use candle_core::cuda_backend::cudarc::driver::{
+    result as driver, CudaContext, CudaEvent, CudaStream, DeviceRepr,
+};
 use candle_core::cuda_backend::cudarc::nccl::{Comm as NcclComm, Id, NcclType, ReduceOp};
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 use ssl_core::Collective;
 
-use crate::Comm;
+use crate::{Comm, GradientReduction};
 
 /// An NCCL communicator, usable from any thread one call at a time.
 struct Communicator(NcclComm);
@@ -30,9 +42,46 @@ struct Communicator(NcclComm);
 // overlap (its "thread safety" notes); every use goes through the `Mutex` in `Shared`.
 unsafe impl Send for Communicator {}
 
+/// A non-blocking CUDA stream of our own, made outside cudarc's stream bookkeeping (see the
+/// module's documentation) and destroyed with this value.
+struct SideStream(Arc<CudaStream>);
+
+impl SideStream {
+    fn new(context: &Arc<CudaContext>) -> candle_core::Result<Self> {
+        let stream = context
+            .bind_to_thread()
+            .and_then(|()| driver::stream::create(driver::stream::StreamKind::NonBlocking))
+            .map_err(|e| op_error("cuStreamCreate", e))?;
+        // SAFETY: the stream belongs to `context`, and `Drop` destroys it only after every
+        // holder of the wrapper (the gradient communicator, declared before it) is gone.
+        Ok(Self(unsafe { context.wrap_borrowed_stream(stream) }))
+    }
+}
+
+impl Drop for SideStream {
+    fn drop(&mut self) {
+        // SAFETY: nothing is enqueued on the stream any more (see `new`); a failure here leaves a
+        // stream behind at exit, which is all it could do.
+        let _ = unsafe { driver::stream::destroy(self.0.cu_stream()) };
+    }
+}
+
+/// The communicator of the gradient buckets, on its own stream, and the all-reduces in flight.
+/// Fields drop in order: the communicator before its stream.
+struct GradientComm {
+    comm: Communicator,
+    /// Done once every bucket enqueued so far is reduced.
+    last: Option<CudaEvent>,
+    /// The buckets the enqueued all-reduces read: freed (on Candle's stream) only after it has
+    /// waited for them.
+    reading: Vec<Tensor>,
+    stream: SideStream,
+}
+
 /// What the collective and the custom ops in a graph share.
 struct Shared {
     nccl: Mutex<Communicator>,
+    gradients: Mutex<GradientComm>,
     device: CudaDevice,
     rank: usize,
     size: usize,
@@ -41,6 +90,11 @@ struct Shared {
 impl Shared {
     fn nccl(&self) -> MutexGuard<'_, Communicator> {
         self.nccl.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+    fn gradients(&self) -> MutexGuard<'_, GradientComm> {
+        self.gradients
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -53,9 +107,10 @@ pub struct NcclCollective {
 }
 
 impl NcclCollective {
-    /// Opens `cuda:<local_rank>` and joins the NCCL communicator of `control`'s ranks: rank 0
-    /// creates the NCCL unique id and, at world size > 1, sends its 128 bytes to the others
-    /// through `control` (an all-reduce sum to which the other ranks add zeros: a broadcast).
+    /// Opens `cuda:<local_rank>` and joins the two NCCL communicators of `control`'s ranks (the
+    /// collectives' and the gradient buckets'): rank 0 creates their unique ids and, at world
+    /// size > 1, sends their 2 × 128 bytes to the others through `control` (an all-reduce sum to
+    /// which the other ranks add zeros: a broadcast).
     pub fn init(control: Arc<dyn Comm>, local_rank: usize) -> Result<Self> {
         let (rank, size) = (control.rank(), control.world_size());
         let device = Device::new_cuda(local_rank).with_context(|| {
@@ -65,23 +120,40 @@ impl NcclCollective {
                  start at most as many processes per node as it has GPUs"
             )
         })?;
-        let mut bytes = [0f64; 128];
+        let mut bytes = [0f64; 256];
         if rank == 0 {
-            let id = Id::new().map_err(|e| op_error("ncclGetUniqueId", e))?;
-            for (b, &c) in bytes.iter_mut().zip(id.internal()) {
-                *b = f64::from(c as u8);
+            for half in bytes.chunks_mut(128) {
+                let id = Id::new().map_err(|e| op_error("ncclGetUniqueId", e))?;
+                for (b, &c) in half.iter_mut().zip(id.internal()) {
+                    *b = f64::from(c as u8);
+                }
             }
         }
         if size > 1 {
             control.all_reduce_sum_f64(&mut bytes)?;
         }
-        let id = Id::uninit(bytes.map(|b| b as u8 as c_char));
+        let id = |half: usize| {
+            let mut id = [0 as c_char; 128];
+            for (c, &b) in id.iter_mut().zip(&bytes[128 * half..]) {
+                *c = b as u8 as c_char;
+            }
+            Id::uninit(id)
+        };
         let cuda = device.as_cuda_device()?.clone();
-        let comm = NcclComm::from_rank(cuda.cuda_stream(), rank, size, id)
+        let comm = NcclComm::from_rank(cuda.cuda_stream(), rank, size, id(0))
             .map_err(|e| op_error("ncclCommInitRank", e))?;
+        let stream = SideStream::new(cuda.cuda_stream().context())?;
+        let gradients = NcclComm::from_rank(Arc::clone(&stream.0), rank, size, id(1))
+            .map_err(|e| op_error("ncclCommInitRank (gradient buckets)", e))?;
         Ok(Self {
             shared: Arc::new(Shared {
                 nccl: Mutex::new(Communicator(comm)),
+                gradients: Mutex::new(GradientComm {
+                    comm: Communicator(gradients),
+                    last: None,
+                    reading: Vec::new(),
+                    stream,
+                }),
                 device: cuda,
                 rank,
                 size,
@@ -147,6 +219,37 @@ impl Comm for NcclCollective {
             Some(device) => sum.to_device(&device)?,
             None => sum,
         })
+    }
+    /// Enqueues the bucket's all-reduce on the gradient stream (see the module's documentation)
+    /// and returns its sum, which may be read only after [`Comm::gradients_reduced`].
+    fn all_reduce_gradients(&self, bucket: &Tensor) -> Result<Tensor> {
+        if !bucket.device().same_device(&self.device) || bucket.dtype() != DType::F32 {
+            anyhow::bail!(
+                "NCCL all-reduces gradient buckets of f32 on {:?}, got {:?} on {:?}",
+                self.device.location(),
+                bucket.dtype(),
+                bucket.device().location()
+            );
+        }
+        let bucket = bucket.contiguous()?;
+        let sum = bucket.apply_op1_no_bwd(&EnqueuedAllReduce(Arc::clone(&self.shared)))?;
+        self.shared.gradients().reading.push(bucket);
+        Ok(sum)
+    }
+    fn gradient_reduction(&self) -> GradientReduction {
+        GradientReduction::Enqueued
+    }
+    fn gradients_reduced(&self) -> Result<()> {
+        let mut gradients = self.shared.gradients();
+        if let Some(last) = gradients.last.take() {
+            self.shared
+                .device
+                .cuda_stream()
+                .wait(&last)
+                .map_err(|e| op_error("cuStreamWaitEvent", e))?;
+        }
+        gradients.reading.clear();
+        Ok(())
     }
     fn device(&self) -> Option<&Device> {
         Some(&self.device)
@@ -314,5 +417,54 @@ impl CustomOp1 for AllReduceSum {
             T => self.reduce::<T>(s, l)?
         );
         Ok((out, l.shape().clone()))
+    }
+}
+
+/// [`AllReduceSum`] of an `f32` gradient bucket, enqueued on the gradient communicator's stream
+/// after Candle's stream has written the bucket; the sum is allocated on Candle's stream, before
+/// the event the gradient stream waits for, and written by the all-reduce.
+struct EnqueuedAllReduce(Arc<Shared>);
+
+impl CustomOp1 for EnqueuedAllReduce {
+    fn name(&self) -> &'static str {
+        "nccl-all-reduce-gradients"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("gradient buckets over NCCL are CUDA tensors")
+    }
+
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        let src = elements::<f32>(s, l, "the gradient all-reduce")?;
+        let device = &self.0.device;
+        // SAFETY: the all-reduce writes every element before anything reads it (after
+        // `gradients_reduced`).
+        let mut sum = unsafe { device.alloc::<f32>(src.len())? };
+        let mut gradients = self.0.gradients();
+        let written = device
+            .cuda_stream()
+            .record_event(None)
+            .map_err(|e| op_error("cuEventRecord", e))?;
+        gradients
+            .stream
+            .0
+            .wait(&written)
+            .map_err(|e| op_error("cuStreamWaitEvent", e))?;
+        gradients
+            .comm
+            .0
+            .all_reduce(&src, &mut sum, &ReduceOp::Sum)
+            .map_err(|e| op_error("all_reduce of a gradient bucket", e))?;
+        gradients.last = Some(
+            gradients
+                .stream
+                .0
+                .record_event(None)
+                .map_err(|e| op_error("cuEventRecord", e))?,
+        );
+        Ok((
+            CudaStorage::wrap_cuda_slice(sum, device.clone()),
+            l.shape().clone(),
+        ))
     }
 }
