@@ -1013,9 +1013,11 @@ fn forward_views(
 }
 
 /// The loss graph's gradients `grads` plus those of every variable behind `roots` (each a
-/// scalar, one view's share of the loss), each variable's total handed to `complete` as soon as
-/// it is complete: a variable no root reaches at once, another when every pass that reaches it
-/// has given its share. The roots' backward passes share no node but the variables; on the CPU
+/// scalar, one view's share of the loss), each variable of `store` handed to `complete` with its
+/// total as soon as it is complete: one no root reaches at once (with the loss graph's gradient,
+/// or none when it is not in this step's graph at all — a frozen head, say — as DDP marks unused
+/// parameters ready, so that its bucket does not hold back the buckets after it), another when
+/// every pass that reaches it has given its share. The roots' backward passes share no node but the variables; on the CPU
 /// they run side by side, one to a Candle worker at a time, every op of a pass on the thread that
 /// took it. A pass on its own thread needs no barrier between its ops and multiplies whole
 /// matrices (2 threads, ViT-S's linear layers: 0.91–0.95 of the time of the same products each
@@ -1023,12 +1025,17 @@ fn forward_views(
 /// count, each as soon as the ones before it are in. Other devices take the roots in turn, and so
 /// does synchronised batch norm, whose gathers' backward passes must reach the ranks' collectives
 /// in the same order everywhere.
-fn backward_views(roots: Vec<Tensor>, grads: GradStore, complete: &Complete) -> Result<GradStore> {
+fn backward_views(
+    roots: Vec<Tensor>,
+    grads: GradStore,
+    store: &ParamStore,
+    complete: &Complete,
+) -> Result<GradStore> {
     let count = roots.len();
     let side_by_side =
         roots.iter().all(|r| r.device().is_cpu()) && !ssl_models::sync_bn::synchronised();
     let sums = ViewSums::new(&roots, grads);
-    for id in sums.unreached() {
+    for id in sums.unreached(store) {
         complete(id, sums.total.get_id(id))?;
     }
     let roots: Vec<Mutex<Option<Tensor>>> =
@@ -1106,12 +1113,14 @@ impl ViewSums {
         }
     }
 
-    /// The variables of the loss graph that no pass reaches: complete already.
-    fn unreached(&self) -> Vec<TensorId> {
-        self.total
-            .get_ids()
+    /// The variables of `store` that no pass reaches: complete already, with the loss graph's
+    /// gradient or none.
+    fn unreached(&self, store: &ParamStore) -> Vec<TensorId> {
+        store
+            .vars()
+            .into_iter()
+            .map(|(_, var)| var.as_tensor().id())
             .filter(|id| !self.reached.contains_key(id))
-            .copied()
             .collect()
     }
 
@@ -1347,7 +1356,7 @@ pub fn forward_backward_on(
         }
         roots.extend(root);
     }
-    let grads = backward_views(roots, grads, complete)?;
+    let grads = backward_views(roots, grads, &model.store, complete)?;
     let out = StepOutput {
         logged: Logged {
             values: Tensor::stack(&values, 0)?,
@@ -1429,15 +1438,19 @@ mod tests {
 
     /// A variable's shares arriving out of order are summed in pass order and added to the loss
     /// graph's gradient once every pass that reaches it is in; a variable only the loss graph
-    /// holds is complete from the start, one reached without a gradient completes with none, and
-    /// after a failed pass nothing more is added.
+    /// holds, or none at all, is complete from the start, one reached without a gradient
+    /// completes with none, and after a failed pass nothing more is added.
     #[test]
     fn view_sums_add_in_pass_order_and_stop_at_the_first_error() {
         let cpu = &Device::Cpu;
-        let [x, y, z] = [2, 1, 1].map(|n| Var::zeros(n, candle_core::DType::F32, cpu).unwrap());
+        let store = ParamStore::new(0);
+        let vb = store.var_builder(cpu);
+        let [w, x, y, z] =
+            [("w", 1), ("x", 2), ("y", 1), ("z", 1)].map(|(name, n)| vb.get(n, name).unwrap());
+        let [w, x, y, z] = [w, x, y, z].map(|t| Var::from_tensor(&t).unwrap());
         let g = |v: &[f32]| Tensor::new(v, cpu).unwrap();
         let values = |t: &Tensor| t.to_vec1::<f32>().unwrap();
-        // Passes 0 and 2 reach x, pass 1 reaches y; the loss graph holds x and z.
+        // Passes 0 and 2 reach x, pass 1 reaches y; the loss graph holds x and z; no graph w.
         let roots = [
             x.as_tensor().sum_all().unwrap(),
             y.as_tensor().sum_all().unwrap(),
@@ -1447,7 +1460,10 @@ mod tests {
         loss.insert(x.as_tensor(), g(&[10.0, 10.0]));
         loss.insert(z.as_tensor(), g(&[3.0]));
         let mut sums = ViewSums::new(&roots, loss);
-        assert_eq!(sums.unreached(), [z.as_tensor().id()]);
+        assert_eq!(
+            sums.unreached(&store),
+            [w.as_tensor().id(), z.as_tensor().id()]
+        );
         let early = sums.add(2, x.as_tensor().id(), Some(&g(&[4.0, 1.0])));
         assert!(early.unwrap().is_none(), "pass 2 waits for pass 0");
         let x_total = sums.add(0, x.as_tensor().id(), Some(&g(&[1.0, 1.0])));
