@@ -1014,11 +1014,11 @@ fn forward_views(
 
 /// The loss graph's gradients `grads` plus those of every variable behind `roots` (each a
 /// scalar, one view's share of the loss), each variable of `store` handed to `complete` with its
-/// total as soon as it is complete: one no root reaches at once (with the loss graph's gradient,
-/// or none when it is not in this step's graph at all — a frozen head, say — as DDP marks unused
-/// parameters ready, so that its bucket does not hold back the buckets after it), another when
-/// every pass that reaches it has given its share. The roots' backward passes share no node but the variables; on the CPU
-/// they run side by side, one to a Candle worker at a time, every op of a pass on the thread that
+/// total as soon as it is complete: one no root reaches at once (with the loss graph's
+/// gradient, or none when it is not in this step's graph at all — a frozen head, say — as DDP
+/// marks unused parameters ready, so that its bucket does not hold back the buckets after it),
+/// another when every pass that reaches it has given its share. The roots' backward passes
+/// share no node but the variables; on the CPU they run side by side, one to a Candle worker at a time, every op of a pass on the thread that
 /// took it. A pass on its own thread needs no barrier between its ops and multiplies whole
 /// matrices (2 threads, ViT-S's linear layers: 0.91–0.95 of the time of the same products each
 /// split over both threads). A variable's shares are added in root order whatever the thread

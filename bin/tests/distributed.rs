@@ -148,12 +148,7 @@ fn two_ranks_match_one_process_within(args: &[&str], tolerance: f64, lowers: boo
         a.iter().any(|x| *x != a[0]),
         "training changes the loss: {a:?}"
     );
-    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
-        assert!(
-            (x - y).abs() <= tolerance * x.abs().max(1.0),
-            "{objective}, step {step}: one process {x}, two ranks {y}\n{a:?}\n{b:?}"
-        );
-    }
+    assert_losses_match(&a, &b, tolerance, &objective);
     assert_weights_match(&one, &two, tolerance, &objective);
 
     // Resuming on another number of ranks is refused, naming the one to use.
@@ -169,6 +164,17 @@ fn two_ranks_match_one_process_within(args: &[&str], tolerance: f64, lowers: boo
         err.contains("trained on 2 rank(s)") && err.contains("mpirun -np 2"),
         "{err}"
     );
+}
+
+/// The losses `a` of one process and `b` of two ranks agree at every step, to `tolerance`
+/// relative (absolute below 1).
+fn assert_losses_match(a: &[f64], b: &[f64], tolerance: f64, objective: &str) {
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= tolerance * x.abs().max(1.0),
+            "{objective}, step {step}: one process {x}, two ranks {y}\n{a:?}\n{b:?}"
+        );
+    }
 }
 
 /// The final weights of runs `one` and `two` agree to `tolerance` of the largest weight.
@@ -223,13 +229,9 @@ fn accumulating_on_two_ranks_matches_one_process() {
     let (a, b) = (losses(&one), losses(&two));
     assert_eq!((a.len(), b.len()), (STEPS / 2, STEPS / 2), "{a:?}\n{b:?}");
     assert!(a[STEPS / 2 - 1] < a[0], "training lowers the loss: {a:?}");
-    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
-        assert!(
-            (x - y).abs() <= TOLERANCE * x.abs().max(1.0),
-            "step {step}: one process {x}, two ranks {y}\n{a:?}\n{b:?}"
-        );
-    }
-    assert_weights_match(&one, &two, TOLERANCE, "vicreg, accumulate 2");
+    let objective = "vicreg, accumulate 2";
+    assert_losses_match(&a, &b, TOLERANCE, objective);
+    assert_weights_match(&one, &two, TOLERANCE, objective);
 }
 
 #[test]

@@ -133,11 +133,9 @@ impl NcclCollective {
             control.all_reduce_sum_f64(&mut bytes)?;
         }
         let id = |half: usize| {
-            let mut id = [0 as c_char; 128];
-            for (c, &b) in id.iter_mut().zip(&bytes[128 * half..]) {
-                *c = b as u8 as c_char;
-            }
-            Id::uninit(id)
+            Id::uninit(std::array::from_fn(|i| {
+                bytes[128 * half + i] as u8 as c_char
+            }))
         };
         let cuda = device.as_cuda_device()?.clone();
         let comm = NcclComm::from_rank(cuda.cuda_stream(), rank, size, id(0))
