@@ -1,9 +1,12 @@
 //! Atomic checkpoint files: safetensors weights and optimiser state plus a small JSON state.
 //!
-//! Every file is written to `NAME.tmp` in the same directory and renamed over `NAME`, so a crash
-//! leaves either the previous checkpoint or the new one, never a half-written file.
+//! Every file is written through [`write_atomically`]: to a temporary file in the same directory,
+//! synced to the disk and renamed over `NAME`, so a crash of the process or of the machine leaves
+//! either the previous checkpoint or the new one, never a half-written file.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -26,17 +29,52 @@ pub struct TrainerState {
     pub step: usize,
 }
 
-/// Writes `bytes` to `path` atomically.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = tmp_path(path);
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot move {} into place", path.display()))
+/// Writes `path` with what `write` writes to it, so that `path` holds either its old content
+/// or all of the new, whatever stops the process or the machine: the bytes go to a temporary
+/// file beside it (`NAME.PID.incomplete`, removed if writing fails), which reaches the disk
+/// before it is renamed over `path`; the rename reaches the disk before this returns. The
+/// directory must exist.
+pub fn write_atomically(path: &Path, write: impl FnOnce(&mut File) -> Result<()>) -> Result<()> {
+    let temp = temp_path(path);
+    let written = File::create(&temp)
+        .with_context(|| format!("cannot create {}", temp.display()))
+        .and_then(|mut file| {
+            write(&mut file)?;
+            file.sync_all()
+                .with_context(|| format!("cannot write {}", temp.display()))
+        })
+        .and_then(|()| {
+            std::fs::rename(&temp, path)
+                .with_context(|| format!("cannot move {} into place", path.display()))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written?;
+    // The rename is the directory's change: durable once the directory is synced.
+    #[cfg(unix)]
+    {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        let dir = dir.unwrap_or(Path::new("."));
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("cannot sync the directory {}", dir.display()))?;
+    }
+    Ok(())
 }
 
-fn tmp_path(path: &Path) -> PathBuf {
+/// [`write_atomically`] of `bytes`.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomically(path, |file| {
+        file.write_all(bytes)
+            .with_context(|| format!("cannot write {}", path.display()))
+    })
+}
+
+/// Where [`write_atomically`] writes `path` first: beside it, named after it and this process.
+pub fn temp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
+    name.push(format!(".{}.incomplete", std::process::id()));
     path.with_file_name(name)
 }
 
@@ -159,7 +197,13 @@ mod tests {
             load_tensors(&dir.path().join(MODEL))?["w"].to_vec1::<f32>()?,
             vec![1.0, 2.0]
         );
-        assert!(!dir.path().join("model.safetensors.tmp").exists());
+        let names: Vec<String> = std::fs::read_dir(dir.path())?
+            .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()?;
+        assert!(
+            names.iter().all(|n| !n.ends_with(".incomplete")),
+            "no temporary file left: {names:?}"
+        );
         std::fs::write(dir.path().join(MODEL), b"garbage")?;
         let err = format!("{:#}", load_tensors(&dir.path().join(MODEL)).unwrap_err());
         assert!(err.contains("corrupt or truncated"), "{err}");

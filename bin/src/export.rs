@@ -79,15 +79,12 @@ pub fn export_encoder(run_dir: &Path, out: &Path) -> Result<Exported> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let metadata = metadata(&cfg);
-    let tmp = out.with_extension("safetensors.tmp");
-    safetensors::serialize_to_file(
+    let bytes = safetensors::serialize(
         encoder.iter().map(|(k, t)| (k.as_str(), t)),
         Some(metadata.clone().into_iter().collect()),
-        &tmp,
     )
-    .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, out)
-        .with_context(|| format!("cannot move {} into place", out.display()))?;
+    .with_context(|| format!("cannot serialise the encoder for {}", out.display()))?;
+    crate::checkpoint::write_atomic(out, &bytes)?;
     Ok(Exported {
         path: out.to_path_buf(),
         keys: encoder.into_keys().collect(),

@@ -51,6 +51,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use crate::checkpoint;
+
 /// The file whose presence marks a repository as already holding a model.
 const MODEL_FILE: &str = "model.safetensors";
 /// The Hub used when neither the options nor `HF_ENDPOINT` name one.
@@ -1035,7 +1037,7 @@ impl RepoCache {
     /// `huggingface_hub` makes; a copy where there are none), replacing it in one rename.
     fn link(&self, commit: &str, file: &str, etag: &str) -> Result<()> {
         let pointer = self.snapshot(commit).join(file);
-        let temp = temp_path(&pointer);
+        let temp = checkpoint::temp_path(&pointer);
         let parent = pointer.parent().expect("a file in a snapshot");
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
@@ -1061,36 +1063,12 @@ impl RepoCache {
     }
 }
 
-/// `{path}.{process id}.incomplete`: where `path` is written before being renamed into place.
-fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".{}.incomplete", std::process::id()));
-    path.with_file_name(name)
-}
-
-/// Creates `path` (and its directory) with what `write` writes, through a temporary file
-/// renamed into place, so `path` never holds part of it; the temporary file is removed if
-/// `write` fails.
+/// Creates `path`, and its directory, through [`checkpoint::write_atomically`].
 fn write_atomically(path: &Path, write: impl FnOnce(&mut File) -> Result<()>) -> Result<()> {
     let parent = path.parent().expect("a path in the cache");
     std::fs::create_dir_all(parent)
         .with_context(|| format!("cannot create {}", parent.display()))?;
-    let temp = temp_path(path);
-    let result = File::create(&temp)
-        .with_context(|| format!("cannot create {}", temp.display()))
-        .and_then(|mut file| {
-            write(&mut file)?;
-            file.sync_all()
-                .with_context(|| format!("cannot write {}", temp.display()))
-        })
-        .and_then(|()| {
-            std::fs::rename(&temp, path)
-                .with_context(|| format!("cannot create {}", path.display()))
-        });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
+    checkpoint::write_atomically(path, write)
 }
 
 /// `user/name` with the Hub's naming rules: letters, digits, `-`, `_` and `.`, at most 96
