@@ -266,10 +266,13 @@ impl Optimizer {
     }
 
     /// One update at `at`, where the run's schedule gives the learning rate `lr`: each
-    /// parameter's group sets its own rate, decay, adaptation, clipping and freezing.
+    /// parameter's group sets its own rate, decay, adaptation, clipping and freezing. On CUDA
+    /// the in-place updates of all parameters go in one launch (two for LARS) after the last.
     pub fn step(&mut self, grads: &GradStore, lr: f64, at: &Progress) -> Result<()> {
         let factors = self.clip_factors(grads)?;
         let c = &self.cfg;
+        #[cfg(feature = "cuda")]
+        let mut on_gpu = Vec::new();
         for (slot, factor) in self.slots.iter_mut().zip(factors) {
             let Some(g) = grads.get(slot.var.as_tensor()) else {
                 continue;
@@ -277,19 +280,17 @@ impl Optimizer {
             if slot.settings.frozen(at) {
                 continue;
             }
-            let clipped;
-            let g = match factor {
-                Some(factor) => {
-                    clipped = g.broadcast_mul(&factor.to_dtype(g.dtype())?)?;
-                    &clipped
-                }
-                None => g,
-            };
             slot.steps += 1;
             let t = slot.steps as i32;
             let lr = slot.settings.lr(c, lr, at);
             let wd = slot.settings.weight_decay;
             let w = slot.var.as_tensor();
+            // The clipped gradient; a CUDA entry scales it in its kernel instead.
+            let clipped = || match &factor {
+                Some(f) => g.broadcast_mul(&f.to_dtype(g.dtype())?),
+                None => Ok(g.clone()),
+            };
+            let zeros = |state: &Option<Tensor>| state.clone().map_or_else(|| w.zeros_like(), Ok);
             let new = match self.kind {
                 OptimizerKind::Adamw => {
                     let step = AdamwStep {
@@ -299,14 +300,19 @@ impl Optimizer {
                         t,
                     };
                     if AdamwStep::fuses(w, g, [&slot.m, &slot.v]) {
-                        let moment =
-                            |m: &Option<Tensor>| m.clone().map_or_else(|| w.zeros_like(), Ok);
-                        let (m, v) = (moment(&slot.m)?, moment(&slot.v)?);
-                        step.in_place(w, g, &m, &v)?;
+                        let (m, v) = (zeros(&slot.m)?, zeros(&slot.v)?);
+                        #[cfg(feature = "cuda")]
+                        if w.device().is_cuda() {
+                            on_gpu.push(step.entry(w, g, &m, &v, factor)?);
+                            (slot.m, slot.v) = (Some(m), Some(v));
+                            continue;
+                        }
+                        step.in_place(w, &clipped()?, &m, &v)?;
                         (slot.m, slot.v) = (Some(m), Some(v));
                         continue;
                     }
-                    let (new, m, v) = step.composed(w, g, slot.m.as_ref(), slot.v.as_ref())?;
+                    let (new, m, v) =
+                        step.composed(w, &clipped()?, slot.m.as_ref(), slot.v.as_ref())?;
                     (slot.m, slot.v) = (Some(m), Some(v));
                     new
                 }
@@ -320,17 +326,28 @@ impl Optimizer {
                         lars_eta: adapts.then_some(c.lars_eta),
                     };
                     if SgdStep::fuses(w, g, slot.m.as_ref()) {
-                        let buf = slot.m.clone().map_or_else(|| w.zeros_like(), Ok)?;
-                        step.in_place(w, g, &buf)?;
+                        let buf = zeros(&slot.m)?;
+                        #[cfg(feature = "cuda")]
+                        if w.device().is_cuda() {
+                            on_gpu.push(step.entry(w, g, &buf, factor)?);
+                            slot.m = Some(buf);
+                            continue;
+                        }
+                        step.in_place(w, &clipped()?, &buf)?;
                         slot.m = Some(buf);
                         continue;
                     }
-                    let (new, buf) = step.composed(w, g, slot.m.as_ref())?;
+                    let (new, buf) = step.composed(w, &clipped()?, slot.m.as_ref())?;
                     slot.m = Some(buf);
                     new
                 }
             };
             slot.var.set(&new)?;
+        }
+        #[cfg(feature = "cuda")]
+        match self.kind {
+            OptimizerKind::Adamw => AdamwStep::launch(&on_gpu)?,
+            OptimizerKind::Sgd | OptimizerKind::Lars => SgdStep::launch(&on_gpu)?,
         }
         Ok(())
     }

@@ -25,7 +25,9 @@ use ssl_models::{BatchNorm, Conv};
 
 fn gpu() -> Device {
     ssl_models::conv::cudnn::set_tf32(false);
-    Device::new_cuda(0).expect("this test needs a CUDA GPU (it is built only with --features cuda)")
+    // As training opens it (cudarc's per-buffer events off).
+    setup::device("cuda")
+        .expect("this test needs a CUDA GPU (it is built only with --features cuda)")
 }
 
 /// The largest difference between `a` and `b` over the largest magnitude of `a`.
@@ -449,6 +451,87 @@ fn sgd_and_lars_steps_match_the_cpu() -> Result<()> {
             for (what, cpu, cuda) in [("w", &w, &gw), ("buf", &buf, &gbuf)] {
                 let error = relative_error(cpu, cuda)?;
                 assert!(within(error, limit), "{dtype:?} {name}, {what}: {error:e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The optimiser's CUDA step — every parameter in one launch (two for LARS), the clipping
+/// factor applied in the kernel — keeps the parameters and the optimiser's state as the CPU's
+/// per-parameter passes do over four steps: AdamW, SGD with Nesterov and LARS, with and without
+/// global clipping (on: the gradients' norm is ~200, so the factor is < 1), over parameters of
+/// one value, of fewer values than a block's chunk and of more (38,887), matrices and vectors
+/// (out of decay and LARS). To 10⁻⁵ of their scale: each side sums the gradients' squares for
+/// the clipping factor in f32, in its own order.
+#[test]
+fn every_parameter_steps_in_one_launch_as_on_the_cpu() -> Result<()> {
+    use ssl::config::{OptimizerKind, TrainConfig};
+    use ssl::optim::Optimizer;
+    use ssl_core::Progress;
+    let gpu = gpu();
+    let shapes: [&[usize]; 4] = [&[1], &[300], &[37, 1051], &[5, 7]];
+    let randn = || -> Result<Vec<Tensor>> {
+        let draw = |s: &&[usize]| Tensor::randn(0f32, 1.0, *s, &Device::Cpu);
+        Ok(shapes
+            .iter()
+            .map(draw)
+            .collect::<candle_core::Result<_>>()?)
+    };
+    let at = Progress {
+        step: 0,
+        epoch: 0,
+        steps_per_epoch: 1,
+        total_steps: 1,
+        seed: 0,
+    };
+    for kind in [
+        OptimizerKind::Adamw,
+        OptimizerKind::Sgd,
+        OptimizerKind::Lars,
+    ] {
+        for clip in [0.0, 1.0] {
+            let cfg = TrainConfig {
+                optimizer: kind,
+                nesterov: kind == OptimizerKind::Sgd,
+                weight_decay: 0.05,
+                clip_grad_norm: clip,
+                ..TrainConfig::default()
+            };
+            let initial = randn()?;
+            let vars = |dev: &Device| -> Result<Vec<(String, Var)>> {
+                let var = |(i, t): (usize, &Tensor)| -> Result<(String, Var)> {
+                    Ok((format!("p{i}"), Var::from_tensor(&t.to_device(dev)?)?))
+                };
+                initial.iter().enumerate().map(var).collect()
+            };
+            let sides = [vars(&Device::Cpu)?, vars(&gpu)?];
+            let mut optimisers = sides
+                .iter()
+                .map(|vars| Optimizer::new(&cfg, vars.clone(), &[]))
+                .collect::<Result<Vec<_>>>()?;
+            for _ in 0..4 {
+                let r = randn()?;
+                for (vars, optimiser) in sides.iter().zip(&mut optimisers) {
+                    // Σᵢ Σ wᵢ·rᵢ: each parameter's gradient is its rᵢ.
+                    let dev = vars[0].1.device();
+                    let mut loss = Tensor::zeros((), DType::F32, dev)?;
+                    for ((_, w), r) in vars.iter().zip(&r) {
+                        loss = (loss + (w.as_tensor() * r.to_device(dev)?)?.sum_all()?)?;
+                    }
+                    optimiser.step(&loss.backward()?, 0.1, &at)?;
+                }
+            }
+            let case = format!("{kind:?}, clip {clip}");
+            for ((name, cpu), (_, cuda)) in sides[0].iter().zip(&sides[1]) {
+                let error = relative_error(cpu.as_tensor(), cuda.as_tensor())?;
+                assert!(within(error, 1e-5), "{case}, {name}: {error:e}");
+            }
+            let (cpu, cuda) = (optimisers[0].state()?, optimisers[1].state()?);
+            assert_eq!(cpu.len(), cuda.len(), "{case}: state entries");
+            for (key, value) in &cpu {
+                let error = relative_error(value, &cuda[key])?;
+                assert!(within(error, 1e-5), "{case}, {key}: {error:e}");
             }
         }
     }

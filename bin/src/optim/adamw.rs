@@ -1,8 +1,9 @@
 //! AdamW's update of one parameter (Loshchilov & Hutter, "Decoupled Weight Decay
 //! Regularization", ICLR 2019, Algorithm 2, with the moments and bias correction of PyTorch's
 //! `AdamW`). On the CPU it runs as three in-place passes over the buffers (the first moment, the
-//! second moment, the parameter) on Candle's workers, on CUDA (feature `cuda`) as three kernels
-//! ([`adamw.cu`](adamw.cu)); elsewhere as sixteen tensor ops, each a pass and a fresh buffer.
+//! second moment, the parameter) on Candle's workers, on CUDA (feature `cuda`) as one pass of
+//! [`adamw.cu`](adamw.cu) in a launch that steps every parameter of the optimiser at once
+//! ([`super::cuda`]); elsewhere as sixteen tensor ops, each a pass and a fresh buffer.
 
 use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Tensor, WithDType};
 use ssl_linalg::for_each_chunk_mut;
@@ -12,11 +13,11 @@ use super::{part, part_mut};
 /// Values per parallel task.
 const CHUNK: usize = 1 << 16;
 
-/// The kernels of the CUDA update.
+/// The kernel of the CUDA update.
 #[cfg(feature = "cuda")]
 const KERNELS: super::cuda::Kernels = super::cuda::Kernels {
     module: "ssl_adamw",
-    source: include_str!("adamw.cu"),
+    source: concat!(include_str!("multi_tensor.cuh"), include_str!("adamw.cu")),
 };
 
 /// ε of the update's denominator (PyTorch's default).
@@ -52,8 +53,13 @@ impl AdamwStep {
     }
 
     /// Updates the parameter `w` from its gradient `g` and the moments `m` and `v`, all in
-    /// place, where [`Self::fuses`] holds (the moments start as zeros).
+    /// place, where [`Self::fuses`] holds (the moments start as zeros). On CUDA, a launch of
+    /// its own ([`Self::launch`] steps many parameters in one).
     pub fn in_place(&self, w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if w.device().is_cuda() {
+            return Self::launch(&[self.entry(w, g, m, v, None)?]);
+        }
         let g = g.contiguous()?;
         let (b1, b2) = self.betas;
         m.inplace_op2(
@@ -136,26 +142,6 @@ impl InplaceOp2 for Moment {
         }
         Ok(())
     }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        m: &mut candle_core::CudaStorage,
-        lm: &Layout,
-        g: &candle_core::CudaStorage,
-        lg: &Layout,
-    ) -> Result<()> {
-        use super::cuda::{launch, Arg};
-        use candle_core::backend::BackendStorage;
-        let args = [
-            Arg::Values(g, lg),
-            Arg::Count,
-            Arg::F64(self.beta),
-            Arg::I32(i32::from(self.squared)),
-        ];
-        let count = lm.shape().elem_count();
-        launch(KERNELS, "adamw_moment", m.dtype(), (m, lm), count, &args)
-    }
 }
 
 impl AdamwStep {
@@ -205,30 +191,44 @@ impl InplaceOp3 for AdamwStep {
         }
         Ok(())
     }
+}
 
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+#[cfg(feature = "cuda")]
+impl AdamwStep {
+    /// This update of the parameter `w` (gradient `g`, moments `m` and `v`, where
+    /// [`Self::fuses`] holds), its gradient multiplied by `grad_factor` first, as one parameter
+    /// of [`Self::launch`].
+    pub(super) fn entry(
         &self,
-        w: &mut candle_core::CudaStorage,
-        lw: &Layout,
-        m: &candle_core::CudaStorage,
-        lm: &Layout,
-        v: &candle_core::CudaStorage,
-        lv: &Layout,
-    ) -> Result<()> {
-        let decay = 1.0 - self.lr * self.weight_decay;
-        let m_scale = 1.0 / (1.0 - self.betas.0.powi(self.t));
-        let v_scale = 1.0 / (1.0 - self.betas.1.powi(self.t));
-        use super::cuda::{launch, Arg};
-        use candle_core::backend::BackendStorage;
-        let mut args = vec![Arg::Values(m, lm), Arg::Values(v, lv), Arg::Count];
-        args.extend([decay, self.lr, m_scale, v_scale, EPS].map(Arg::F64));
-        let count = lw.shape().elem_count();
-        launch(KERNELS, "adamw_update", w.dtype(), (w, lw), count, &args)
+        w: &Tensor,
+        g: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        grad_factor: Option<Tensor>,
+    ) -> Result<super::cuda::Entry> {
+        let (b1, b2) = self.betas;
+        Ok(super::cuda::Entry {
+            buffers: vec![w.clone(), g.contiguous()?, m.clone(), v.clone()],
+            grad_factor,
+            // `s` of adamw.cu.
+            scalars: vec![
+                b1,
+                b2,
+                1.0 - self.lr * self.weight_decay,
+                self.lr,
+                1.0 / (1.0 - b1.powi(self.t)),
+                1.0 / (1.0 - b2.powi(self.t)),
+                EPS,
+            ],
+        })
+    }
+
+    /// Updates every parameter of `entries` ([`Self::entry`]) in one launch.
+    pub(super) fn launch(entries: &[super::cuda::Entry]) -> Result<()> {
+        super::cuda::launch(KERNELS, "adamw", entries, None)
     }
 }
 
-/// The values of a contiguous layout in its buffer.
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device, Tensor};

@@ -11,11 +11,13 @@
 //! ```
 //!
 //! The buffer is off the autograd graph. For contiguous f32/f64 parameters on the CPU (on
-//! Candle's workers) or on CUDA (feature `cuda`, the kernels of [`sgd.cu`](sgd.cu)), a step is one
-//! parallel pass for both norms (LARS only; summed in f64 into a two-value tensor, allocating
-//! nothing of `w`'s size), then one in-place pass over the buffer and one over the parameter,
-//! each deriving the trust ratio from those sums — on CUDA without a copy to the host. Elsewhere
-//! it is about ten tensor ops, each a pass and a fresh buffer, with the norms summed in the
+//! Candle's workers), a step is one parallel pass for both norms (LARS only; summed in f64 into
+//! a two-value tensor, allocating nothing of `w`'s size), then one in-place pass over the buffer
+//! and one over the parameter, each deriving the trust ratio from those sums. On CUDA (feature
+//! `cuda`, the kernels of [`sgd.cu`](sgd.cu)) every parameter of the optimiser steps at once
+//! ([`super::cuda`]): one launch sums the norms of every adapting parameter, one updates every
+//! buffer and parameter in a single pass, taking its trust ratio on the device. Elsewhere it is
+//! about ten tensor ops, each a pass and a fresh buffer, with the norms summed in the
 //! parameter's dtype and read to the host. Public for the optimiser bench
 //! (`benches/optimizer_step.rs`).
 
@@ -59,13 +61,18 @@ impl SgdStep {
 
     /// Updates the parameter `w` and its momentum buffer `buf` (zeros before the first step,
     /// which makes `buf = d` then) from the gradient `g`, all in place; an error where
-    /// [`Self::fuses`] does not hold.
+    /// [`Self::fuses`] does not hold. On CUDA, launches of its own ([`Self::launch`] steps
+    /// many parameters in them).
     pub fn in_place(&self, w: &Tensor, g: &Tensor, buf: &Tensor) -> Result<()> {
         if !Self::fuses(w, g, Some(buf)) {
             bail!(
                 "the in-place SGD step takes contiguous f32/f64 CPU or CUDA tensors of one dtype \
                  and shape"
             );
+        }
+        #[cfg(feature = "cuda")]
+        if w.device().is_cuda() {
+            return Self::launch(&[self.entry(w, g, buf, None)?]);
         }
         let g = g.contiguous()?;
         let squares = match self.lars_eta {
@@ -189,35 +196,13 @@ impl InplaceOp3 for Squares {
         }
         Ok(())
     }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        out: &mut candle_core::CudaStorage,
-        lo: &Layout,
-        w: &candle_core::CudaStorage,
-        lw: &Layout,
-        g: &candle_core::CudaStorage,
-        lg: &Layout,
-    ) -> Result<()> {
-        use super::cuda::{launch, Arg};
-        use candle_core::backend::BackendStorage;
-        let args = [
-            Arg::Values(w, lw),
-            Arg::Values(g, lg),
-            Arg::Count,
-            Arg::F64(self.0),
-        ];
-        let count = lw.shape().elem_count();
-        launch(KERNELS, "sgd_squares", w.dtype(), (out, lo), count, &args)
-    }
 }
 
 /// The kernels of the CUDA step.
 #[cfg(feature = "cuda")]
 const KERNELS: super::cuda::Kernels = super::cuda::Kernels {
     module: "ssl_sgd",
-    source: include_str!("sgd.cu"),
+    source: concat!(include_str!("multi_tensor.cuh"), include_str!("sgd.cu")),
 };
 
 /// Which tensor a [`Pass`] updates.
@@ -310,53 +295,56 @@ impl InplaceOp3 for Pass {
             _ => bail!("the in-place SGD step takes f32 or f64 tensors of one dtype"),
         }
     }
+}
 
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+/// Where [`SgdStep::entry`] puts whether LARS adapts the parameter (`s` of sgd.cu).
+#[cfg(feature = "cuda")]
+const ADAPTS: usize = 5;
+
+#[cfg(feature = "cuda")]
+impl SgdStep {
+    /// This step of the parameter `w` (gradient `g`, momentum buffer `buf`, where
+    /// [`Self::fuses`] holds), its gradient multiplied by `grad_factor` first, as one parameter
+    /// of [`Self::launch`].
+    pub(super) fn entry(
         &self,
-        out: &mut candle_core::CudaStorage,
-        lo: &Layout,
-        other: &candle_core::CudaStorage,
-        la: &Layout,
-        g: &candle_core::CudaStorage,
-        lg: &Layout,
-    ) -> Result<()> {
-        use super::cuda::{launch, Arg};
-        use candle_core::backend::BackendStorage;
-        let SgdStep {
-            lr,
-            weight_decay,
-            momentum,
-            nesterov,
-            lars_eta,
-        } = self.step;
-        let squares = match (&self.squares, lars_eta) {
-            (Some(s), Some(eta)) => Some((s.storage_and_layout(), eta)),
-            _ => None,
+        w: &Tensor,
+        g: &Tensor,
+        buf: &Tensor,
+        grad_factor: Option<Tensor>,
+    ) -> Result<super::cuda::Entry> {
+        Ok(super::cuda::Entry {
+            buffers: vec![w.clone(), g.contiguous()?, buf.clone()],
+            grad_factor,
+            // `s` of sgd.cu: λ, μ, lr, Nesterov, η, and at ADAPTS whether LARS adapts.
+            scalars: vec![
+                self.weight_decay,
+                self.momentum,
+                self.lr,
+                f64::from(u8::from(self.nesterov)),
+                self.lars_eta.unwrap_or(0.0),
+                f64::from(u8::from(self.lars_eta.is_some())),
+            ],
+        })
+    }
+
+    /// Steps every parameter of `entries` ([`Self::entry`]): where LARS adapts any, one launch
+    /// sums their norms (two f64 values a parameter, on the device), then one updates them all.
+    pub(super) fn launch(entries: &[super::cuda::Entry]) -> Result<()> {
+        use super::cuda::launch;
+        let Some(first) = entries.first() else {
+            return Ok(());
         };
-        let mut args = vec![Arg::Values(other, la), Arg::Values(g, lg), Arg::Count];
-        if let Some(((storage, layout), _)) = &squares {
-            match &**storage {
-                candle_core::Storage::Cuda(sums) => args.push(Arg::Sums(sums, layout)),
-                _ => bail!("LARS's norms must be on the parameter's device"),
-            }
+        if !entries.iter().any(|e| e.scalars[ADAPTS] != 0.0) {
+            return launch(KERNELS, "sgd", entries, None);
         }
-        args.extend([weight_decay, momentum].map(Arg::F64));
-        args.extend(squares.as_ref().map(|(_, eta)| Arg::F64(*eta)));
-        let kind = if squares.is_some() { "lars" } else { "sgd" };
-        let name = match self.target {
-            Target::Buffer => format!("{kind}_buffer"),
-            Target::Weight => {
-                args.extend([Arg::F64(lr), Arg::I32(i32::from(nesterov))]);
-                format!("{kind}_weight")
-            }
-        };
-        let count = lo.shape().elem_count();
-        launch(KERNELS, &name, out.dtype(), (out, lo), count, &args)
+        let device = first.buffers[0].device();
+        let sums = Tensor::zeros(2 * entries.len(), DType::F64, device)?;
+        launch(KERNELS, "sgd_squares", entries, Some(&sums))?;
+        launch(KERNELS, "sgd", entries, Some(&sums))
     }
 }
 
-/// The values of a contiguous layout in its buffer.
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device, Result, Tensor, Var};
