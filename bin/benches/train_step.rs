@@ -107,6 +107,8 @@ struct Args {
     steps: usize,
     warmup: usize,
     composed: bool,
+    /// cudarc's per-buffer events kept on (as before `ssl::setup::device` turned them off).
+    event_tracking: bool,
     /// `train.precision`: f32 or bf16.
     precision: String,
 }
@@ -125,6 +127,7 @@ Options:
   --steps <N>         timed steps [default: 10]
   --warmup <N>        untimed steps first [default: 2]
   --composed          every op composed from Candle ops (no fused CPU kernels, no cuDNN)
+  --event-tracking    CUDA: keep cudarc's two events per buffer (off in ssl), to time them
   --precision <P>     train.precision: f32 or bf16 (bf16 products) [default: f32]
   -h, --help          print this help";
 
@@ -136,6 +139,7 @@ fn parse_args() -> Result<Args> {
         steps: 10,
         warmup: 2,
         composed: false,
+        event_tracking: false,
         precision: "f32".into(),
     };
     let mut it = std::env::args().skip(1);
@@ -148,6 +152,7 @@ fn parse_args() -> Result<Args> {
             "--steps" => args.steps = value()?.parse()?,
             "--warmup" => args.warmup = value()?.parse()?,
             "--composed" => args.composed = true,
+            "--event-tracking" => args.event_tracking = true,
             "--precision" => args.precision = value()?,
             // cargo bench passes --bench to every bench binary.
             "--bench" => {}
@@ -207,6 +212,18 @@ fn peak_gpu_mib(device: &candle_core::Device) -> Option<f64> {
     ok.then(|| high as f64 / 1024.0 / 1024.0)
 }
 
+/// Turns cudarc's event tracking back on for `device`'s buffers from here on (its default).
+#[cfg(feature = "cuda")]
+fn track_events(device: &candle_core::Device) {
+    if let candle_core::Device::Cuda(cuda) = device {
+        // SAFETY: the default state, with one stream: the events are made and never waited for.
+        unsafe { cuda.cuda_stream().context().enable_event_tracking() };
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn track_events(_: &candle_core::Device) {}
+
 #[cfg(not(feature = "cuda"))]
 fn peak_gpu_mib(_: &candle_core::Device) -> Option<f64> {
     None
@@ -217,6 +234,9 @@ fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
     let _composed = args.composed.then(ssl_models::dispatch::composed_only);
     let cfg = config(row, &args.precision)?;
     let device = ssl::setup::device(&args.device)?;
+    if args.event_tracking {
+        track_events(&device);
+    }
     let data = DataSplit::shape_only(row.shape, INSTANCES);
     let mut model = trainer::build_model(&cfg, &data, &device)?;
     let mut optimizer = trainer::optimizer(&cfg, &model)?;
@@ -292,6 +312,7 @@ fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
             "peak_rss_mib": peak_rss_mib(),
             "peak_gpu_mib": peak_gpu_mib(&device),
             "composed": args.composed,
+            "event_tracking": args.event_tracking,
             "precision": args.precision,
         })
     );
@@ -322,6 +343,7 @@ fn main() -> Result<()> {
                 .args(["--steps", &args.steps.to_string()])
                 .args(["--warmup", &args.warmup.to_string()])
                 .args(args.composed.then_some("--composed"))
+                .args(args.event_tracking.then_some("--event-tracking"))
                 .args(["--precision", &args.precision])
                 .status()?;
             if !status.success() {

@@ -24,9 +24,10 @@ pub fn device(name: &str) -> Result<Device> {
                     .with_context(|| format!("--device {n}: `{i}` is not a GPU index"))?,
                 None => 0,
             };
-            Device::new_cuda(ordinal).with_context(|| {
+            let device = Device::new_cuda(ordinal).with_context(|| {
                 format!("--device {n}: CUDA is unavailable; build with `--features cuda` on a machine with a GPU")
-            })
+            })?;
+            Ok(untracked(device))
         }
         "metal" => Device::new_metal(0).context(
             "--device metal: Metal is unavailable; build with `--features metal` on macOS",
@@ -51,7 +52,28 @@ pub fn rank_device(name: &str, comm: &dyn ssl_dist::Comm) -> Result<Device> {
             );
         }
     }
-    Ok(bound.clone())
+    Ok(untracked(bound.clone()))
+}
+
+/// `device`, on CUDA with cudarc's event tracking off for the buffers allocated from here on.
+///
+/// cudarc gives every buffer a read and a write event, created and destroyed with it (four
+/// driver calls a tensor), which it records and waits for only once its context runs more than
+/// one stream of cudarc's making (`CudaContext::new_stream`, `CudaStream::fork`). Nothing here
+/// makes one: Candle issues its work on the per-thread default stream, and the NCCL back end's
+/// second stream is the driver's, wrapped, and ordered by events of its own. So the events are
+/// never used, and turning them off takes those calls out of nearly every op of a step (about
+/// one allocation per kernel launch) without ordering anything differently.
+fn untracked(device: Device) -> Device {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = &device {
+        // SAFETY: cudarc's conditions for work on more than one stream: the only other stream
+        // is NCCL's (`ssl_dist`), whose all-reduces wait for an event recorded after their bucket
+        // is written on Candle's stream, write only the sum Candle's stream reads after waiting
+        // for their last event, and whose buckets are freed only after that wait.
+        unsafe { cuda.disable_event_tracking() };
+    }
+    device
 }
 
 /// The data set and its stratified train/test split (positions into the data set; for MedMNIST
