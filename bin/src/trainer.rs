@@ -1018,13 +1018,13 @@ fn forward_views(
 /// gradient, or none when it is not in this step's graph at all — a frozen head, say — as DDP
 /// marks unused parameters ready, so that its bucket does not hold back the buckets after it),
 /// another when every pass that reaches it has given its share. The roots' backward passes
-/// share no node but the variables; on the CPU they run side by side, one to a Candle worker at a time, every op of a pass on the thread that
-/// took it. A pass on its own thread needs no barrier between its ops and multiplies whole
-/// matrices (2 threads, ViT-S's linear layers: 0.91–0.95 of the time of the same products each
-/// split over both threads). A variable's shares are added in root order whatever the thread
-/// count, each as soon as the ones before it are in. Other devices take the roots in turn, and so
-/// does synchronised batch norm, whose gathers' backward passes must reach the ranks' collectives
-/// in the same order everywhere.
+/// share no node but the variables; on the CPU they run side by side, one to a Candle worker at
+/// a time, every op of a pass on the thread that took it. A pass on its own thread needs no
+/// barrier between its ops and multiplies whole matrices (2 threads, ViT-S's linear layers:
+/// 0.91–0.95 of the time of the same products each split over both threads). A variable's
+/// shares are added in root order whatever the thread count, each as soon as the ones before it
+/// are in. Other devices take the roots in turn, and so does synchronised batch norm, whose
+/// gathers' backward passes must reach the ranks' collectives in the same order everywhere.
 fn backward_views(
     roots: Vec<Tensor>,
     grads: GradStore,
