@@ -2,13 +2,12 @@
 //! encoder and projector, B = 128 instances unless `--batch` says otherwise).
 //!
 //! For every registered objective: the median time of a full step (forward + loss + backward +
-//! AdamW, V = 2), of the loss alone (forward + backward on a `[V, B, D]` projection tensor) and
-//! of the encoder (+ projector) forward and backward alone, with their shares of the step (the
-//! rest is the optimiser and the step's plumbing). The three are timed in turn, round after
-//! round, and each share is the median of the per-round ratios, so a slow spell of a shared
-//! machine moves numerator and denominator together. Then the FroSSL step at V = 8 against
-//! V = 2 (4× the images), and the share of the step of SwAV's Sinkhorn–Knopp and SAG-VICReg's
-//! kNN affinity. Run with
+//! AdamW, V = 2), of the loss alone (forward + backward on a `[V, B, D]` projection tensor) and of
+//! the encoder (+ projector) forward and backward alone, with their shares of the step (the rest is
+//! the optimiser and the step's plumbing). The three are timed in turn, round after round, and each
+//! share is the median of the per-round ratios, so a slow spell of a shared machine moves numerator
+//! and denominator together. Then the FroSSL step at V = 8 against V = 2 (4× the images), and the
+//! share of the step of SwAV's Sinkhorn–Knopp and SAG-VICReg's kNN affinity. Run with
 //! `cargo bench -p ssl --bench objective_step -- [--reps N] [--batch B] [--objectives a,b] [--ratio frossl,...]`;
 //! `RAYON_NUM_THREADS` sets the threads. `-- --profile-loss NAME --reps 500` only calls that
 //! objective's loss + backward, for a profiler.

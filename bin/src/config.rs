@@ -70,8 +70,9 @@ pub struct DataConfig {
     /// the side a folder's images are resized (shorter side) and centre-cropped to.
     pub size: usize,
     /// Directory of MedMNIST `.npz` files (or one file); absent: `~/.medmnist`, the official
-    /// package's cache. For a benchmark set, the directory of its archive (or the archive);
-    /// absent: `~/.cache/candle-ssl/data`. For `folder`, the folder (`root/train` + `root/val`, or `root/<class>`).
+    /// package's cache. For a benchmark set, the directory of its archive (or the archive); absent:
+    /// `~/.cache/candle-ssl/data`. For `folder`, the folder (`root/train` + `root/val`, or
+    /// `root/<class>`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub root: Option<PathBuf>,
     /// Held-out fraction (stratified); MedMNIST keeps its official test split instead.

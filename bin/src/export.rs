@@ -4,8 +4,8 @@
 //! export keeps the encoder's tensors (buffers included: batch-norm running statistics) with the
 //! `encoder.` prefix removed and batch norm's `num_batches_tracked` added, so the keys are the
 //! PyTorch state-dict keys of the encoder module (`conv1.weight`, `bn1.running_mean`, …) and
-//! `torch.nn.Module.load_state_dict` (strict) or Candle's `VarBuilder` read them directly. The safetensors header's metadata records the architecture,
-//! objective, data set and source commit.
+//! `torch.nn.Module.load_state_dict` (strict) or Candle's `VarBuilder` read them directly. The
+//! safetensors header's metadata records the architecture, objective, data set and source commit.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -92,9 +92,9 @@ pub fn export_encoder(run_dir: &Path, out: &Path) -> Result<Exported> {
     })
 }
 
-/// Loads encoder weights into the `encoder.*` variables of `store`: a run checkpoint (keys `encoder.*`, other tensors
-/// ignored) or an export (keys without the prefix). Every encoder tensor of the model must be
-/// present with its shape.
+/// Loads encoder weights into the `encoder.*` variables of `store`: a run checkpoint (keys
+/// `encoder.*`, other tensors ignored) or an export (keys without the prefix). Every encoder tensor
+/// of the model must be present with its shape.
 pub fn load_encoder(store: &ParamStore, tensors: &HashMap<String, Tensor>) -> Result<()> {
     let exported = !tensors.keys().any(|k| k.starts_with(ENCODER_PREFIX));
     for (name, var) in store.vars_with_prefix(ENCODER_PREFIX) {

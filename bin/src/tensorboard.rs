@@ -1,7 +1,7 @@
 //! TensorBoard event files: a writer for a run's scalars and PNG images, and a reader for tests.
 //!
-//! `tensorboard --logdir runs` reads every `events.out.tfevents.*` file below `runs`. Each file is a
-//! sequence of TFRecords (TensorFlow `tensorflow/core/lib/io/record_writer.cc`):
+//! `tensorboard --logdir runs` reads every `events.out.tfevents.*` file below `runs`. Each file is
+//! a sequence of TFRecords (TensorFlow `tensorflow/core/lib/io/record_writer.cc`):
 //!
 //! ```text
 //! u64 LE  length of data
@@ -14,8 +14,9 @@
 //! `mask(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8` (`tensorflow/core/lib/hash/crc32c.h`).
 //! The first record of a file is `Event { wall_time, file_version: "brain.Event:2" }`.
 //!
-//! The protobuf messages (`tensorflow/core/util/event.proto`, `tensorflow/core/framework/summary.proto`)
-//! are encoded by hand; only these fields are written or read, others are skipped on reading:
+//! The protobuf messages (`tensorflow/core/util/event.proto`,
+//! `tensorflow/core/framework/summary.proto`) are encoded by hand; only these fields are written or
+//! read, others are skipped on reading:
 //!
 //! ```text
 //! Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
@@ -31,11 +32,11 @@
 //! Resuming: a run killed between checkpoints has logged steps past its last checkpoint, which the
 //! resumed run logs again. [`EventWriter::open`] with the checkpoint's step `s` rewrites the
 //! directory's event files without the records at steps `>= s`, so every step is there once. So a
-//! value logged before the checkpoint must carry a step `< s`: the trainer draws an epoch's monitors
-//! (`metrics.jsonl`'s `epoch_end` records, stamped with the steps taken) at the epoch's last step.
-//! A record cut short at the end of a file (the process was killed mid-write) is dropped by that
-//! rewrite by design; [`read_dir`] reports it, as it reports any record whose length or CRC is
-//! wrong.
+//! value logged before the checkpoint must carry a step `< s`: the trainer draws an epoch's
+//! monitors (`metrics.jsonl`'s `epoch_end` records, stamped with the steps taken) at the epoch's
+//! last step. A record cut short at the end of a file (the process was killed mid-write) is dropped
+//! by that rewrite by design; [`read_dir`] reports it, as it reports any record whose length or CRC
+//! is wrong.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -112,8 +113,8 @@ struct Records {
     truncated_at: Option<usize>,
 }
 
-/// Splits `bytes` (the contents of `path`) into records, checking both CRCs of each. A record
-/// whose bytes end before its length says is reported in `truncated_at`; a CRC mismatch is an error.
+/// Splits `bytes` (the contents of `path`) into records, checking both CRCs of each. A record whose
+/// bytes end before its length says is reported in `truncated_at`; a CRC mismatch is an error.
 fn split_records(bytes: &[u8], path: &Path) -> Result<Records> {
     let mut records = Vec::new();
     let mut at = 0;
@@ -525,7 +526,8 @@ impl EventWriter {
     }
 }
 
-/// A PNG's (width, height, colour type) from its signature and IHDR chunk (PNG spec, section 11.2.2).
+/// A PNG's (width, height, colour type) from its signature and IHDR chunk (PNG spec, section
+/// 11.2.2).
 fn png_header(png: &[u8]) -> Result<(u32, u32, u8)> {
     const SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', b'\r', b'\n', 0x1a, b'\n'];
     if png.len() < 26 || png[..8] != SIGNATURE || &png[12..16] != b"IHDR" {

@@ -1,11 +1,11 @@
 //! The training loop: config → init → run.
 //!
-//! One step: V augmented views of B instances → encoder (train mode, one view at a time) → projector → objective loss
-//! (+ the online probe's cross-entropy on detached features) → backward (the loss's, then each
-//! view's graph on its own, side by side on the CPU) → optimiser → objective hook. Every step is
-//! logged to `metrics.jsonl`, its values read from the device `log_every` steps at a time (no
-//! host synchronisation inside a step); every `checkpoint_every` epochs and at the end the run
-//! is checkpointed atomically; `--resume` continues to the same final weights.
+//! One step: V augmented views of B instances → encoder (train mode, one view at a time) →
+//! projector → objective loss (+ the online probe's cross-entropy on detached features) → backward
+//! (the loss's, then each view's graph on its own, side by side on the CPU) → optimiser → objective
+//! hook. Every step is logged to `metrics.jsonl`, its values read from the device `log_every` steps
+//! at a time (no host synchronisation inside a step); every `checkpoint_every` epochs and at the
+//! end the run is checkpointed atomically; `--resume` continues to the same final weights.
 //!
 //! Data parallel ([`run_on`] with a [`Comm`] of several ranks): every rank builds the same model
 //! from the seed, reads its shard of each global batch of `world × train.batch_size`

@@ -2,13 +2,13 @@
 //! STL-10 ([`stl10`]), Tiny ImageNet ([`tiny_imagenet`]) — and the 8-bit cache each is decoded
 //! into once.
 //!
-//! An archive is decoded on first use into `{stem}.images.u8` beside it (`cifar-10-python.images.u8`
-//! for `cifar-10-python.tar.gz`) and memory-mapped from there by every later run, as MedMNIST's
-//! `.npz` files are. The cache holds a header (the split sizes and the layout), every image as
-//! `[3, S, S]` bytes (channels first), then the label columns of every image, and is keyed by the
-//! archive's size and the MD5 of its first and last MiB (content, not modification times): a
-//! replaced archive is decoded anew. Images are in official split order: train, test, then
-//! (STL-10) the unlabeled images.
+//! An archive is decoded on first use into `{stem}.images.u8` beside it
+//! (`cifar-10-python.images.u8` for `cifar-10-python.tar.gz`) and memory-mapped from there by every
+//! later run, as MedMNIST's `.npz` files are. The cache holds a header (the split sizes and the
+//! layout), every image as `[3, S, S]` bytes (channels first), then the label columns of every
+//! image, and is keyed by the archive's size and the MD5 of its first and last MiB (content, not
+//! modification times): a replaced archive is decoded anew. Images are in official split order:
+//! train, test, then (STL-10) the unlabeled images.
 //!
 //! [`cifar`]: crate::cifar
 //! [`stl10`]: crate::stl10

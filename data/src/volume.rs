@@ -287,7 +287,8 @@ impl Orientation {
                 s[a] = last[a] - s[a];
                 s[b] = last[b] - s[b];
             }
-            // Quarter turns (square planes only): out[…, i_a, …, i_b, …] = x[…, i_b, …, n − 1 − i_a, …].
+            // Quarter turns (square planes only):
+            // out[…, i_a, …, i_b, …] = x[…, i_b, …, n − 1 − i_a, …].
             Some(([a, b], k)) => {
                 for _ in 0..k {
                     let t = s;

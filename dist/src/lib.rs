@@ -1,11 +1,11 @@
 //! Data-parallel training for candle-ssl.
 //!
 //! One process per rank, started by a launcher (`mpirun`, SLURM's `srun`); every rank holds the
-//! whole model, reads its own shard of each global batch, and its gradients are averaged over
-//! the ranks in buckets, during the backward pass where the back end allows it
-//! ([`GradientAveraging`]), so every rank takes the same optimiser step. Objectives with batch statistics gather the global batch through
-//! [`ssl_core::Collective::all_gather`]; [`Comm`] adds what the trainer itself needs (rank,
-//! all-reduce, barrier, abort).
+//! whole model, reads its own shard of each global batch, and its gradients are averaged over the
+//! ranks in buckets, during the backward pass where the back end allows it ([`GradientAveraging`]),
+//! so every rank takes the same optimiser step. Objectives with batch statistics gather the global
+//! batch through [`ssl_core::Collective::all_gather`]; [`Comm`] adds what the trainer itself needs
+//! (rank, all-reduce, barrier, abort).
 //!
 //! Back ends: [`SingleProcess`] (world size 1, no communication) always; `MpiCollective` over the
 //! system OpenMPI with the cargo feature `mpi`; `NcclCollective` with the feature `nccl`, one

@@ -1108,11 +1108,11 @@ fn orthonormalize(mut w: Mat<f64>, basis: MatRef<'_, f64>) -> Mat<f64> {
 
 /// The `k` algebraically largest eigenvalues of the symmetric `s` (descending) and their
 /// eigenvectors, by block Krylov iteration with full reorthogonalisation and Rayleigh–Ritz: the
-/// basis grows by blocks of `b = k + max(k/2, 8)` vectors (the filter of [`FILTER_DEGREE`]
-/// applied to the last block, made orthonormal to the basis), until the `k` largest Ritz pairs have residuals below
-/// [`RITZ_TOLERANCE`]. A block rather than a single Lanczos vector finds repeated eigenvalues (one
-/// eigenvalue 1 of `s` per connected component of the graph) up to multiplicity `b`. Falls back
-/// to the dense decomposition when the basis would reach `n` vectors.
+/// basis grows by blocks of `b = k + max(k/2, 8)` vectors (the filter of [`FILTER_DEGREE`] applied
+/// to the last block, made orthonormal to the basis), until the `k` largest Ritz pairs have
+/// residuals below [`RITZ_TOLERANCE`]. A block rather than a single Lanczos vector finds repeated
+/// eigenvalues (one eigenvalue 1 of `s` per connected component of the graph) up to multiplicity
+/// `b`. Falls back to the dense decomposition when the basis would reach `n` vectors.
 fn top_eigenpairs(s: &SparseSymmetric, k: usize) -> Result<(Vec<f64>, Mat<f64>)> {
     let n = s.n;
     let b = (k + (k / 2).max(8)).min(n);

@@ -3,8 +3,9 @@
 //!
 //! * `K ≥ 3` classes: multinomial (softmax) model, `J = (1/n) Σ CE + ‖W‖²_F / (2Cn)`; the returned
 //!   intercepts are shifted to sum to zero (the objective is invariant to a common shift).
-//! * `K = 2` classes: binary sigmoid model with one weight vector (`J = (1/n) Σ log(1+e^{−ỹ(w·x+b)})
-//!   + ‖w‖²/(2Cn)`); the larger class label is the positive class.
+//! * `K = 2` classes: binary sigmoid model with one weight vector
+//!   (`J = (1/n) Σ log(1+e^{−ỹ(w·x+b)}) + ‖w‖²/(2Cn)`); the larger class label is the positive
+//!   class.
 //!
 //! Class labels are arbitrary `u32`s; the model works on the sorted distinct training labels.
 //!

@@ -1,13 +1,13 @@
 //! Eigenvalue and singular-value functions with gradients: the nuclear norm (MMCR, spec §2.13)
 //! and the von Neumann entropy (I-VNE, spec §2.12); backward rules of spec §3.
 //!
-//! Candle has no SVD or eigendecomposition, so the decomposition runs on the host in f64
-//! (faer's blocked symmetric eigensolver; one transfer of the detached inputs per call, batched,
-//! the matrices of a batch spread over the cores) and its result re-enters the graph through a *surrogate*
-//! `v + tr(sg(G)ᵀX) − sg(tr(GᵀX))`: ordinary Candle ops whose value is the host value `v` and
-//! whose gradient with respect to the input `X` is the host gradient `G`. Autograd then carries
-//! that gradient on through whatever Candle ops produced `X`, on any device and in any float
-//! dtype. Second derivatives are not supported.
+//! Candle has no SVD or eigendecomposition, so the decomposition runs on the host in f64 (faer's
+//! blocked symmetric eigensolver; one transfer of the detached inputs per call, batched, the
+//! matrices of a batch spread over the cores) and its result re-enters the graph through a
+//! *surrogate* `v + tr(sg(G)ᵀX) − sg(tr(GᵀX))`: ordinary Candle ops whose value is the host value
+//! `v` and whose gradient with respect to the input `X` is the host gradient `G`. Autograd then
+//! carries that gradient on through whatever Candle ops produced `X`, on any device and in any
+//! float dtype. Second derivatives are not supported.
 //!
 //! * Nuclear norm `‖C‖_* = Σσ` of `C = UΣVᵀ` (thin SVD): gradient `G = UVᵀ`. (`tr(GᵀC) = Σσ`
 //!   exactly since `UᵀCV = Σ`, so the surrogate is the plain `tr(sg(UVᵀ)ᵀC)` up to rounding in
@@ -70,11 +70,11 @@ fn constant(values: Vec<f64>, shape: &[usize], like: &Tensor) -> Result<Tensor> 
     host.to_device(like.device())
 }
 
-/// `f(index, block)` for consecutive `len`-element blocks of `values`, the blocks spread over Candle's
-/// own CPU workers (the decompositions are independent and single-threaded). Running them there
-/// rather than on threads of our own keeps one thread per core: Candle's workers spin for a
-/// while after each op, and a thread beside them would share a core with a spinning one.
-/// `f` must not run Candle ops (see [`crate::for_each_chunk_mut`]).
+/// `f(index, block)` for consecutive `len`-element blocks of `values`, the blocks spread over
+/// Candle's own CPU workers (the decompositions are independent and single-threaded). Running them
+/// there rather than on threads of our own keeps one thread per core: Candle's workers spin for a
+/// while after each op, and a thread beside them would share a core with a spinning one. `f` must
+/// not run Candle ops (see [`crate::for_each_chunk_mut`]).
 pub(crate) fn map_blocks<T: Send>(
     values: &[f64],
     len: usize,
@@ -230,10 +230,10 @@ pub fn nuclear_norm(c: &Tensor) -> Result<Tensor> {
 
 /// [`nuclear_norm`] of each of `b` matrices: `c`: `[b, n, d]` → `[b]`. One host round trip.
 ///
-/// With `k = min(n, d)` the thin SVD comes from the `k×k` Gram matrices: the two products
-/// (`CCᵀ`, then `(CCᵀ)^{-1/2}C`) run as f64 GEMMs on Candle's workers
-/// ([`crate::matmul_detached`]), only the eigendecompositions in faer. At `128×512` this was ~7× faster than an SVD with
-/// singular vectors (nalgebra's).
+/// With `k = min(n, d)` the thin SVD comes from the `k×k` Gram matrices: the two products (`CCᵀ`,
+/// then `(CCᵀ)^{-1/2}C`) run as f64 GEMMs on Candle's workers ([`crate::matmul_detached`]), only
+/// the eigendecompositions in faer. At `128×512` this was ~7× faster than an SVD with singular
+/// vectors (nalgebra's).
 pub fn nuclear_norm_batched(c: &Tensor) -> Result<Tensor> {
     let (b, n, d) = c.dims3()?;
     let host = Tensor::from_vec(host_values(c, "nuclear norm")?, (b, n, d), &Device::Cpu)?;

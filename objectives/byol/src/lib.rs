@@ -66,7 +66,8 @@ impl Predictor {
 /// `P = V_g·(V − 1)`. `p`: predictions `[V, B, D]`; `z`: targets `[V_g, B, D]` (view `w` of `z`
 /// is view `w` of `p`), `1 ≤ V_g ≤ V`, `V ≥ 2`.
 ///
-/// Computed in `O(V·B·D)` as `Σ_w Σ_i ⟨(Σ_v p̂_i^(v)) − p̂_i^(w), ẑ_i^(w)⟩` with unit rows `p̂`, `ẑ`.
+/// Computed in `O(V·B·D)` as `Σ_w Σ_i ⟨(Σ_v p̂_i^(v)) − p̂_i^(w), ẑ_i^(w)⟩` with unit rows `p̂`,
+/// `ẑ`.
 pub fn mean_pair_cosine(p: &Tensor, z: &Tensor) -> Result<(Tensor, usize)> {
     let (v, b, d) = p.dims3()?;
     let (vg, bz, dz) = z.dims3()?;

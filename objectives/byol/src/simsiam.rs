@@ -41,7 +41,8 @@ pub fn simsiam_loss(p: &Tensor, z: &Tensor) -> candle_core::Result<Tensor> {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SimsiamConfig {
-    /// Hidden (bottleneck) width of the predictor `D → hidden → D` (512 in the paper, for D = 2048).
+    /// Hidden (bottleneck) width of the predictor `D → hidden → D` (512 in the paper, for D =
+    /// 2048).
     pub predictor_hidden: usize,
     /// Batch norm without affine on the projector's output, per view (the paper's projector).
     pub output_bn: bool,

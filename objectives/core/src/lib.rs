@@ -5,7 +5,8 @@
 //! [`registry`]. Nothing here names a particular objective, so adding one never edits this crate.
 //!
 //! * [`objective`]: the trait, what a loss receives ([`Batch`]) and returns ([`LossOutput`]), the
-//!   limits it declares ([`Requirements`]) and the hook after each optimiser step ([`StepContext`]).
+//!   limits it declares ([`Requirements`]) and the hook after each optimiser step
+//!   ([`StepContext`]).
 //! * [`registry`]: registration records, lookup by name or alias with "did you mean".
 //! * [`collective`]: the one place batch statistics are gathered across devices.
 //! * [`groups`]: parameter groups, the optimiser settings an objective or a run gives a part

@@ -107,9 +107,10 @@ impl Pairing {
     }
 }
 
-/// The `q`-th percentile of ascending `sorted` values with linear interpolation, exactly as
-/// numpy's default `np.percentile(a, q)`: virtual index `t = (q/100)(m − 1)`, and
-/// `lerp(a_⌊t⌋, a_⌊t⌋+1, t − ⌊t⌋)` evaluated from the nearer end. `sorted` non-empty, `q ∈ [0, 100]`.
+/// The `q`-th percentile of ascending `sorted` values with linear interpolation, exactly as numpy's
+/// default `np.percentile(a, q)`: virtual index `t = (q/100)(m − 1)`, and
+/// `lerp(a_⌊t⌋, a_⌊t⌋+1, t − ⌊t⌋)` evaluated from the nearer end. `sorted` non-empty,
+/// `q ∈ [0, 100]`.
 pub fn percentile_linear(sorted: &[f64], q: f64) -> f64 {
     let Some(&last) = sorted.last() else {
         return f64::NAN;
