@@ -26,6 +26,7 @@ pub mod rundir;
 pub mod runlog;
 pub mod setup;
 pub mod sgd_probe;
+pub mod staging;
 pub mod tensorboard;
 pub mod trainer;
 

@@ -43,6 +43,7 @@ use crate::progress;
 use crate::rundir::{self, Start};
 use crate::runlog::{RunLog, StepRecord};
 use crate::setup::{self, DataSplit};
+use crate::staging::{StagedBatch, Stager};
 
 /// A model being trained: student networks, optional teacher, objective, probe.
 pub struct Model {
@@ -651,9 +652,15 @@ impl<'a> Training<'a> {
         for epoch in first..t.epochs {
             bar.set_prefix(format!("{}/{}", epoch + 1, t.epochs));
             // Batches beyond the last whole group of `accumulate` are dropped, as drop_last does.
-            let mut batches = loader.prefetch(epoch, self.steps_per_epoch * t.accumulate, PREFETCH);
+            let mut stager = Stager::new(device, &data.dataset.shape);
+            let mut batches = loader.prefetch_with(
+                epoch,
+                self.steps_per_epoch * t.accumulate,
+                PREFETCH,
+                move |batch| stager.stage(batch),
+            );
             for i in 0..self.steps_per_epoch {
-                self.optimiser_step(epoch, data, device, &mut batches)?;
+                self.optimiser_step(epoch, &mut batches)?;
                 bar.inc(1);
                 // An interval's end, and the epoch's (before its checkpoint), read the values.
                 if self.state.step.is_multiple_of(t.log_every) || i + 1 == self.steps_per_epoch {
@@ -681,9 +688,7 @@ impl<'a> Training<'a> {
     fn optimiser_step(
         &mut self,
         epoch: usize,
-        data: &DataSplit,
-        device: &Device,
-        batches: &mut impl Iterator<Item = ssl_data::ViewBatch>,
+        batches: &mut impl Iterator<Item = Result<StagedBatch>>,
     ) -> Result<()> {
         let t = &self.cfg.train;
         let started = Instant::now();
@@ -715,12 +720,11 @@ impl<'a> Training<'a> {
                 let scale = 1.0 / t.accumulate as f64;
                 for batch in 0..t.accumulate {
                     let asked = Instant::now();
-                    let mut view_batch = batches
+                    let staged = batches
                         .next()
-                        .context("the data loader stopped before the epoch's last batch")?;
+                        .context("the data loader stopped before the epoch's last batch")??;
                     data_wait += asked.elapsed();
-                    let input =
-                        step_input(&mut view_batch, &data.dataset.shape, device, progress, lr)?;
+                    let input = step_input(&staged, progress, lr)?;
                     let earlier = sum.as_ref();
                     let mean = |id: TensorId, grad: Option<&Tensor>| -> Result<()> {
                         if t.accumulate == 1 {
@@ -874,29 +878,13 @@ impl<'a> Training<'a> {
     }
 }
 
-/// One batch of views as the step's tensors on `device` (`sample_shape`: one image's), its
-/// ids and labels borrowed from `batch`.
-fn step_input<'b>(
-    batch: &'b mut ssl_data::ViewBatch,
-    sample_shape: &[usize],
-    device: &Device,
-    progress: Progress,
-    lr: f64,
-) -> Result<StepInput<'b>> {
-    let (v, b) = (batch.views_count, batch.batch_size);
-    let views = std::mem::take(&mut batch.views);
-    let images = Tensor::from_vec(views, [&[v * b], sample_shape].concat(), device)?;
-    let local_images = match batch.local_count {
-        0 => None,
-        m => Some(Tensor::from_vec(
-            std::mem::take(&mut batch.local_views),
-            [&[m * b], batch.local_shape.as_slice()].concat(),
-            device,
-        )?),
-    };
+/// One staged batch as the step's inputs, its ids and labels borrowed from it.
+fn step_input(staged: &StagedBatch, progress: Progress, lr: f64) -> Result<StepInput<'_>> {
+    let (images, local_images) = staged.tensors()?;
+    let batch = &staged.batch;
     Ok(StepInput {
         images,
-        views: v,
+        views: batch.views_count,
         local_images,
         instance_ids: &batch.instance_ids,
         labels: &batch.labels,

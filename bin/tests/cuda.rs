@@ -537,3 +537,55 @@ fn every_parameter_steps_in_one_launch_as_on_the_cpu() -> Result<()> {
     }
     Ok(())
 }
+
+/// Batches staged on a loader thread — copied through page-locked buffers (reused in turn) on
+/// that thread's stream — read on the training thread as the values they were made from,
+/// global and local views alike, for more batches than there are buffers in turn.
+#[test]
+fn batches_staged_on_the_loader_thread_arrive_intact() -> Result<()> {
+    use ssl::staging::Stager;
+    use ssl_data::ViewBatch;
+    let gpu = gpu();
+    let (b, views, locals) = (4, 2, 3);
+    let (sample, local) = ([3, 32, 32], [3, 16, 16]);
+    let batches: Vec<ViewBatch> = (0..5)
+        .map(|k| {
+            let values = |n: usize| (0..n).map(|i| (k * 1_000_003 + i) as f32).collect();
+            ViewBatch {
+                views: values(views * b * 3 * 32 * 32),
+                instance_ids: (0..b as u32).collect(),
+                labels: vec![0; b],
+                batch_size: b,
+                views_count: views,
+                local_views: values(locals * b * 3 * 16 * 16),
+                local_count: locals,
+                local_shape: local.to_vec(),
+            }
+        })
+        .collect();
+    let expected: Vec<(Vec<f32>, Vec<f32>)> = batches
+        .iter()
+        .map(|b| (b.views.clone(), b.local_views.clone()))
+        .collect();
+    let (sender, received) = std::sync::mpsc::channel();
+    let mut stager = Stager::new(&gpu, &sample);
+    let loader = std::thread::spawn(move || {
+        for batch in batches {
+            sender.send(stager.stage(batch)).unwrap();
+        }
+    });
+    for (k, (views, local_views)) in expected.iter().enumerate() {
+        let staged = received.recv()??;
+        let (images, local_images) = staged.tensors()?;
+        assert_eq!(images.dims(), [views.len() / (3 * 32 * 32), 3, 32, 32]);
+        assert_eq!(&images.flatten_all()?.to_vec1::<f32>()?, views, "batch {k}");
+        let local_images = local_images.expect("local views staged");
+        assert_eq!(
+            &local_images.flatten_all()?.to_vec1::<f32>()?,
+            local_views,
+            "batch {k}, local views"
+        );
+    }
+    loader.join().unwrap();
+    Ok(())
+}

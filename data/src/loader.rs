@@ -310,12 +310,25 @@ impl ViewLoader {
     /// thread up to `depth` batches ahead of the consumer (augmenting on the global rayon pool),
     /// so a training step does not wait for its views.
     pub fn prefetch(self: &Arc<Self>, epoch: usize, steps: usize, depth: usize) -> Prefetch {
+        self.prefetch_with(epoch, steps, depth, |batch| batch)
+    }
+
+    /// [`Self::prefetch`], each batch passed through `stage` on the background thread: the
+    /// trainer makes the step's device tensors there, so that a batch's upload overlaps the
+    /// steps before it.
+    pub fn prefetch_with<T: Send + 'static>(
+        self: &Arc<Self>,
+        epoch: usize,
+        steps: usize,
+        depth: usize,
+        mut stage: impl FnMut(ViewBatch) -> T + Send + 'static,
+    ) -> Prefetch<T> {
         let (sender, batches) = sync_channel(depth);
         let loader = Arc::clone(self);
         let worker = std::thread::spawn(move || {
             for batch in loader.epoch(epoch).take(steps) {
                 // The consumer stopped early: nothing more is wanted.
-                if sender.send(batch).is_err() {
+                if sender.send(stage(batch)).is_err() {
                     break;
                 }
             }
@@ -393,13 +406,14 @@ impl ViewLoader {
     }
 }
 
-/// An epoch's batches from [`ViewLoader::prefetch`], in order.
-pub struct Prefetch {
-    batches: Receiver<ViewBatch>,
+/// An epoch's batches from [`ViewLoader::prefetch`] (or staged by
+/// [`ViewLoader::prefetch_with`]), in order.
+pub struct Prefetch<T = ViewBatch> {
+    batches: Receiver<T>,
     worker: Option<JoinHandle<()>>,
 }
 
-impl Prefetch {
+impl<T> Prefetch<T> {
     /// Waits for the worker; a panic in it (an augmentation bug) is re-raised here rather than
     /// ending the epoch early.
     fn join(&mut self) {
@@ -411,10 +425,10 @@ impl Prefetch {
     }
 }
 
-impl Iterator for Prefetch {
-    type Item = ViewBatch;
+impl<T> Iterator for Prefetch<T> {
+    type Item = T;
 
-    fn next(&mut self) -> Option<ViewBatch> {
+    fn next(&mut self) -> Option<T> {
         match self.batches.recv() {
             Ok(batch) => Some(batch),
             Err(_) => {
@@ -425,7 +439,7 @@ impl Iterator for Prefetch {
     }
 }
 
-impl Drop for Prefetch {
+impl<T> Drop for Prefetch<T> {
     fn drop(&mut self) {
         // Closing the channel stops the worker at its next batch.
         let (_, closed) = sync_channel(0);
@@ -660,6 +674,25 @@ mod tests {
         let mut early = loader.prefetch(4, steps, 1);
         assert!(early.next().is_some());
         drop(early);
+    }
+
+    /// A staged prefetch passes every batch, in order, through its stage on the background
+    /// thread, not the consumer's.
+    #[test]
+    fn prefetch_with_stages_each_batch_in_order_on_the_worker() {
+        let loader = Arc::new(gmm_loader(32, true));
+        let steps = loader.steps_per_epoch();
+        let lazy: Vec<Vec<u32>> = loader.epoch(2).map(|b| b.instance_ids).collect();
+        let staged: Vec<(std::thread::ThreadId, Vec<u32>)> = loader
+            .prefetch_with(2, steps, 1, |b| {
+                (std::thread::current().id(), b.instance_ids)
+            })
+            .collect();
+        assert_eq!(staged.len(), steps);
+        for ((thread, ids), expected) in staged.iter().zip(&lazy) {
+            assert_ne!(*thread, std::thread::current().id());
+            assert_eq!(ids, expected);
+        }
     }
 
     #[test]
