@@ -1,17 +1,17 @@
 //! Atomic checkpoint files: safetensors weights and optimiser state plus a small JSON state.
 //!
-//! Every file is written through [`write_atomically`]: to a temporary file in the same directory,
+//! Every file is written through [`crate::atomic`]: to a temporary file in the same directory,
 //! synced to the disk and renamed over `NAME`, so a crash of the process or of the machine leaves
 //! either the previous checkpoint or the new one, never a half-written file.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
+
+use crate::atomic;
 
 /// Model weights (encoder, projector, objective state, teacher, probe).
 pub const MODEL: &str = "model.safetensors";
@@ -29,117 +29,12 @@ pub struct TrainerState {
     pub step: usize,
 }
 
-/// Writes `path` with what `write` writes to it, so that `path` holds either its old content
-/// or all of the new, whatever stops the process or the machine: the bytes go to a temporary
-/// file beside it (`NAME.PID.incomplete`, removed if writing fails), which reaches the disk
-/// before it is renamed over `path`; the rename reaches the disk before this returns. The
-/// directory must exist.
-pub fn write_atomically(path: &Path, write: impl FnOnce(&mut File) -> Result<()>) -> Result<()> {
-    let temp = temp_path(path);
-    let written = File::create(&temp)
-        .with_context(|| format!("cannot create {}", temp.display()))
-        .and_then(|mut file| {
-            write(&mut file)?;
-            file.sync_all()
-                .with_context(|| format!("cannot write {}", temp.display()))
-        })
-        .and_then(|()| {
-            std::fs::rename(&temp, path)
-                .with_context(|| format!("cannot move {} into place", path.display()))
-        });
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    written?;
-    remove_abandoned_temps(path);
-    // The rename is the directory's change: durable once the directory is synced.
-    #[cfg(unix)]
-    {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-        let dir = dir.unwrap_or(Path::new("."));
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .with_context(|| format!("cannot sync the directory {}", dir.display()))?;
-    }
-    Ok(())
-}
-
-/// How long a temporary file of a writer that no longer runs stays untouched before
-/// [`write_atomically`] removes it (a writer in another PID namespace may still be writing it).
-const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Removes the temporary files that writers of `path` killed mid-write left beside it:
-/// `NAME.PID.incomplete` of a process that no longer runs, unwritten for [`ABANDONED_AFTER`].
-/// Best effort: whatever cannot be read or removed stays.
-fn remove_abandoned_temps(path: &Path) {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return;
-    };
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    let prefix = format!("{}.", name.to_string_lossy());
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let file = entry.file_name();
-        let pid = file
-            .to_string_lossy()
-            .strip_prefix(&prefix)
-            .and_then(|rest| rest.strip_suffix(".incomplete"))
-            .and_then(|pid| pid.parse::<u32>().ok());
-        let idle = || {
-            let modified = entry.metadata().and_then(|m| m.modified()).ok();
-            modified.and_then(|m| m.elapsed().ok()) >= Some(ABANDONED_AFTER)
-        };
-        if pid.is_some_and(|pid| !running(pid)) && idle() {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
-/// Whether process `pid` runs, as far as this process can tell (elsewhere than on Unix: yes).
-fn running(pid: u32) -> bool {
-    if pid == std::process::id() {
-        return true;
-    }
-    #[cfg(unix)]
-    {
-        let Ok(pid) = libc::pid_t::try_from(pid) else {
-            return false;
-        };
-        // SAFETY: signal 0 only checks that the process exists and may be signalled.
-        let alive = unsafe { libc::kill(pid, 0) } == 0;
-        alive || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-    }
-    #[cfg(not(unix))]
-    true
-}
-
-/// [`write_atomically`] of `bytes`.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_atomically(path, |file| {
-        file.write_all(bytes)
-            .with_context(|| format!("cannot write {}", path.display()))
-    })
-}
-
-/// Where [`write_atomically`] writes `path` first: beside it, named after it and this process.
-pub fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".{}.incomplete", std::process::id()));
-    path.with_file_name(name)
-}
-
 /// Saves tensors as safetensors atomically, with the mode the umask gives (the safetensors
 /// crate's own file writer makes its files 0600).
 pub fn save_tensors(path: &Path, tensors: &HashMap<String, Tensor>) -> Result<()> {
     let bytes = safetensors::serialize(tensors, None)
         .with_context(|| format!("cannot serialise the tensors of {}", path.display()))?;
-    write_atomic(path, &bytes)
+    atomic::write(path, &bytes)
 }
 
 /// Loads a safetensors file onto the CPU, with an error that says which file is bad.
@@ -172,7 +67,7 @@ pub fn save(
     std::fs::create_dir_all(&new).with_context(|| format!("cannot create {}", new.display()))?;
     save_tensors(&new.join(MODEL), model)?;
     save_tensors(&new.join(OPTIMIZER), optimizer)?;
-    write_atomic(
+    atomic::write(
         &new.join(STATE),
         serde_json::to_string_pretty(state)?.as_bytes(),
     )?;
@@ -233,33 +128,6 @@ pub fn load_state(dir: &Path) -> Result<TrainerState> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The next write of a file removes the temporary files of its writers that were killed
-    /// (their process gone, the file untouched for a minute); a running writer's, one written
-    /// a moment ago and another file's stay.
-    #[cfg(unix)]
-    #[test]
-    fn the_next_write_removes_what_killed_writers_left() -> Result<()> {
-        let dir = tempfile::tempdir()?;
-        let minutes_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
-        let temp = |file: &str, pid: &str, modified| -> Result<PathBuf> {
-            let path = dir.path().join(format!("{file}.{pid}.incomplete"));
-            File::create(&path)?.set_modified(modified)?;
-            Ok(path)
-        };
-        // No process has a PID above Linux's limit of 2²²; process 1 always runs.
-        let killed = temp(MODEL, "999999999", minutes_ago)?;
-        let just_written = temp(MODEL, "999999998", std::time::SystemTime::now())?;
-        let running = temp(MODEL, "1", minutes_ago)?;
-        let other_file = temp(STATE, "999999999", minutes_ago)?;
-        write_atomic(&dir.path().join(MODEL), b"new")?;
-        assert_eq!(std::fs::read(dir.path().join(MODEL))?, b"new");
-        assert!(!killed.exists());
-        for kept in [just_written, running, other_file] {
-            assert!(kept.exists(), "{} was removed", kept.display());
-        }
-        Ok(())
-    }
 
     #[test]
     fn round_trip_and_corrupt_file_error() -> Result<()> {

@@ -16,11 +16,11 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::checkpoint;
 use crate::config::{apply_set, RunConfig};
 use crate::plot::{self, Bar, BarPanel, LineAxes, Panel, ScatterPanel, Series};
 use crate::progress;
 use crate::trainer;
+use crate::{atomic, checkpoint};
 
 /// A comparison grid, as read from YAML (`configs/compare-*.yaml`) and overridden by flags.
 #[derive(Debug, Clone, Deserialize)]
@@ -670,8 +670,8 @@ pub fn run(grid: &Grid, command_line: &str) -> Result<String> {
     let summary = Summary::new(grid, &cells, &outcomes)?;
     let markdown = summary.markdown(command_line);
     let file = |ext: &str| grid.out.join(format!("{}.{ext}", grid.stem()));
-    checkpoint::write_atomic(&file("md"), markdown.as_bytes())?;
-    checkpoint::write_atomic(&file("csv"), summary.csv().as_bytes())?;
+    atomic::write(&file("md"), markdown.as_bytes())?;
+    atomic::write(&file("csv"), summary.csv().as_bytes())?;
     summary.chart(&file("png"))?;
     embeddings_figure(
         &cells,

@@ -15,6 +15,7 @@ use candle_core::{Device, Tensor};
 use serde::Serialize;
 use ssl_eval::{Features, LinearProbeConfig};
 
+use crate::atomic;
 use crate::config::{ModelConfig, RunConfig};
 use crate::setup::{self, CleanSamples, DataSplit};
 use crate::trainer::Model;
@@ -365,7 +366,7 @@ pub fn write_embedding(
         }
         csv.push_str(&format!("{label}\n"));
     }
-    crate::checkpoint::write_atomic(path, csv.as_bytes())
+    atomic::write(path, csv.as_bytes())
 }
 
 /// The `(x, y, label)` rows of a 2-D `embedding.csv` ([`write_embedding`]).

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use candle_core::Tensor;
 
-use crate::checkpoint;
 use crate::config::RunConfig;
+use crate::{atomic, checkpoint};
 use ssl_core::ParamStore;
 
 /// Prefix of the encoder's tensors in a run's checkpoint.
@@ -84,7 +84,7 @@ pub fn export_encoder(run_dir: &Path, out: &Path) -> Result<Exported> {
         Some(metadata.clone().into_iter().collect()),
     )
     .with_context(|| format!("cannot serialise the encoder for {}", out.display()))?;
-    crate::checkpoint::write_atomic(out, &bytes)?;
+    atomic::write(out, &bytes)?;
     Ok(Exported {
         path: out.to_path_buf(),
         keys: encoder.into_keys().collect(),

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use crate::compare::{self, Cell, Grid, Outcome};
 use crate::evaluate::{clean_inputs, to_features};
 use crate::setup::CleanSamples;
-use crate::{checkpoint, export, progress, setup, trainer};
+use crate::{atomic, checkpoint, export, progress, setup, trainer};
 
 /// A generalisation recipe (`configs/generalise-*.yaml`).
 #[derive(Debug, Clone, Deserialize)]
@@ -177,8 +177,8 @@ pub fn run_grid(grid: &Grid, halves: &[Vec<u32>; 2], command_line: &str) -> Resu
     bar.finish_and_clear();
     let markdown = markdown(grid, halves, &order, &rows, command_line);
     let file = |ext: &str| grid.out.join(format!("{}.{ext}", grid.stem()));
-    checkpoint::write_atomic(&file("md"), markdown.as_bytes())?;
-    checkpoint::write_atomic(&file("csv"), csv(&order, &rows).as_bytes())?;
+    atomic::write(&file("md"), markdown.as_bytes())?;
+    atomic::write(&file("csv"), csv(&order, &rows).as_bytes())?;
     Ok(markdown)
 }
 

@@ -51,7 +51,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::checkpoint;
+use crate::atomic;
 
 /// The file whose presence marks a repository as already holding a model.
 const MODEL_FILE: &str = "model.safetensors";
@@ -1037,7 +1037,7 @@ impl RepoCache {
     /// `huggingface_hub` makes; a copy where there are none), replacing it in one rename.
     fn link(&self, commit: &str, file: &str, etag: &str) -> Result<()> {
         let pointer = self.snapshot(commit).join(file);
-        let temp = checkpoint::temp_path(&pointer);
+        let temp = atomic::temp_path(&pointer);
         let parent = pointer.parent().expect("a file in a snapshot");
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
@@ -1063,12 +1063,12 @@ impl RepoCache {
     }
 }
 
-/// Creates `path`, and its directory, through [`checkpoint::write_atomically`].
+/// Creates `path`, and its directory, through [`atomic::write_with`].
 fn write_atomically(path: &Path, write: impl FnOnce(&mut File) -> Result<()>) -> Result<()> {
     let parent = path.parent().expect("a path in the cache");
     std::fs::create_dir_all(parent)
         .with_context(|| format!("cannot create {}", parent.display()))?;
-    checkpoint::write_atomically(path, write)
+    atomic::write_with(path, write)
 }
 
 /// `user/name` with the Hub's naming rules: letters, digits, `-`, `_` and `.`, at most 96

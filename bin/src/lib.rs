@@ -5,6 +5,7 @@
 //! The built-in objectives are linked here, so every binary using this crate lists them.
 
 pub mod allocator;
+pub mod atomic;
 pub mod card;
 pub mod checkpoint;
 pub mod cli;

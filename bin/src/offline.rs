@@ -22,6 +22,7 @@ use candle_core::{Device, Tensor};
 use serde::Serialize;
 use ssl_eval::Features;
 
+use crate::atomic;
 use crate::config::RunConfig;
 use crate::evaluate::to_features;
 use crate::plot::{scatter_panels, ScatterPanel};
@@ -593,14 +594,14 @@ fn write_outputs(
         }
     }
     let json = serde_json::to_string_pretty(&value)?;
-    crate::checkpoint::write_atomic(&out.join("eval.json"), json.as_bytes())?;
+    atomic::write(&out.join("eval.json"), json.as_bytes())?;
     let mut csv = String::from("checkpoint,k,T,accuracy\n");
     for c in &report.columns {
         for (k, t, acc) in &c.knn_sweep {
             csv.push_str(&format!("{},{k},{t},{acc}\n", c.label));
         }
     }
-    crate::checkpoint::write_atomic(&out.join("knn.csv"), csv.as_bytes())?;
+    atomic::write(&out.join("knn.csv"), csv.as_bytes())?;
     scatter_panels(&out.join("pca.png"), panels)
 }
 

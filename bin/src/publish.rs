@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use crate::atomic;
 use crate::card::{self, model_card, Card, Results, Split};
-use crate::checkpoint::write_atomic;
 use crate::config::RunConfig;
 use crate::export::{export_encoder, EXPORTED};
 use crate::hub::{self, HubOptions};
@@ -53,7 +53,7 @@ pub fn stage(run_dir: &Path, repo: &str, opts: &StageOptions) -> Result<PathBuf>
     let exported = export_encoder(run_dir, &dir.join(EXPORTED))?;
     let weights: HashMap<_, _> = crate::checkpoint::load_tensors(&exported.path)?;
     let (recipe, recipe_notes) = card::published_config(&cfg);
-    write_atomic(
+    atomic::write(
         &dir.join("config.yaml"),
         serde_yaml::to_string(&recipe)?.as_bytes(),
     )?;
@@ -72,7 +72,7 @@ pub fn stage(run_dir: &Path, repo: &str, opts: &StageOptions) -> Result<PathBuf>
     for column in &mut report.columns {
         column.weights = PathBuf::from(EXPORTED);
     }
-    write_atomic(
+    atomic::write(
         &dir.join("eval.json"),
         serde_json::to_string_pretty(&report)?.as_bytes(),
     )?;
@@ -86,7 +86,7 @@ pub fn stage(run_dir: &Path, repo: &str, opts: &StageOptions) -> Result<PathBuf>
         eval: &report,
         weights: &weights,
     })?;
-    write_atomic(&dir.join("README.md"), card.as_bytes())?;
+    atomic::write(&dir.join("README.md"), card.as_bytes())?;
     Ok(dir)
 }
 

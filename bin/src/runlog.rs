@@ -14,7 +14,8 @@ use anyhow::{Context, Result};
 use candle_core::Tensor;
 use serde_json::json;
 
-use crate::checkpoint::{self, TrainerState};
+use crate::atomic;
+use crate::checkpoint::TrainerState;
 use crate::config::RunConfig;
 use crate::diagnostics::{self, SpectrumLog};
 use crate::tensorboard::EventWriter;
@@ -214,7 +215,7 @@ fn cut_lines(path: &Path, keep: impl Fn(&str) -> bool) -> Result<()> {
         .filter(|line| keep(line))
         .map(|line| format!("{line}\n"))
         .collect();
-    checkpoint::write_atomic(path, kept.as_bytes())
+    atomic::write(path, kept.as_bytes())
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ use ssl_dist::{Comm, Complete, GradientAveraging, GradientReduction};
 use ssl_models::autocast::{autocast, Precision};
 use ssl_models::{Encoder, Projector};
 
+use crate::atomic;
 use crate::checkpoint::{self, TrainerState};
 use crate::config::RunConfig;
 use crate::evaluate::{self, Evaluation, Inputs};
@@ -334,11 +335,11 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
         out: dir.clone(),
         ..cfg.clone()
     };
-    checkpoint::write_atomic(
+    atomic::write(
         &dir.join("config.yaml"),
         serde_yaml::to_string(cfg)?.as_bytes(),
     )?;
-    checkpoint::write_atomic(
+    atomic::write(
         &dir.join("split.json"),
         serde_json::to_string(&data)?.as_bytes(),
     )?;
@@ -365,7 +366,7 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
             "global_batch": world * b,
             "sync_bn": cfg.model.sync_bn,
         });
-        checkpoint::write_atomic(
+        atomic::write(
             &dir.join(DISTRIBUTED_JSON),
             serde_json::to_string_pretty(&record)?.as_bytes(),
         )?;
@@ -408,7 +409,7 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
         "seconds": seconds,
         "rows": evaluation.iter().map(|(n, e)| json!({"encoder": n, "metrics": e})).collect::<Vec<_>>(),
     });
-    checkpoint::write_atomic(
+    atomic::write(
         &dir.join("results.json"),
         serde_json::to_string_pretty(&results)?.as_bytes(),
     )?;
