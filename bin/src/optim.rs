@@ -301,14 +301,13 @@ impl Optimizer {
                     };
                     if AdamwStep::fuses(w, g, [&slot.m, &slot.v]) {
                         let (m, v) = (zeros(&slot.m)?, zeros(&slot.v)?);
+                        (slot.m, slot.v) = (Some(m.clone()), Some(v.clone()));
                         #[cfg(feature = "cuda")]
                         if w.device().is_cuda() {
                             on_gpu.push(step.entry(w, g, &m, &v, factor)?);
-                            (slot.m, slot.v) = (Some(m), Some(v));
                             continue;
                         }
                         step.in_place(w, &clipped()?, &m, &v)?;
-                        (slot.m, slot.v) = (Some(m), Some(v));
                         continue;
                     }
                     let (new, m, v) =
@@ -327,14 +326,13 @@ impl Optimizer {
                     };
                     if SgdStep::fuses(w, g, slot.m.as_ref()) {
                         let buf = zeros(&slot.m)?;
+                        slot.m = Some(buf.clone());
                         #[cfg(feature = "cuda")]
                         if w.device().is_cuda() {
                             on_gpu.push(step.entry(w, g, &buf, factor)?);
-                            slot.m = Some(buf);
                             continue;
                         }
                         step.in_place(w, &clipped()?, &buf)?;
-                        slot.m = Some(buf);
                         continue;
                     }
                     let (new, buf) = step.composed(w, &clipped()?, slot.m.as_ref())?;

@@ -650,16 +650,20 @@ impl<'a> Training<'a> {
         };
         bar.set_position(self.state.step as u64);
         let first = self.state.epochs_done;
+        // One for the run: its page-locked buffers serve every epoch's loader thread in turn.
+        let stager = Arc::new(Mutex::new(Stager::new(device, &data.dataset.shape)));
         for epoch in first..t.epochs {
             bar.set_prefix(format!("{}/{}", epoch + 1, t.epochs));
+            let stager = Arc::clone(&stager);
+            let stage = move |batch| {
+                stager
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .stage(batch)
+            };
             // Batches beyond the last whole group of `accumulate` are dropped, as drop_last does.
-            let mut stager = Stager::new(device, &data.dataset.shape);
-            let mut batches = loader.prefetch_with(
-                epoch,
-                self.steps_per_epoch * t.accumulate,
-                PREFETCH,
-                move |batch| stager.stage(batch),
-            );
+            let mut batches =
+                loader.prefetch_with(epoch, self.steps_per_epoch * t.accumulate, PREFETCH, stage);
             for i in 0..self.steps_per_epoch {
                 self.optimiser_step(epoch, &mut batches)?;
                 bar.inc(1);
