@@ -34,13 +34,18 @@ pub fn write_with(path: &Path, write: impl FnOnce(&mut File) -> Result<()>) -> R
     // The rename is the directory's change: durable once the directory is synced.
     #[cfg(unix)]
     {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-        let dir = dir.unwrap_or(Path::new("."));
+        let dir = directory(path);
         File::open(dir)
             .and_then(|d| d.sync_all())
             .with_context(|| format!("cannot sync the directory {}", dir.display()))?;
     }
     Ok(())
+}
+
+/// The directory `path` is in (`.` for a bare file name).
+fn directory(path: &Path) -> &Path {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    dir.unwrap_or(Path::new("."))
 }
 
 /// How long a temporary file of a writer that no longer runs stays untouched before
@@ -51,14 +56,10 @@ const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 /// `NAME.PID.incomplete` of a process that no longer runs, unwritten for [`ABANDONED_AFTER`].
 /// Best effort: whatever cannot be read or removed stays.
 fn remove_abandoned_temps(path: &Path) {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+    let Some(name) = path.file_name() else {
         return;
     };
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
+    let dir = directory(path);
     let prefix = format!("{}.", name.to_string_lossy());
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
