@@ -32,7 +32,7 @@ use candle_core::{Device, Tensor, Var, D};
 use candle_nn::Module;
 use serde::Serialize;
 use ssl_core::{ParamGroup, ParamStore, Progress, Schedule};
-use ssl_data::{Identity, ImageAugment, ViewLoader, ViewTransform};
+use ssl_data::{Identity, ImageAugment, Pipeline, ViewLoader, ViewTransform, ViewType};
 use ssl_eval::{Features, ProbeResult};
 use ssl_models::Encoder;
 
@@ -369,6 +369,36 @@ fn augmentation(data: &DataSplit, augment: bool) -> Result<(Option<ImageAugment>
     ))
 }
 
+/// One view of each training image per epoch, `augment`ed (`None`: the clean image). On a
+/// folder kept at full resolution the random resized crop is drawn on the stored image, as the
+/// pretraining views are, not on its `S × S` evaluation view.
+fn training_loader(
+    data: &DataSplit,
+    augment: Option<&ImageAugment>,
+    batch_size: usize,
+    seed: u64,
+) -> Result<ViewLoader> {
+    let view_type = match augment {
+        Some(a) => {
+            let pipeline = Pipeline {
+                views: vec![a.clone()],
+                local: None,
+            };
+            pipeline.view_types(&data.dataset.shape)?.views.remove(0)
+        }
+        None => ViewType::from(Arc::new(Identity) as Arc<dyn ViewTransform>),
+    };
+    ViewLoader::new(
+        data.dataset.clone(),
+        data.train.clone(),
+        batch_size,
+        1,
+        false,
+        seed,
+        vec![view_type],
+    )
+}
+
 /// Trains the SGD probe on `encoder`'s frozen features of `data`'s training images and scores
 /// it on the clean test features `test` (labels `test_y`); `seed` (the run's) draws the head's
 /// initialisation, the epoch order and the augmentations.
@@ -403,18 +433,11 @@ pub fn train_and_score(
     if augment.is_none() && cfg.augment {
         crate::progress::println(format!("note: SGD probe augmentation: {described}"));
     }
-    let transform: Arc<dyn ViewTransform> = match &augment {
-        Some(a) => Arc::new(a.clone()),
-        None => Arc::new(Identity),
-    };
-    let loader = Arc::new(ViewLoader::new(
-        data.dataset.clone(),
-        data.train.clone(),
+    let loader = Arc::new(training_loader(
+        data,
+        augment.as_ref(),
         cfg.batch_size,
-        1,
-        false,
         probe_seed,
-        vec![transform],
     )?);
     // Without augmentation every epoch sees the same images: embed them once.
     let clean = match augment {
@@ -555,6 +578,52 @@ mod tests {
     /// The digits split of the main job and its clean test features under `encoder`.
     fn digits() -> Result<DataSplit> {
         setup::data(&RunConfig::default())
+    }
+
+    /// A folder kept at full resolution: one stored 8 × 32 image read as `[3, 8, 8]`, black in
+    /// its centre 8 × 8 (the evaluation view) and white in the margins the centre crop drops.
+    /// The probe's augmented views crop the stored image, so some of them reach the margins;
+    /// crops of the evaluation view never would. The clean views stay the evaluation view.
+    #[test]
+    fn augmented_views_of_a_kept_folder_crop_the_whole_image() -> Result<()> {
+        let (h, w) = (8, 32);
+        let pixels: Vec<u8> = (0..h * w)
+            .flat_map(|i| [if (12..20).contains(&(i % w)) { 0 } else { 255 }; 3])
+            .collect();
+        let dataset = ssl_data::Dataset {
+            name: "kept".into(),
+            samples: ssl_data::Samples::Images {
+                bytes: Arc::new(pixels),
+                images: vec![ssl_data::ImageEntry {
+                    offset: 0,
+                    height: h,
+                    width: w,
+                }]
+                .into(),
+            },
+            labels: vec![0],
+            shape: vec![3, 8, 8],
+            num_classes: 1,
+        };
+        let data = DataSplit {
+            dataset: Arc::new(dataset),
+            train: vec![0],
+            ..DataSplit::shape_only(&[3, 8, 8], 0)
+        };
+        let brightest = |augment: Option<&ImageAugment>| -> Result<f32> {
+            let loader = training_loader(&data, augment, 1, 7)?;
+            Ok((0..50)
+                .flat_map(|epoch| loader.epoch(epoch).collect::<Vec<_>>())
+                .flat_map(|batch| batch.view(0).to_vec())
+                .fold(0.0, f32::max))
+        };
+        assert_eq!(brightest(None)?, 0.0, "the clean view is the black centre");
+        let (augment, _) = augmentation(&data, true)?;
+        assert!(
+            brightest(augment.as_ref())? > 0.5,
+            "no crop reached the margins"
+        );
+        Ok(())
     }
 
     fn test_features(
