@@ -210,10 +210,16 @@ pub fn published_config(cfg: &RunConfig) -> (RunConfig, Vec<String>) {
             "folder" => "`data.root` (the local image folder) is removed: give yours with \
                          `--root DIR`"
                 .to_string(),
-            name => format!(
-                "`data.root` (a local directory) is removed: the files are looked up in \
-                 ~/.medmnist (`ssl data download {name}`), or give `--root DIR`"
-            ),
+            name => {
+                let home = match ssl_data::medmnist_info(name) {
+                    Ok(_) => "~/.medmnist",
+                    Err(_) => "~/.cache/candle-ssl/data",
+                };
+                format!(
+                    "`data.root` (a local directory) is removed: the files are looked up in \
+                     {home} (`ssl data download {name}`), or give `--root DIR`"
+                )
+            }
         });
     }
     if let Some(init) = &cfg.model.init {
@@ -948,7 +954,7 @@ mod tests {
         );
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert!(
-            notes[1].contains("ssl data download bloodmnist"),
+            notes[1].contains("looked up in ~/.medmnist (`ssl data download bloodmnist`)"),
             "{notes:?}"
         );
         let text = card(&cfg, &[3, 28, 28], "cc-by-4.0");
@@ -966,6 +972,13 @@ mod tests {
         );
         let folder = config(&["data.name=folder", "data.root=/data/imagenet"]);
         assert!(published_config(&folder).1[0].contains("--root DIR"));
+        // A benchmark set's archive is looked up where `ssl data download` puts it.
+        let cifar = config(&["data.name=cifar10", "data.size=32", "data.root=/data/cifar"]);
+        let note = &published_config(&cifar).1[0];
+        assert!(
+            note.contains("looked up in ~/.cache/candle-ssl/data (`ssl data download cifar10`)"),
+            "{note}"
+        );
     }
 
     #[test]

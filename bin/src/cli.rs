@@ -575,11 +575,7 @@ pub fn execute(cli: Cli) -> Result<()> {
                 args.url.as_deref(),
                 true,
             )?;
-            let what = match got.already_present {
-                true => "already downloaded",
-                false => "downloaded",
-            };
-            println!("{what}: {} (MD5 verified)", got.path.display());
+            println!("{}", got.summary());
             Ok(())
         }
         Command::Data(DataCommand::Sample(args)) => {

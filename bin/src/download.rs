@@ -32,6 +32,24 @@ pub struct Downloaded {
     /// The file was already there with the right MD5 (Caltech-256: the directory was there), so
     /// nothing was requested.
     pub already_present: bool,
+    /// This call checked the MD5 (of the file; for Caltech-256, of the archive it extracted).
+    /// False only for a Caltech-256 directory that was already there, taken as it is.
+    pub verified: bool,
+}
+
+impl Downloaded {
+    /// What `ssl data download` reports: where the data is and whether its MD5 was checked.
+    pub fn summary(&self) -> String {
+        let path = self.path.display();
+        match (self.already_present, self.verified) {
+            (false, _) => format!("downloaded: {path} (MD5 verified)"),
+            (true, true) => format!("already downloaded: {path} (MD5 verified)"),
+            (true, false) => format!(
+                "already there: {path} (a directory found in place, not verified; remove it to \
+                 download the archive and verify it again)"
+            ),
+        }
+    }
 }
 
 /// Fetches MedMNIST `flag` at image size `size` into `dir` as `{flag}.npz` (28) or
@@ -137,6 +155,7 @@ pub fn fetch_and_extract_caltech256(
         return Ok(Downloaded {
             path: target,
             already_present: true,
+            verified: false,
         });
     }
     let archive = fetch_verified(url, &dir.join(caltech256::ARCHIVE), md5, progress)?;
@@ -151,6 +170,7 @@ pub fn fetch_and_extract_caltech256(
     Ok(Downloaded {
         path,
         already_present: false,
+        verified: true,
     })
 }
 
@@ -167,6 +187,7 @@ pub fn fetch_verified(url: &str, path: &Path, md5: &str, progress: bool) -> Resu
     let done = |already_present| Downloaded {
         path: path.to_path_buf(),
         already_present,
+        verified: true,
     };
     if path.is_file() {
         let actual = md5_file(path)?;

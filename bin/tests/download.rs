@@ -208,6 +208,16 @@ fn already_downloaded_file_is_verified_and_not_requested() {
     let got = fetch_verified(&server.url(), &path, &md5.to_uppercase(), false).unwrap();
 
     assert!(got.already_present);
+    assert!(
+        got.summary().starts_with("already downloaded:"),
+        "{}",
+        got.summary()
+    );
+    assert!(
+        got.summary().ends_with("(MD5 verified)"),
+        "{}",
+        got.summary()
+    );
     assert_eq!(&std::fs::read(&path).unwrap(), bytes);
     assert!(server.requests().is_empty());
 }
@@ -701,9 +711,20 @@ fn caltech256_downloads_extracts_and_runs_on_a_stratified_recorded_split() {
     let got = fetch_and_extract_caltech256(&url, dir.path(), &md5, false).unwrap();
     assert_eq!(got.path, dir.path().join(caltech256::DIR));
     assert!(!got.already_present);
+    assert!(
+        got.summary().contains("(MD5 verified)"),
+        "{}",
+        got.summary()
+    );
     assert_eq!(listing(dir.path()), [caltech256::DIR, caltech256::ARCHIVE]);
     let again = fetch_and_extract_caltech256(&url, dir.path(), &md5, false).unwrap();
     assert!(again.already_present);
+    // The directory found in place is taken as it is: nothing claims it was verified.
+    let summary = again.summary();
+    assert!(
+        !summary.contains("MD5 verified") && summary.contains("not verified; remove it"),
+        "{summary}"
+    );
     assert_eq!(server.requests().len(), 2);
 
     let cache = dir.path().join("cache");
