@@ -7,9 +7,9 @@
 //! only, the Gram being symmetric), and each block contributes both to the value and to the
 //! gradient `∂L/∂ẽ_a = (4/|Ω|) Σ_{b:(a,b)∈Ω} max(0, G_ab) ẽ_b`. The gradient is attached through
 //! a linear surrogate, so memory is `O(N·d + tile²)` on any device and the backward pass costs
-//! one element-wise product. The sweep costs `1.5·N²·d` multiply-adds (half the Gram, and two
-//! block products per off-diagonal block), against `3·N²·d` for the Gram and its two backward
-//! products under autograd. Values are accumulated in f64.
+//! one element-wise product. The value is accumulated on the table's device (in f64 for an f64
+//! table, else f32) and `|Ω|` is counted once per table ([`Diversity::new`]), so a training step
+//! reads nothing back to the host.
 
 use candle_core::{bail, DType, Result, Tensor};
 
@@ -18,82 +18,124 @@ pub const DEFAULT_TILE: usize = 2048;
 
 /// `L_div` of the row-normalised table `e`: `[N, d]`, swept in `tile × tile` blocks; with
 /// `labels` (`[N]` u32), only pairs of different classes count (IConE-Instance). Differentiable
-/// in `e` (first order).
+/// in `e` (first order). Counts `|Ω|` from the labels on the host each call; a training loop
+/// holds a [`Diversity`] instead.
 pub fn squared_hinge_diversity(e: &Tensor, tile: usize, labels: Option<&Tensor>) -> Result<Tensor> {
-    let (value, gradient) = diversity_and_gradient(e, tile, labels)?;
-    let value_tensor = Tensor::new(value, e.device())?.to_dtype(e.dtype())?;
-    // ⟨e, sg(g)⟩ − sg(⟨e, g⟩) is zero in value and has gradient g.
-    let linear = (e * &gradient)?.sum_all()?;
-    (&linear - linear.detach())? + value_tensor
+    Diversity::new(e.dim(0)?, tile, labels)?.loss(e)
 }
 
-/// The value of `L_div` (f64) and its gradient with respect to `e` (`[N, d]`, `e`'s dtype),
-/// computed block by block from a detached `e`.
-pub fn diversity_and_gradient(
-    e: &Tensor,
+/// `L_div` of a table of fixed rows and classes: the block side, the row labels (IConE-Instance)
+/// and the pair count `|Ω|`, checked and counted once.
+#[derive(Debug, Clone)]
+pub struct Diversity {
+    rows: usize,
     tile: usize,
-    labels: Option<&Tensor>,
-) -> Result<(f64, Tensor)> {
-    let (n, _) = e.dims2()?;
-    if tile == 0 {
-        bail!("the diversity tile size must be at least 1");
-    }
-    let pairs = ordered_pairs(n, labels)?;
-    if pairs == 0.0 {
-        bail!(
-            "L_div needs at least two table rows{}; got {n} rows",
-            if labels.is_some() {
-                " of different classes"
-            } else {
-                ""
-            }
-        );
-    }
-    let e = e.detach();
-    let starts: Vec<usize> = (0..n).step_by(tile).collect();
-    let blocks: Vec<Tensor> = starts
-        .iter()
-        .map(|&s| e.narrow(0, s, tile.min(n - s)))
-        .collect::<Result<_>>()?;
-    let block_labels: Option<Vec<Tensor>> = labels
-        .map(|y| {
-            starts
-                .iter()
-                .map(|&s| y.narrow(0, s, tile.min(n - s)))
-                .collect::<Result<_>>()
-        })
-        .transpose()?;
-    let mut gradient: Vec<Option<Tensor>> = vec![None; blocks.len()];
-    let mut total = 0f64;
-    for i in 0..blocks.len() {
-        for j in i..blocks.len() {
-            let gram = blocks[i].matmul(&blocks[j].t()?)?;
-            let mut hinge = gram.relu()?;
-            if let Some(y) = &block_labels {
-                let other_class = y[i]
-                    .unsqueeze(1)?
-                    .broadcast_ne(&y[j].unsqueeze(0)?)?
-                    .to_dtype(hinge.dtype())?;
-                hinge = (hinge * other_class)?;
-            }
-            let weight = if i == j { 1.0 } else { 2.0 };
-            total += weight * to_f64(&hinge.sqr()?.sum_all()?)?;
-            let mut block_gradient = hinge.matmul(&blocks[j])?;
-            if i != j {
-                accumulate(&mut gradient[j], hinge.t()?.matmul(&blocks[i])?)?;
-            } else if block_labels.is_none() {
-                // Take the diagonal `a = b` back out: `G_aa = ‖ẽ_a‖² ≥ 0` and its gradient term
-                // `G_aa ẽ_a` (with labels, the class mask has already removed it).
-                let diagonal = blocks[i].sqr()?.sum_keepdim(1)?;
-                total -= to_f64(&diagonal.sqr()?.sum_all()?)?;
-                block_gradient = (block_gradient - blocks[i].broadcast_mul(&diagonal)?)?;
-            }
-            accumulate(&mut gradient[i], block_gradient)?;
+    labels: Option<Tensor>,
+    pairs: f64,
+}
+
+impl Diversity {
+    /// For tables of `rows` rows labelled `labels` (`[rows]` u32, IConE-Instance), swept in
+    /// `tile × tile` blocks. Errors if `tile` is 0, the labels do not match the rows, or no pair
+    /// counts (fewer than two rows, or of two classes with labels).
+    pub fn new(rows: usize, tile: usize, labels: Option<&Tensor>) -> Result<Self> {
+        if tile == 0 {
+            bail!("the diversity tile size must be at least 1");
         }
+        let pairs = ordered_pairs(rows, labels)?;
+        if pairs == 0.0 {
+            bail!(
+                "L_div needs at least two table rows{}; got {rows} rows",
+                if labels.is_some() {
+                    " of different classes"
+                } else {
+                    ""
+                }
+            );
+        }
+        Ok(Self {
+            rows,
+            tile,
+            labels: labels.cloned(),
+            pairs,
+        })
     }
-    let gradient: Vec<Tensor> = gradient.into_iter().flatten().collect();
-    let gradient = (Tensor::cat(&gradient, 0)? * (4.0 / pairs))?;
-    Ok((total / pairs, gradient))
+
+    /// `L_div` of the row-normalised table `e`: `[rows, d]`, a scalar in `e`'s dtype,
+    /// differentiable in `e` (first order).
+    pub fn loss(&self, e: &Tensor) -> Result<Tensor> {
+        let (value, gradient) = self.value_and_gradient(e)?;
+        // ⟨e, sg(g)⟩ − sg(⟨e, g⟩) is zero in value and has gradient g.
+        let linear = (e * &gradient)?.sum_all()?;
+        (&linear - linear.detach())? + value.to_dtype(e.dtype())?
+    }
+
+    /// The value of `L_div` (a scalar on `e`'s device, f64 for an f64 `e`, else f32) and its
+    /// gradient with respect to `e` (`[rows, d]`, `e`'s dtype), computed block by block from a
+    /// detached `e`.
+    pub fn value_and_gradient(&self, e: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (n, _) = e.dims2()?;
+        if n != self.rows {
+            bail!(
+                "L_div was set up for a table of {} rows, got {n}",
+                self.rows
+            );
+        }
+        let (tile, pairs) = (self.tile, self.pairs);
+        let sum_dtype = match e.dtype() {
+            DType::F64 => DType::F64,
+            _ => DType::F32,
+        };
+        let sum = |t: &Tensor| t.sum_all()?.to_dtype(sum_dtype);
+        let e = e.detach();
+        let starts: Vec<usize> = (0..n).step_by(tile).collect();
+        let blocks: Vec<Tensor> = starts
+            .iter()
+            .map(|&s| e.narrow(0, s, tile.min(n - s)))
+            .collect::<Result<_>>()?;
+        let block_labels: Option<Vec<Tensor>> = self
+            .labels
+            .as_ref()
+            .map(|y| {
+                starts
+                    .iter()
+                    .map(|&s| y.narrow(0, s, tile.min(n - s)))
+                    .collect::<Result<_>>()
+            })
+            .transpose()?;
+        let mut gradient: Vec<Option<Tensor>> = vec![None; blocks.len()];
+        let mut total = None;
+        for i in 0..blocks.len() {
+            for j in i..blocks.len() {
+                let gram = blocks[i].matmul(&blocks[j].t()?)?;
+                let mut hinge = gram.relu()?;
+                if let Some(y) = &block_labels {
+                    let other_class = y[i]
+                        .unsqueeze(1)?
+                        .broadcast_ne(&y[j].unsqueeze(0)?)?
+                        .to_dtype(hinge.dtype())?;
+                    hinge = (hinge * other_class)?;
+                }
+                let weight = if i == j { 1.0 } else { 2.0 };
+                accumulate(&mut total, (sum(&hinge.sqr()?)? * weight)?)?;
+                let mut block_gradient = hinge.matmul(&blocks[j])?;
+                if i != j {
+                    accumulate(&mut gradient[j], hinge.t()?.matmul(&blocks[i])?)?;
+                } else if block_labels.is_none() {
+                    // Take the diagonal `a = b` back out: `G_aa = ‖ẽ_a‖² ≥ 0` and its gradient
+                    // term `G_aa ẽ_a` (with labels, the class mask has already removed it).
+                    let diagonal = blocks[i].sqr()?.sum_keepdim(1)?;
+                    accumulate(&mut total, sum(&diagonal.sqr()?)?.neg()?)?;
+                    block_gradient = (block_gradient - blocks[i].broadcast_mul(&diagonal)?)?;
+                }
+                accumulate(&mut gradient[i], block_gradient)?;
+            }
+        }
+        let gradient: Vec<Tensor> = gradient.into_iter().flatten().collect();
+        let gradient = (Tensor::cat(&gradient, 0)? * (4.0 / pairs))?;
+        let total = total.expect("a table of at least two rows has a block");
+        Ok(((total / pairs)?, gradient))
+    }
 }
 
 /// `|Ω|`: `N(N−1)`, or `N² − Σ_c n_c²` ordered pairs of different classes.
@@ -110,10 +152,6 @@ fn ordered_pairs(n: usize, labels: Option<&Tensor>) -> Result<f64> {
         *counts.entry(y).or_insert(0f64) += 1.0;
     }
     Ok(n as f64 * n as f64 - counts.values().map(|c| c * c).sum::<f64>())
-}
-
-fn to_f64(t: &Tensor) -> Result<f64> {
-    t.to_dtype(DType::F64)?.to_scalar::<f64>()
 }
 
 fn accumulate(slot: &mut Option<Tensor>, part: Tensor) -> Result<()> {
@@ -145,6 +183,12 @@ mod tests {
         let mask = Tensor::from_vec(mask, (n, n), e.device())?.to_dtype(e.dtype())?;
         let g = e.matmul(&e.t()?)?.relu()?;
         (g * mask)?.sqr()?.sum_all()? / pairs
+    }
+
+    /// The value of `L_div` of `e` on the host.
+    fn value(e: &Tensor, tile: usize, labels: Option<&Tensor>) -> Result<f64> {
+        let d = Diversity::new(e.dim(0)?, tile, labels)?;
+        d.value_and_gradient(e)?.0.to_dtype(DType::F64)?.to_scalar()
     }
 
     fn random_rows(n: usize, d: usize, seed: u64) -> Result<Tensor> {
@@ -186,9 +230,9 @@ mod tests {
         // Spec §2.1: E = [[1,0,1],[0,1,0],[1,1,0]] → L_div = 0.25, also with labels [0,1,0].
         let e = Tensor::new(&[[1f64, 0., 1.], [0., 1., 0.], [1., 1., 0.]], &Device::Cpu)?;
         let e = ssl_linalg::normalize_rows(&e)?;
-        close(diversity_and_gradient(&e, 2, None)?.0, 0.25, 1e-12);
+        close(value(&e, 2, None)?, 0.25, 1e-12);
         let y = Tensor::new(&[0u32, 1, 0], &Device::Cpu)?;
-        close(diversity_and_gradient(&e, 2, Some(&y))?.0, 0.25, 1e-12);
+        close(value(&e, 2, Some(&y))?, 0.25, 1e-12);
         Ok(())
     }
 
@@ -196,24 +240,27 @@ mod tests {
     fn zero_iff_no_positive_off_diagonal_entry_and_at_most_one() -> Result<()> {
         // Orthogonal and opposite rows: nothing to push apart.
         let e = Tensor::new(&[[1f64, 0.], [0., 1.], [-1., 0.], [0., -1.]], &Device::Cpu)?;
-        assert_eq!(diversity_and_gradient(&e, 3, None)?.0, 0.0);
+        assert_eq!(value(&e, 3, None)?, 0.0);
         // Collapse: every off-diagonal entry is 1.
         let e = Tensor::new(&[[0.6f64, 0.8]; 5], &Device::Cpu)?;
-        close(diversity_and_gradient(&e, 2, None)?.0, 1.0, 1e-12);
+        close(value(&e, 2, None)?, 1.0, 1e-12);
         Ok(())
     }
 
     #[test]
     fn a_single_row_or_class_is_refused() -> Result<()> {
         let e = random_rows(1, 3, 0)?;
-        let err = diversity_and_gradient(&e, 4, None).unwrap_err().to_string();
-        assert!(err.contains("at least two table rows"), "{err}");
-        let e = random_rows(3, 3, 0)?;
-        let y = Tensor::new(&[2u32, 2, 2], &Device::Cpu)?;
-        let err = diversity_and_gradient(&e, 4, Some(&y))
+        let err = squared_hinge_diversity(&e, 4, None)
             .unwrap_err()
             .to_string();
+        assert!(err.contains("at least two table rows"), "{err}");
+        let y = Tensor::new(&[2u32, 2, 2], &Device::Cpu)?;
+        let err = Diversity::new(3, 4, Some(&y)).unwrap_err().to_string();
         assert!(err.contains("of different classes"), "{err}");
+        // A table of another size than the one counted for is refused, not misweighted.
+        let d = Diversity::new(4, 4, None)?;
+        let err = d.loss(&random_rows(3, 3, 0)?).unwrap_err().to_string();
+        assert!(err.contains("set up for a table of 4 rows, got 3"), "{err}");
         Ok(())
     }
 
@@ -237,7 +284,8 @@ mod tests {
             rows.extend(dirs[a].iter().map(|x| (x * scale) as f32));
         }
         let e = ssl_linalg::normalize_rows(&Tensor::from_vec(rows, (n, d), &Device::Cpu)?)?;
-        let (value, gradient) = diversity_and_gradient(&e, DEFAULT_TILE, None)?;
+        let (value, gradient) = Diversity::new(n, DEFAULT_TILE, None)?.value_and_gradient(&e)?;
+        let value: f64 = value.to_dtype(DType::F64)?.to_scalar()?;
 
         let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
         let pairs = n as f64 * (n as f64 - 1.0);

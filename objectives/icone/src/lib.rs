@@ -23,7 +23,7 @@
 pub mod diversity;
 pub mod regularizers;
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use candle_core::Tensor;
 use candle_nn::Init;
 use serde::{Deserialize, Serialize};
@@ -32,7 +32,7 @@ use ssl_core::{
     Requirements,
 };
 
-pub use diversity::{squared_hinge_diversity, DEFAULT_TILE};
+pub use diversity::{squared_hinge_diversity, Diversity, DEFAULT_TILE};
 pub use regularizers::{covariance_penalty, sliced_epps_pulley, variance_hinge};
 pub use ssl_linalg::normalize_rows;
 
@@ -229,11 +229,18 @@ impl IconeConfig {
                 )
             }
         };
+        let diversity = match self.regularizer {
+            Regularizer::Div => Some(
+                Diversity::new(table.dim(0)?, self.tile, labels.as_ref())
+                    .context("IConE's L_div (regularizer: div)")?,
+            ),
+            _ => None,
+        };
         Ok(Box::new(Icone {
             cfg: self.clone(),
             anchors,
             table,
-            labels,
+            diversity,
             pooling,
         }))
     }
@@ -245,8 +252,8 @@ pub struct Icone {
     anchors: Anchors,
     /// The raw table `[N, d]` (or prototypes `[C, d]`), a trainable variable.
     table: Tensor,
-    /// Labels of the table rows (IConE-Instance).
-    labels: Option<Tensor>,
+    /// `L_div` of the table (its rows' classes under IConE-Instance), with `regularizer: div`.
+    diversity: Option<Diversity>,
     /// Class pooling `[C, N]` (IConE-Instance).
     pooling: Option<Tensor>,
 }
@@ -321,10 +328,10 @@ impl Objective for Icone {
             terms.push(("view_instance".into(), view_instance(&z, &anchors)?));
         }
         match self.cfg.regularizer {
-            Regularizer::Div => terms.push((
-                "diversity".into(),
-                squared_hinge_diversity(&table, self.cfg.tile, self.labels.as_ref())?,
-            )),
+            Regularizer::Div => {
+                let diversity = self.diversity.as_ref().expect("built with regularizer div");
+                terms.push(("diversity".into(), diversity.loss(&table)?));
+            }
             Regularizer::Vc => {
                 terms.push(("variance".into(), variance_hinge(&table, 1.0, 1e-4)?));
                 terms.push(("covariance".into(), covariance_penalty(&table)?));
