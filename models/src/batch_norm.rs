@@ -436,6 +436,15 @@ impl BatchNorm {
         }
         let shape = x.shape().clone();
         let m = x.elem_count() / c;
+        if train && m < 2 && !crate::sync_bn::synchronised() {
+            candle_core::bail!(
+                "batch norm in train mode needs more than one value per channel, got an input of \
+                 shape {:?} (channels, then batch × positions: {m} value a channel); train with a \
+                 batch size of 2 or more, or with inputs large enough that this layer keeps more \
+                 than one position per sample (e.g. --size 64 for a 3D ResNet)",
+                x.dims()
+            );
+        }
         let x2 = x.reshape((c, m))?;
         let y = if train {
             self.forward_train_rows(&x2, relu)?
@@ -468,9 +477,6 @@ impl BatchNorm {
     /// [`crate::sync_bn::sync_batch_norm`]; the running statistics follow those statistics.
     fn forward_train_rows(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         let (c, m) = x.dims2()?;
-        if m < 2 {
-            candle_core::bail!("batch norm in train mode needs more than one value per channel");
-        }
         let (y, stats, m) = match crate::sync_bn::current() {
             Some(collective) => {
                 let (y, mean, var, m) = crate::sync_bn::synced_train_rows(
@@ -675,6 +681,28 @@ mod tests {
             .broadcast_add(&bn.bias)
             .unwrap();
         assert!(max_abs_diff(&ev, &want) < 1e-5);
+    }
+
+    /// One value a channel (one sample whose 3D feature map is 1 × 1 × 1) has no batch variance:
+    /// refused in train mode with the shape and the fix, and without touching the running
+    /// statistics; eval mode normalises it.
+    #[test]
+    fn one_value_a_channel_is_refused_in_train_mode_with_the_fix() {
+        let (_store, bn) = store_bn(Some(0.1));
+        let x = rand_tensor(32, &[4, 1, 1, 1, 1], DType::F32);
+        let e = bn
+            .forward_channel_major(&x, true, true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("shape [4, 1, 1, 1, 1]") && e.contains("batch size of 2 or more"),
+            "{e}"
+        );
+        assert_eq!(bn.running_mean().to_vec1::<f32>().unwrap(), [0.0; 4]);
+        assert!(bn.forward_channel_major(&x, true, false).is_ok());
+        assert!(bn
+            .forward_channel_major(&rand_tensor(33, &[4, 2], DType::F32), true, true)
+            .is_ok());
     }
 
     #[test]
