@@ -213,15 +213,22 @@ impl candle_core::InplaceOp1 for RunningUpdate {
     }
 }
 
-/// A train-mode pass's batch mean and population variance `[C]`, for the running statistics.
+/// A train-mode pass's batch statistics, for the running statistics.
 enum BatchStats {
-    Tensors {
-        mean: Tensor,
-        var: Tensor,
-    },
-    /// On the CUDA device, where our kernels left them.
+    /// Batch mean and unbiased variance `[C]`.
+    Tensors { mean: Tensor, unbiased_var: Tensor },
+    /// On the CUDA device, where our kernels left them (mean and population variance of `m`
+    /// values a channel).
     #[cfg(feature = "cuda")]
-    Device(Arc<crate::cuda::BnSaved>),
+    Device {
+        saved: Arc<crate::cuda::BnSaved>,
+        m: usize,
+    },
+}
+
+/// The unbiased variance `var · m/(m − 1)` of a population variance over `m` values.
+fn unbiased(var: &Tensor, m: usize) -> Result<Tensor> {
+    var * (m as f64 / (m as f64 - 1.0))
 }
 
 /// The forward's statistics as the backward reads them.
@@ -477,9 +484,9 @@ impl BatchNorm {
     /// [`crate::sync_bn::sync_batch_norm`]; the running statistics follow those statistics.
     fn forward_train_rows(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         let (c, m) = x.dims2()?;
-        let (y, stats, m) = match crate::sync_bn::current() {
+        let (y, stats) = match crate::sync_bn::current() {
             Some(collective) => {
-                let (y, mean, var, m) = crate::sync_bn::synced_train_rows(
+                let (y, mean, unbiased_var) = crate::sync_bn::synced_train_rows(
                     x,
                     &self.weight,
                     &self.bias,
@@ -487,18 +494,18 @@ impl BatchNorm {
                     relu,
                     collective.as_ref(),
                 )?;
-                (y, BatchStats::Tensors { mean, var }, m)
+                (y, BatchStats::Tensors { mean, unbiased_var })
             }
             None => {
                 let dev = x.device();
-                let (y, stats) = match fused_kernels(dev) || cuda_ops(dev) {
+                match fused_kernels(dev) || cuda_ops(dev) {
                     true => self.train_fused(x, relu)?,
                     false => {
                         let (y, mean, var) = self.train_composed(x, relu)?;
-                        (y, BatchStats::Tensors { mean, var })
+                        let unbiased_var = unbiased(&var, m)?;
+                        (y, BatchStats::Tensors { mean, unbiased_var })
                     }
-                };
-                (y, stats, m)
+                }
             }
         };
         let factor = {
@@ -506,17 +513,17 @@ impl BatchNorm {
             *count += 1;
             self.momentum.unwrap_or(1.0 / *count as f64)
         };
-        self.update_running(stats, c, m, factor)?;
+        self.update_running(stats, c, factor)?;
         Ok(y)
     }
 
     /// Running statistics (no gradient) moved by `factor` towards the batch's mean and unbiased
-    /// variance (`m` values a channel), as PyTorch.
-    fn update_running(&self, stats: BatchStats, c: usize, m: usize, factor: f64) -> Result<()> {
+    /// variance, as PyTorch.
+    fn update_running(&self, stats: BatchStats, c: usize, factor: f64) -> Result<()> {
         match stats {
-            BatchStats::Tensors { mean, var } => {
+            BatchStats::Tensors { mean, unbiased_var } => {
                 let rdt = self.running_mean.dtype();
-                let var = (var.to_dtype(rdt)? * (m as f64 / (m as f64 - 1.0)))?;
+                let var = unbiased_var.to_dtype(rdt)?;
                 let mean = mean.to_dtype(rdt)?.reshape(c)?;
                 let rm = ((self.running_mean.as_tensor() * (1.0 - factor))? + (mean * factor)?)?;
                 let rv = ((self.running_var.as_tensor() * (1.0 - factor))?
@@ -525,7 +532,7 @@ impl BatchNorm {
                 self.running_var.set(&rv.detach())
             }
             #[cfg(feature = "cuda")]
-            BatchStats::Device(saved) => {
+            BatchStats::Device { saved, m } => {
                 use crate::cuda::Running;
                 for (running, which) in [
                     (&self.running_mean, Running::Mean),
@@ -543,10 +550,11 @@ impl BatchNorm {
         }
     }
 
-    /// Train-mode output of `[C, M]` rows with the fused op (CPU or CUDA), and the batch mean
-    /// and population variance (f64 tensors from the CPU, left on the device by CUDA).
+    /// Train-mode output of `[C, M]` rows with the fused op (CPU or CUDA), and the batch
+    /// statistics (mean and unbiased variance as f64 tensors from the CPU; left on the device by
+    /// CUDA).
     fn train_fused(&self, x: &Tensor, relu: bool) -> Result<(Tensor, BatchStats)> {
-        let c = x.dim(0)?;
+        let (c, m) = x.dims2()?;
         let dt = match x.dtype() {
             DType::F64 => DType::F64,
             _ => DType::F32,
@@ -566,10 +574,13 @@ impl BatchNorm {
             Saved::Pending => candle_core::bail!("{PENDING}"),
             Saved::Host { mean, var } => BatchStats::Tensors {
                 mean: Tensor::from_vec(mean.clone(), c, x.device())?,
-                var: Tensor::from_vec(var.clone(), c, x.device())?,
+                unbiased_var: unbiased(&Tensor::from_vec(var.clone(), c, x.device())?, m)?,
             },
             #[cfg(feature = "cuda")]
-            Saved::Device(device) => BatchStats::Device(device.clone()),
+            Saved::Device(device) => BatchStats::Device {
+                saved: device.clone(),
+                m,
+            },
         };
         Ok((y, stats))
     }
@@ -611,14 +622,16 @@ mod tests {
         for relu in [false, true] {
             let (yf, stats) = bn.train_fused(x.as_tensor(), relu).unwrap();
             let (mf, vf) = match stats {
-                BatchStats::Tensors { mean, var } => (mean, var),
+                BatchStats::Tensors { mean, unbiased_var } => (mean, unbiased_var),
                 #[cfg(feature = "cuda")]
-                BatchStats::Device(_) => unreachable!("a CPU pass keeps its statistics in tensors"),
+                BatchStats::Device { .. } => {
+                    unreachable!("a CPU pass keeps its statistics in tensors")
+                }
             };
             let (yc, mc, vc) = bn.train_composed(x.as_tensor(), relu).unwrap();
             assert!(max_abs_diff(&yf, &yc) < 1e-12);
             assert!(max_abs_diff(&mf, &mc) < 1e-12);
-            assert!(max_abs_diff(&vf, &vc) < 1e-12);
+            assert!(max_abs_diff(&vf, &unbiased(&vc, 9).unwrap()) < 1e-12);
             let gf = (&yf * &r).unwrap().sum_all().unwrap().backward().unwrap();
             let gc = (&yc * &r).unwrap().sum_all().unwrap().backward().unwrap();
             for t in [x.as_tensor(), &bn.weight, &bn.bias] {

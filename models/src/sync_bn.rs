@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use candle_core::{DType, Result, Tensor};
-use ssl_core::Collective;
+use ssl_core::{Collective, SingleProcess};
 
 thread_local! {
     static SYNC: RefCell<Option<Arc<dyn Collective>>> = const { RefCell::new(None) };
@@ -50,7 +50,9 @@ pub(crate) fn current() -> Option<Arc<dyn Collective>> {
 }
 
 /// Train-mode batch norm of rows `x`: `[C, m]` with the statistics of every rank's rows:
-/// `(y, mean, population variance, global count N)`, `mean` and `var` `[C]` (detached).
+/// `(y, mean, unbiased variance)`, `mean` and the variance (`N/(N − 1)` times the population
+/// variance of the global count `N`) `[C]` and detached, for the running statistics. Nothing is
+/// read back to the host.
 pub(crate) fn synced_train_rows(
     x: &Tensor,
     weight: &Tensor,
@@ -58,36 +60,83 @@ pub(crate) fn synced_train_rows(
     eps: f64,
     relu: bool,
     collective: &dyn Collective,
-) -> Result<(Tensor, Tensor, Tensor, usize)> {
-    let (c, m) = x.dims2()?;
-    let dt = match x.dtype() {
-        DType::F64 => DType::F64,
-        _ => DType::F32,
-    };
-    let x = x.to_dtype(dt)?;
-    let local_mean = x.mean_keepdim(1)?;
-    let local_m2 = x.broadcast_sub(&local_mean)?.sqr()?.sum_keepdim(1)?;
-    let count = Tensor::full(m as f64, (c, 1), x.device())?.to_dtype(dt)?;
-    // [world, C, 3]: count, mean and M2 of every rank, in rank order.
-    let local = Tensor::cat(&[&count, &local_mean, &local_m2], 1)?.unsqueeze(0)?;
-    let all = collective.all_gather(&local, 0)?;
-    let counts = all.narrow(2, 0, 1)?;
-    let means = all.narrow(2, 1, 1)?;
-    let m2s = all.narrow(2, 2, 1)?;
-    let total = counts.sum_keepdim(0)?;
-    let mean = ((&counts * &means)?.sum_keepdim(0)? / &total)?;
-    let spread = (&counts * means.broadcast_sub(&mean)?.sqr()?)?;
-    let var = ((m2s.sum_keepdim(0)? + spread.sum_keepdim(0)?)? / &total)?;
-    let (mean, var) = (mean.reshape((c, 1))?, var.reshape((c, 1))?);
-    let y = x
-        .broadcast_sub(&mean)?
-        .broadcast_div(&(&var + eps)?.sqrt()?)?
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let c = x.dim(0)?;
+    let stats = GlobalStatistics::of(x, collective)?;
+    let dt = stats.x.dtype();
+    let y = stats
+        .standardized(eps)?
         .broadcast_mul(&weight.to_dtype(dt)?.reshape((c, 1))?)?
         .broadcast_add(&bias.to_dtype(dt)?.reshape((c, 1))?)?;
     let y = if relu { y.relu()? } else { y };
-    let n = total.flatten_all()?.get(0)?.to_dtype(DType::F64)?;
-    let n = n.to_scalar::<f64>()?.round() as usize;
-    Ok((y, mean.detach().reshape(c)?, var.detach().reshape(c)?, n))
+    let bessel = (&stats.total / (&stats.total - 1.0)?)?;
+    let unbiased_var = stats.var.broadcast_mul(&bessel)?;
+    Ok((
+        y,
+        stats.mean.detach().reshape(c)?,
+        unbiased_var.detach().reshape(c)?,
+    ))
+}
+
+/// Train-mode batch norm without affine parameters of rows `x`: `[C, m]`, `(x − μ)/√(σ² + ε)`
+/// per channel with the population variance, in `x`'s dtype: over the global batch while
+/// [`sync_batch_norm`] holds a collective on this thread, else over `x`'s own `m` values. For a
+/// normalisation without running statistics that must follow `model.sync_bn` (SimSiam's
+/// projector-output batch norm); differentiable like [`crate::BatchNorm`] under the guard.
+pub fn standardize_rows(x: &Tensor, eps: f64) -> Result<Tensor> {
+    let collective = current().unwrap_or_else(|| Arc::new(SingleProcess));
+    GlobalStatistics::of(x, collective.as_ref())?
+        .standardized(eps)?
+        .to_dtype(x.dtype())
+}
+
+/// Per-channel statistics of rows `[C, m]` over every rank's rows (Chan et al.'s combination of
+/// the ranks' counts, means and centred sums of squares; see the module docs).
+struct GlobalStatistics {
+    /// The local rows in the statistics' dtype (f64 for f64, else f32).
+    x: Tensor,
+    /// `[C, 1]`: global mean and population variance.
+    mean: Tensor,
+    var: Tensor,
+    /// `[1, 1]`: the global count `N`.
+    total: Tensor,
+}
+
+impl GlobalStatistics {
+    fn of(x: &Tensor, collective: &dyn Collective) -> Result<Self> {
+        let (c, m) = x.dims2()?;
+        let dt = match x.dtype() {
+            DType::F64 => DType::F64,
+            _ => DType::F32,
+        };
+        let x = x.to_dtype(dt)?;
+        let local_mean = x.mean_keepdim(1)?;
+        let local_m2 = x.broadcast_sub(&local_mean)?.sqr()?.sum_keepdim(1)?;
+        let count = Tensor::full(m as f64, (c, 1), x.device())?.to_dtype(dt)?;
+        // [world, C, 3]: count, mean and M2 of every rank, in rank order.
+        let local = Tensor::cat(&[&count, &local_mean, &local_m2], 1)?.unsqueeze(0)?;
+        let all = collective.all_gather(&local, 0)?;
+        let counts = all.narrow(2, 0, 1)?;
+        let means = all.narrow(2, 1, 1)?;
+        let m2s = all.narrow(2, 2, 1)?;
+        let total = counts.sum_keepdim(0)?;
+        let mean = ((&counts * &means)?.sum_keepdim(0)? / &total)?;
+        let spread = (&counts * means.broadcast_sub(&mean)?.sqr()?)?;
+        let var = ((m2s.sum_keepdim(0)? + spread.sum_keepdim(0)?)? / &total)?;
+        Ok(Self {
+            x,
+            mean: mean.reshape((c, 1))?,
+            var: var.reshape((c, 1))?,
+            total: total.narrow(1, 0, 1)?.reshape((1, 1))?,
+        })
+    }
+
+    /// `(x − μ)/√(σ² + ε)`: `[C, m]`.
+    fn standardized(&self, eps: f64) -> Result<Tensor> {
+        self.x
+            .broadcast_sub(&self.mean)?
+            .broadcast_div(&(&self.var + eps)?.sqrt()?)
+    }
 }
 
 #[cfg(test)]
@@ -96,7 +145,7 @@ mod tests {
     use crate::util::testing::{max_abs_diff, rand_tensor};
     use crate::BatchNorm;
     use candle_core::{Device, Var};
-    use ssl_core::{ParamStore, SingleProcess};
+    use ssl_core::ParamStore;
 
     fn bn(store: &ParamStore) -> BatchNorm {
         let bn = BatchNorm::new(3, 1e-5, Some(0.1), store.var_builder(&Device::Cpu).pp("bn"));
@@ -195,6 +244,51 @@ mod tests {
         assert!(max_abs_diff(whole.running_var(), shard.running_var()) < 1e-12);
         // Without the guard the shard uses its own 4 rows: a different output.
         let own = shard.forward_channel_major(&mine, true, true).unwrap();
+        assert!(max_abs_diff(&own, &got) > 1e-3);
+    }
+
+    /// Without a guard, `standardize_rows` is batch norm without affine over the rows' own
+    /// values: the batch-axis standardisation of `ssl_linalg` on the transposed rows; in bf16 the
+    /// result keeps the input's dtype.
+    #[test]
+    fn standardized_rows_are_the_batch_axis_standardisation() {
+        let x = rand_tensor(11, &[5, 12], DType::F64);
+        let got = standardize_rows(&x, 1e-5).unwrap();
+        let want = ssl_linalg::centre_and_scale_columns(
+            &x.t().unwrap(),
+            ssl_linalg::ColumnScale::BatchNorm { eps: 1e-5 },
+        )
+        .unwrap()
+        .t()
+        .unwrap();
+        assert!(max_abs_diff(&got, &want) < 1e-12);
+        let half = standardize_rows(&x.to_dtype(DType::BF16).unwrap(), 1e-5).unwrap();
+        assert_eq!(half.dtype(), DType::BF16);
+        assert!(max_abs_diff(&half.to_dtype(DType::F64).unwrap(), &want) < 3e-2);
+    }
+
+    /// Under the guard a shard of 4 of 10 rows is standardised with the statistics of all 10:
+    /// the whole batch's first 4 columns, not the shard's own standardisation.
+    #[test]
+    fn a_shard_is_standardized_with_the_global_batch_statistics() {
+        let x = rand_tensor(12, &[3, 10], DType::F64);
+        let (mine, theirs) = (x.narrow(1, 0, 4).unwrap(), x.narrow(1, 4, 6).unwrap());
+        let other = {
+            let stats = GlobalStatistics::of(&theirs, &SingleProcess).unwrap();
+            let count = Tensor::full(6f64, (3, 1), &Device::Cpu).unwrap();
+            let m2 = (stats.var * 6.0).unwrap();
+            Tensor::cat(&[&count, &stats.mean, &m2], 1)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap()
+        };
+        let want = standardize_rows(&x, 1e-5).unwrap().narrow(1, 0, 4).unwrap();
+        let got = {
+            let _sync = sync_batch_norm(Arc::new(OtherRank(other)));
+            standardize_rows(&mine, 1e-5).unwrap()
+        };
+        assert!(max_abs_diff(&got, &want) < 1e-12);
+        let own = standardize_rows(&mine, 1e-5).unwrap();
         assert!(max_abs_diff(&own, &got) > 1e-3);
     }
 }

@@ -4,7 +4,8 @@
 //! The paper's projector ends in batch norm without affine parameters; the trainer's projector
 //! ends in a linear layer, so with `output_bn` (default) the objective standardises each view's
 //! projections over the batch (`(z − mean)/sqrt(var + 1e-5)`, train-mode statistics) before the
-//! predictor and the targets.
+//! predictor and the targets — over the global batch under `model.sync_bn`, as the paper's
+//! SyncBN projector ([`ssl_models::sync_bn::standardize_rows`]).
 //!
 //! The predictor (`objective.predictor.`) trains at the constant peak learning rate while the
 //! rest follows the run's schedule (the paper's `fix_pred_lr`): a parameter group it declares,
@@ -22,8 +23,6 @@ use ssl_core::{
     ParamGroup, Requirements, Schedule,
 };
 
-use ssl_linalg::{centre_and_scale_columns, ColumnScale};
-
 use crate::{mean_pair_cosine, Predictor, MIN_BATCH_REASON};
 
 /// ε of the projector-output batch norm (PyTorch's `BatchNorm1d` default).
@@ -35,6 +34,17 @@ const OUTPUT_BN_EPS: f64 = 1e-5;
 /// reaches `z`.
 pub fn simsiam_loss(p: &Tensor, z: &Tensor) -> candle_core::Result<Tensor> {
     mean_pair_cosine(p, z)?.0.neg()
+}
+
+/// The projector-output batch norm of projections `z`: `[V, B, D]`, each view's dimensions
+/// standardised over its `B` rows (the global batch's under `model.sync_bn`).
+fn output_batch_norm(z: &Tensor) -> candle_core::Result<Tensor> {
+    let (v, b, d) = z.dims3()?;
+    let rows = z.transpose(1, 2)?.contiguous()?.reshape((v * d, b))?;
+    ssl_models::sync_bn::standardize_rows(&rows, OUTPUT_BN_EPS)?
+        .reshape((v, d, b))?
+        .transpose(1, 2)?
+        .contiguous()
 }
 
 /// SimSiam hyper-parameters (paper defaults).
@@ -99,10 +109,7 @@ impl Objective for Simsiam {
 
     fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput> {
         let z = &match self.output_bn {
-            true => centre_and_scale_columns(
-                batch.projections,
-                ColumnScale::BatchNorm { eps: OUTPUT_BN_EPS },
-            )?,
+            true => output_batch_norm(batch.projections)?,
             false => batch.projections.clone(),
         };
         let p = self.predictor.forward_views(z, batch.train)?;
