@@ -107,10 +107,11 @@ pub struct DataConfig {
     /// 256 object categories only).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub clutter: bool,
-    /// For `folder`: keep each image whole at its aspect ratio, shorter side downscaled to this
-    /// many pixels (≥ `size`; solo-learn/FFCV-style ImageNet: 256), and draw the training views'
-    /// random resized crops from it; evaluation still sees `Resize(size)` + `CenterCrop(size)`.
-    /// 0: decode each image once to `size × size` (shorter side, centre crop) and crop from that.
+    /// For `folder` and `caltech256`: keep each image whole at its aspect ratio, shorter side
+    /// downscaled to this many pixels (≥ `size`; solo-learn/FFCV-style ImageNet: 256), and draw
+    /// the training views' random resized crops from it; evaluation still sees `Resize(size)` +
+    /// `CenterCrop(size)`. 0: decode each image once to `size × size` (shorter side, centre crop)
+    /// and crop from that.
     #[serde(skip_serializing_if = "is_zero")]
     pub keep_side: usize,
     /// Augmentation recipe: digits, noise, none, icone, simclr, frossl, moco-v2, byol, vicreg,
@@ -760,9 +761,9 @@ impl DataConfig {
         at_least_one("data.size", self.size, " (the image side in pixels)")?;
         if self.keep_side > 0 {
             ensure!(
-                self.name == "folder",
+                self.name == "folder" || self.name == ssl_data::caltech256::NAME,
                 "data.keep_side keeps an image folder's files at full resolution; `{}` is not \
-                 one (data.name=folder), so drop it",
+                 one (data.name=folder or caltech256), so drop it",
                 self.name
             );
             ensure!(
@@ -1150,7 +1151,7 @@ mod tests {
             (&["data.test_fraction=1"], "data.test_fraction must be in (0, 1)"),
             (&["data.subset_test_fraction=1"], "data.subset_test_fraction must be in [0, 1)"),
             (&["data.classes=[4, 4]"], "data.classes keeps the single class [4]"),
-            (&["data.keep_side=256"], "data.keep_side keeps an image folder's files at full resolution; `digits` is not one"),
+            (&["data.keep_side=256"], "data.keep_side keeps an image folder's files at full resolution; `digits` is not one (data.name=folder or caltech256)"),
             (&["data.name=folder", "data.size=224", "data.keep_side=200"], "data.keep_side (200) must be at least data.size (224)"),
             (&["model.encoder=resnet9"], "unknown model.encoder `resnet9`"),
             (&["model.mlp=[]"], "model.mlp must list widths ≥ 1 (hidden…, output; default [64, 64, 2]), got []"),

@@ -194,6 +194,7 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
             let set = ssl_data::caltech256::load(
                 &benchmark_root(cfg),
                 cfg.data.size,
+                cfg.data.keep_side,
                 cfg.data.clutter,
                 Some(&cache_dir().join("folders")),
             )

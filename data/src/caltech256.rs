@@ -25,7 +25,7 @@ use std::path::{Component, Path, PathBuf};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use tar::EntryType;
 
-use crate::folder::{decode_folder, scan_image_folder, ImageFolder};
+use crate::folder::{decode_folder, decode_folder_kept, scan_image_folder, ImageFolder};
 
 /// The name `--data` and `ssl data download` take.
 pub const NAME: &str = "caltech256";
@@ -169,14 +169,26 @@ fn locate(root: &Path, clutter: bool) -> Result<PathBuf> {
 
 /// Caltech-256 at `root` (`root/256_ObjectCategories`, or `root` itself) as `[3, size, size]`
 /// images (shorter side resized to `size`, centre-cropped; [`crate::folder`]'s conventions and
-/// cache in `cache`): the 256 numbered categories, labels 0–255 = folder number − 1, and
-/// `257.clutter` as label 256 when `clutter`. [`ImageFolder::train_len`] is `None`: Caltech-256
-/// has no official split. A missing or partial directory is an error naming the fix.
-pub fn load(root: &Path, size: usize, clutter: bool, cache: Option<&Path>) -> Result<ImageFolder> {
+/// cache in `cache`), or with `keep_side > 0` each image kept whole at that shorter side for
+/// crops from the whole picture ([`decode_folder_kept`]): the 256 numbered categories, labels
+/// 0–255 = folder number − 1, and `257.clutter` as label 256 when `clutter`.
+/// [`ImageFolder::train_len`] is `None`: Caltech-256 has no official split. A missing or
+/// partial directory is an error naming the fix.
+pub fn load(
+    root: &Path,
+    size: usize,
+    keep_side: usize,
+    clutter: bool,
+    cache: Option<&Path>,
+) -> Result<ImageFolder> {
     let dir = locate(root, clutter)?;
     let index = scan_image_folder(&dir, Some(&categories(clutter)))?;
+    let dataset = match keep_side {
+        0 => decode_folder(&index, size, NAME, cache)?,
+        side => decode_folder_kept(&index, size, side, NAME, cache)?,
+    };
     Ok(ImageFolder {
-        dataset: decode_folder(&index, size, NAME, cache)?,
+        dataset,
         classes: index.classes,
         train_len: None,
     })
@@ -545,7 +557,7 @@ mod tests {
         assert!(target.join("198.spider/RENAME2").is_file());
         assert!(target.join("056.dog/greg/vision309").is_dir());
         for root in [dir.path(), &target] {
-            let set = load(root, 8, false, None)?;
+            let set = load(root, 8, 0, false, None)?;
             assert_eq!(set.classes, categories(false));
             assert_eq!(set.dataset.name, NAME);
             assert_eq!((set.dataset.len(), set.dataset.num_classes), (512, 256));
@@ -554,10 +566,22 @@ mod tests {
             assert_eq!(set.dataset.labels, labels);
             assert_eq!(set.train_len, None);
         }
-        let with_clutter = load(dir.path(), 8, true, None)?;
+        let with_clutter = load(dir.path(), 8, 0, true, None)?;
         assert_eq!(with_clutter.dataset.len(), 514);
         assert_eq!(with_clutter.dataset.labels[512..], [256, 256]);
         assert_eq!(with_clutter.classes[256], "257.clutter");
+        // Kept at a shorter side of 16 (`data.keep_side`): each 80 × 64 image whole at 20 × 16,
+        // the same samples and labels, read as the same [3, 8, 8] evaluation views.
+        let kept = load(dir.path(), 8, 16, false, None)?;
+        assert_eq!(kept.dataset.shape, [3, 8, 8]);
+        assert_eq!(
+            kept.dataset.labels,
+            load(dir.path(), 8, 0, false, None)?.dataset.labels
+        );
+        for i in [0, 1, 511] {
+            let image = kept.dataset.image(i).expect("a kept image");
+            assert_eq!((image.height, image.width), (16, 20), "image {i}");
+        }
 
         let again = format!("{:#}", extract(&archive, dir.path()).unwrap_err());
         assert!(again.contains("already exists; remove it"), "{again}");
@@ -694,7 +718,7 @@ mod tests {
     }
 
     fn load_error(root: &Path, clutter: bool) -> String {
-        match load(root, 8, clutter, None) {
+        match load(root, 8, 0, clutter, None) {
             Ok(_) => panic!("{} loaded", root.display()),
             Err(e) => format!("{e:#}"),
         }
