@@ -203,6 +203,7 @@ impl ObjectiveConfig for MocoConfig {
             config: self.clone(),
             queue,
             ptr,
+            next_row: None,
             pending: Vec::new(),
         }))
     }
@@ -215,6 +216,9 @@ pub struct Moco {
     queue: Tensor,
     /// `[1]` f32, the storage of `objective.queue_ptr`.
     ptr: Tensor,
+    /// The host's copy of `queue_ptr`, read from it at the first enqueue (after a resumed run's
+    /// checkpoint is loaded) and kept in step with it after, so a step reads nothing back.
+    next_row: Option<usize>,
     /// This step's keys `[B, D]` (gathered across workers, detached) and the queue each enters.
     pending: Vec<(usize, Tensor)>,
 }
@@ -313,7 +317,10 @@ impl Objective for Moco {
     fn after_step(&mut self, ctx: &StepContext<'_>) -> Result<()> {
         let pending = std::mem::take(&mut self.pending);
         if let Some((_, first)) = pending.first() {
-            let ptr = self.pointer()?;
+            let ptr = match self.next_row {
+                Some(row) => row,
+                None => self.pointer()?,
+            };
             let mut next = ptr;
             for (slot, keys) in &pending {
                 let (queue, p) = enqueue(&self.queue.get(*slot)?, ptr, keys)?;
@@ -323,6 +330,7 @@ impl Objective for Moco {
             let value = Tensor::new(&[next as f32], first.device())?;
             self.ptr
                 .slice_set(&value.to_device(self.ptr.device())?, 0, 0)?;
+            self.next_row = Some(next);
         }
         ctx.ema_update(self.momentum(ctx))
     }

@@ -199,7 +199,7 @@ impl Objective for SagVicreg {
             draw_pairing(&z, c.k, c.percentile, &mut rng)?
         };
         let terms = sag_vicreg_terms(&z, &pairing)?;
-        let self_pairs = Tensor::new(pairing.self_fraction() as f32, &Device::Cpu)?;
+        let self_pairs = Tensor::new(pairing.self_fraction() as f32, z.device())?;
         Ok(LossOutput::new(terms.weighted(c.lambda, c.mu, c.nu)?)
             .with_term("invariance", terms.invariance)
             .with_term("variance", terms.variance)
