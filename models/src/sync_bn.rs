@@ -247,6 +247,33 @@ mod tests {
         assert!(max_abs_diff(&own, &got) > 1e-3);
     }
 
+    /// A rank holding one row of a 10-row batch (one value a channel, which an unsynchronised
+    /// train-mode batch norm refuses) is normalised with the statistics of all 10.
+    #[test]
+    fn a_rank_with_one_row_is_normalised_with_the_global_statistics() {
+        let (whole_store, shard_store) = (ParamStore::new(2), ParamStore::new(2));
+        let (whole, shard) = (bn(&whole_store), bn(&shard_store));
+        let x = rand_tensor(13, &[3, 10], DType::F64);
+        let (mine, theirs) = (x.narrow(1, 0, 1).unwrap(), x.narrow(1, 1, 9).unwrap());
+        let other = {
+            let stats = GlobalStatistics::of(&theirs, &SingleProcess).unwrap();
+            let count = Tensor::full(9f64, (3, 1), &Device::Cpu).unwrap();
+            let m2 = (stats.var * 9.0).unwrap();
+            Tensor::cat(&[&count, &stats.mean, &m2], 1)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap()
+        };
+        assert!(shard.forward_channel_major(&mine, false, true).is_err());
+        let want = whole.forward_channel_major(&x, false, true).unwrap();
+        let got = {
+            let _sync = sync_batch_norm(Arc::new(OtherRank(other)));
+            shard.forward_channel_major(&mine, false, true).unwrap()
+        };
+        assert!(max_abs_diff(&got, &want.narrow(1, 0, 1).unwrap()) < 1e-12);
+        assert!(max_abs_diff(whole.running_var(), shard.running_var()) < 1e-12);
+    }
+
     /// Without a guard, `standardize_rows` is batch norm without affine over the rows' own
     /// values: the batch-axis standardisation of `ssl_linalg` on the transposed rows; in bf16 the
     /// result keeps the input's dtype.
