@@ -20,7 +20,7 @@ use ssl::config::RunConfig;
 use ssl::optim::Optimizer;
 use ssl::setup;
 use ssl::trainer::{self, Model, StepInput};
-use ssl_core::{Batch, Progress, SingleProcess};
+use ssl_core::{Batch, Ids, Progress, SingleProcess};
 
 fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);
@@ -125,8 +125,8 @@ impl Bench {
             None => None,
         };
         let features = Tensor::zeros((views, b, 1), candle_core::DType::F32, &self.device)?;
-        let ids = Tensor::arange(0u32, b as u32, &self.device)?;
-        let labels = Tensor::zeros(b, candle_core::DType::U32, &self.device)?;
+        let ids = Ids::range(b, &self.device)?;
+        let labels = Ids::new(&vec![0; b], &self.device)?;
         Ok(move |rep| {
             let batch = Batch {
                 projections: z.as_tensor(),

@@ -27,8 +27,8 @@ use candle_core::{Device, Tensor, TensorId, Var, D};
 use candle_nn::{Linear, Module};
 use serde_json::json;
 use ssl_core::{
-    Batch, BuildContext, Collective, Objective, ParamGroup, ParamStore, Progress, SingleProcess,
-    StepContext,
+    Batch, BuildContext, Collective, Ids, Objective, ParamGroup, ParamStore, Progress,
+    SingleProcess, StepContext,
 };
 use ssl_data::{ImageAugment, Interpolation, LocalCrop, ViewLoader, ViewTransform, ViewTypes};
 use ssl_dist::{Comm, Complete, GradientAveraging, GradientReduction};
@@ -1299,8 +1299,8 @@ pub fn forward_backward_on(
         }
         None => None,
     };
-    let indices = Tensor::new(input.instance_ids, device)?;
-    let labels = Tensor::new(input.labels, device)?;
+    let indices = Ids::new(input.instance_ids, device)?;
+    let labels = Ids::new(input.labels, device)?;
     let features_v = features.reshape((all_views, b, ()))?;
     let projections_v = projections.reshape((all_views, b, ()))?;
     let batch = Batch {
@@ -1590,8 +1590,8 @@ mod tests {
             projections: &projections.reshape((v, b, ())).unwrap(),
             features: &features.reshape((v, b, ())).unwrap(),
             global_views: v,
-            indices: &Tensor::new(ids.as_slice(), &Device::Cpu).unwrap(),
-            labels: Some(&Tensor::new(labels.as_slice(), &Device::Cpu).unwrap()),
+            indices: &Ids::new(&ids, &Device::Cpu).unwrap(),
+            labels: Some(&Ids::new(&labels, &Device::Cpu).unwrap()),
             teacher: None,
             progress,
             train: true,

@@ -138,7 +138,7 @@ mod tests {
     use crate::test_support::{build, config_error, loss_error, spec_p_z};
     use candle_core::{DType, Device, Var};
     use ssl_core::testing::{batch, close, max_gradient_error, randn, scalar};
-    use ssl_core::{ParamStore, Progress};
+    use ssl_core::{Ids, ParamStore, Progress};
 
     const KAT_L: f64 = 0.5553555388;
 
@@ -255,7 +255,7 @@ mod tests {
 
         let z = Var::from_tensor(&randn(0f32, 1., (3, 4, 8), dev)?)?;
         let teacher = randn(0f32, 1., (2, 4, 8), dev)?;
-        let indices = Tensor::arange(0u32, 4, dev)?;
+        let indices = Ids::range(4, dev)?;
         let b = Batch {
             teacher: Some(&teacher),
             global_views: 2,
@@ -293,7 +293,7 @@ mod tests {
         );
         assert!(req.check("byol", 2, 2, false).is_ok());
         let z = randn(0f32, 1., (2, 1, 3), dev)?;
-        let indices = Tensor::new(&[0u32], dev)?;
+        let indices = Ids::new(&[0], dev)?;
         let b = Batch {
             teacher: Some(&z),
             ..batch(&z, &indices, None)

@@ -136,7 +136,7 @@ mod tests {
     use crate::test_support::{build, config_error, loss_error, spec_p_z};
     use candle_core::{DType, Device, Var};
     use ssl_core::testing::{batch, close, max_gradient_error, randn, scalar, uniform};
-    use ssl_core::ParamStore;
+    use ssl_core::{Ids, ParamStore};
 
     const KAT_L: f64 = -0.8611611153;
 
@@ -232,7 +232,7 @@ mod tests {
         );
 
         let z = Var::from_tensor(&randn(0f32, 1., (2, 4, 8), dev)?)?;
-        let indices = Tensor::arange(0u32, 4, dev)?;
+        let indices = Ids::range(4, dev)?;
         for global_views in [2, 1] {
             let b = Batch {
                 global_views,
@@ -258,7 +258,7 @@ mod tests {
         let scale = uniform(0.5f32, 3.0, (2, 1, 8), dev)?;
         let shift = randn(0f32, 4.0, (2, 1, 8), dev)?;
         let moved = z.broadcast_mul(&scale)?.broadcast_add(&shift)?;
-        let indices = Tensor::arange(0u32, 16, dev)?;
+        let indices = Ids::range(16, dev)?;
         for (params, invariant) in [("{}", true), ("output_bn: false", false)] {
             let store = ParamStore::new(5);
             let mut objective = build("simsiam", params, &store, 8)?;
@@ -283,7 +283,7 @@ mod tests {
             "{err}"
         );
         let z = randn(0f32, 1., (2, 1, 3), dev)?;
-        let indices = Tensor::new(&[0u32], dev)?;
+        let indices = Ids::new(&[0], dev)?;
         let err = loss_error(objective.as_mut(), &batch(&z, &indices, None));
         assert!(err.contains("at least 2 instances"), "{err}");
         Ok(())

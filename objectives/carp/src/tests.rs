@@ -2,7 +2,7 @@ use super::*;
 use candle_core::{Device, Var, D};
 use rand::{Rng, SeedableRng};
 use ssl_core::testing::{batch, close, documented_defaults, max_gradient_error, scalar};
-use ssl_core::ParamStore;
+use ssl_core::{Ids, ParamStore};
 
 const KAT_PARTITION: [u32; 4] = [2, 0, 3, 1];
 const KAT_L_C: f64 = 0.6570656664;
@@ -395,7 +395,7 @@ fn registry_built_objective_gives_a_finite_loss_on_random_features() -> Result<(
     assert_eq!(req.teacher, Some(TeacherSpec { train_mode: true }));
     let features = uniform(8, &[3, 4, 10], 1.0).to_dtype(DType::F32)?;
     let teacher = uniform(9, &[2, 4, 10], 1.0).to_dtype(DType::F32)?;
-    let ids = Tensor::new(&[0u32, 1, 2, 3], &Device::Cpu)?;
+    let ids = Ids::new(&[0, 1, 2, 3], &Device::Cpu)?;
     let b = Batch {
         teacher: Some(&teacher),
         global_views: 2,
@@ -433,7 +433,7 @@ fn missing_teacher_and_bad_views_are_clear_errors() -> Result<()> {
     let yaml = "num_prototypes: 16\nblock_size: 4\nbottleneck: 4\nhead_hidden: 8";
     let mut objective = build(yaml, &store, 3)?;
     let features = uniform(1, &[2, 3, 3], 1.0).to_dtype(DType::F32)?;
-    let ids = Tensor::new(&[0u32, 1, 2], &Device::Cpu)?;
+    let ids = Ids::new(&[0, 1, 2], &Device::Cpu)?;
     let mut err = |b: &Batch<'_>| match objective.loss(b) {
         Ok(_) => panic!("accepted"),
         Err(e) => format!("{e:#}"),
@@ -454,7 +454,7 @@ fn missing_teacher_and_bad_views_are_clear_errors() -> Result<()> {
     assert!(err(&b).contains("at least 2 views"));
     let single = features.narrow(1, 0, 1)?;
     let t_single = single.narrow(0, 0, 1)?;
-    let ids1 = Tensor::new(&[0u32], &Device::Cpu)?;
+    let ids1 = Ids::new(&[0], &Device::Cpu)?;
     let b = Batch {
         teacher: Some(&t_single),
         global_views: 1,

@@ -23,8 +23,8 @@ pub mod testing;
 pub use collective::{Collective, SingleProcess};
 pub use groups::{ParamGroup, Prefixes, Schedule};
 pub use objective::{
-    ema_update, paired_parameters, Batch, BuildContext, LossOutput, Objective, ObjectiveConfig,
-    Progress, Requirements, StepContext, TeacherSpec,
+    ema_update, paired_parameters, Batch, BuildContext, Ids, LossOutput, Objective,
+    ObjectiveConfig, Progress, Requirements, StepContext, TeacherSpec,
 };
 pub use params::{ParamStore, StoreInit};
 pub use registry::{find, registry, ConfigKey, Registration};

@@ -1,7 +1,7 @@
 //! The [`Objective`] trait and everything that crosses its boundary.
 
 use anyhow::{bail, Result};
-use candle_core::{Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 use candle_nn::VarBuilder;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -51,6 +51,50 @@ impl Progress {
     }
 }
 
+/// Per-instance `u32` values of a batch (dataset indices or class labels), `[B]` on the
+/// training device together with the same values on the host, so that an objective checks them
+/// against its tables without reading device memory inside a step (which would wait for the
+/// forward pass on a GPU). Built from the host values, so the two cannot disagree.
+#[derive(Debug, Clone)]
+pub struct Ids {
+    tensor: Tensor,
+    host: Vec<u32>,
+}
+
+impl Ids {
+    /// `values` uploaded to `device`.
+    pub fn new(values: &[u32], device: &Device) -> candle_core::Result<Self> {
+        Ok(Self {
+            tensor: Tensor::new(values, device)?,
+            host: values.to_vec(),
+        })
+    }
+
+    /// The ids `0, 1, …, n − 1`.
+    pub fn range(n: usize, device: &Device) -> candle_core::Result<Self> {
+        Self::new(&(0..n as u32).collect::<Vec<_>>(), device)
+    }
+
+    /// The values on the device, `[B]` u32.
+    pub fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+
+    /// The same values on the host.
+    pub fn host(&self) -> &[u32] {
+        &self.host
+    }
+
+    /// `Ok` when every value indexes one of `rows` rows; else the error `what` builds from the
+    /// first value that does not.
+    pub fn check_below(&self, rows: usize, what: impl FnOnce(u32) -> String) -> Result<()> {
+        match self.host.iter().find(|&&v| v as usize >= rows) {
+            Some(&v) => bail!(what(v)),
+            None => Ok(()),
+        }
+    }
+}
+
 /// One mini-batch as an objective sees it. All tensors live on the training device.
 ///
 /// `B` = instances in the batch, `V` = views per instance (global first, then local crops),
@@ -63,10 +107,10 @@ pub struct Batch<'a> {
     pub features: &'a Tensor,
     /// The first `global_views` views are full-size ("global") crops; the rest are local crops.
     pub global_views: usize,
-    /// Dataset indices of the `B` instances, `[B]` u32, stable over epochs (instance tables).
-    pub indices: &'a Tensor,
-    /// Class labels `[B]` u32 when the data set has them.
-    pub labels: Option<&'a Tensor>,
+    /// Dataset indices of the `B` instances, stable over epochs (instance tables).
+    pub indices: &'a Ids,
+    /// Class labels of the `B` instances when the data set has them.
+    pub labels: Option<&'a Ids>,
     /// Teacher projections of the global views `[V_global, B, D]`, detached; present exactly
     /// when [`Requirements::teacher`] asked for a teacher.
     pub teacher: Option<&'a Tensor>,
@@ -88,7 +132,7 @@ impl Batch<'_> {
         self.projections.dims()[1]
     }
     /// The labels, or a clear error for objectives that need them.
-    pub fn require_labels(&self, objective: &str) -> Result<&Tensor> {
+    pub fn require_labels(&self, objective: &str) -> Result<&Ids> {
         match self.labels {
             Some(l) => Ok(l),
             None => bail!(
@@ -329,4 +373,20 @@ pub trait ObjectiveConfig: Serialize + DeserializeOwned + Default + 'static {
     }
     /// Builds the objective.
     fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_keep_the_device_and_host_values_equal_and_name_the_first_out_of_range() -> Result<()> {
+        let ids = Ids::new(&[3, 0, 7, 9], &Device::Cpu)?;
+        assert_eq!(ids.tensor().to_vec1::<u32>()?, ids.host());
+        assert_eq!(Ids::range(3, &Device::Cpu)?.host(), [0, 1, 2]);
+        ids.check_below(10, |_| unreachable!())?;
+        let err = ids.check_below(7, |v| format!("id {v} has no row")).unwrap_err();
+        assert_eq!(err.to_string(), "id 7 has no row");
+        Ok(())
+    }
 }

@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::params::fnv1a;
-use crate::{Batch, Progress, SingleProcess};
+use crate::{Batch, Ids, Progress, SingleProcess};
 
 /// `Z_a`, `Z_b` of spec §2.3 (`[4, 3]`, f64): the inputs most of the spec's known answers use.
 pub fn spec_za_zb() -> Result<(Tensor, Tensor)> {
@@ -37,8 +37,9 @@ pub fn first_step() -> Progress {
 
 /// A training-mode batch of projections `z`: `[V, B, D]` (also used as the features, every view
 /// global) with instance ids `indices` and optional `labels`, at [`first_step`]. Override fields
-/// with struct update syntax: `Batch { train: false, ..batch(&z, &ids, None) }`.
-pub fn batch<'a>(z: &'a Tensor, indices: &'a Tensor, labels: Option<&'a Tensor>) -> Batch<'a> {
+/// with struct update syntax: `Batch { train: false, ..batch(&z, &ids, None) }`, with
+/// `ids = Ids::range(B, device)`.
+pub fn batch<'a>(z: &'a Tensor, indices: &'a Ids, labels: Option<&'a Ids>) -> Batch<'a> {
     Batch {
         projections: z,
         features: z,

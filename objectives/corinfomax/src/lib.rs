@@ -254,7 +254,7 @@ mod tests {
     use candle_core::{Device, Var};
     use candle_nn::VarBuilder;
     use ssl_core::testing::{close, randn, scalar, spec_za_zb};
-    use ssl_core::ParamStore;
+    use ssl_core::{Ids, ParamStore};
 
     fn za_zb() -> candle_core::Result<Tensor> {
         let (a, b) = spec_za_zb()?;
@@ -359,7 +359,7 @@ mod tests {
 
     fn run(objective: &mut dyn Objective, z: &Tensor, train: bool) -> Result<LossOutput> {
         let b = z.dim(1)?;
-        let indices = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
+        let indices = Ids::range(b, &Device::Cpu)?;
         let batch = Batch {
             train,
             ..ssl_core::testing::batch(z, &indices, None)

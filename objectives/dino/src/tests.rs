@@ -1,7 +1,7 @@
 use super::*;
 use candle_core::{DType, Device};
 use ssl_core::testing::{batch, close, documented_defaults, max_gradient_error, randn, scalar};
-use ssl_core::{ParamStore, Progress};
+use ssl_core::{Ids, ParamStore, Progress};
 use ssl_linalg::normalize_rows;
 
 const KAT_L: f64 = 10.4487920455;
@@ -421,7 +421,7 @@ fn loss_uses_both_heads_and_the_centre_follows_the_teacher_logits() -> Result<()
     dino.center.set(&c0)?;
     let features = randn(0f32, 1., (3, 4, 8), dev)?;
     let teacher = randn(0f32, 1., (2, 4, 8), dev)?;
-    let indices = Tensor::arange(0u32, 4, dev)?;
+    let indices = Ids::range(4, dev)?;
     let b = Batch {
         teacher: Some(&teacher),
         global_views: 2,
@@ -493,7 +493,7 @@ fn registry_built_objective_trains_the_student_head_only() -> Result<()> {
 
     let features = Var::from_tensor(&randn(0f32, 1., (4, 5, 8), dev)?)?;
     let teacher = randn(0f32, 1., (2, 5, 8), dev)?;
-    let indices = Tensor::arange(0u32, 5, dev)?;
+    let indices = Ids::range(5, dev)?;
     let var = |name: &str| store.vars_with_prefix(name)[0].1.clone();
     for (epoch, frozen) in [(0, true), (1, false)] {
         let b = Batch {
@@ -530,7 +530,7 @@ fn batch_norm_head_trains_and_its_teacher_keeps_its_own_statistics() -> Result<(
         3,
     )?;
     let features = randn(0f32, 1., (2, 3, 3), dev)?;
-    let indices = Tensor::arange(0u32, 3, dev)?;
+    let indices = Ids::range(3, dev)?;
     let b = Batch {
         teacher: Some(&features),
         ..batch(&features, &indices, None)
@@ -543,7 +543,7 @@ fn batch_norm_head_trains_and_its_teacher_keeps_its_own_statistics() -> Result<(
     // One global crop of one instance gives the teacher's batch norm a single row.
     let one = features.narrow(0, 0, 1)?.narrow(1, 0, 1)?;
     let student = features.narrow(1, 0, 1)?;
-    let first = indices.narrow(0, 0, 1)?;
+    let first = Ids::range(1, dev)?;
     let single = Batch {
         teacher: Some(&one),
         global_views: 1,
@@ -563,7 +563,7 @@ fn missing_or_mismatched_teacher_and_single_view_are_clear_errors() -> Result<()
     let store = ParamStore::new(0);
     let mut objective = build("out_dim: 6\nhead_hidden: 5\nbottleneck: 4", &store, 3)?;
     let features = randn(0f32, 1., (3, 2, 3), dev)?;
-    let indices = Tensor::arange(0u32, 2, dev)?;
+    let indices = Ids::range(2, dev)?;
     let err = loss_error(objective.as_mut(), &batch(&features, &indices, None));
     assert!(err.contains("teacher"), "{err}");
     let teacher = features.narrow(0, 0, 2)?;
@@ -586,7 +586,7 @@ fn missing_or_mismatched_teacher_and_single_view_are_clear_errors() -> Result<()
     // B = 1 is valid.
     let b1 = features.narrow(1, 0, 1)?;
     let t1 = b1.narrow(0, 0, 2)?;
-    let first = indices.narrow(0, 0, 1)?;
+    let first = Ids::range(1, dev)?;
     let ok = Batch {
         teacher: Some(&t1),
         global_views: 2,
@@ -665,7 +665,7 @@ fn a_short_training_loop_lowers_the_loss_and_moves_teacher_and_centre() -> Resul
         .map(|k| ((k * 7 % 23) as f32 * 0.37).sin())
         .collect();
     let features = Var::from_tensor(&Tensor::from_vec(values, (3, 8, 6), dev)?)?;
-    let indices = Tensor::arange(0u32, 8, dev)?;
+    let indices = Ids::range(8, dev)?;
     let trained: Vec<Var> = dino
         .head()
         .params()

@@ -1,5 +1,6 @@
 use super::*;
 use ssl_core::testing::{close, scalar};
+use ssl_core::Ids;
 
 type Mat = Vec<Vec<f64>>;
 
@@ -522,7 +523,7 @@ fn requirements_need_two_instances() {
 fn objectives_report_the_pure_losses_and_their_terms() -> Result<()> {
     let z = gaussian(&[3, 6, 5], 1.0);
     let features = gaussian(&[3, 6, 2], 1.0);
-    let indices = Tensor::arange(0u32, 6, &Device::Cpu)?;
+    let indices = Ids::range(6, &Device::Cpu)?;
     let batch = Batch {
         features: &features,
         ..ssl_core::testing::batch(&z, &indices, None)

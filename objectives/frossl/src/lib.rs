@@ -245,6 +245,7 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
     use ssl_core::testing::{close, randn, scalar, spec_za_zb};
+    use ssl_core::Ids;
 
     fn views() -> candle_core::Result<(Tensor, Tensor, Tensor)> {
         let (a, b) = spec_za_zb()?;
@@ -549,7 +550,7 @@ mod tests {
     fn objective_reports_the_loss_and_its_terms() -> Result<()> {
         let (a, b, c) = views()?;
         let z = Tensor::stack(&[&a, &b, &c], 0)?;
-        let indices = Tensor::arange(0u32, 4, &Device::Cpu)?;
+        let indices = Ids::range(4, &Device::Cpu)?;
         let batch = ssl_core::testing::batch(&z, &indices, None);
         let out = build("lambda: 2.0").loss(&batch)?;
         let term = |name: &str| scalar(&out.terms.iter().find(|(n, _)| n == name).unwrap().1);
@@ -600,7 +601,7 @@ mod tests {
         let mean = (((&zs[0] + &zs[1])? + &zs[2])? / 3.0)?;
         let to_mean: f64 = zs.iter().map(|v| sq(v, &mean)).sum::<f64>() / n;
         let term = |yaml: &str, z: &Tensor| -> Result<f64> {
-            let indices = Tensor::arange(0u32, 4, &Device::Cpu)?;
+            let indices = Ids::range(4, &Device::Cpu)?;
             let out = build(yaml).loss(&ssl_core::testing::batch(z, &indices, None))?;
             Ok(scalar(
                 &out.terms.iter().find(|(n, _)| n == "invariance").unwrap().1,

@@ -290,14 +290,14 @@ impl Icone {
                 "classes",
             ),
         };
-        let max = index.max(0)?.to_scalar::<u32>()? as usize;
-        if max >= anchors {
-            bail!(
-                "{what} {max} is outside the {anchors}-row table of `{}`; the table was built for a data set of \
+        index.check_below(anchors, |value| {
+            format!(
+                "{what} {value} is outside the {anchors}-row table of `{}`; the table was built for a data set of \
                  {anchors} {unit}. Train and resume on the same data set (and subset)",
                 self.name(),
-            );
-        }
+            )
+        })?;
+        let index = index.tensor();
         Ok(match &self.pooling {
             Some(pooling) => class_mean_anchors(table, pooling)?.index_select(index, 0)?,
             None => table.index_select(index, 0)?,

@@ -3,7 +3,7 @@
 use super::*;
 use candle_core::{DType, Device, Var};
 use ssl_core::testing::{close, max_gradient_error, scalar};
-use ssl_core::ParamStore;
+use ssl_core::{Ids, ParamStore};
 
 /// The spec's batch: ids `[0, 2]`, views `[V=2, B=2, 3]`, table `E: [3, 3]`.
 fn spec_inputs() -> candle_core::Result<(Tensor, Tensor, Tensor)> {
@@ -152,8 +152,8 @@ fn batch_loss(
     labels: Option<&[u32]>,
 ) -> Result<LossOutput> {
     let dev = &Device::Cpu;
-    let indices = Tensor::new(ids, dev)?;
-    let labels = labels.map(|l| Tensor::new(l, dev)).transpose()?;
+    let indices = Ids::new(ids, dev)?;
+    let labels = labels.map(|l| Ids::new(l, dev)).transpose()?;
     objective.loss(&ssl_core::testing::batch(f, &indices, labels.as_ref()))
 }
 

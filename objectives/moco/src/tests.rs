@@ -4,7 +4,7 @@
 use super::*;
 use candle_core::{Device, Var};
 use ssl_core::testing::{close, max_gradient_error, randn, scalar};
-use ssl_core::{ParamStore, Progress};
+use ssl_core::{Ids, ParamStore, Progress};
 
 /// The spec's `q`, `k` (`[2, 2]`) and queue (`[3, 2]`), normalised, f64.
 fn spec_inputs() -> candle_core::Result<(Tensor, Tensor, Tensor)> {
@@ -233,7 +233,7 @@ fn step(k: usize) -> Progress {
 /// One training loss on student projections `z` `[V, B, D]` and key projections `t`
 /// `[V_g, B, D]`, then `after_step` with a one-parameter student and teacher.
 fn train_step(objective: &mut dyn Objective, z: &Tensor, t: &Tensor, k: usize) -> Result<f64> {
-    let ids = Tensor::arange(0u32, z.dim(1)? as u32, &Device::Cpu)?;
+    let ids = Ids::range(z.dim(1)?, &Device::Cpu)?;
     let batch = Batch {
         teacher: Some(t),
         global_views: t.dim(0)?,
@@ -324,7 +324,7 @@ fn evaluation_losses_leave_the_queue_alone() -> Result<()> {
     let dev = &Device::Cpu;
     let (store, mut objective) = build("moco", "queue_size: 4", 3, 2, 2, 0)?;
     let z = randn(0f64, 1., (2, 2, 3), dev)?;
-    let ids = Tensor::arange(0u32, 2, dev)?;
+    let ids = Ids::range(2, dev)?;
     let before = stored(&store, "objective.queue").to_vec3::<f32>()?;
     let batch = Batch {
         teacher: Some(&z),
@@ -350,7 +350,7 @@ fn queue_never_receives_a_gradient() -> Result<()> {
     let (store, mut objective) = build("moco", "queue_size: 4", 3, 2, 2, 0)?;
     let z = Var::from_tensor(&randn(0f32, 1., (2, 2, 3), dev)?)?;
     let t = randn(0f32, 1., (2, 2, 3), dev)?;
-    let ids = Tensor::arange(0u32, 2, dev)?;
+    let ids = Ids::range(2, dev)?;
     let batch = Batch {
         teacher: Some(&t),
         ..ssl_core::testing::batch(z.as_tensor(), &ids, None)
@@ -498,7 +498,7 @@ fn missing_teacher_and_mismatched_shapes_are_errors() -> Result<()> {
     let dev = &Device::Cpu;
     let (_, mut objective) = build("moco", "queue_size: 4", 3, 2, 2, 0)?;
     let z = randn(0f32, 1., (2, 2, 3), dev)?;
-    let ids = Tensor::arange(0u32, 2, dev)?;
+    let ids = Ids::range(2, dev)?;
     let err = objective
         .loss(&ssl_core::testing::batch(&z, &ids, None))
         .err()

@@ -4,7 +4,7 @@ use rand::Rng;
 use ssl_core::testing::{
     batch, close, documented_defaults, first_step, max_gradient_error, scalar,
 };
-use ssl_core::Progress;
+use ssl_core::{Ids, Progress};
 
 /// `e^{−1.5625}`: the weight of every second-nearest neighbour at k = 5, percentile 20.
 const SECOND: f64 = 0.2096113872;
@@ -80,7 +80,7 @@ fn at_step(step: usize) -> Progress {
 }
 
 fn objective_loss(z: &Tensor, progress: Progress) -> Result<LossOutput> {
-    let ids = Tensor::arange(0u32, z.dim(1)? as u32, &Device::Cpu)?;
+    let ids = Ids::range(z.dim(1)?, &Device::Cpu)?;
     let b = Batch {
         progress,
         ..batch(z, &ids, None)
@@ -478,7 +478,7 @@ fn warmup_epochs_are_vicreg_then_the_walk_starts() -> Result<()> {
     let mut rng = first_step().rng(9);
     let rows = [random_rows(&mut rng, 32, 8), random_rows(&mut rng, 32, 8)].concat();
     let z = Tensor::from_vec(rows.concat(), (2, 32, 8), &Device::Cpu)?;
-    let ids = Tensor::arange(0u32, 32, &Device::Cpu)?;
+    let ids = Ids::range(32, &Device::Cpu)?;
     let mut objective = SagVicreg(SagVicregConfig {
         vicreg_warmup_epochs: 2,
         ..SagVicregConfig::default()

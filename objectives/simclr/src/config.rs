@@ -343,6 +343,7 @@ mod tests {
     use crate::{dcl, nt_xent_with};
     use candle_core::{DType, Device, Tensor};
     use ssl_core::testing::randn;
+    use ssl_core::Ids;
 
     const SIMCLR_NAMES: [(&str, Similarity, Preprocess); 5] = [
         ("simclr", Similarity::Identity, Preprocess::None),
@@ -389,7 +390,7 @@ mod tests {
 
     fn loss_of(objective: &mut dyn Objective, z: &Tensor) -> Result<f64> {
         let b = z.dim(1)?;
-        let indices = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
+        let indices = Ids::range(b, &Device::Cpu)?;
         let batch = ssl_core::testing::batch(z, &indices, None);
         Ok(objective.loss(&batch)?.loss.to_scalar::<f64>()?)
     }

@@ -9,7 +9,7 @@ use ssl_core::{
     register_objective, Batch, BuildContext, LossOutput, Objective, ObjectiveConfig, Requirements,
 };
 
-use crate::{check_targets, crops, per_crop, soft_cross_entropy};
+use crate::{crops, per_crop, soft_cross_entropy};
 
 /// The cross-entropy baseline has no hyper-parameters of its own (the classifier's width is the
 /// data set's number of classes; optimiser settings are the run's).
@@ -57,13 +57,13 @@ impl Objective for CrossEntropy {
     fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput> {
         let labels = batch.require_labels("cross-entropy")?;
         let classes = self.classes;
-        check_targets(labels, classes, |y| {
+        labels.check_below(classes, |y| {
             format!(
                 "class label {y} outside the {classes}-class classifier of objective `cross-entropy`"
             )
         })?;
         let logits = self.classifier.forward(&crops(batch.projections)?)?;
-        let targets = per_crop(labels, batch.views())?;
+        let targets = per_crop(labels.tensor(), batch.views())?;
         Ok(LossOutput::new(soft_cross_entropy(&logits, &targets, 0.0)?))
     }
 }

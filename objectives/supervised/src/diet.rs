@@ -10,11 +10,11 @@ use candle_core::Tensor;
 use candle_nn::{Linear, Module};
 use serde::{Deserialize, Serialize};
 use ssl_core::{
-    register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
-    Requirements,
+    register_objective, Batch, BuildContext, ConfigKey, Ids, LossOutput, Objective,
+    ObjectiveConfig, Requirements,
 };
 
-use crate::{check_targets, crops, per_crop, soft_cross_entropy};
+use crate::{crops, per_crop, soft_cross_entropy};
 
 /// DIET's loss: mean over the rows of `logits`: `[R, N]` of the label-smoothed cross-entropy
 /// with instance targets `targets`: `[R]` u32 in `0..N`.
@@ -26,9 +26,9 @@ pub fn diet_loss(
     soft_cross_entropy(logits, targets, label_smoothing)
 }
 
-/// Checks that every instance id of `indices` (u32) has a row in a classifier of `rows` outputs.
-pub fn check_instance_ids(indices: &Tensor, rows: usize) -> Result<()> {
-    check_targets(indices, rows, |id| {
+/// Checks that every instance id of `indices` has a row in a classifier of `rows` outputs.
+pub fn check_instance_ids(indices: &Ids, rows: usize) -> Result<()> {
+    indices.check_below(rows, |id| {
         format!(
             "objective `diet`: instance id {id} outside the {rows}-row classifier; the classifier \
              was built for a data set of {rows} training instances"
@@ -98,7 +98,7 @@ impl Objective for Diet {
     fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput> {
         check_instance_ids(batch.indices, self.instances)?;
         let logits = self.classifier.forward(&crops(batch.projections)?)?;
-        let targets = per_crop(batch.indices, batch.views())?;
+        let targets = per_crop(batch.indices.tensor(), batch.views())?;
         Ok(LossOutput::new(diet_loss(
             &logits,
             &targets,

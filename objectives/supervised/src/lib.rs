@@ -60,25 +60,11 @@ pub(crate) fn per_crop(targets: &Tensor, views: usize) -> candle_core::Result<Te
     targets.flatten_all()?.repeat(views)
 }
 
-/// Checks that every target of `targets` (u32) is below `rows`, with an error built by `what`
-/// from the first offending value.
-pub(crate) fn check_targets(
-    targets: &Tensor,
-    rows: usize,
-    what: impl FnOnce(u32) -> String,
-) -> anyhow::Result<()> {
-    let values = targets.flatten_all()?.to_vec1::<u32>()?;
-    match values.into_iter().find(|&t| t as usize >= rows) {
-        Some(t) => anyhow::bail!(what(t)),
-        None => Ok(()),
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod test_support {
     use anyhow::Result;
     use candle_core::{DType, Device, Tensor};
-    use ssl_core::{BuildContext, LossOutput, Objective, ParamStore};
+    use ssl_core::{BuildContext, Ids, LossOutput, Objective, ParamStore};
 
     /// Builds `name` from YAML `overrides` with f64 parameters in `store`.
     pub fn build(
@@ -114,8 +100,8 @@ pub(crate) mod test_support {
         indices: &[u32],
         labels: Option<&[u32]>,
     ) -> Result<LossOutput> {
-        let indices = Tensor::new(indices, &Device::Cpu)?;
-        let labels = labels.map(|l| Tensor::new(l, &Device::Cpu)).transpose()?;
+        let indices = Ids::new(indices, &Device::Cpu)?;
+        let labels = labels.map(|l| Ids::new(l, &Device::Cpu)).transpose()?;
         let batch = ssl_core::testing::batch(z, &indices, labels.as_ref());
         objective.loss(&batch)
     }

@@ -180,7 +180,7 @@ impl Objective for SupCon {
     fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput> {
         let labels = batch.require_labels("supcon")?;
         let z = batch.collective.all_gather(batch.projections, 1)?;
-        let labels = batch.collective.all_gather(labels, 0)?;
+        let labels = batch.collective.all_gather(labels.tensor(), 0)?;
         Ok(LossOutput::new(supcon_loss(&z, &labels, &self.0)?))
     }
 }

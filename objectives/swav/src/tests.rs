@@ -1,7 +1,7 @@
 use super::*;
 use candle_core::Device;
 use ssl_core::testing::{batch, close, first_step, max_gradient_error, randn, scalar, uniform};
-use ssl_core::{ParamStore, Progress};
+use ssl_core::{Ids, ParamStore, Progress};
 
 const KAT_Q: [[f64; 2]; 3] = [
     [0.99997245602, 0.00002754398],
@@ -123,7 +123,7 @@ fn at(step: usize, epoch: usize) -> Progress {
 }
 
 fn run(objective: &mut dyn Objective, z: &Tensor, progress: Progress) -> Result<Tensor> {
-    let ids = Tensor::arange(0u32, z.dim(1)? as u32, &Device::Cpu)?;
+    let ids = Ids::range(z.dim(1)?, &Device::Cpu)?;
     let b = Batch {
         progress,
         ..batch(z, &ids, None)
@@ -342,7 +342,7 @@ fn matches_the_pairwise_definition_with_local_crops() -> Result<()> {
         .iter()
         .map(|s| naive_sinkhorn(s, 0.05, 3))
         .collect();
-    let ids = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
+    let ids = Ids::range(b, &Device::Cpu)?;
     let multi_crop = Batch {
         global_views: g,
         ..batch(&z, &ids, None)
@@ -456,7 +456,7 @@ fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
     let batches: Vec<Tensor> = (0..4)
         .map(|_| randn(0f64, 1., (3, b, d), &Device::Cpu))
         .collect::<candle_core::Result<_>>()?;
-    let ids = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
+    let ids = Ids::range(b, &Device::Cpu)?;
     let global_at = |z, progress| Batch {
         global_views: 2,
         progress,
@@ -580,7 +580,7 @@ fn stores_prototypes_and_queue_under_checkpoint_names() -> Result<()> {
 #[test]
 fn bad_batches_are_clear_errors() -> Result<()> {
     let mut objective = build_in(&ParamStore::new(7), DType::F64, 3, 2, "queue_size: 4")?;
-    let ids = Tensor::arange(0u32, 4, &Device::Cpu)?;
+    let ids = Ids::range(4, &Device::Cpu)?;
     let wide = randn(0f64, 1., (2, 4, 5), &Device::Cpu)?;
     let err = format!(
         "{:#}",
@@ -657,7 +657,7 @@ fn queue_is_sized_by_the_global_views() -> Result<()> {
     let (queue, _, _) = queue_state(&store);
     assert_eq!((queue.len(), queue[0].len()), (2, 6));
     let z = randn(0f64, 1., (6, b, d), &Device::Cpu)?;
-    let ids = Tensor::arange(0u32, b as u32, &Device::Cpu)?;
+    let ids = Ids::range(b, &Device::Cpu)?;
     objective.loss(&Batch {
         global_views: 2,
         progress: at(0, 0),

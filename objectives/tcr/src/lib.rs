@@ -205,6 +205,7 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
     use ssl_core::testing::{close, randn, scalar, spec_za_zb};
+    use ssl_core::Ids;
 
     fn z_a() -> candle_core::Result<Tensor> {
         Ok(spec_za_zb()?.0)
@@ -368,7 +369,7 @@ mod tests {
     fn objective_reports_terms_and_matches_the_pure_function() -> anyhow::Result<()> {
         let mut objective = build("invariance_weight: 10")?;
         let z = randn(0f64, 1., (3, 4, 3), &Device::Cpu)?;
-        let indices = Tensor::arange(0u32, 4, &Device::Cpu)?;
+        let indices = Ids::range(4, &Device::Cpu)?;
         let batch = ssl_core::testing::batch(&z, &indices, None);
         let out = objective.loss(&batch)?;
         let cfg = TcrConfig {

@@ -209,7 +209,7 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
     use ssl_core::testing::{close, randn, scalar};
-    use ssl_core::{Progress, SingleProcess};
+    use ssl_core::{Ids, Progress, SingleProcess};
 
     fn spec_views() -> candle_core::Result<Tensor> {
         let dev = Device::Cpu;
@@ -420,7 +420,7 @@ mod tests {
     #[test]
     fn objective_loss_is_deterministic_per_step() -> Result<()> {
         let z = randn(0f32, 1., (2, 8, 3), &Device::Cpu)?;
-        let idx = Tensor::arange(0u32, 8, &Device::Cpu)?;
+        let idx = Ids::range(8, &Device::Cpu)?;
         let progress = |step| Progress {
             step,
             epoch: 0,
