@@ -385,7 +385,9 @@ mod tests {
         assert_eq!(ids.tensor().to_vec1::<u32>()?, ids.host());
         assert_eq!(Ids::range(3, &Device::Cpu)?.host(), [0, 1, 2]);
         ids.check_below(10, |_| unreachable!())?;
-        let err = ids.check_below(7, |v| format!("id {v} has no row")).unwrap_err();
+        let err = ids
+            .check_below(7, |v| format!("id {v} has no row"))
+            .unwrap_err();
         assert_eq!(err.to_string(), "id 7 has no row");
         Ok(())
     }

@@ -39,15 +39,17 @@ mod tests;
 /// Computed directly in the `[B, K]` layout: the spec's row sums are sums over samples here.
 ///
 /// `max(S)/ε` is subtracted before `exp`: a common factor of every entry, removed exactly by the
-/// first `Q /= ΣQ`, so the result is unchanged and large scores cannot overflow. The `B × K`
-/// matrix is small: it is computed on the host in f64 with plain loops over rows (tensor
-/// reductions over the sample axis were most of SwAV's loss time), and returned on the device
-/// and in the dtype of `scores`.
+/// first `Q /= ΣQ`, so the result is unchanged and large scores cannot overflow. Returned in the
+/// dtype of `scores`. On the CPU the small `B × K` matrix is computed in f64 with plain loops
+/// over rows (tensor reductions over the sample axis were most of SwAV's loss time); on other
+/// devices it stays there, [`sinkhorn_on_device`], so a step reads nothing back to the host.
 pub fn sinkhorn(scores: &Tensor, epsilon: f64, iterations: usize) -> candle_core::Result<Tensor> {
+    if !scores.device().is_cpu() {
+        return sinkhorn_on_device(scores, epsilon, iterations);
+    }
     let (b, k) = scores.dims2()?;
-    let (device, dtype) = (scores.device().clone(), scores.dtype());
-    let cpu = candle_core::Device::Cpu;
-    let scores = scores.detach().to_device(&cpu)?.flatten_all()?;
+    let dtype = scores.dtype();
+    let scores = scores.detach().flatten_all()?;
     // Widened in Rust: Candle's own f32 → f64 conversion is several times slower.
     let mut q: Vec<f64> = match scores.dtype() {
         DType::F32 => scores
@@ -91,9 +93,40 @@ pub fn sinkhorn(scores: &Tensor, epsilon: f64, iterations: usize) -> candle_core
         }
     }
     q.iter_mut().for_each(|x| *x *= b as f64);
-    Tensor::from_vec(q, (b, k), &cpu)?
-        .to_dtype(dtype)?
-        .to_device(&device)
+    Tensor::from_vec(q, (b, k), &candle_core::Device::Cpu)?.to_dtype(dtype)
+}
+
+/// [`sinkhorn`] as tensor operations on the device of `scores` `[B, K]`, in the log domain so
+/// that no prototype's or sample's mass underflows to an all-zero line whatever `ε` (f32's `exp`
+/// underflows below −87, which `S/ε` reaches at `ε = 0.02`): `L = S/ε − lse(S/ε)`; per iteration
+/// `L −= lse_samples(L) + ln K`, `L −= lse_prototypes(L) + ln B`; the codes are `B·exp(L)`.
+/// In f64 for f64 scores, else in f32 (bf16 is widened); returned in the dtype of `scores`.
+pub fn sinkhorn_on_device(
+    scores: &Tensor,
+    epsilon: f64,
+    iterations: usize,
+) -> candle_core::Result<Tensor> {
+    let (b, k) = scores.dims2()?;
+    let dtype = scores.dtype();
+    let work = match dtype {
+        DType::F64 => DType::F64,
+        _ => DType::F32,
+    };
+    let scaled = (scores.detach().to_dtype(work)? / epsilon)?;
+    let total = log_sum_exp(&scaled.flatten_all()?, 0)?.unsqueeze(0)?;
+    let mut log_q = scaled.broadcast_sub(&total)?;
+    let (ln_k, ln_b) = ((k as f64).ln(), (b as f64).ln());
+    for _ in 0..iterations {
+        log_q = log_q.broadcast_sub(&(log_sum_exp(&log_q, 0)? + ln_k)?)?;
+        log_q = log_q.broadcast_sub(&(log_sum_exp(&log_q, 1)? + ln_b)?)?;
+    }
+    (log_q + ln_b)?.exp()?.to_dtype(dtype)
+}
+
+/// `ln Σ exp(x)` along `dim`, kept as a size-1 dimension, with the maximum factored out.
+fn log_sum_exp(x: &Tensor, dim: usize) -> candle_core::Result<Tensor> {
+    let max = x.max_keepdim(dim)?;
+    x.broadcast_sub(&max)?.exp()?.sum_keepdim(dim)?.log()? + max
 }
 
 /// The swapped-prediction loss `L = mean_s (1/(V − 1)) Σ_{v≠s} mean_i CE(q_i^s, softmax(S_v[i]/τ))`
@@ -202,6 +235,7 @@ impl ObjectiveConfig for SwavConfig {
                     embeddings: zero(&[ctx.global_views, size, d], "queue")?,
                     pointer: zero(&[1], "queue_ptr")?,
                     filled: zero(&[1], "queue_fill")?,
+                    counts: None,
                 })
             }
         };
@@ -227,6 +261,9 @@ struct Queue {
     pointer: Var,
     /// `[1]`: rows written so far, at most `Q`.
     filled: Var,
+    /// The host's copies of `(pointer, filled)`, read from them at first use (after a resumed
+    /// run's checkpoint is loaded) and kept in step after, so a step reads nothing back.
+    counts: Option<(usize, usize)>,
 }
 
 fn read_count(v: &Var) -> candle_core::Result<usize> {
@@ -249,13 +286,22 @@ impl Queue {
         self.embeddings.dims()[0]
     }
 
-    fn is_full(&self) -> candle_core::Result<bool> {
-        Ok(read_count(&self.filled)? >= self.size())
+    fn counts(&mut self) -> candle_core::Result<(usize, usize)> {
+        if let Some(counts) = self.counts {
+            return Ok(counts);
+        }
+        let counts = (read_count(&self.pointer)?, read_count(&self.filled)?);
+        self.counts = Some(counts);
+        Ok(counts)
+    }
+
+    fn is_full(&mut self) -> candle_core::Result<bool> {
+        Ok(self.counts()?.1 >= self.size())
     }
 
     /// Writes `z` `[G, B, D]` into the first `G` queues, oldest rows first overwritten; with
     /// `B > Q` only the newest `Q` rows are kept.
-    fn push(&self, z: &Tensor) -> candle_core::Result<()> {
+    fn push(&mut self, z: &Tensor) -> candle_core::Result<()> {
         let (g, b, _) = z.dims3()?;
         let size = self.size();
         let n = b.min(size);
@@ -264,14 +310,17 @@ impl Queue {
             .to_dtype(self.embeddings.dtype())?
             .contiguous()?;
         let queues = self.embeddings.as_tensor().narrow(0, 0, g)?;
-        let pointer = read_count(&self.pointer)?;
+        let (pointer, filled) = self.counts()?;
         let head = n.min(size - pointer);
         queues.slice_set(&z.narrow(1, 0, head)?.contiguous()?, 1, pointer)?;
         if n > head {
             queues.slice_set(&z.narrow(1, head, n - head)?.contiguous()?, 1, 0)?;
         }
-        write_count(&self.pointer, (pointer + n) % size)?;
-        write_count(&self.filled, (read_count(&self.filled)? + n).min(size))
+        let counts = ((pointer + n) % size, (filled + n).min(size));
+        write_count(&self.pointer, counts.0)?;
+        write_count(&self.filled, counts.1)?;
+        self.counts = Some(counts);
+        Ok(())
     }
 }
 
@@ -289,12 +338,13 @@ pub struct Swav {
 impl Swav {
     /// Codes `[G, B, K]` of the global-view scores `scores` `[G, B, K]`; with an active queue
     /// Sinkhorn runs on `[queue scores; S_s]` and only the batch rows are kept.
-    fn codes(&self, scores: &Tensor, prototypes: &Tensor, epoch: usize) -> Result<Tensor> {
+    fn codes(&mut self, scores: &Tensor, prototypes: &Tensor, epoch: usize) -> Result<Tensor> {
         let (g, b, _) = scores.dims3()?;
-        let queue = match &self.queue {
-            Some(q) if epoch >= self.cfg.queue_start_epoch && q.is_full()? => Some(q),
-            _ => None,
+        let active = match self.queue.as_mut() {
+            Some(q) => epoch >= self.cfg.queue_start_epoch && q.is_full()?,
+            None => false,
         };
+        let queue = self.queue.as_ref().filter(|_| active);
         let (eps, iters) = (self.cfg.epsilon, self.cfg.sinkhorn_iterations);
         let mut codes = Vec::with_capacity(g);
         for s in 0..g {
@@ -375,7 +425,7 @@ impl Objective for Swav {
 
     fn after_step(&mut self, ctx: &StepContext<'_>) -> Result<()> {
         normalize_prototypes(&self.prototypes)?;
-        if let (Some(queue), Some(z)) = (&self.queue, self.pending.take()) {
+        if let (Some(queue), Some(z)) = (self.queue.as_mut(), self.pending.take()) {
             if ctx.progress.epoch >= self.cfg.queue_start_epoch {
                 queue.push(&z)?;
             }

@@ -254,6 +254,38 @@ fn sinkhorn_matches_the_literal_algorithm_and_ignores_a_common_shift() -> candle
 }
 
 #[test]
+fn sinkhorn_on_the_device_computes_the_hosts_codes() -> candle_core::Result<()> {
+    let dev = Device::Cpu;
+    for (b, k) in [(5, 3), (3, 7), (64, 300)] {
+        let s = uniform(-1f64, 1., (b, k), &dev)?;
+        // Cosine scores, and scores 25 ± 20 (`S/ε` spans 800): f32's `exp` underflows on most of
+        // those, which the log domain never takes. f32 carries `ln q` to about |S/ε|·2⁻²⁴, so its
+        // codes (in [0, 1]) are held to 2e-6 on cosines and 1e-4 across the wide span.
+        for (s, f32_limit) in [(s.clone(), 2e-6), (((&s * 20.0)? + 25.0)?, 1e-4)] {
+            let host = sinkhorn(&s, 0.05, 3)?;
+            let device = sinkhorn_on_device(&s, 0.05, 3)?;
+            assert_eq!(device.dtype(), DType::F64);
+            let f64_error = (&device - &host)?.abs()?.max_all()?.to_scalar::<f64>()?;
+            assert!(f64_error <= 1e-12, "f64: {f64_error}");
+            // f32 scores: the host widens to f64, the device works in f32.
+            let s32 = s.to_dtype(DType::F32)?;
+            let (host, device) = (sinkhorn(&s32, 0.05, 3)?, sinkhorn_on_device(&s32, 0.05, 3)?);
+            assert_eq!(device.dtype(), DType::F32);
+            let f32_error = (&device - &host)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(f32_error <= f32_limit, "f32 ({b}×{k}): {f32_error}");
+        }
+    }
+    // A prototype whose every `exp(S/ε − max S/ε)` underflows in f32 (e⁻²⁰⁰ at ε = 0.01) still
+    // gets its mass: the codes are the host's f64 ones, not 0/0.
+    let far = Tensor::new(&[[1f32, -1.], [0.9, -1.], [0.8, -1.]], &dev)?;
+    let (host, device) = (sinkhorn(&far, 0.01, 3)?, sinkhorn_on_device(&far, 0.01, 3)?);
+    let error = (&device - &host)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert!(error <= 1e-6, "{error}: {device}");
+    assert!(host.sum(0)?.to_vec1::<f32>()?[1] > 0.5);
+    Ok(())
+}
+
+#[test]
 fn sinkhorn_marginals() -> candle_core::Result<()> {
     let (b, k) = (6, 4);
     let s = uniform(-1f64, 1., (b, k), &Device::Cpu)?;
@@ -526,6 +558,13 @@ fn queue_is_a_fifo_used_once_full_and_restored_from_the_store() -> Result<()> {
     restored.load(&store.tensors())?;
     let again = scalar(&resumed.loss(&third)?.loss);
     close(again, with_queue, 1e-12);
+    // …and enqueues where the uninterrupted run does (its pointer read from the store).
+    for objective in [&mut objective, &mut resumed] {
+        objective.loss(&global(&batches[0], 403))?;
+        step_end(objective.as_mut(), at(403, 1))?;
+    }
+    assert_eq!(queue_state(&restored), queue_state(&store));
+    assert_eq!(queue_state(&store).1, 1);
     Ok(())
 }
 
