@@ -4,8 +4,9 @@
 //! projector → objective loss (+ the online probe's cross-entropy on detached features) → backward
 //! (the loss's, then each view's graph on its own, side by side on the CPU) → optimiser → objective
 //! hook. Every step is logged to `metrics.jsonl`, its values read from the device `log_every` steps
-//! at a time (no host synchronisation inside a step); every `checkpoint_every` epochs and at the
-//! end the run is checkpointed atomically; `--resume` continues to the same final weights.
+//! at a time, with the covariance spectrum of the steps that log it (no host synchronisation
+//! inside a step); every `checkpoint_every` epochs and at the end the run is checkpointed
+//! atomically; `--resume` continues to the same final weights.
 //!
 //! Data parallel ([`run_on`] with a [`Comm`] of several ranks): every rank builds the same model
 //! from the seed, reads its shard of each global batch of `world × train.batch_size`
@@ -595,6 +596,9 @@ struct PendingStep {
     lr: f64,
     data_wait_ms: f64,
     logged: Logged,
+    /// The step's global-view projections `[V, B, D]` (detached) when it logs the spectrum,
+    /// read with the interval's values rather than in the step.
+    spectrum: Option<Tensor>,
 }
 
 impl<'a> Training<'a> {
@@ -774,11 +778,10 @@ impl<'a> Training<'a> {
         let out = mean_output(outs)?;
         let step = self.state.step;
         self.state.step += 1;
-        if let Some(log) = self.log.as_deref_mut() {
-            if log.logs_spectrum(self.cfg, step) {
-                log.spectrum(step, &out.projections)?;
-            }
-        }
+        let spectrum = match self.log.as_deref() {
+            Some(log) if log.logs_spectrum(self.cfg, step) => Some(out.projections),
+            _ => None,
+        };
         let pending = &mut self.pending;
         pending.since.get_or_insert(started);
         pending.images += images;
@@ -788,6 +791,7 @@ impl<'a> Training<'a> {
             lr,
             data_wait_ms: 1e3 * data_wait.as_secs_f64(),
             logged: out.logged,
+            spectrum,
         });
         Ok(())
     }
@@ -827,6 +831,9 @@ impl<'a> Training<'a> {
                     images_per_s: pending.images as f64 / seconds,
                     data_wait_ms: p.data_wait_ms,
                 })?;
+                if let Some(projections) = &p.spectrum {
+                    log.spectrum(p.step, projections)?;
+                }
             }
         }
         Ok(loss)
