@@ -297,6 +297,25 @@ fn nccl(launch: Option<&Launch>) -> Result<Arc<dyn Comm>> {
     )
 }
 
+/// Every rank's `[rows, row length]` for an all-gather, rank by rank (`2 × world` values),
+/// checked equal: the gather takes the same count from every rank, and a rank with fewer rows
+/// would read past its buffer.
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+fn check_gather_shapes(shapes: &[u64]) -> candle_core::Result<()> {
+    let world = shapes.len() / 2;
+    match (0..world).find(|r| shapes[2 * r..2 * r + 2] != shapes[..2]) {
+        Some(r) => candle_core::bail!(
+            "all_gather needs the same shape on every rank: rank 0 has {} rows of {} values, \
+             rank {r} {} of {}; give every rank batches of the same size (train.drop_last)",
+            shapes[0],
+            shapes[1],
+            shapes[2 * r],
+            shapes[2 * r + 1]
+        ),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -213,16 +213,7 @@ impl AllGather {
         let shapes = self
             .0
             .all_gather(&[dims[0] as u64, dims[1..].iter().product::<usize>() as u64]);
-        if let Some(r) = (0..self.0.size).find(|r| shapes[2 * r..2 * r + 2] != shapes[..2]) {
-            candle_core::bail!(
-                "all_gather needs the same shape on every rank: rank 0 has {} rows of {} values, \
-                 rank {r} {} of {}; give every rank batches of the same size (train.drop_last)",
-                shapes[0],
-                shapes[1],
-                shapes[2 * r],
-                shapes[2 * r + 1]
-            );
-        }
+        crate::check_gather_shapes(&shapes)?;
         let (start, end) = layout
             .contiguous_offsets()
             .ok_or_else(|| candle_core::Error::Msg("all_gather: input not contiguous".into()))?;

@@ -161,6 +161,24 @@ impl NcclCollective {
         })
     }
 
+    /// Every rank's `[rows, row length]` of an all-gather's operand `dims`, checked equal
+    /// ([`crate::check_gather_shapes`]). They are host values, so they go over `control`: a
+    /// gather of them over NCCL would have to be read back from the device, a synchronisation in
+    /// every synchronised batch norm of every view.
+    fn check_shapes(&self, dims: &[usize]) -> candle_core::Result<()> {
+        let (rank, size) = (self.shared.rank, self.shared.size);
+        if size == 1 {
+            return Ok(());
+        }
+        let mut shapes = vec![0f64; 2 * size];
+        shapes[2 * rank] = dims[0] as f64;
+        shapes[2 * rank + 1] = dims[1..].iter().product::<usize>() as f64;
+        self.control
+            .all_reduce_sum_f64(&mut shapes)
+            .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+        crate::check_gather_shapes(&shapes.iter().map(|&s| s as u64).collect::<Vec<_>>())
+    }
+
     /// `t` on this rank's GPU, and the device to bring a result back to.
     fn on_gpu(&self, t: &Tensor) -> candle_core::Result<(Tensor, Option<Device>)> {
         if t.device().same_device(&self.device) {
@@ -187,6 +205,7 @@ impl Collective for NcclCollective {
     fn all_gather(&self, t: &Tensor, dim: usize) -> candle_core::Result<Tensor> {
         let (t, back) = self.on_gpu(t)?;
         let front = t.transpose(0, dim)?.contiguous()?;
+        self.check_shapes(front.dims())?;
         let gathered = front.apply_op1(AllGather(Arc::clone(&self.shared)))?;
         let gathered = gathered.transpose(0, dim)?.contiguous()?;
         match back {
@@ -298,32 +317,6 @@ macro_rules! with_dtype {
 struct AllGather(Arc<Shared>);
 
 impl AllGather {
-    /// Every rank's `[rows, row length]`, checked equal: NCCL gathers the same count from every
-    /// rank, and a rank with fewer rows would read past its buffer.
-    fn check_shapes(&self, dims: &[usize]) -> candle_core::Result<()> {
-        let local = [dims[0] as u64, dims[1..].iter().product::<usize>() as u64];
-        let dev = &self.0.device;
-        let src = dev.clone_htod(&local)?;
-        let mut dst = dev.alloc_zeros::<u64>(2 * self.0.size)?;
-        self.0
-            .nccl()
-            .0
-            .all_gather(&src, &mut dst)
-            .map_err(|e| op_error("all_gather of the shapes", e))?;
-        let shapes = dev.clone_dtoh(&dst)?;
-        if let Some(r) = (0..self.0.size).find(|r| shapes[2 * r..2 * r + 2] != shapes[..2]) {
-            candle_core::bail!(
-                "all_gather needs the same shape on every rank: rank 0 has {} rows of {} values, \
-                 rank {r} {} of {}; give every rank batches of the same size (train.drop_last)",
-                shapes[0],
-                shapes[1],
-                shapes[2 * r],
-                shapes[2 * r + 1]
-            );
-        }
-        Ok(())
-    }
-
     fn gather<T: CudaDType + NcclType + DeviceRepr>(
         &self,
         s: &CudaStorage,
@@ -351,7 +344,6 @@ impl CustomOp1 for AllGather {
     }
 
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
-        self.check_shapes(l.dims())?;
         let out = with_dtype!(
             s.dtype(),
             "all_gather",

@@ -273,3 +273,25 @@ fn mean_gradients_over_ranks_equal_one_process_on_the_global_batch() {
         "no rank had a gradient for `never`"
     );
 }
+
+/// A rank with fewer rows than the others makes the all-gather fail on every rank, with the
+/// same message naming both shapes, instead of reading past a buffer or waiting forever; the
+/// ranks then gather again as usual.
+#[test]
+fn unequal_gathers_fail_on_every_rank_naming_the_shapes() {
+    if launched("unequal_gathers_fail_on_every_rank_naming_the_shapes") {
+        return;
+    }
+    let comm = MpiCollective::init().unwrap();
+    let rank = comm.rank();
+    let rows = if rank == 0 { 3 } else { 2 };
+    let local = Tensor::zeros((rows, 5), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let err = comm.all_gather(&local, 0).unwrap_err().to_string();
+    assert!(
+        err.contains("rank 0 has 3 rows of 5 values, rank 1 2 of 5")
+            && err.contains("train.drop_last"),
+        "rank {rank}: {err}"
+    );
+    let equal = Tensor::ones((2, 5), candle_core::DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(comm.all_gather(&equal, 0).unwrap().dims(), [4, 5]);
+}
