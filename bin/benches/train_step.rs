@@ -111,6 +111,8 @@ struct Args {
     event_tracking: bool,
     /// `train.precision`: f32 or bf16.
     precision: String,
+    /// `KEY=VALUE` overrides applied last (another objective on the row's encoder, say).
+    sets: Vec<String>,
 }
 
 const USAGE: &str = "\
@@ -129,6 +131,8 @@ Options:
   --composed          every op composed from Candle ops (no fused CPU kernels, no cuDNN)
   --event-tracking    CUDA: keep cudarc's two events per buffer (off in ssl), to time them
   --precision <P>     train.precision: f32 or bf16 (bf16 products) [default: f32]
+  --set <KEY=VALUE>   a config override after the row's settings, e.g. objective.name=swav
+                      (repeatable; the JSON line lists them)
   -h, --help          print this help";
 
 fn parse_args() -> Result<Args> {
@@ -141,6 +145,7 @@ fn parse_args() -> Result<Args> {
         composed: false,
         event_tracking: false,
         precision: "f32".into(),
+        sets: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -154,6 +159,7 @@ fn parse_args() -> Result<Args> {
             "--composed" => args.composed = true,
             "--event-tracking" => args.event_tracking = true,
             "--precision" => args.precision = value()?,
+            "--set" => args.sets.push(value()?),
             // cargo bench passes --bench to every bench binary.
             "--bench" => {}
             "--help" | "-h" => {
@@ -166,17 +172,20 @@ fn parse_args() -> Result<Args> {
     Ok(args)
 }
 
-fn config(row: &Row, precision: &str) -> Result<RunConfig> {
+fn config(row: &Row, args: &Args) -> Result<RunConfig> {
     let mut root = serde_yaml::Value::Mapping(Default::default());
     for s in row.sets {
         apply_set(&mut root, s)?;
     }
-    apply_set(&mut root, &format!("train.precision={precision}"))?;
+    apply_set(&mut root, &format!("train.precision={}", args.precision))?;
     for s in [
         "train.weight_decay=0.05",
         "train.probe_lr=0",
         "train.warmup_epochs=0",
     ] {
+        apply_set(&mut root, s)?;
+    }
+    for s in &args.sets {
         apply_set(&mut root, s)?;
     }
     RunConfig::from_yaml_value(root)
@@ -232,7 +241,7 @@ fn peak_gpu_mib(_: &candle_core::Device) -> Option<f64> {
 fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
     let row = &ROWS[index];
     let _composed = args.composed.then(ssl_models::dispatch::composed_only);
-    let cfg = config(row, &args.precision)?;
+    let cfg = config(row, args)?;
     let device = ssl::setup::device(&args.device)?;
     if args.event_tracking {
         track_events(&device);
@@ -314,6 +323,7 @@ fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
             "composed": args.composed,
             "event_tracking": args.event_tracking,
             "precision": args.precision,
+            "sets": args.sets,
         })
     );
     Ok(())

@@ -84,16 +84,19 @@ if [ -n "$kp" ]; then
     "$out/kprof_ours_r1.json" --steps 7 --labels composed,ours >> "$out/kprof_summary.txt" 2>&1
   python3 bin/benches/cuda/kernel_profile.py "$out/kprof_bf16_r1.json" --steps 7 --top 25 \
     >> "$out/kprof_summary.txt" 2>&1
-  # No host synchronisation inside a step: rows 1 and 3 at 2 + 3 and 2 + 8 steps; the
-  # difference is 5 steps' copies, which must hold no device-to-host copy.
-  for r in 1 3; do
+  # No host synchronisation inside a step: rows 1 (VICReg) and 3 (IConE), and row 1's encoder
+  # with SwAV (Sinkhorn on the device), at 2 + 3 and 2 + 8 steps; the difference is 5 steps'
+  # copies, which must hold no device-to-host copy.
+  for case in "1 vicreg" "3 icone" "1 swav"; do
+    set -- $case
     for n in 3 8; do
-      timeout 90 env SSL_KERNEL_PROFILE="$out/kprof_copies_r${r}_$n.json" LD_PRELOAD="$kp" \
-        "$dir/train_step" --row $r --device cuda --steps $n --warmup 2 >> "$out/kprof.log" 2>&1
+      timeout 90 env SSL_KERNEL_PROFILE="$out/kprof_copies_$2_$n.json" LD_PRELOAD="$kp" \
+        "$dir/train_step" --row $1 --set objective.name=$2 --device cuda --steps $n --warmup 2 \
+        >> "$out/kprof.log" 2>&1
     done
-    python3 bin/benches/cuda/kernel_profile.py "$out/kprof_copies_r${r}_3.json" \
-      "$out/kprof_copies_r${r}_8.json" --copies-per-step 5,10
-    echo "row $r copies check exit $?"
+    python3 bin/benches/cuda/kernel_profile.py "$out/kprof_copies_$2_3.json" \
+      "$out/kprof_copies_$2_8.json" --copies-per-step 5,10
+    echo "row $1 $2 copies check exit $?"
   done > "$out/copies_per_step.log" 2>&1
 fi
 stamp profiles
