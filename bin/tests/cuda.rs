@@ -372,6 +372,32 @@ fn every_objective_gives_the_cpu_loss_and_gradients_on_cuda() -> Result<()> {
     Ok(())
 }
 
+/// SwAV's Sinkhorn–Knopp at the paper's size (B = 256, K = 3000) runs on the GPU in the log
+/// domain and gives the codes of the CPU's f64 loops: to 1e-12 in f64 and, from f32 cosine
+/// scores, within f32's rounding of `ln q` (the CPU test holds 2e-6; the GPU's reductions add
+/// up in another order).
+#[test]
+fn sinkhorn_on_cuda_gives_the_cpu_codes() -> Result<()> {
+    let device = gpu();
+    let z = ssl_core::testing::randn(0f64, 1., (256, 64), &Device::Cpu)?;
+    let c = ssl_core::testing::randn(0f64, 1., (3000, 64), &Device::Cpu)?;
+    let unit = |t: &Tensor| -> Result<Tensor> { Ok(ssl_linalg::normalize_rows(t)?) };
+    let scores = unit(&z)?.matmul(&unit(&c)?.t()?)?;
+    for (dtype, limit) in [(DType::F64, 1e-12), (DType::F32, 5e-6)] {
+        let scores = scores.to_dtype(dtype)?;
+        let host = ssl_swav::sinkhorn(&scores, 0.05, 3)?;
+        let on_gpu = ssl_swav::sinkhorn(&scores.to_device(&device)?, 0.05, 3)?;
+        assert_eq!(on_gpu.dtype(), dtype);
+        let error = (on_gpu.to_device(&Device::Cpu)? - &host)?
+            .abs()?
+            .max_all()?
+            .to_dtype(DType::F64)?
+            .to_scalar::<f64>()?;
+        assert!(error <= limit, "{dtype:?}: {error}");
+    }
+    Ok(())
+}
+
 /// `train.precision: bf16` on the GPU multiplies in bf16 (the CPU only rounds the operands):
 /// five steps follow f32's losses within bf16's precision, and differ from them.
 #[test]
