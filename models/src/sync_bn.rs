@@ -160,6 +160,25 @@ mod tests {
     /// A second rank whose rows are fixed: the gather appends their statistics after ours.
     struct OtherRank(Tensor);
 
+    impl OtherRank {
+        /// The rank holding `rows` `[C, n]`: it contributes `[1, C, 3]` of count, mean and M2
+        /// per channel, computed here directly.
+        fn holding(rows: &Tensor) -> Self {
+            let (channels, n) = rows.dims2().unwrap();
+            let mean = rows.mean_keepdim(1).unwrap();
+            let m2 = rows
+                .broadcast_sub(&mean)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_keepdim(1)
+                .unwrap();
+            let count = Tensor::full(n as f64, (channels, 1), &Device::Cpu).unwrap();
+            let stats = Tensor::cat(&[&count, &mean, &m2], 1).unwrap();
+            Self(stats.unsqueeze(0).unwrap())
+        }
+    }
+
     impl Collective for OtherRank {
         fn world_size(&self) -> usize {
             2
@@ -221,22 +240,9 @@ mod tests {
         let (whole, shard) = (bn(&whole_store), bn(&shard_store));
         let x = rand_tensor(10, &[3, 10], DType::F64);
         let (mine, theirs) = (x.narrow(1, 0, 4).unwrap(), x.narrow(1, 4, 6).unwrap());
-        let mean = theirs.mean_keepdim(1).unwrap();
-        let m2 = theirs
-            .broadcast_sub(&mean)
-            .unwrap()
-            .sqr()
-            .unwrap()
-            .sum_keepdim(1)
-            .unwrap();
-        let count = Tensor::full(6f64, (3, 1), &Device::Cpu).unwrap();
-        let other = Tensor::cat(&[&count, &mean, &m2], 1)
-            .unwrap()
-            .unsqueeze(0)
-            .unwrap();
         let want = whole.forward_channel_major(&x, true, true).unwrap();
         let got = {
-            let _sync = sync_batch_norm(Arc::new(OtherRank(other)));
+            let _sync = sync_batch_norm(Arc::new(OtherRank::holding(&theirs)));
             shard.forward_channel_major(&mine, true, true).unwrap()
         };
         assert!(max_abs_diff(&got, &want.narrow(1, 0, 4).unwrap()) < 1e-12);
@@ -255,19 +261,10 @@ mod tests {
         let (whole, shard) = (bn(&whole_store), bn(&shard_store));
         let x = rand_tensor(13, &[3, 10], DType::F64);
         let (mine, theirs) = (x.narrow(1, 0, 1).unwrap(), x.narrow(1, 1, 9).unwrap());
-        let other = {
-            let stats = GlobalStatistics::of(&theirs, &SingleProcess).unwrap();
-            let count = Tensor::full(9f64, (3, 1), &Device::Cpu).unwrap();
-            let m2 = (stats.var * 9.0).unwrap();
-            Tensor::cat(&[&count, &stats.mean, &m2], 1)
-                .unwrap()
-                .unsqueeze(0)
-                .unwrap()
-        };
         assert!(shard.forward_channel_major(&mine, false, true).is_err());
         let want = whole.forward_channel_major(&x, false, true).unwrap();
         let got = {
-            let _sync = sync_batch_norm(Arc::new(OtherRank(other)));
+            let _sync = sync_batch_norm(Arc::new(OtherRank::holding(&theirs)));
             shard.forward_channel_major(&mine, false, true).unwrap()
         };
         assert!(max_abs_diff(&got, &want.narrow(1, 0, 1).unwrap()) < 1e-12);
@@ -300,18 +297,9 @@ mod tests {
     fn a_shard_is_standardized_with_the_global_batch_statistics() {
         let x = rand_tensor(12, &[3, 10], DType::F64);
         let (mine, theirs) = (x.narrow(1, 0, 4).unwrap(), x.narrow(1, 4, 6).unwrap());
-        let other = {
-            let stats = GlobalStatistics::of(&theirs, &SingleProcess).unwrap();
-            let count = Tensor::full(6f64, (3, 1), &Device::Cpu).unwrap();
-            let m2 = (stats.var * 6.0).unwrap();
-            Tensor::cat(&[&count, &stats.mean, &m2], 1)
-                .unwrap()
-                .unsqueeze(0)
-                .unwrap()
-        };
         let want = standardize_rows(&x, 1e-5).unwrap().narrow(1, 0, 4).unwrap();
         let got = {
-            let _sync = sync_batch_norm(Arc::new(OtherRank(other)));
+            let _sync = sync_batch_norm(Arc::new(OtherRank::holding(&theirs)));
             standardize_rows(&mine, 1e-5).unwrap()
         };
         assert!(max_abs_diff(&got, &want) < 1e-12);
