@@ -7,7 +7,9 @@
 //! only, the Gram being symmetric), and each block contributes both to the value and to the
 //! gradient `∂L/∂ẽ_a = (4/|Ω|) Σ_{b:(a,b)∈Ω} max(0, G_ab) ẽ_b`. The gradient is attached through
 //! a linear surrogate, so memory is `O(N·d + tile²)` on any device and the backward pass costs
-//! one element-wise product. The value is accumulated on the table's device (in f64 for an f64
+//! one element-wise product. The sweep costs `1.5·N²·d` multiply-adds (half the Gram, and two
+//! block products per off-diagonal block), against `3·N²·d` for the Gram and its two backward
+//! products under autograd. The value is accumulated on the table's device (in f64 for an f64
 //! table, else f32) and `|Ω|` is counted once per table ([`Diversity::new`]), so a training step
 //! reads nothing back to the host.
 
