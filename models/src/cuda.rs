@@ -160,9 +160,15 @@ pub(crate) fn batch_norm<T: Element>(
     relu: bool,
 ) -> Result<(CudaStorage, BnSaved)> {
     let (s, seg) = segments(c, m);
-    let mut partial = dev.alloc_zeros::<f64>(2 * c * s)?;
-    // SAFETY: the apply kernel writes every element of `y` and `saved`.
-    let (mut y, mut saved) = unsafe { (dev.alloc::<T>(c * m)?, dev.alloc::<f64>(4 * c)?) };
+    // SAFETY: every block of the stats kernel writes its two partial sums (an empty segment
+    // its zeros), and the apply kernel writes every element of `y` and `saved`.
+    let (mut partial, mut y, mut saved) = unsafe {
+        (
+            dev.alloc::<f64>(2 * c * s)?,
+            dev.alloc::<T>(c * m)?,
+            dev.alloc::<f64>(4 * c)?,
+        )
+    };
     let (m, seg, relu) = (m as i64, seg as i64, i32::from(relu));
     let stream = dev.cuda_stream();
     let func = kernel::<T>(dev, "bn_stats")?;
@@ -240,9 +246,10 @@ pub(crate) fn batch_norm_backward<T: Element>(
     relu: bool,
 ) -> Result<CudaStorage> {
     let (s, seg) = segments(c, m);
-    let mut partial = dev.alloc_zeros::<f64>(2 * c * s)?;
-    // SAFETY: the apply kernel writes every element.
-    let mut out = unsafe { dev.alloc::<T>(c * m + 2 * c)? };
+    // SAFETY: every block of the sums kernel writes its two partial sums, and the apply kernel
+    // writes every element of `out`.
+    let (mut partial, mut out) =
+        unsafe { (dev.alloc::<f64>(2 * c * s)?, dev.alloc::<T>(c * m + 2 * c)?) };
     let (m, seg, relu) = (m as i64, seg as i64, i32::from(relu));
     let stream = dev.cuda_stream();
     let func = kernel::<T>(dev, "bn_backward_sums")?;
