@@ -615,3 +615,45 @@ fn batches_staged_on_the_loader_thread_arrive_intact() -> Result<()> {
     loader.join().unwrap();
     Ok(())
 }
+
+/// Strided ops upload each distinct layout (dims and strides) once and reuse it (the vendored
+/// Candle's layout cache, `vendor/README.md`): two uploads of one layout are the same device
+/// buffer, and ops on several layouts taken in turn, each many times, still give the CPU's
+/// values.
+#[test]
+fn strided_ops_reuse_each_layout_upload_and_give_the_cpu_values() -> Result<()> {
+    use candle_core::cuda_backend::SlicePtrOrNull;
+    let device = gpu();
+    let cuda = device.as_cuda_device()?;
+    let layout = vec![4, 6, 1, 4];
+    let cached = |params: Vec<usize>| match SlicePtrOrNull::params_from_vec(cuda, params) {
+        Ok(SlicePtrOrNull::Cached(slice)) => Ok(slice),
+        Ok(_) => anyhow::bail!("a layout upload was not cached"),
+        Err(e) => Err(e.into()),
+    };
+    let (first, again) = (cached(layout.clone())?, cached(layout)?);
+    assert!(std::sync::Arc::ptr_eq(&first, &again));
+    assert!(!std::sync::Arc::ptr_eq(&first, &cached(vec![6, 4, 4, 1])?));
+
+    let x = ssl_core::testing::randn(0f32, 1., (6, 8), &Device::Cpu)?;
+    let strided = |x: &Tensor| -> candle_core::Result<Vec<Tensor>> {
+        let t = x.t()?;
+        let narrow = x.narrow(1, 2, 5)?;
+        Ok(vec![
+            t.exp()?,
+            t.contiguous()?,
+            narrow.affine(2., 1.)?,
+            t.broadcast_add(&x.narrow(0, 0, 1)?.t()?)?,
+            narrow.sum_keepdim(1)?,
+        ])
+    };
+    let expected = strided(&x)?;
+    let x_gpu = x.to_device(&device)?;
+    for round in 0..3 {
+        for (k, (on_gpu, cpu)) in strided(&x_gpu)?.iter().zip(&expected).enumerate() {
+            let error = relative_error(cpu, on_gpu)?;
+            assert!(within(error, 1e-6), "round {round}, op {k}: {error:e}");
+        }
+    }
+    Ok(())
+}

@@ -53,6 +53,9 @@ impl Drop for CudaGraphHtodCacheGuard {
 
 pub struct ModuleStore {
     mdls: [Option<Arc<cudarc::driver::CudaModule>>; kernels::ALL_IDS.len()],
+    /// The functions loaded from each module, by name: a launch looks its kernel up here
+    /// instead of asking the driver (`cuModuleGetFunction`, and a `CString` of the name).
+    funcs: [HashMap<String, CudaFunction>; kernels::ALL_IDS.len()],
 }
 
 #[derive(Clone)]
@@ -337,19 +340,24 @@ impl CudaDevice {
     }
 
     pub fn get_or_load_func(&self, fn_name: &str, mdl: &kernels::Module) -> Result<CudaFunc> {
-        let ms = self.modules.read().unwrap();
-        if let Some(mdl) = ms.mdls[mdl.index()].as_ref() {
-            let func = mdl.load_function(fn_name).w()?;
+        let index = mdl.index();
+        if let Some(func) = self.modules.read().unwrap().funcs[index].get(fn_name) {
             return Ok(CudaFunc {
-                func,
+                func: func.clone(),
                 stream: self.stream.clone(),
             });
         }
-        drop(ms);
         let mut ms = self.modules.write().unwrap();
-        let cuda_module = self.context.load_module(mdl.ptx().into()).w()?;
-        ms.mdls[mdl.index()] = Some(cuda_module.clone());
+        let cuda_module = match ms.mdls[index].as_ref() {
+            Some(cuda_module) => cuda_module.clone(),
+            None => {
+                let cuda_module = self.context.load_module(mdl.ptx().into()).w()?;
+                ms.mdls[index] = Some(cuda_module.clone());
+                cuda_module
+            }
+        };
         let func = cuda_module.load_function(fn_name).w()?;
+        ms.funcs[index].insert(fn_name.to_string(), func.clone());
         Ok(CudaFunc {
             func,
             stream: self.stream.clone(),
@@ -376,6 +384,7 @@ impl CudaDevice {
         let curand = cudarc::curand::CudaRng::new(299792458, stream.clone()).w()?;
         let module_store = ModuleStore {
             mdls: [const { None }; kernels::ALL_IDS.len()],
+            funcs: std::array::from_fn(|_| HashMap::new()),
         };
         Ok(Self {
             id: DeviceId::new(),

@@ -62,31 +62,39 @@ impl crate::scalar::Scalar {
     }
 }
 
+/// Distinct layouts [`CUDA_PARAM_CACHE`] keeps before it starts over.
+const CUDA_PARAM_CACHE_ENTRIES: usize = 4096;
+
 impl SlicePtrOrNull<usize> {
+    /// The dims and strides `params` of a strided op, on the device. Each distinct vector is
+    /// uploaded once and kept (a training step repeats the same few hundred layouts every
+    /// step), so a strided op costs a map lookup instead of an allocation and a host-to-device
+    /// copy; the kernels only read it. The cache starts over when it holds
+    /// [`CUDA_PARAM_CACHE_ENTRIES`] vectors: a dropped upload is freed in stream order, after
+    /// the kernels already queued with it.
     pub fn params_from_vec(dev: &CudaDevice, params: Vec<usize>) -> Result<Self> {
-        if device::cuda_graph_htod_cache_enabled() {
-            let key = (dev.id(), params.clone());
-            let cache = CUDA_PARAM_CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-            if let Some(slice) = cache.lock().unwrap().get(&key).cloned() {
-                return Ok(SlicePtrOrNull::Cached(slice));
-            }
-
-            let is_capturing = dev.cuda_stream().capture_status()
-                == Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE);
-            if is_capturing {
-                crate::bail!(
-                    "h2d param cache miss during CUDA graph capture: \
-                     warmup did not populate all required parameter vectors"
-                );
-            }
-
-            let slice = Arc::new(dev.cuda_stream().clone_htod(&params).w()?);
-            let mut cache = cache.lock().unwrap();
-            let slice = cache.entry(key).or_insert_with(|| slice).clone();
+        let key = (dev.id(), params);
+        let cache = CUDA_PARAM_CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        if let Some(slice) = cache.lock().unwrap().get(&key).cloned() {
             return Ok(SlicePtrOrNull::Cached(slice));
         }
 
-        Ok(SlicePtrOrNull::Ptr(dev.clone_htod(&params)?))
+        let is_capturing = dev.cuda_stream().capture_status()
+            == Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE);
+        if is_capturing {
+            crate::bail!(
+                "h2d param cache miss during CUDA graph capture: \
+                 warmup did not populate all required parameter vectors"
+            );
+        }
+
+        let slice = Arc::new(dev.cuda_stream().clone_htod(&key.1).w()?);
+        let mut cache = cache.lock().unwrap();
+        if cache.len() >= CUDA_PARAM_CACHE_ENTRIES {
+            cache.clear();
+        }
+        let slice = cache.entry(key).or_insert_with(|| slice).clone();
+        Ok(SlicePtrOrNull::Cached(slice))
     }
 
     pub fn params_from_layout(dev: &CudaDevice, l: &Layout) -> Result<Self> {
