@@ -84,7 +84,8 @@ fn check_within_1e5(
 
 /// Our CUDA kernels against the CPU ops, values and every gradient within 1e-5 of each
 /// tensor's largest magnitude, f32 and f64: train-mode batch norm with its ReLU (rows long
-/// enough to split into segments, inputs off zero mean) and its running statistics, the
+/// enough to split into segments, inputs off zero mean; channel-major and batch-major in
+/// memory, 2D, 3D and `[C, N]`) and its running statistics, the
 /// residual join, and 2D/3D max pooling over ReLU outputs (ties at zero, the first maximum).
 #[test]
 fn our_cuda_kernels_match_the_cpu_ops() -> Result<()> {
@@ -93,38 +94,62 @@ fn our_cuda_kernels_match_the_cpu_ops() -> Result<()> {
     let mut check =
         |what: &str, cpu: &[Tensor], gpu: &[Tensor]| check_within_1e5(&mut report, what, cpu, gpu);
     for dtype in [DType::F32, DType::F64] {
-        for (c, dims) in [(64usize, [8usize, 16, 16]), (8, [8, 64, 64])] {
-            let shape = [c, dims[0], dims[1], dims[2]];
-            let x = ((Tensor::randn(0f64, 1.0, &shape[..], &Device::Cpu)? * 3.0)? + 2.0)?
-                .to_dtype(dtype)?;
+        let shapes: [&[usize]; 4] = [
+            &[64, 8, 16, 16],
+            &[8, 8, 64, 64],
+            &[24, 32],
+            &[8, 4, 3, 4, 5],
+        ];
+        for shape in shapes {
+            let c = shape[0];
+            let x =
+                ((Tensor::randn(0f64, 1.0, shape, &Device::Cpu)? * 3.0)? + 2.0)?.to_dtype(dtype)?;
             let gamma = Tensor::randn(1f64, 0.5, c, &Device::Cpu)?.to_dtype(dtype)?;
             let beta = Tensor::randn(0f64, 0.5, c, &Device::Cpu)?.to_dtype(dtype)?;
             let r = x.randn_like(0.0, 1.0)?;
-            let run = |device: &Device| -> Result<Vec<Tensor>> {
+            // `lying`: the input lies batch-major in memory, as our convolutions leave it on
+            // CUDA (and as `forward_rows` sees `[N, C]`), and is normalised where it lies.
+            let run = |device: &Device, lying: bool| -> Result<Vec<Tensor>> {
                 let map = VarMap::new();
                 let vb = VarBuilder::from_varmap(&map, dtype, device);
                 let bn = BatchNorm::new(c, 1e-5, Some(0.1), vb)?;
                 let vars = map.data().lock().expect("the var map").clone();
                 vars["weight"].set(&gamma.to_device(device)?)?;
                 vars["bias"].set(&beta.to_device(device)?)?;
-                let x = Var::from_tensor(&x.to_device(device)?)?;
-                let y = bn.forward_channel_major(x.as_tensor(), true, true)?;
+                let (held, input) = match lying {
+                    false => {
+                        let x = Var::from_tensor(&x.to_device(device)?)?;
+                        (x.clone(), x.as_tensor().clone())
+                    }
+                    true => {
+                        let x = Var::from_tensor(&x.transpose(0, 1)?.to_device(device)?)?;
+                        (x.clone(), x.transpose(0, 1)?)
+                    }
+                };
+                let y = bn.forward_channel_major(&input, true, true)?;
+                if lying {
+                    assert!(y.transpose(0, 1)?.is_contiguous(), "{shape:?}: copied");
+                }
                 let grads = (&y * r.to_device(device)?)?.sum_all()?.backward()?;
                 let grad = |t: &Tensor| grads.get(t).expect("a gradient").to_device(&Device::Cpu);
+                let dx = grad(held.as_tensor())?;
                 Ok(vec![
                     y.to_device(&Device::Cpu)?,
-                    grad(x.as_tensor())?,
+                    if lying { dx.transpose(0, 1)? } else { dx },
                     grad(vars["weight"].as_tensor())?,
                     grad(vars["bias"].as_tensor())?,
                     bn.running_mean().to_device(&Device::Cpu)?,
                     bn.running_var().to_device(&Device::Cpu)?,
                 ])
             };
-            check(
-                &format!("batch norm {dtype:?} {shape:?}"),
-                &run(&Device::Cpu)?,
-                &run(&device)?,
-            )?;
+            let cpu = run(&Device::Cpu, false)?;
+            for lying in [false, true] {
+                check(
+                    &format!("batch norm {dtype:?} {shape:?}, batch-major in memory: {lying}"),
+                    &cpu,
+                    &run(&device, lying)?,
+                )?;
+            }
         }
         let h = Tensor::randn(0f64, 1.0, (64, 8, 8, 8), &Device::Cpu)?.to_dtype(dtype)?;
         let shortcut = h.randn_like(0.0, 1.0)?;
@@ -245,7 +270,8 @@ fn our_transformer_kernels_match_the_cpu_ops() -> Result<()> {
 }
 
 /// cuDNN's convolution and both its gradients against the CPU kernels at our encoders' shapes
-/// (3×3 at strides 1 and 2, 1×1 projections at stride 2, the 7×7 stems, their 3D versions), as
+/// (3×3 at strides 1 and 2, 1×1 at strides 1 and 2, the 7×7 stems, their 3D versions; inputs
+/// that lie channel-major and, in f32, batch-major in memory, as activations do on CUDA), as
 /// errors relative to each f32 tensor's largest magnitude: f32 within 1e-4 (sums over up to
 /// 74k products in another order, 1.5e-5 seen); bf16 products within 8× the CPU's own bf16
 /// emulation's distance from f32. The GPU also rounds `dy` and its results to bf16, so its
@@ -256,8 +282,9 @@ fn cudnn_convolutions_match_the_cpu_kernels() -> Result<()> {
     let device = gpu();
     // (C, O, kernel, stride, padding, [N, *S])
     type Case = (usize, usize, usize, usize, usize, &'static [usize]);
-    let cases: [Case; 9] = [
+    let cases: [Case; 10] = [
         (3, 64, 3, 1, 1, &[8, 32, 32]),
+        (64, 256, 1, 1, 0, &[8, 16, 16]),
         (64, 64, 3, 1, 1, &[8, 32, 32]),
         (64, 128, 3, 2, 1, &[8, 32, 32]),
         (64, 128, 1, 2, 0, &[8, 32, 32]),
@@ -286,8 +313,27 @@ fn cudnn_convolutions_match_the_cpu_kernels() -> Result<()> {
         };
         let exact = conv(&Device::Cpu, Precision::F32)?;
         let emulated = conv(&Device::Cpu, Precision::Bf16)?;
-        for precision in [Precision::F32, Precision::Bf16] {
-            let gpu = conv(&device, precision)?;
+        // The input as activations lie on CUDA: batch-major in memory, convolved where it lies.
+        let lying = || -> Result<Vec<Tensor>> {
+            let held = Var::from_tensor(&x.transpose(0, 1)?.to_device(&device)?)?;
+            let wg = Var::from_tensor(&w.to_device(&device)?)?;
+            let y = Conv::new(wg.as_tensor().clone(), None, stride, padding)?
+                .forward_channel_major(&held.transpose(0, 1)?)?;
+            assert!(y.transpose(0, 1)?.is_contiguous(), "the output was copied");
+            let grads = (&y * r.to_device(&device)?)?.sum_all()?.backward()?;
+            let grad = |v: &Var| grads.get(v).expect("a gradient").to_device(&Device::Cpu);
+            Ok(vec![
+                y.to_device(&Device::Cpu)?,
+                grad(&held)?.transpose(0, 1)?,
+                grad(&wg)?,
+            ])
+        };
+        let runs = [
+            (Precision::F32, "", conv(&device, Precision::F32)?),
+            (Precision::F32, ", lying batch-major", lying()?),
+            (Precision::Bf16, "", conv(&device, Precision::Bf16)?),
+        ];
+        for (precision, lies, gpu) in runs {
             for (i, name) in ["y", "dx", "dw"].iter().enumerate() {
                 let error = relative_error(&exact[i], &gpu[i])?;
                 let limit = match precision {
@@ -295,7 +341,8 @@ fn cudnn_convolutions_match_the_cpu_kernels() -> Result<()> {
                     Precision::Bf16 => 8.0 * relative_error(&exact[i], &emulated[i])?,
                 };
                 let what = format!(
-                    "{c}→{o} k{k} s{stride} p{padding} on {batch_and_size:?}, {precision:?}, {name}"
+                    "{c}→{o} k{k} s{stride} p{padding} on {batch_and_size:?}, {precision:?}{lies}, \
+                     {name}"
                 );
                 println!("{what}: largest error {error:.1e} (allowed {limit:.1e})");
                 if !within(error, limit) {

@@ -15,7 +15,9 @@ use candle_nn::{Init, VarBuilder};
 use ssl_linalg::extend_by_chunks;
 
 use crate::dispatch::{cuda_ops, fused_kernels};
-use crate::util::{contiguous_slice, lane_sum, owned_part, vectorized, Float};
+use crate::util::{
+    batch_major_in_memory, contiguous_slice, lane_sum, owned_part, vectorized, Float,
+};
 
 /// Per-channel batch statistics saved by the forward for the backward and running stats.
 #[derive(Debug, Default)]
@@ -36,10 +38,26 @@ fn row_len(l: &Layout, c: usize) -> usize {
     l.shape().elem_count() / c.max(1)
 }
 
+/// Train-mode batch norm of a contiguous operand whose channel `c` holds the values at flat
+/// indices `i` with `(i / inner) % C = c`: `[C, M]` rows (`inner = M`, the CPU's and the
+/// composed path's only form) or, on CUDA, activations that lie batch-major (`[N, C, *S]`,
+/// `inner` the positions per sample; `[N, C]` with `inner = 1`).
 struct BnFwd {
     eps: f64,
     relu: bool,
+    inner: usize,
     saved: Arc<Mutex<Saved>>,
+}
+
+/// The CPU kernels take `[C, M]` rows only.
+fn check_channel_rows(inner: usize, m: usize) -> Result<()> {
+    if inner != m {
+        candle_core::bail!(
+            "the CPU batch norm takes channel-major rows [C, M]; this operand's channels change \
+             every {inner} values, not every {m}"
+        );
+    }
+    Ok(())
 }
 
 fn bn_fwd_kernel<T: Float>(
@@ -96,6 +114,7 @@ impl candle_core::CustomOp3 for BnFwd {
     ) -> Result<(CpuStorage, Shape)> {
         let c = l2.shape().elem_count();
         let m = row_len(l1, c);
+        check_channel_rows(self.inner, m)?;
         let (out, mean, var) = match s1 {
             CpuStorage::F32(_) => {
                 let (o, a, b) = bn_fwd_kernel::<f32>(
@@ -138,7 +157,7 @@ impl candle_core::CustomOp3 for BnFwd {
         use crate::cuda::{batch_norm, float_dtype, view};
         use candle_core::backend::BackendStorage;
         let c = l2.shape().elem_count();
-        let rows = (c, row_len(l1, c));
+        let rows = (c, row_len(l1, c), self.inner);
         let (y, saved) = float_dtype!(s1.dtype(), T => {
             let operands = (view::<T>(s1, l1)?, view::<T>(s2, l2)?, view::<T>(s3, l3)?);
             batch_norm(&s1.device, operands, rows, self.eps, self.relu)?
@@ -160,6 +179,7 @@ impl candle_core::CustomOp3 for BnFwd {
         let op = BnBwd {
             stats: self.backward_stats(gamma)?,
             relu: self.relu,
+            inner: self.inner,
         };
         let all = x.apply_op3_no_bwd(res, &grad.contiguous()?, &op)?;
         let dx = all.narrow(0, 0, c * m)?.reshape(x.shape())?;
@@ -242,10 +262,12 @@ enum BackwardStats {
     Device(Arc<crate::cuda::BnSaved>),
 }
 
-/// Backward of [`BnFwd`]: inputs (x, res, grad), output flat `[dx (C·M), dgamma (C), dbeta (C)]`.
+/// Backward of [`BnFwd`]: inputs (x, res, grad), output flat `[dx (C·M), dgamma (C), dbeta (C)]`,
+/// `dx` laid out as `x` (channels every `inner` values, as in [`BnFwd`]).
 struct BnBwd {
     stats: BackwardStats,
     relu: bool,
+    inner: usize,
 }
 
 impl BnBwd {
@@ -324,6 +346,7 @@ impl candle_core::CustomOp3 for BnBwd {
                 candle_core::bail!("a CUDA batch norm's backward got CPU tensors")
             }
         };
+        check_channel_rows(self.inner, row_len(l1, gamma.len()))?;
         let stats = (&gamma[..], &mean[..], &inv_std[..]);
         let n = l1.shape().elem_count() + 2 * gamma.len();
         let out = match s1 {
@@ -363,7 +386,7 @@ impl candle_core::CustomOp3 for BnBwd {
         let m = row_len(l1, c);
         let out = float_dtype!(s1.dtype(), T => {
             let operands = (view::<T>(s1, l1)?, view::<T>(s2, l2)?, view::<T>(s3, l3)?);
-            batch_norm_backward(&s1.device, operands, saved, (c, m), self.relu)?
+            batch_norm_backward(&s1.device, operands, saved, (c, m, self.inner), self.relu)?
         });
         Ok((out, Shape::from(c * m + 2 * c)))
     }
@@ -452,6 +475,15 @@ impl BatchNorm {
                 x.dims()
             );
         }
+        if train && cuda_ops(x.device()) && crate::sync_bn::current().is_none() {
+            if let Some(batch_major) = batch_major_in_memory(x)? {
+                // Normalised where it lies: channel `c` every `inner` values of `[N, C, *S]`.
+                let inner = batch_major.elem_count() / (c * x.dim(1)?).max(1);
+                let (y, stats) = self.train_fused(&batch_major, inner, relu)?;
+                self.record(stats, c)?;
+                return y.transpose(0, 1);
+            }
+        }
         let x2 = x.reshape((c, m))?;
         let y = if train {
             self.forward_train_rows(&x2, relu)?
@@ -499,7 +531,7 @@ impl BatchNorm {
             None => {
                 let dev = x.device();
                 match fused_kernels(dev) || cuda_ops(dev) {
-                    true => self.train_fused(x, relu)?,
+                    true => self.train_fused(x, m, relu)?,
                     false => {
                         let (y, mean, var) = self.train_composed(x, relu)?;
                         let unbiased_var = unbiased(&var, m)?;
@@ -508,13 +540,18 @@ impl BatchNorm {
                 }
             }
         };
+        self.record(stats, c)?;
+        Ok(y)
+    }
+
+    /// Counts a train-mode batch and moves the running statistics towards its `stats`.
+    fn record(&self, stats: BatchStats, c: usize) -> Result<()> {
         let factor = {
             let mut count = self.count.lock().expect("bn count lock");
             *count += 1;
             self.momentum.unwrap_or(1.0 / *count as f64)
         };
-        self.update_running(stats, c, factor)?;
-        Ok(y)
+        self.update_running(stats, c, factor)
     }
 
     /// Running statistics (no gradient) moved by `factor` towards the batch's mean and unbiased
@@ -550,11 +587,13 @@ impl BatchNorm {
         }
     }
 
-    /// Train-mode output of `[C, M]` rows with the fused op (CPU or CUDA), and the batch
-    /// statistics (mean and unbiased variance as f64 tensors from the CPU; left on the device by
-    /// CUDA).
-    fn train_fused(&self, x: &Tensor, relu: bool) -> Result<(Tensor, BatchStats)> {
-        let (c, m) = x.dims2()?;
+    /// Train-mode output of the fused op (CPU or CUDA) on `x`, `[C, M]` rows or (CUDA) any
+    /// operand whose channels repeat every `inner` values (see [`BnFwd`]), in `x`'s shape, and
+    /// the batch statistics (mean and unbiased variance as f64 tensors from the CPU; left on the
+    /// device by CUDA).
+    fn train_fused(&self, x: &Tensor, inner: usize, relu: bool) -> Result<(Tensor, BatchStats)> {
+        let c = self.weight.elem_count();
+        let m = x.elem_count() / c.max(1);
         let dt = match x.dtype() {
             DType::F64 => DType::F64,
             _ => DType::F32,
@@ -563,6 +602,7 @@ impl BatchNorm {
         let op = BnFwd {
             eps: self.eps,
             relu,
+            inner,
             saved: saved.clone(),
         };
         let y = x.to_dtype(dt)?.contiguous()?.apply_op3(
@@ -620,7 +660,7 @@ mod tests {
         let x = candle_core::Var::from_tensor(&rand_tensor(30, &[4, 9], DType::F64)).unwrap();
         let r = rand_tensor(31, &[4, 9], DType::F64);
         for relu in [false, true] {
-            let (yf, stats) = bn.train_fused(x.as_tensor(), relu).unwrap();
+            let (yf, stats) = bn.train_fused(x.as_tensor(), 9, relu).unwrap();
             let (mf, vf) = match stats {
                 BatchStats::Tensors { mean, unbiased_var } => (mean, unbiased_var),
                 #[cfg(feature = "cuda")]

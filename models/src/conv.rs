@@ -1210,25 +1210,33 @@ impl Conv {
             candle_core::bail!("Conv expects {wc} input channels, got {}", g.c);
         }
         let x = match x.dtype() {
-            DType::F32 | DType::F64 => x.contiguous()?,
-            _ => x.to_dtype(DType::F32)?.contiguous()?,
+            DType::F32 | DType::F64 => x.clone(),
+            _ => x.to_dtype(DType::F32)?,
         };
         let (rows, cols) = g.col_shape();
         let wm = self.weight.reshape((o, rows))?.to_dtype(x.dtype())?;
-        let y = matrix_product(&x, &wm, |x, wm| {
-            let volumes = x.reshape(g.size_5d())?;
-            if self.kernel == 1 && self.stride == 1 && self.padding == 0 {
-                // The input already is the column matrix.
-                ssl_linalg::matmul(wm, &x.reshape((rows, cols))?)
-            } else if fused_kernels(x.device()) {
-                volumes.apply_op2(&wm.contiguous()?, ConvOp(g))
-            } else if cuda_ops(x.device()) {
-                self.cudnn(x, wm, g)
-            } else {
-                wm.matmul(&im2col_composed(&volumes, g)?)
-            }
-        })?;
-        let y = y.reshape(g.out_dims(o, rank))?;
+        let y = if cuda_ops(x.device()) {
+            // cuDNN convolves activations that lie batch-major in memory, and so do bf16's
+            // roundings of them here: every shape, 1×1 included, without a copy.
+            matrix_product(&x.transpose(0, 1)?, &wm, |x, wm| {
+                self.cudnn(&x.transpose(0, 1)?, wm, g)?.transpose(0, 1)
+            })?
+            .transpose(0, 1)?
+        } else {
+            let x = x.contiguous()?;
+            matrix_product(&x, &wm, |x, wm| {
+                let volumes = x.reshape(g.size_5d())?;
+                if self.kernel == 1 && self.stride == 1 && self.padding == 0 {
+                    // The input already is the column matrix.
+                    ssl_linalg::matmul(wm, &x.reshape((rows, cols))?)
+                } else if fused_kernels(x.device()) {
+                    volumes.apply_op2(&wm.contiguous()?, ConvOp(g))
+                } else {
+                    wm.matmul(&im2col_composed(&volumes, g)?)
+                }
+            })?
+            .reshape(g.out_dims(o, rank))?
+        };
         match &self.bias {
             Some(b) => {
                 let mut bshape = vec![o];
@@ -1241,7 +1249,8 @@ impl Conv {
 }
 
 impl Conv {
-    /// `[O, N, *S_out]` from cuDNN, for the channel-major `x` and the weight matrix `wm`.
+    /// `[O, N, *S_out]` from cuDNN (batch-major in memory), for the channel-major `x` and the
+    /// weight matrix `wm`.
     #[cfg(feature = "cuda")]
     fn cudnn(&self, x: &Tensor, wm: &Tensor, g: Geom) -> Result<Tensor> {
         let rank = self.spatial_rank();

@@ -151,11 +151,13 @@ impl BnSaved {
     }
 }
 
-/// Train-mode batch norm of contiguous rows `x` (`[C, M]`) with `gamma`, `beta` (`[C]`).
+/// Train-mode batch norm of a contiguous `x` of `C` channels with `gamma`, `beta` (`[C]`):
+/// channel `c`'s `M` values lie `inner` at a time, every `C·inner` (`[C, M]` rows: `inner = M`;
+/// batch-major `[N, C, *S]`: `inner` the positions per sample). `y` is laid out as `x`.
 pub(crate) fn batch_norm<T: Element>(
     dev: &CudaDevice,
     (x, gamma, beta): (CudaView<T>, CudaView<T>, CudaView<T>),
-    (c, m): (usize, usize),
+    (c, m, inner): (usize, usize, usize),
     eps: f64,
     relu: bool,
 ) -> Result<(CudaStorage, BnSaved)> {
@@ -169,11 +171,16 @@ pub(crate) fn batch_norm<T: Element>(
             dev.alloc::<f64>(4 * c)?,
         )
     };
-    let (m, seg, relu) = (m as i64, seg as i64, i32::from(relu));
+    let (m, inner, seg, relu) = (m as i64, inner as i64, seg as i64, i32::from(relu));
     let stream = dev.cuda_stream();
     let func = kernel::<T>(dev, "bn_stats")?;
     let mut launch = stream.launch_builder(&func);
-    launch.arg(&x).arg(&mut partial).arg(&m).arg(&seg);
+    launch
+        .arg(&x)
+        .arg(&mut partial)
+        .arg(&m)
+        .arg(&inner)
+        .arg(&seg);
     // SAFETY: the arguments are the kernel's, in its order and types.
     unsafe { launch.launch(grid(c, s)) }?;
     let func = kernel::<T>(dev, "bn_apply")?;
@@ -185,7 +192,7 @@ pub(crate) fn batch_norm<T: Element>(
         .arg(&partial)
         .arg(&mut y)
         .arg(&mut saved);
-    launch.arg(&m).arg(&seg).arg(&eps).arg(&relu);
+    launch.arg(&m).arg(&inner).arg(&seg).arg(&eps).arg(&relu);
     // SAFETY: as above.
     unsafe { launch.launch(grid(c, s)) }?;
     Ok((CudaStorage::wrap_cuda_slice(y, dev.clone()), BnSaved(saved)))
@@ -236,13 +243,13 @@ pub(crate) fn batch_norm_running<T: Element>(
     Ok(())
 }
 
-/// The batch norm backward from its input `x`, output `res` and output gradient `grad`
-/// (`[C, M]` each): flat `[dx (C·M), dγ (C), dβ (C)]`.
+/// The batch norm backward from its input `x`, output `res` and output gradient `grad`, laid
+/// out as in [`batch_norm`]: flat `[dx (C·M, laid out as x), dγ (C), dβ (C)]`.
 pub(crate) fn batch_norm_backward<T: Element>(
     dev: &CudaDevice,
     (x, res, grad): (CudaView<T>, CudaView<T>, CudaView<T>),
     saved: &BnSaved,
-    (c, m): (usize, usize),
+    (c, m, inner): (usize, usize, usize),
     relu: bool,
 ) -> Result<CudaStorage> {
     let (s, seg) = segments(c, m);
@@ -250,7 +257,7 @@ pub(crate) fn batch_norm_backward<T: Element>(
     // writes every element of `out`.
     let (mut partial, mut out) =
         unsafe { (dev.alloc::<f64>(2 * c * s)?, dev.alloc::<T>(c * m + 2 * c)?) };
-    let (m, seg, relu) = (m as i64, seg as i64, i32::from(relu));
+    let (m, inner, seg, relu) = (m as i64, inner as i64, seg as i64, i32::from(relu));
     let stream = dev.cuda_stream();
     let func = kernel::<T>(dev, "bn_backward_sums")?;
     let mut launch = stream.launch_builder(&func);
@@ -260,7 +267,7 @@ pub(crate) fn batch_norm_backward<T: Element>(
         .arg(&grad)
         .arg(&saved.0)
         .arg(&mut partial);
-    launch.arg(&m).arg(&seg).arg(&relu);
+    launch.arg(&m).arg(&inner).arg(&seg).arg(&relu);
     // SAFETY: as in `batch_norm`.
     unsafe { launch.launch(grid(c, s)) }?;
     let func = kernel::<T>(dev, "bn_backward_apply")?;
@@ -271,7 +278,12 @@ pub(crate) fn batch_norm_backward<T: Element>(
         .arg(&grad)
         .arg(&saved.0)
         .arg(&partial);
-    launch.arg(&mut out).arg(&m).arg(&seg).arg(&relu);
+    launch
+        .arg(&mut out)
+        .arg(&m)
+        .arg(&inner)
+        .arg(&seg)
+        .arg(&relu);
     // SAFETY: as in `batch_norm`.
     unsafe { launch.launch(grid(c, s)) }?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))

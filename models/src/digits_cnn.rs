@@ -9,6 +9,7 @@ use candle_nn::VarBuilder;
 
 use crate::batch_norm::BatchNorm;
 use crate::conv::{conv, Conv};
+use crate::pool::global_average_pool_channel_major;
 use crate::{linear, Encoder, Linear};
 
 const OUT_DIM: usize = 128;
@@ -63,13 +64,12 @@ impl DigitsCnn {
 
     /// `[N, C, H, W]` images → `[N, 128]` features.
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let mut h = x.transpose(0, 1)?.contiguous()?;
+        let mut h = x.transpose(0, 1)?;
         for (conv, bn) in self.convs.iter().zip(&self.bns) {
             h = conv.forward_channel_major(&h)?;
             h = bn.forward_channel_major(&h, true, train)?;
         }
-        // Global average pool: [C, N, H, W] → [C, N] → [N, C].
-        let pooled = h.flatten_from(2)?.mean(2)?.t()?;
+        let pooled = global_average_pool_channel_major(&h)?;
         self.fc.forward(&pooled)
     }
 

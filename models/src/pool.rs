@@ -7,7 +7,7 @@
 //! routes every output gradient to that index. Both run over disjoint (channel, image) volumes
 //! on Candle's workers. On CUDA (feature `cuda`) the same op runs our kernels (`cuda.rs`, one
 //! thread per output; the backward adds atomically). Other devices take the maximum over
-//! gathered windows with Candle ops.
+//! gathered windows with Candle ops. Global average pooling is a mean where the activations lie.
 
 use std::sync::{Arc, Mutex};
 
@@ -16,7 +16,7 @@ use ssl_linalg::{for_each_chunk_mut, map_chunks_mut};
 
 use crate::conv::{gather_windows, Geom};
 use crate::dispatch::{cuda_ops, fused_kernels};
-use crate::util::{contiguous_slice, vectorized, Float};
+use crate::util::{batch_major_in_memory, contiguous_slice, vectorized, Float};
 
 /// Max pooling of `x`: `[C, N, *S]` (spatial rank 2 or 3) with a cubic window of side
 /// `kernel`, giving `[C, N, *S_out]`, `S_out = ⌊(S + 2·padding − kernel)/stride⌋ + 1`.
@@ -33,6 +33,10 @@ pub fn max_pool_channel_major(
         candle_core::bail!(
             "max pool: padding {padding} exceeds half the window {kernel} (PyTorch refuses it too)"
         );
+    }
+    if let Some(batch_major) = batch_major_in_memory(x)? {
+        // Each (channel, image) plane is pooled alike, so the batch-major view is pooled as is.
+        return max_pool_channel_major(&batch_major, kernel, stride, padding)?.transpose(0, 1);
     }
     let g = Geom::new("max pool", x.dims(), kernel, stride, padding)?;
     let out_dims = g.out_dims(g.c, x.rank() - 2);
@@ -51,6 +55,22 @@ pub fn max_pool_channel_major(
         argmax: Arc::new(Mutex::new(Argmax::Pending)),
     };
     x.apply_op1(op)?.reshape(out_dims)
+}
+
+/// Global average pooling of channel-major activations: `[C, N, *S]` → `[N, C]`, the mean over
+/// the positions of each (channel, image) plane, read where the activations lie (batch-major in
+/// memory on CUDA, channel-major on the CPU) without a copy.
+pub fn global_average_pool_channel_major(x: &Tensor) -> Result<Tensor> {
+    if x.rank() < 3 {
+        candle_core::bail!(
+            "global average pool: expected [C, N, *S], got {:?}",
+            x.dims()
+        );
+    }
+    match batch_major_in_memory(x)? {
+        Some(batch_major) => batch_major.flatten_from(2)?.mean(2),
+        None => x.flatten_from(2)?.mean(2)?.t(),
+    }
 }
 
 /// Per output: the flat index of its maximum within its (channel, image) input volume.

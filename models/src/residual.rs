@@ -11,7 +11,7 @@
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 
 use crate::dispatch::{cuda_ops, fused_kernels};
-use crate::util::{contiguous_slice, zip_map, Float};
+use crate::util::{batch_major_in_memory, contiguous_slice, zip_map, Float};
 
 /// `relu(h + shortcut)` of two tensors of one shape.
 pub fn residual_relu(h: &Tensor, shortcut: &Tensor) -> Result<Tensor> {
@@ -19,12 +19,16 @@ pub fn residual_relu(h: &Tensor, shortcut: &Tensor) -> Result<Tensor> {
         && matches!(h.dtype(), DType::F32 | DType::F64)
         && h.dtype() == shortcut.dtype()
         && h.shape() == shortcut.shape();
-    match fused {
-        true => h
-            .contiguous()?
-            .apply_op2(&shortcut.contiguous()?, ResidualRelu),
-        false => (h + shortcut)?.relu(),
+    if !fused {
+        return (h + shortcut)?.relu();
     }
+    if let (Some(h), Some(shortcut)) = (batch_major_in_memory(h)?, batch_major_in_memory(shortcut)?)
+    {
+        // Elementwise: the batch-major views join as they lie.
+        return residual_relu(&h, &shortcut)?.transpose(0, 1);
+    }
+    h.contiguous()?
+        .apply_op2(&shortcut.contiguous()?, ResidualRelu)
 }
 
 /// `max(a + b, 0)` elementwise.
@@ -206,6 +210,31 @@ mod tests {
                     grad[i]
                 );
             }
+        }
+    }
+
+    /// Activations that lie batch-major in memory (as on CUDA) join where they lie: the result
+    /// lies batch-major too, with the values and gradients of the channel-major join.
+    #[test]
+    fn inputs_that_lie_batch_major_join_in_place_with_the_same_values_and_gradients() {
+        // Variables held batch-major ([N, C, …]); the join sees their channel-major views.
+        let h = Var::from_tensor(&rand_tensor(10, &[4, 3, 5, 2], DType::F64)).unwrap();
+        let s = Var::from_tensor(&rand_tensor(11, &[4, 3, 5, 2], DType::F64)).unwrap();
+        let (hc, sc) = (h.transpose(0, 1).unwrap(), s.transpose(0, 1).unwrap());
+        assert!(!hc.is_contiguous());
+        let r = rand_tensor(12, &[3, 4, 5, 2], DType::F64);
+        let y = residual_relu(&hc, &sc).unwrap();
+        assert!(
+            y.transpose(0, 1).unwrap().is_contiguous(),
+            "the join copied"
+        );
+        let composed = (&hc + &sc).unwrap().relu().unwrap();
+        assert_eq!(max_abs_diff(&y, &composed), 0.0);
+        let grads = |y: &Tensor| (y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        let (ours, candle) = (grads(&y), grads(&composed));
+        for v in [&h, &s] {
+            let d = max_abs_diff(ours.get(v).unwrap(), candle.get(v).unwrap());
+            assert_eq!(d, 0.0, "gradient diff {d}");
         }
     }
 

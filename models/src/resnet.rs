@@ -18,7 +18,8 @@
 //!
 //! Activations stay channel-major (`[C, N, *S]`) inside the network: each convolution is one
 //! GEMM ([`crate::conv`]), each batch norm (+ReLU) one fused op ([`crate::batch_norm`]) and each
-//! block's `relu(h + shortcut)` another ([`crate::residual`]).
+//! block's `relu(h + shortcut)` another ([`crate::residual`]). On CUDA they are channel-major in
+//! shape only and lie batch-major in memory, as cuDNN takes them (`conv/cudnn.rs`).
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::init::{FanInOut, NonLinearity, NormalOrUniform};
@@ -27,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch_norm::BatchNorm;
 use crate::conv::Conv;
-use crate::pool::max_pool_channel_major;
+use crate::pool::{global_average_pool_channel_major, max_pool_channel_major};
 use crate::residual::residual_relu;
 use crate::{linear, Encoder, Linear};
 
@@ -294,17 +295,16 @@ impl ResNet {
                 x.dims()
             );
         }
-        let mut h = self
-            .stem
-            .forward(&x.transpose(0, 1)?.contiguous()?, true, train)?;
+        // The channel-major view of the images: the CPU's convolution copies it channel-major,
+        // cuDNN takes it as it lies.
+        let mut h = self.stem.forward(&x.transpose(0, 1)?, true, train)?;
         if self.max_pool {
             h = max_pool_channel_major(&h, 3, 2, 1)?;
         }
         for block in &self.blocks {
             h = block.forward(&h, train)?;
         }
-        // Global average pool: [C, N, *S] → [C, N] → [N, C].
-        let pooled = h.flatten_from(2)?.mean(2)?.t()?;
+        let pooled = global_average_pool_channel_major(&h)?;
         match &self.fc {
             Some(fc) => fc.forward(&pooled),
             None => Ok(pooled),

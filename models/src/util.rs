@@ -327,6 +327,19 @@ pub(crate) fn contiguous_slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) 
     }
 }
 
+/// The batch-major view `x.transpose(0, 1)` (`[N, C, *S]`) of a channel-major `x` (`[C, N, *S]`)
+/// that lies batch-major in memory, as on CUDA our convolutions leave activations
+/// (`conv/cudnn.rs`); `None` when `x` lies otherwise (channel-major, as on the CPU). An op
+/// that treats the first two axes alike (elementwise, or per `(c, n)` plane) runs on this view
+/// and transposes its result back, so the activations stay where they are, without a copy.
+pub(crate) fn batch_major_in_memory(x: &Tensor) -> Result<Option<Tensor>> {
+    if x.rank() < 2 || x.is_contiguous() {
+        return Ok(None);
+    }
+    let view = x.transpose(0, 1)?;
+    Ok(view.is_contiguous().then_some(view))
+}
+
 /// A matrix in memory: pointer, row stride, column stride (in elements).
 pub(crate) type Mat<T> = (*const T, usize, usize);
 

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with DIR/cuda-bins.txz from build.sh, in one
-# call: the CUDA parity tests (and the convolution test again with packed cuDNN layouts), the
-# NCCL tests at world size 1 (dist/tests/nccl.rs, then bin/tests/nccl.rs with ssl_nccl), the
-# four train_step rows in f32 — ours, (rows 1 and 3) ours with cudarc's per-buffer events on as
+# call: the CUDA parity tests, the NCCL tests at world size 1 (dist/tests/nccl.rs, then
+# bin/tests/nccl.rs with ssl_nccl), the four train_step rows in f32 — ours, (rows 1 and 3) ours with cudarc's per-buffer events on as
 # before, ours through the composed ops (the GPU path before cuDNN and our kernels), PyTorch
 # with its defaults and with cudnn.benchmark, in that order, row by row — then the rows in bf16
 # (ours against PyTorch autocast), kernel profiles of the step (CUPTI, libkernel_profile.so:
@@ -39,9 +38,6 @@ stamp start
 timeout 200 "$dir/cuda_test" --test-threads 1 --nocapture > "$out/cuda_test.log" 2>&1
 echo "cuda_test exit $?" | tee -a "$out/cuda_test.log"
 stamp tests
-SSL_CUDNN_LAYOUT=packed timeout 60 "$dir/cuda_test" cudnn_convolutions --nocapture \
-  > "$out/cuda_test_packed.log" 2>&1
-echo "packed exit $?" | tee -a "$out/cuda_test_packed.log"
 timeout 60 "$dir/nccl_dist_test" --test-threads 1 --nocapture > "$out/nccl_test.log" 2>&1
 echo "nccl_dist_test exit $?" | tee -a "$out/nccl_test.log"
 SSL_BIN="$dir/ssl_nccl" timeout 240 "$dir/nccl_run_test" --nocapture >> "$out/nccl_test.log" 2>&1

@@ -2,12 +2,12 @@
 //! 2D and 3D convolutions [`Conv`](super::Conv) computes, one cuDNN call each, in place of the
 //! gathered columns and GEMM of the composed path.
 //!
-//! Our activations are channel-major (`[C, N, *S]`). cuDNN takes any strides in its tensor
-//! descriptors, so a call first describes the batch-major view `[N, C, *S]` of the channel-major
-//! buffer by its strides and writes its result channel-major too (no copy). Where none of
-//! cuDNN's algorithms takes those strides for a shape (`NOT_SUPPORTED` from all of them), that
-//! shape's calls copy to packed `NCHW` (`NCDHW`) around cuDNN instead, decided once per shape;
-//! `SSL_CUDNN_LAYOUT=packed` asks for copies everywhere.
+//! Activations are channel-major in shape (`[C, N, *S]`), as on the CPU, but on CUDA they lie
+//! batch-major in memory (`[N, C, *S]` packed, `NCHW`/`NCDHW`): the layout cuDNN's algorithms
+//! take (most refuse the strides of a channel-major buffer seen batch-major), PyTorch's, and the
+//! one our batch norm, residual and pooling kernels leave as they find it. A convolution runs on
+//! the batch-major view `x.transpose(0, 1)` (a copy only when `x` lies channel-major, as a
+//! network's input does not) and returns its packed `[N, O, *S]` result as `[O, N, *S]`, a view.
 //!
 //! Algorithms are the first that cuDNN's heuristics rank and support (what PyTorch uses with
 //! `cudnn.benchmark` off), cached per shape with their descriptors, and one workspace per device
@@ -16,7 +16,7 @@
 //! f32 (the parity tests do). bf16 operands accumulate in f32.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -60,83 +60,30 @@ pub fn set_tf32(allowed: bool) {
 }
 
 /// The convolution `g` (spatial rank `rank`) with `o` output channels of a channel-major `x`
-/// (`[C, N, *S]`) by `w` (`[O, C, k, …]`), giving `[O, N, *S_out]`; its backward runs cuDNN's
-/// two gradient calls.
+/// (`[C, N, *S]`) by `w` (`[O, C, k, …]`), giving `[O, N, *S_out]` that lies batch-major in
+/// memory; its backward runs cuDNN's two gradient calls.
 pub(crate) fn conv(x: &Tensor, w: &Tensor, g: Geom, o: usize, rank: usize) -> Result<Tensor> {
-    let w = w.contiguous()?;
-    let shape = ShapeKey::new(Kind::Forward, x.dtype(), g, o);
-    strided_or_packed(shape, |packed| {
-        let op = Forward { g, o, rank, packed };
-        match packed {
-            false => x.transpose(0, 1)?.apply_op2(&w, op),
-            true => x
-                .transpose(0, 1)?
-                .contiguous()?
-                .apply_op2(&w, op)?
-                .transpose(0, 1)?
-                .contiguous(),
-        }
-    })
+    x.transpose(0, 1)?
+        .contiguous()?
+        .apply_op2(&w.contiguous()?, Forward { g, o, rank })?
+        .transpose(0, 1)
 }
 
-/// A convolution's shape, for the choice of strided or packed layouts.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct ShapeKey {
-    /// Forward, or the two gradients (backward data stands for both).
-    kind: Kind,
-    dtype: DType,
-    g: Geom,
-    o: usize,
-}
-
-impl ShapeKey {
-    fn new(kind: Kind, dtype: DType, g: Geom, o: usize) -> Self {
-        Self { kind, dtype, g, o }
-    }
-}
-
-/// `run(false)` (channel-major strides) unless this shape was refused them or copies are asked
-/// for everywhere, else `run(true)` (packed copies). A refusal is remembered for the shape.
-fn strided_or_packed<R>(shape: ShapeKey, run: impl Fn(bool) -> Result<R>) -> Result<R> {
-    static EVERYWHERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let everywhere =
-        *EVERYWHERE.get_or_init(|| std::env::var("SSL_CUDNN_LAYOUT").is_ok_and(|v| v == "packed"));
-    if !everywhere && !REFUSED.with(|r| r.borrow().contains(&shape)) {
-        match run(false) {
-            Ok(r) => return Ok(r),
-            Err(e) if refused(&e) => {
-                REFUSED.with(|r| r.borrow_mut().insert(shape));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    run(true)
-}
-
-/// Whether `e` is cuDNN's refusal of a layout (as opposed to a failure).
-fn refused(e: &candle_core::Error) -> bool {
-    let text = e.to_string();
-    text.contains("CUDNN_STATUS_NOT_SUPPORTED") || text.contains("CUDNN_STATUS_BAD_PARAM")
-}
-
-/// The forward convolution; `arg1` is the input seen batch-major (`[N, C, *S]`, any strides).
-/// Writes `[O, N, *S_out]`, or `[N, O, *S_out]` when `packed`.
+/// The forward convolution of a packed batch-major input `[N, C, *S]`: writes `[N, O, *S_out]`.
 struct Forward {
     g: Geom,
     o: usize,
     rank: usize,
-    packed: bool,
 }
 
-/// `dx` of [`Forward`] from `dy` seen batch-major; writes `[C, N, *S]` (`[N, C, *S]` packed).
+/// `dx` (`[N, C, *S]`) of [`Forward`] from `dy` (`[N, O, *S_out]`).
 struct BackwardData {
     g: Geom,
     o: usize,
     rank: usize,
-    packed: bool,
 }
 
-/// `dW` (`[O, C, k, …]`) of [`Forward`] from `x` and `dy`, both seen batch-major.
+/// `dW` (`[O, C, k, …]`) of [`Forward`] from `x` and `dy`, both batch-major.
 struct BackwardFilter {
     g: Geom,
     o: usize,
@@ -166,16 +113,14 @@ impl CustomOp2 for Forward {
         wl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let mut out = self.g.out_dims(self.o, self.rank);
-        if self.packed {
-            out.swap(0, 1);
-        }
+        out.swap(0, 1);
         let call = Call {
             kind: Kind::Forward,
             g: self.g,
             o: self.o,
             rank: self.rank,
         };
-        call.run((x, xl), (w, wl), out, !self.packed)
+        call.run((x, xl), (w, wl), out)
     }
 
     fn bwd(
@@ -186,22 +131,9 @@ impl CustomOp2 for Forward {
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (g, o, rank) = (self.g, self.o, self.rank);
-        // `dy` as the forward wrote it, seen batch-major like `x`.
-        let dy = match self.packed {
-            true => dy.contiguous()?,
-            false => dy.contiguous()?.transpose(0, 1)?,
-        };
-        let shape = ShapeKey::new(Kind::BackwardData, dy.dtype(), g, o);
-        let (dx, dw) = strided_or_packed(shape, |packed| {
-            let (x, dy) = match packed {
-                true => (x.contiguous()?, dy.contiguous()?),
-                false => (x.clone(), dy.clone()),
-            };
-            let dx = dy.apply_op2_no_bwd(w, &BackwardData { g, o, rank, packed })?;
-            let dx = if packed { dx } else { dx.transpose(0, 1)? };
-            let dw = x.apply_op2_no_bwd(&dy, &BackwardFilter { g, o, rank })?;
-            Ok((dx, dw))
-        })?;
+        let dy = dy.contiguous()?;
+        let dx = dy.apply_op2_no_bwd(w, &BackwardData { g, o, rank })?;
+        let dw = x.apply_op2_no_bwd(&dy, &BackwardFilter { g, o, rank })?;
         Ok((Some(dx), Some(dw)))
     }
 }
@@ -229,18 +161,15 @@ impl CustomOp2 for BackwardData {
         wl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let g = &self.g;
-        let mut dims = vec![g.c, g.n];
+        let mut dims = vec![g.n, g.c];
         dims.extend(&g.size[3 - self.rank..]);
-        if self.packed {
-            dims.swap(0, 1);
-        }
         let call = Call {
             kind: Kind::BackwardData,
             g: self.g,
             o: self.o,
             rank: self.rank,
         };
-        call.run((dy, dyl), (w, wl), dims, !self.packed)
+        call.run((dy, dyl), (w, wl), dims)
     }
 }
 
@@ -273,7 +202,7 @@ impl CustomOp2 for BackwardFilter {
             o: self.o,
             rank: self.rank,
         };
-        call.run((x, xl), (dy, dyl), dims, false)
+        call.run((x, xl), (dy, dyl), dims)
     }
 }
 
@@ -284,19 +213,13 @@ fn filter_dims(g: &Geom, o: usize, rank: usize) -> Vec<usize> {
     dims
 }
 
-/// The dims and strides cuDNN sees for a contiguous buffer of `dims`: `dims` itself, or, when
-/// `swapped` (a channel-major buffer), its batch-major view with the first two axes exchanged.
-fn batch_major_strides(dims: &[usize], swapped: bool) -> (Vec<usize>, Vec<usize>) {
+/// The strides of a packed buffer of `dims`.
+fn packed_strides(dims: &[usize]) -> Vec<usize> {
     let mut strides = vec![1; dims.len()];
     for a in (0..dims.len() - 1).rev() {
         strides[a] = strides[a + 1] * dims[a + 1];
     }
-    let mut dims = dims.to_vec();
-    if swapped {
-        dims.swap(0, 1);
-        strides.swap(0, 1);
-    }
-    (dims, strides)
+    strides
 }
 
 /// Which of the three cuDNN convolution calls.
@@ -374,7 +297,6 @@ thread_local! {
     // cuDNN handles are not thread-safe: one per thread and device, as Candle keeps its own.
     static HANDLES: RefCell<HashMap<DeviceId, Handle>> = RefCell::new(HashMap::new());
     static PLANS: RefCell<HashMap<PlanKey, std::rc::Rc<Plan>>> = RefCell::new(HashMap::new());
-    static REFUSED: RefCell<HashSet<ShapeKey>> = RefCell::new(HashSet::new());
     static WORKSPACES: RefCell<HashMap<DeviceId, CudaSlice<u8>>> = RefCell::new(HashMap::new());
 }
 
@@ -439,20 +361,18 @@ fn tensor_desc<T: CudnnDataType>(dims: &[usize], strides: &[usize]) -> Result<Te
 }
 
 impl Call {
-    /// This call on the storages `a` and `b`, writing a contiguous result of `dims`; `swapped`:
-    /// `dims` is channel-major, which cuDNN sees batch-major (see [`batch_major_strides`]).
+    /// This call on the storages `a` and `b`, writing a packed result of `dims`.
     fn run(
         &self,
         (a, al): (&CudaStorage, &Layout),
         (b, bl): (&CudaStorage, &Layout),
         dims: Vec<usize>,
-        swapped: bool,
     ) -> Result<(CudaStorage, Shape)> {
         let storage = dispatch_dtype!(a.dtype(), T => {
             let out = self.launch::<T>(
                 &a.device,
                 &[(a.as_cuda_slice::<T>()?, al), (b.as_cuda_slice::<T>()?, bl)],
-                batch_major_strides(&dims, swapped),
+                (dims.clone(), packed_strides(&dims)),
             )?;
             CudaStorage::wrap_cuda_slice(out, a.device.clone())
         });

@@ -1,12 +1,14 @@
 // Our CUDA kernels, compiled at run time by NVRTC (see cuda.rs): train-mode batch norm with its
-// fused ReLU and its backward on channel-major rows `[C, M]`, and the residual join
-// `relu(h + shortcut)`. Each is the CPU op of the same name (batch_norm.rs, residual.rs) on the
+// fused ReLU and its backward, the residual join `relu(h + shortcut)`, max pooling, layer norm,
+// softmax and GELU. Each is the CPU op of the same name (batch_norm.rs, residual.rs, …) on the
 // GPU: the same formulas, sums in double.
 //
 // Batch norm grids are (C, S): block (c, s) takes segment s of channel c's row, `seg` values
 // long. The statistics kernels write per-segment partial sums; the apply kernels merge the S
 // partials of their channel and finish the row segment, so a pass is two launches however many
-// channels there are.
+// channels there are. A channel's M values need not be one run: they lie `inner` at a time,
+// every C·inner (`[C, M]` rows: inner = M; activations that lie batch-major, `[N, C, *S]`:
+// inner = the positions per sample), and `ChannelWalk` finds them.
 
 #define THREADS 256
 
@@ -30,15 +32,34 @@ __device__ void block_sum2(double &a, double &b) {
     }
 }
 
+// Where channel c's values j, j + THREADS, j + 2·THREADS, … lie: value j at
+// (j / inner)·C·inner + c·inner + j % inner, stepped without a division.
+struct ChannelWalk {
+    long long sample, offset, inner, sample_stride, base, step_samples, step_offset;
+    __device__ ChannelWalk(long long j, long long c, long long channels, long long inner)
+        : sample(j / inner), offset(j % inner), inner(inner), sample_stride(channels * inner),
+          base(c * inner), step_samples(THREADS / inner), step_offset(THREADS % inner) {}
+    __device__ long long at() const { return sample * sample_stride + base + offset; }
+    __device__ void next() {
+        sample += step_samples;
+        offset += step_offset;
+        if (offset >= inner) {
+            offset -= inner;
+            ++sample;
+        }
+    }
+};
+
 // partial[(c·S + s)·2 + {0, 1}] = Σ x, Σ x² over the segment.
 template <typename T>
-__device__ void bn_stats(const T *x, double *partial, long long m, long long seg) {
+__device__ void bn_stats(const T *x, double *partial, long long m, long long inner,
+                         long long seg) {
     long long c = blockIdx.x, s = blockIdx.y, first = s * seg;
     long long last = first + seg < m ? first + seg : m;
-    const T *row = x + c * m;
     double sum = 0.0, squares = 0.0;
-    for (long long i = first + threadIdx.x; i < last; i += THREADS) {
-        double v = (double)row[i];
+    ChannelWalk w(first + threadIdx.x, c, gridDim.x, inner);
+    for (long long i = first + threadIdx.x; i < last; i += THREADS, w.next()) {
+        double v = (double)x[w.at()];
         sum += v;
         squares += v * v;
     }
@@ -53,7 +74,8 @@ __device__ void bn_stats(const T *x, double *partial, long long m, long long seg
 // also writes saved = [mean, 1/√(var + eps), γ, var] (4C doubles).
 template <typename T>
 __device__ void bn_apply(const T *x, const T *gamma, const T *beta, const double *partial,
-                         T *y, double *saved, long long m, long long seg, double eps, int relu) {
+                         T *y, double *saved, long long m, long long inner, long long seg,
+                         double eps, int relu) {
     __shared__ double scale, shift;
     long long c = blockIdx.x, s = blockIdx.y, C = gridDim.x, first = s * seg;
     long long last = first + seg < m ? first + seg : m;
@@ -77,12 +99,12 @@ __device__ void bn_apply(const T *x, const T *gamma, const T *beta, const double
         }
     }
     __syncthreads();
-    const T *in = x + c * m;
-    T *out = y + c * m;
     T k = (T)scale, b = (T)shift, zero = (T)0;
-    for (long long i = first + threadIdx.x; i < last; i += THREADS) {
-        T v = in[i] * k + b;
-        out[i] = relu && v <= zero ? zero : v;
+    ChannelWalk w(first + threadIdx.x, c, C, inner);
+    for (long long i = first + threadIdx.x; i < last; i += THREADS, w.next()) {
+        long long at = w.at();
+        T v = x[at] * k + b;
+        y[at] = relu && v <= zero ? zero : v;
     }
 }
 
@@ -106,14 +128,17 @@ __device__ T passed(T g, T r, int relu) {
 // partial[(c·S + s)·2 + {0, 1}] = Σ g', Σ g'·(x − mean) over the segment.
 template <typename T>
 __device__ void bn_backward_sums(const T *x, const T *res, const T *grad, const double *saved,
-                                 double *partial, long long m, long long seg, int relu) {
+                                 double *partial, long long m, long long inner, long long seg,
+                                 int relu) {
     long long c = blockIdx.x, s = blockIdx.y, first = s * seg;
     long long last = first + seg < m ? first + seg : m;
     double mean = saved[c], dbeta = 0.0, dot = 0.0;
-    for (long long i = first + threadIdx.x; i < last; i += THREADS) {
-        double g = (double)passed(grad[c * m + i], res[c * m + i], relu);
+    ChannelWalk w(first + threadIdx.x, c, gridDim.x, inner);
+    for (long long i = first + threadIdx.x; i < last; i += THREADS, w.next()) {
+        long long at = w.at();
+        double g = (double)passed(grad[at], res[at], relu);
         dbeta += g;
-        dot += g * ((double)x[c * m + i] - mean);
+        dot += g * ((double)x[at] - mean);
     }
     block_sum2(dbeta, dot);
     if (threadIdx.x == 0) {
@@ -126,8 +151,8 @@ __device__ void bn_backward_sums(const T *x, const T *res, const T *grad, const 
 // slope = −k·inv·dγ/M, offset = −k·dβ/M, dγ = inv·Σ g'·(x − mean), dβ = Σ g'.
 template <typename T>
 __device__ void bn_backward_apply(const T *x, const T *res, const T *grad, const double *saved,
-                                  const double *partial, T *out, long long m, long long seg,
-                                  int relu) {
+                                  const double *partial, T *out, long long m, long long inner,
+                                  long long seg, int relu) {
     __shared__ double k, slope, offset;
     long long c = blockIdx.x, s = blockIdx.y, C = gridDim.x, first = s * seg;
     long long last = first + seg < m ? first + seg : m;
@@ -149,8 +174,9 @@ __device__ void bn_backward_apply(const T *x, const T *res, const T *grad, const
     }
     __syncthreads();
     T kt = (T)k, st = (T)slope, ot = (T)offset, mt = (T)mean;
-    for (long long i = first + threadIdx.x; i < last; i += THREADS) {
-        long long at = c * m + i;
+    ChannelWalk w(first + threadIdx.x, c, C, inner);
+    for (long long i = first + threadIdx.x; i < last; i += THREADS, w.next()) {
+        long long at = w.at();
         out[at] = kt * passed(grad[at], res[at], relu) + st * (x[at] - mt) + ot;
     }
 }
@@ -176,30 +202,29 @@ __device__ void residual_relu_backward(const T *y, const T *g, T *dy, long long 
 
 #define INSTANTIATE(T, SUFFIX)                                                                    \
     extern "C" __global__ void bn_stats_##SUFFIX(const T *x, double *partial, long long m,      \
-                                                 long long seg) {                               \
-        bn_stats<T>(x, partial, m, seg);                                                        \
+                                                 long long inner, long long seg) {              \
+        bn_stats<T>(x, partial, m, inner, seg);                                                 \
     }                                                                                           \
     extern "C" __global__ void bn_apply_##SUFFIX(const T *x, const T *gamma, const T *beta,     \
                                                  const double *partial, T *y, double *saved,    \
-                                                 long long m, long long seg, double eps,        \
-                                                 int relu) {                                    \
-        bn_apply<T>(x, gamma, beta, partial, y, saved, m, seg, eps, relu);                      \
+                                                 long long m, long long inner, long long seg,   \
+                                                 double eps, int relu) {                        \
+        bn_apply<T>(x, gamma, beta, partial, y, saved, m, inner, seg, eps, relu);               \
     }                                                                                           \
     extern "C" __global__ void bn_running_##SUFFIX(T *running, const double *saved, long long c, \
                                                    long long offset, double factor,             \
                                                    double scale) {                              \
         bn_running<T>(running, saved, c, offset, factor, scale);                                \
     }                                                                                           \
-    extern "C" __global__ void bn_backward_sums_##SUFFIX(const T *x, const T *res,              \
-                                                         const T *grad, const double *saved,    \
-                                                         double *partial, long long m,          \
-                                                         long long seg, int relu) {             \
-        bn_backward_sums<T>(x, res, grad, saved, partial, m, seg, relu);                        \
+    extern "C" __global__ void bn_backward_sums_##SUFFIX(                                       \
+        const T *x, const T *res, const T *grad, const double *saved, double *partial,          \
+        long long m, long long inner, long long seg, int relu) {                                \
+        bn_backward_sums<T>(x, res, grad, saved, partial, m, inner, seg, relu);                 \
     }                                                                                           \
     extern "C" __global__ void bn_backward_apply_##SUFFIX(                                      \
         const T *x, const T *res, const T *grad, const double *saved, const double *partial,    \
-        T *out, long long m, long long seg, int relu) {                                         \
-        bn_backward_apply<T>(x, res, grad, saved, partial, out, m, seg, relu);                  \
+        T *out, long long m, long long inner, long long seg, int relu) {                        \
+        bn_backward_apply<T>(x, res, grad, saved, partial, out, m, inner, seg, relu);           \
     }                                                                                           \
     extern "C" __global__ void residual_relu_##SUFFIX(const T *a, const T *b, T *y,             \
                                                       long long n) {                            \

@@ -212,3 +212,59 @@ fn bad_arguments_are_clear_errors() {
     let err = max_pool_channel_major(&x, 9, 1, 0).unwrap_err().to_string();
     assert!(err.contains("smaller than the window"), "{err}");
 }
+
+/// An input that lies batch-major in memory (as activations do on CUDA) is pooled where it lies:
+/// the output lies batch-major too, with the values and gradients of the channel-major input.
+#[test]
+fn an_input_that_lies_batch_major_is_pooled_in_place_with_the_same_values_and_gradients() {
+    for shape in [vec![3, 2, 7, 6], vec![2, 3, 5, 6, 4]] {
+        let channel_major = Var::from_tensor(&rand_tensor(13, &shape, DType::F64)).unwrap();
+        // The same values held batch-major; the pool sees their channel-major view.
+        let held = Var::from_tensor(&channel_major.transpose(0, 1).unwrap()).unwrap();
+        let lying = held.transpose(0, 1).unwrap();
+        assert!(!lying.is_contiguous());
+        let ya = max_pool_channel_major(&channel_major, 3, 2, 1).unwrap();
+        let yb = max_pool_channel_major(&lying, 3, 2, 1).unwrap();
+        assert!(
+            yb.transpose(0, 1).unwrap().is_contiguous(),
+            "{shape:?}: copied"
+        );
+        assert_eq!(max_abs_diff(&ya, &yb), 0.0, "{shape:?}");
+        let r = rand_tensor(14, ya.dims(), DType::F64);
+        let grad = |y: &Tensor, v: &Var| {
+            let g = (y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            g.get(v).unwrap().clone()
+        };
+        let held_grad = grad(&yb, &held).transpose(0, 1).unwrap();
+        let d = max_abs_diff(&grad(&ya, &channel_major), &held_grad);
+        assert_eq!(d, 0.0, "{shape:?}: gradient diff {d}");
+    }
+}
+
+/// The global average pool is the mean of each (channel, image) plane, `[N, C]`, whether the
+/// activations lie channel-major or batch-major in memory.
+#[test]
+fn the_global_average_pool_is_each_planes_mean_wherever_the_activations_lie() {
+    let x = rand_tensor(15, &[3, 2, 4, 5], DType::F64);
+    let values: Vec<f64> = x.flatten_all().unwrap().to_vec1().unwrap();
+    let mean = |c: usize, n: usize| values[(c * 2 + n) * 20..][..20].iter().sum::<f64>() / 20.0;
+    let lying = x
+        .transpose(0, 1)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap();
+    for input in [&x, &lying] {
+        let pooled: Vec<Vec<f64>> = global_average_pool_channel_major(input)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        for (n, row) in pooled.iter().enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                assert!((v - mean(c, n)).abs() < 1e-12, "({n}, {c}): {v}");
+            }
+        }
+    }
+    assert!(global_average_pool_channel_major(&x.flatten_from(1).unwrap()).is_err());
+}
