@@ -478,7 +478,7 @@ impl BatchNorm {
         if train && cuda_ops(x.device()) && crate::sync_bn::current().is_none() {
             if let Some(batch_major) = batch_major_in_memory(x)? {
                 // Normalised where it lies: channel `c` every `inner` values of `[N, C, *S]`.
-                let inner = batch_major.elem_count() / (c * x.dim(1)?).max(1);
+                let inner = batch_major.dims()[2..].iter().product();
                 let (y, stats) = self.train_fused(&batch_major, inner, relu)?;
                 self.record(stats, c)?;
                 return y.transpose(0, 1);
@@ -652,6 +652,26 @@ mod tests {
         let vb = store.var_builder(&Device::Cpu);
         let bn = BatchNorm::new(4, 1e-5, momentum, vb.pp("bn")).unwrap();
         (store, bn)
+    }
+
+    /// The CPU op takes `[C, M]` rows only: an operand whose channels repeat more often (the
+    /// CUDA kernels' batch-major form) is a clear error, not a wrong normalisation.
+    #[test]
+    fn the_cpu_op_refuses_channels_that_are_not_rows() {
+        let (_store, bn) = store_bn(Some(0.1));
+        let x = rand_tensor(32, &[2, 4, 3], DType::F64);
+        let Err(err) = bn.train_fused(&x, 3, false) else {
+            panic!("channels every 3 values of 6 were normalised as rows");
+        };
+        let err = err.to_string();
+        assert!(
+            err.contains("channel-major rows [C, M]")
+                && err.contains("every 3 values, not every 6"),
+            "{err}"
+        );
+        assert!(bn
+            .train_fused(&x.reshape((4, 6)).unwrap(), 6, false)
+            .is_ok());
     }
 
     #[test]

@@ -1218,10 +1218,8 @@ impl Conv {
         let y = if cuda_ops(x.device()) {
             // cuDNN convolves activations that lie batch-major in memory, and so do bf16's
             // roundings of them here: every shape, 1×1 included, without a copy.
-            matrix_product(&x.transpose(0, 1)?, &wm, |x, wm| {
-                self.cudnn(&x.transpose(0, 1)?, wm, g)?.transpose(0, 1)
-            })?
-            .transpose(0, 1)?
+            matrix_product(&x.transpose(0, 1)?, &wm, |x, wm| self.cudnn(x, wm, g))?
+                .transpose(0, 1)?
         } else {
             let x = x.contiguous()?;
             matrix_product(&x, &wm, |x, wm| {
@@ -1249,8 +1247,8 @@ impl Conv {
 }
 
 impl Conv {
-    /// `[O, N, *S_out]` from cuDNN (batch-major in memory), for the channel-major `x` and the
-    /// weight matrix `wm`.
+    /// `[N, O, *S_out]` from cuDNN for the batch-major `x` (`[N, C, *S]`) and the weight matrix
+    /// `wm`.
     #[cfg(feature = "cuda")]
     fn cudnn(&self, x: &Tensor, wm: &Tensor, g: Geom) -> Result<Tensor> {
         let rank = self.spatial_rank();

@@ -5,9 +5,10 @@
 //! Activations are channel-major in shape (`[C, N, *S]`), as on the CPU, but on CUDA they lie
 //! batch-major in memory (`[N, C, *S]` packed, `NCHW`/`NCDHW`): the layout cuDNN's algorithms
 //! take (most refuse the strides of a channel-major buffer seen batch-major), PyTorch's, and the
-//! one our batch norm, residual and pooling kernels leave as they find it. A convolution runs on
-//! the batch-major view `x.transpose(0, 1)` (a copy only when `x` lies channel-major, as a
-//! network's input does not) and returns its packed `[N, O, *S]` result as `[O, N, *S]`, a view.
+//! one our batch norm, residual and pooling kernels leave as they find it. [`Conv`](super::Conv)
+//! hands [`conv`] the batch-major view `x.transpose(0, 1)` (copied only when `x` lies
+//! channel-major, as a network's input does not) and returns its packed `[N, O, *S]` result as
+//! `[O, N, *S]`, a view.
 //!
 //! Algorithms are the first that cuDNN's heuristics rank and support (what PyTorch uses with
 //! `cudnn.benchmark` off), cached per shape with their descriptors, and one workspace per device
@@ -59,14 +60,13 @@ pub fn set_tf32(allowed: bool) {
     TF32.store(allowed, Ordering::Relaxed);
 }
 
-/// The convolution `g` (spatial rank `rank`) with `o` output channels of a channel-major `x`
-/// (`[C, N, *S]`) by `w` (`[O, C, k, …]`), giving `[O, N, *S_out]` that lies batch-major in
-/// memory; its backward runs cuDNN's two gradient calls.
+/// The convolution `g` (spatial rank `rank`, geometry of the channel-major input) with `o`
+/// output channels of a batch-major `x` (`[N, C, *S]`, copied packed unless it is) by `w`
+/// (`[O, C, k, …]`), giving packed `[N, O, *S_out]`; its backward runs cuDNN's two gradient
+/// calls.
 pub(crate) fn conv(x: &Tensor, w: &Tensor, g: Geom, o: usize, rank: usize) -> Result<Tensor> {
-    x.transpose(0, 1)?
-        .contiguous()?
-        .apply_op2(&w.contiguous()?, Forward { g, o, rank })?
-        .transpose(0, 1)
+    x.contiguous()?
+        .apply_op2(&w.contiguous()?, Forward { g, o, rank })
 }
 
 /// The forward convolution of a packed batch-major input `[N, C, *S]`: writes `[N, O, *S_out]`.
