@@ -101,6 +101,97 @@ fn parameter_gradients_own_their_storage() -> Result<()> {
     Ok(())
 }
 
+/// `2x` as a custom op whose backward notes where the gradient it was given lies and where
+/// the one it returns does (addresses of CPU f32 buffers).
+struct Doubled(std::sync::Arc<Notes>);
+
+#[derive(Default)]
+struct Notes {
+    given: std::sync::Mutex<Option<usize>>,
+    returned: std::sync::Mutex<Option<usize>>,
+}
+
+/// The address of `t`'s first element (a CPU f32 tensor).
+fn address(t: &Tensor) -> usize {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        Storage::Cpu(cpu) => {
+            let data = cpu.as_slice::<f32>().expect("f32 storage");
+            data[layout.start_offset()..].as_ptr() as usize
+        }
+        _ => unreachable!("these tests run on the CPU"),
+    }
+}
+
+impl candle_core::CustomOp1 for Doubled {
+    fn name(&self) -> &'static str {
+        "doubled"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        assert!(l.is_contiguous(), "the test hands contiguous views");
+        let x = &s.as_slice::<f32>()?[l.start_offset()..][..l.shape().elem_count()];
+        let y = x.iter().map(|v| 2.0 * v).collect();
+        Ok((candle_core::CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        assert!(
+            grad.is_contiguous(),
+            "an op other than a transposition takes it contiguous"
+        );
+        *self.0.given.lock().unwrap() = Some(address(grad));
+        let dx = (grad * 2.0)?;
+        *self.0.returned.lock().unwrap() = Some(address(&dx));
+        Ok(Some(dx))
+    }
+}
+
+/// Activations that are channel-major in shape and lie batch-major in memory (`[C, N, S]` views
+/// of packed `[N, C, S]`, as our ops leave them on CUDA), each op running on the batch-major
+/// view: an op's input gradient reaches the op before it as it was written, not copied to
+/// channel-major when stored and back when transposed; the values are the chain rule's where a
+/// gradient is summed over two uses, and a variable's gradient is contiguous.
+#[test]
+fn gradients_of_transposed_activations_pass_between_ops_uncopied() -> Result<()> {
+    use std::sync::Arc;
+    let dev = Device::Cpu;
+    let (n, c, s) = (2, 3, 4);
+    let p = Tensor::arange(0f32, (n * c * s) as f32, &dev)?.reshape((n, c, s))?;
+    let p = Var::from_tensor(&p)?;
+    // `op` on the batch-major view of `x`: [C, N, S] → [C, N, S], lying as `x` does.
+    let apply = |x: &Tensor| -> Result<(Tensor, Arc<Notes>)> {
+        let notes = Arc::new(Notes::default());
+        let y = x.transpose(0, 1)?.apply_op1(Doubled(notes.clone()))?;
+        Ok((y.transpose(0, 1)?, notes))
+    };
+    let x = p.as_tensor().transpose(0, 1)?;
+    // x feeds two ops, joined on their batch-major views (as a residual block's input feeds
+    // its first convolution and its shortcut), and the join feeds a third.
+    let (a, first) = apply(&x)?;
+    let (b, second) = apply(&x)?;
+    let join = (a.transpose(0, 1)? + b.transpose(0, 1)?)?.transpose(0, 1)?;
+    let (y, third) = apply(&join)?;
+    let r = Tensor::arange(1f32, (n * c * s + 1) as f32, &dev)?.reshape((c, n, s))?;
+    let grads = (y * &r)?.sum_all()?.backward()?;
+    let third_out = third
+        .returned
+        .lock()
+        .unwrap()
+        .expect("the third op's backward ran");
+    assert_eq!(*first.given.lock().unwrap(), Some(third_out));
+    assert_eq!(*second.given.lock().unwrap(), Some(third_out));
+    // dL/dp = (2 + 2)·2·rᵀ, contiguous in p's shape.
+    let dp = grads.get(p.as_tensor()).expect("p has a gradient");
+    assert!(dp.is_contiguous());
+    assert_eq!(values(dp)?, values(&(r.transpose(0, 1)? * 8.0)?)?);
+    Ok(())
+}
+
 /// `backward_with` hands each variable over once, after every op that consumes it: with the
 /// gradient the finished store holds, the last layer's first, and a weight used both at the
 /// start and at the end of the graph only once its first use is taken back.

@@ -194,6 +194,13 @@ impl Tensor {
             let do_not_detach = CANDLE_GRAD_DO_NOT_DETACH.with(|b| *b);
             let grad = if do_not_detach { grad } else { grad.detach() };
             if let Some(op) = node.op() {
+                // candle-ssl's patch: gradients are stored as they lie (see `first_gradient`); a
+                // transposition's backward transposes its gradient as a view, every other op
+                // takes it contiguous, as upstream stores it.
+                let grad = match op {
+                    Op::Transpose(..) | Op::Permute(..) => grad,
+                    _ => grad.contiguous()?,
+                };
                 match op {
                     Op::Binary(lhs, rhs, BinaryOp::Add) => {
                         grads.accumulate(lhs, &grad)?;
@@ -713,13 +720,14 @@ impl GradStore {
     }
 
     /// Adds `grad` to the gradient of `tensor`. candle-ssl's patch: the first gradient a tensor
-    /// receives is stored as it comes (made contiguous, as the sum would be) instead of being
-    /// added to a zero tensor, which cost a fill and an add per node of the graph.
+    /// receives is stored as it comes (see [`first_gradient`]) instead of being added to a zero
+    /// tensor, which cost a fill and an add per node of the graph; sums keep the order in which
+    /// both terms lie (see [`in_common_order`]).
     fn accumulate(&mut self, tensor: &Tensor, grad: &Tensor) -> Result<()> {
         match self.0.entry(tensor.id()) {
             Entry::Occupied(entry) => {
                 let sum = entry.into_mut();
-                *sum = sum.add(grad)?;
+                *sum = in_common_order(sum, grad, |a, b| a.add(b))?;
             }
             Entry::Vacant(entry) => {
                 entry.insert(first_gradient(tensor, grad)?);
@@ -733,7 +741,7 @@ impl GradStore {
         match self.0.entry(tensor.id()) {
             Entry::Occupied(entry) => {
                 let sum = entry.into_mut();
-                *sum = sum.sub(grad)?;
+                *sum = in_common_order(sum, grad, |a, b| a.sub(b))?;
             }
             Entry::Vacant(entry) => {
                 entry.insert(first_gradient(tensor, &grad.neg()?)?);
@@ -787,12 +795,65 @@ impl GradStore {
     }
 }
 
-/// `0 + grad` without the zeros: `grad` itself, contiguous, where its shape and dtype are
-/// `tensor`'s; otherwise the upstream sum, which reports the mismatch.
+/// `0 + grad` without the zeros: `grad` itself where its shape and dtype are `tensor`'s;
+/// otherwise the upstream sum, which reports the mismatch. A variable's gradient is made
+/// contiguous, as the sum was (optimisers and collectives read it as one run). Any other
+/// tensor's is kept as it lies when it lies densely in some axis order ([`dense_order`]), and
+/// made contiguous only when an op other than a transposition takes it (`backward_with`): a
+/// transposed view of a packed buffer, as candle-ssl's CUDA activations are (channel-major in
+/// shape, batch-major in memory), was otherwise copied twice at every op of the backward, once
+/// stored and once transposed back. Gaps and broadcasts are made contiguous, as before.
 fn first_gradient(tensor: &Tensor, grad: &Tensor) -> Result<Tensor> {
     if grad.shape() == tensor.shape() && grad.dtype() == tensor.dtype() {
-        grad.contiguous()
+        if !tensor.is_variable() && dense_order(grad).is_some() {
+            Ok(grad.clone())
+        } else {
+            grad.contiguous()
+        }
     } else {
         tensor.zeros_like()?.add(grad)
     }
+}
+
+/// The order of `t`'s axes, outermost first, in which its elements lie packed in memory (the
+/// identity for a contiguous `t`); `None` if no order does (gaps, broadcasts). Axes of one
+/// element lie anywhere.
+fn dense_order(t: &Tensor) -> Option<Vec<usize>> {
+    let (dims, strides) = (t.dims(), t.stride());
+    let mut order: Vec<usize> = (0..dims.len()).collect();
+    // Stable: axes of equal stride (those of one element among them) keep their order.
+    order.sort_by(|&a, &b| strides[b].cmp(&strides[a]));
+    let mut packed = 1;
+    for &axis in order.iter().rev() {
+        if dims[axis] > 1 {
+            if strides[axis] != packed {
+                return None;
+            }
+            packed *= dims[axis];
+        }
+    }
+    Some(order)
+}
+
+/// `op(a, b)` of two gradients of one shape, computed on their permuted views where both lie
+/// densely in the same order other than the identity, so that the result lies in that order
+/// too (an elementwise op writes its output packed in its operands' axis order); otherwise
+/// `op(a, b)` itself.
+fn in_common_order(
+    a: &Tensor,
+    b: &Tensor,
+    op: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    if a.shape() == b.shape() && !a.is_contiguous() {
+        if let (Some(order), Some(other)) = (dense_order(a), dense_order(b)) {
+            if order == other {
+                let mut inverse = vec![0; order.len()];
+                for (i, &axis) in order.iter().enumerate() {
+                    inverse[axis] = i;
+                }
+                return op(&a.permute(order.clone())?, &b.permute(order)?)?.permute(inverse);
+            }
+        }
+    }
+    op(a, b)
 }
