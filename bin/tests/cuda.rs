@@ -15,6 +15,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use parity::{check_encoder_row, compare, config, trace, ENCODER_ROWS};
 use ssl::setup;
+use ssl_models::attention::multi_head_attention;
 use ssl_models::autocast::{autocast, Precision};
 use ssl_models::gelu::gelu_erf;
 use ssl_models::layer_norm::layer_norm;
@@ -186,12 +187,13 @@ fn our_cuda_kernels_match_the_cpu_ops() -> Result<()> {
     Ok(())
 }
 
-/// Our CUDA layer norm, softmax and GELU against the CPU ops, values and every gradient within
+/// Our CUDA layer norm, softmax, GELU and attention against the CPU ops, values and every gradient within
 /// 1e-5 of each tensor's largest magnitude, f32 and f64, at ViT-S/16's shapes (2 images of 197
 /// tokens: norms of width 384, 6 heads' 197 × 197 attention weights, the MLP's 1536 hidden
 /// units) and at odd row lengths, 7 (1000 rows) and 1000 (7 rows): layer norm with its weight
 /// and bias gradients on inputs off zero mean, softmax of logits up to ±20, GELU also at zero,
-/// tiny and tail inputs (where its backward does not read `Φ` off the output).
+/// tiny and tail inputs (where its backward does not read `Φ` off the output); and ViT-S/16's
+/// attention, which on CUDA keeps only its weights for the backward, against the CPU's fused op.
 #[test]
 fn our_transformer_kernels_match_the_cpu_ops() -> Result<()> {
     let device = gpu();
@@ -246,6 +248,18 @@ fn our_transformer_kernels_match_the_cpu_ops() -> Result<()> {
                 &softmax(&device)?,
             )?;
         }
+        // ViT-S/16's attention (6 heads of 64 over 197 tokens), the op that keeps only its
+        // weights on CUDA against the CPU's fused op.
+        let qkv = randn(&[2, 197, 3 * 384], 1.0, 0.0, dtype)?;
+        let r = randn(&[2, 197, 384], 1.0, 0.0, dtype)?;
+        let attention = |device: &Device| {
+            value_and_gradients(&[&qkv], &r, device, |t| multi_head_attention(&t[0], 6))
+        };
+        check(
+            &format!("attention {dtype:?}"),
+            &attention(&Device::Cpu)?,
+            &attention(&device)?,
+        )?;
         let special = [
             0.0, -0.0, 1e-35, -1e-35, 1e-31, 3e-7, -3e-7, -9.0, -16.0, 7.0, 40.0,
         ];

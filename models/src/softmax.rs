@@ -26,6 +26,19 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// The gradient `y ⊙ (g − ⟨g, y⟩)` (per row) of [`softmax_last_dim`]'s input, from its output `y`
+/// and the output's gradient `g`, outside autograd.
+pub(crate) fn softmax_last_dim_backward(y: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let ours = fused_kernels(y.device()) || cuda_ops(y.device());
+    if ours && matches!(y.dtype(), DType::F32 | DType::F64) && y.dtype() == g.dtype() {
+        y.contiguous()?
+            .apply_op2_no_bwd(&g.contiguous()?, &SoftmaxBwd)
+    } else {
+        let dot = (g * y)?.sum_keepdim(D::Minus1)?;
+        y * g.broadcast_sub(&dot)?
+    }
+}
+
 /// Rows of `len` in `l`'s shape (its last axis), at least 1.
 fn row_len(l: &Layout) -> usize {
     l.shape().dims().last().copied().unwrap_or(1).max(1)
