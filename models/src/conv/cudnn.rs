@@ -14,7 +14,8 @@
 //! `cudnn.benchmark` off), cached per shape with their descriptors, and one workspace per device
 //! grows to the largest asked for. f32 convolutions may use TF32 tensor cores, as PyTorch lets
 //! cuDNN by default (`torch.backends.cudnn.allow_tf32`); [`set_tf32`] turns that off for exact
-//! f32 (the parity tests do). bf16 operands accumulate in f32.
+//! f32 (the parity tests do). bf16 operands run on tensor cores (`TENSOR_OP_MATH`) and accumulate
+//! in f32.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -386,8 +387,14 @@ impl Call {
         let conv = ConvDesc(result::create_convolution_descriptor()?);
         let (pad, stride) = (to_i32(&self.g.pad[lo..])?, to_i32(&self.g.stride[lo..])?);
         let dilation = vec![1; rank];
+        // The math the heuristics may rank algorithms for. Half-precision operands need
+        // `TENSOR_OP_MATH` to reach tensor cores (`DEFAULT_MATH` allows them only as TF32, for
+        // f32), as PyTorch sets for bf16; the ranked entries then carry each algorithm's own
+        // math, which the descriptor takes before the workspace is sized and the call runs
+        // (cuDNN picks the kernel by algorithm and math together).
         let math = match (T::DTYPE, key.tf32) {
             (DType::F32, false) | (DType::F64, _) => sys::cudnnMathType_t::CUDNN_FMA_MATH,
+            (DType::BF16, _) => sys::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
             _ => sys::cudnnMathType_t::CUDNN_DEFAULT_MATH,
         };
         let filter = FilterDesc(result::create_filter_descriptor()?);
@@ -450,6 +457,7 @@ impl Call {
                         perf.as_mut_ptr(),
                     )?;
                     let p = first_supported(&perf[..count as usize], |p| p.status)?;
+                    result::set_convolution_math_type(plan.conv.0, p.mathType)?;
                     plan.algo = Algorithm::Forward(p.algo);
                     plan.workspace = result::get_convolution_forward_workspace_size(
                         handle,
@@ -475,6 +483,7 @@ impl Call {
                         perf.as_mut_ptr(),
                     )?;
                     let p = first_supported(&perf[..count as usize], |p| p.status)?;
+                    result::set_convolution_math_type(plan.conv.0, p.mathType)?;
                     plan.algo = Algorithm::BackwardData(p.algo);
                     plan.workspace = result::get_convolution_backward_data_workspace_size(
                         handle,
@@ -500,6 +509,7 @@ impl Call {
                         perf.as_mut_ptr(),
                     )?;
                     let p = first_supported(&perf[..count as usize], |p| p.status)?;
+                    result::set_convolution_math_type(plan.conv.0, p.mathType)?;
                     plan.algo = Algorithm::BackwardFilter(p.algo);
                     plan.workspace = result::get_convolution_backward_filter_workspace_size(
                         handle,
