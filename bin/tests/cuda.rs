@@ -11,7 +11,7 @@
 mod parity;
 
 use anyhow::Result;
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use parity::{check_encoder_row, compare, config, trace, ENCODER_ROWS};
 use ssl::setup;
@@ -22,7 +22,7 @@ use ssl_models::layer_norm::layer_norm;
 use ssl_models::pool::max_pool_channel_major;
 use ssl_models::residual::residual_relu;
 use ssl_models::softmax::softmax_last_dim;
-use ssl_models::{BatchNorm, Conv};
+use ssl_models::{BatchNorm, Conv, Linear};
 
 fn gpu() -> Device {
     ssl_models::conv::cudnn::set_tf32(false);
@@ -187,13 +187,14 @@ fn our_cuda_kernels_match_the_cpu_ops() -> Result<()> {
     Ok(())
 }
 
-/// Our CUDA layer norm, softmax, GELU and attention against the CPU ops, values and every gradient within
+/// Our CUDA layer norm, softmax, GELU, linear layer and attention against the CPU ops, values and every gradient within
 /// 1e-5 of each tensor's largest magnitude, f32 and f64, at ViT-S/16's shapes (2 images of 197
 /// tokens: norms of width 384, 6 heads' 197 × 197 attention weights, the MLP's 1536 hidden
 /// units) and at odd row lengths, 7 (1000 rows) and 1000 (7 rows): layer norm with its weight
 /// and bias gradients on inputs off zero mean, softmax of logits up to ±20, GELU also at zero,
 /// tiny and tail inputs (where its backward does not read `Φ` off the output); and ViT-S/16's
-/// attention, which on CUDA keeps only its weights for the backward, against the CPU's fused op.
+/// MLP layer and attention, which on CUDA keep for the backward only what the CPU's fused ops
+/// keep (the bias added after a detached product; the attention weights), against those ops.
 #[test]
 fn our_transformer_kernels_match_the_cpu_ops() -> Result<()> {
     let device = gpu();
@@ -248,6 +249,22 @@ fn our_transformer_kernels_match_the_cpu_ops() -> Result<()> {
                 &softmax(&device)?,
             )?;
         }
+        // ViT-S/16's MLP input layer (384 → 1536 over 2 × 197 tokens) with its bias, the node
+        // that adds the bias after a detached product on CUDA against the CPU's fused op.
+        let x = randn(&[2, 197, 384], 1.0, 0.0, dtype)?;
+        let w = randn(&[1536, 384], 0.05, 0.0, dtype)?;
+        let b = randn(&[1536], 0.5, 0.0, dtype)?;
+        let r = randn(&[2, 197, 1536], 1.0, 0.0, dtype)?;
+        let linear = |device: &Device| {
+            value_and_gradients(&[&x, &w, &b], &r, device, |t| {
+                Linear::new(t[1].clone(), Some(t[2].clone())).forward(&t[0])
+            })
+        };
+        check(
+            &format!("linear {dtype:?}"),
+            &linear(&Device::Cpu)?,
+            &linear(&device)?,
+        )?;
         // ViT-S/16's attention (6 heads of 64 over 197 tokens), the op that keeps only its
         // weights on CUDA against the CPU's fused op.
         let qkv = randn(&[2, 197, 3 * 384], 1.0, 0.0, dtype)?;

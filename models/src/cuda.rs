@@ -2,11 +2,11 @@
 //! backward, the residual join `relu(h + shortcut)`, max pooling, layer norm, softmax over the
 //! last axis and the erf GELU with their backwards, each the GPU side of the CPU custom op in
 //! `batch_norm.rs` / `residual.rs` / `pool.rs` / `layer_norm.rs` / `softmax.rs` / `gelu.rs`
-//! with the same formulas (sums in double, the same first-maximum rule). NVRTC compiles the
-//! source once per process, on first use, for the device's architecture ([`function`], which
-//! other crates' kernels use too); a batch norm pass is two launches (per-segment partial sums,
-//! then merge and apply) on a (channels × segments) grid; layer norm and softmax give each row
-//! one warp.
+//! with the same formulas (sums in double, the same first-maximum rule), and a linear layer's
+//! bias add (`linear.rs`). NVRTC compiles the source once per process, on first use, for the
+//! device's architecture ([`function`], which other crates' kernels use too); a batch norm pass
+//! is two launches (per-segment partial sums, then merge and apply) on a (channels × segments)
+//! grid; layer norm and softmax give each row one warp.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{LazyLock, Mutex};
@@ -309,6 +309,25 @@ pub(crate) fn elementwise<T: Element>(
     launch.arg(&mut out).arg(&n);
     // SAFETY: as in `batch_norm`.
     unsafe { launch.launch(grid_stride(n as usize)) }?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+/// `y + b` with `b` (`cols` values) added to every row of a contiguous `y` (`rows × cols`).
+pub(crate) fn bias_add<T: Element>(
+    dev: &CudaDevice,
+    (y, b): (CudaView<T>, CudaView<T>),
+    (rows, cols): (usize, usize),
+) -> Result<CudaStorage> {
+    let n = rows * cols;
+    // SAFETY: the kernel writes every element.
+    let mut out = unsafe { dev.alloc::<T>(n)? };
+    let stream = dev.cuda_stream();
+    let func = kernel::<T>(dev, "bias_add")?;
+    let (n_arg, cols) = (n as i64, cols as i64);
+    let mut launch = stream.launch_builder(&func);
+    launch.arg(&y).arg(&b).arg(&mut out).arg(&n_arg).arg(&cols);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(grid_stride(n)) }?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
 

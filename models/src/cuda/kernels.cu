@@ -200,6 +200,16 @@ __device__ void residual_relu_backward(const T *y, const T *g, T *dy, long long 
     }
 }
 
+// out = y + b, `b` (`cols` values) added to every row of `y`: a linear layer's bias after its
+// product (linear.rs).
+template <typename T>
+__device__ void bias_add(const T *y, const T *b, T *out, long long n, long long cols) {
+    for (long long i = blockIdx.x * (long long)THREADS + threadIdx.x; i < n;
+         i += (long long)gridDim.x * THREADS) {
+        out[i] = y[i] + b[i % cols];
+    }
+}
+
 #define INSTANTIATE(T, SUFFIX)                                                                    \
     extern "C" __global__ void bn_stats_##SUFFIX(const T *x, double *partial, long long m,      \
                                                  long long inner, long long seg) {              \
@@ -233,6 +243,10 @@ __device__ void residual_relu_backward(const T *y, const T *g, T *dy, long long 
     extern "C" __global__ void residual_relu_backward_##SUFFIX(const T *y, const T *g, T *dy,   \
                                                                long long n) {                   \
         residual_relu_backward<T>(y, g, dy, n);                                                 \
+    }                                                                                           \
+    extern "C" __global__ void bias_add_##SUFFIX(const T *y, const T *b, T *out, long long n,   \
+                                                 long long cols) {                              \
+        bias_add<T>(y, b, out, n, cols);                                                        \
     }
 
 INSTANTIATE(float, f32)
