@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 
 /// Writes `path` with what `write` writes to it, so that `path` holds either its old content
 /// or all of the new, whatever stops the process or the machine: the bytes go to a temporary
-/// file beside it (`NAME.PID.incomplete`, removed if writing fails), which reaches the disk
+/// file beside it ([`temp_path`], removed if writing fails), which reaches the disk
 /// before it is renamed over `path`; the rename reaches the disk before this returns. The
 /// directory must exist.
 pub fn write_with(path: &Path, write: impl FnOnce(&mut File) -> Result<()>) -> Result<()> {
@@ -53,7 +53,8 @@ fn directory(path: &Path) -> &Path {
 const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Removes the temporary files that writers of `path` killed mid-write left beside it:
-/// `NAME.PID.incomplete` of a process that no longer runs, unwritten for [`ABANDONED_AFTER`].
+/// `NAME.PID.N.incomplete` (or, as earlier versions named them, `NAME.PID.incomplete`) of a
+/// process that no longer runs, unwritten for [`ABANDONED_AFTER`].
 /// Best effort: whatever cannot be read or removed stays.
 fn remove_abandoned_temps(path: &Path) {
     let Some(name) = path.file_name() else {
@@ -70,6 +71,7 @@ fn remove_abandoned_temps(path: &Path) {
             .to_string_lossy()
             .strip_prefix(&prefix)
             .and_then(|rest| rest.strip_suffix(".incomplete"))
+            .and_then(|rest| rest.split('.').next())
             .and_then(|pid| pid.parse::<u32>().ok());
         let idle = || {
             let modified = entry.metadata().and_then(|m| m.modified()).ok();
@@ -107,10 +109,14 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
-/// Where [`write_with`] writes `path` first: beside it, named after it and this process.
+/// Where [`write_with`] writes `path` first: beside it, named after it, this process and a
+/// count of this process's calls (`NAME.PID.N.incomplete`), so that threads writing one file
+/// at once do not share a temporary file either.
 pub fn temp_path(path: &Path) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".{}.incomplete", std::process::id()));
+    name.push(format!(".{}.{call}.incomplete", std::process::id()));
     path.with_file_name(name)
 }
 
@@ -135,13 +141,14 @@ mod tests {
             Ok(path)
         };
         // No process has a PID above Linux's limit of 2²²; process 1 always runs.
-        let killed = temp(MODEL, "999999999", minutes_ago)?;
-        let just_written = temp(MODEL, "999999998", std::time::SystemTime::now())?;
-        let running = temp(MODEL, "1", minutes_ago)?;
+        let killed = temp(MODEL, "999999999.4", minutes_ago)?;
+        let killed_by_an_earlier_version = temp(MODEL, "999999997", minutes_ago)?;
+        let just_written = temp(MODEL, "999999998.0", std::time::SystemTime::now())?;
+        let running = temp(MODEL, "1.2", minutes_ago)?;
         let other_file = temp(STATE, "999999999", minutes_ago)?;
         write(&dir.path().join(MODEL), b"new")?;
         assert_eq!(std::fs::read(dir.path().join(MODEL))?, b"new");
-        assert!(!killed.exists());
+        assert!(!killed.exists() && !killed_by_an_earlier_version.exists());
         for kept in [just_written, running, other_file] {
             assert!(kept.exists(), "{} was removed", kept.display());
         }

@@ -198,8 +198,14 @@ pub fn pull(repo: &str, files: &[&str], opts: &HubOptions) -> Result<PathBuf> {
             .file_metadata(file, commit.as_deref().unwrap_or(&opts.revision))
             .map_err(|e| hub.pull_error(e, file))?;
         let commit = commit.get_or_insert_with(|| meta.commit.clone());
-        if !cache.blob(&meta.etag).is_file() {
-            hub.download(file, commit, &cache.blob(&meta.etag))?;
+        let blob = cache.blob(&meta.etag);
+        if !blob.is_file() {
+            // Ranks of one job pulling the same weights into a shared cache download them once:
+            // the others wait on the blob's lock and find it there.
+            let _lock = cache.lock_blob(&meta.etag, file)?;
+            if !blob.is_file() {
+                hub.download(file, commit, &blob)?;
+            }
         }
         cache.link(commit, file, &meta.etag)?;
     }
@@ -1031,6 +1037,44 @@ impl RepoCache {
     /// `blobs/{etag}`: the content of every version of a file with that id.
     fn blob(&self, etag: &str) -> PathBuf {
         self.root.join("blobs").join(etag)
+    }
+
+    /// Holds the lock of `blobs/{etag}` until dropped, waiting while another process (or
+    /// thread) holds it: `.locks/models--{owner}--{name}/{etag}.lock` beside the repository's
+    /// folder, the file `huggingface_hub` locks around the same download (an advisory `flock`
+    /// on Unix, which its `filelock` takes too), so the two tools sharing one cache also wait
+    /// for each other.
+    fn lock_blob(&self, etag: &str, file: &str) -> Result<std::fs::File> {
+        let (cache, folder) = (
+            self.root.parent().expect("a repository folder in a cache"),
+            self.root.file_name().expect("a repository folder"),
+        );
+        let path = cache
+            .join(".locks")
+            .join(folder)
+            .join(format!("{etag}.lock"));
+        let parent = path.parent().expect("a lock file in a folder");
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot open the lock file {}", path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => return Ok(lock),
+            Err(std::fs::TryLockError::WouldBlock) => eprintln!(
+                "waiting for another download of {file} into {} to finish",
+                cache.display()
+            ),
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("cannot lock {}", path.display()))
+            }
+        }
+        lock.lock()
+            .with_context(|| format!("cannot lock {}", path.display()))?;
+        Ok(lock)
     }
 
     /// Points `snapshots/{commit}/{file}` at `blobs/{etag}` (a relative symbolic link, as

@@ -102,6 +102,8 @@ struct State {
     cut_downloads: bool,
     /// With `cut_downloads`, the CDN keeps the connection open for a minute instead.
     stall_downloads: bool,
+    /// Both servers wait this long before answering a `GET`.
+    slow_gets: Option<std::time::Duration>,
 }
 
 impl State {
@@ -234,6 +236,7 @@ fn serve(stream: TcpStream, state: &Mutex<State>, bases: &Bases, on_storage: boo
     let mut state = state.lock().unwrap();
     let cut = on_storage && request.method == "GET" && state.cut_downloads;
     let stall = cut && state.stall_downloads;
+    let delay = state.slow_gets.filter(|_| request.method == "GET");
     state.requests.push(Seen {
         storage: on_storage,
         method: request.method.clone(),
@@ -246,6 +249,9 @@ fn serve(stream: TcpStream, state: &Mutex<State>, bases: &Bases, on_storage: boo
         true => route_storage(&request, &mut state),
     };
     drop(state);
+    if let Some(delay) = delay {
+        std::thread::sleep(delay);
+    }
     let Some(response) = response else {
         return;
     };
@@ -1185,6 +1191,41 @@ fn pull_at_a_cached_commit_sends_no_request() {
         .collect();
     assert_eq!(heads.len(), FILES.len(), "{calls:?}");
     assert!(heads.iter().all(|p| p.contains(&commit)), "{calls:?}");
+}
+
+#[test]
+fn concurrent_pulls_into_one_cache_download_each_file_once() {
+    let hub = FakeHub::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = model_folder(tmp.path());
+    let opts = hub.options(&tmp.path().join("cache"));
+    hub::push_folder("alice/m", &folder, "m", &opts).unwrap();
+    // Slow downloads, so that the pulls (as the ranks of one job start them) overlap.
+    hub.state().slow_gets = Some(std::time::Duration::from_millis(300));
+    hub.state().requests.clear();
+    let snapshots: Vec<PathBuf> = std::thread::scope(|scope| {
+        let pulls: Vec<_> = (0..3)
+            .map(|_| scope.spawn(|| hub::pull("alice/m", &FILES, &opts).unwrap()))
+            .collect();
+        pulls.into_iter().map(|p| p.join().unwrap()).collect()
+    });
+    assert!(snapshots.iter().all(|s| *s == snapshots[0]));
+    for file in FILES {
+        assert_eq!(
+            std::fs::read(snapshots[0].join(file)).unwrap(),
+            std::fs::read(folder.join(file)).unwrap()
+        );
+    }
+    let calls = hub.state().calls();
+    let gets: Vec<&String> = calls
+        .iter()
+        .filter(|(m, _)| m == "GET")
+        .map(|(_, p)| p)
+        .collect();
+    assert!(!gets.is_empty(), "{calls:?}");
+    for path in &gets {
+        assert_eq!(gets.iter().filter(|p| p == &path).count(), 1, "{calls:?}");
+    }
 }
 
 #[test]
