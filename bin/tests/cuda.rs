@@ -86,7 +86,7 @@ fn check_within_1e5(
 /// Our CUDA kernels against the CPU ops, values and every gradient within 1e-5 of each
 /// tensor's largest magnitude, f32 and f64: train-mode batch norm with its ReLU (rows long
 /// enough to split into segments, inputs off zero mean; channel-major and batch-major in
-/// memory, 2D, 3D and `[C, N]`) and its running statistics, the
+/// memory, 2D, 3D and `[C, N]`), its running statistics and eval mode from them, the
 /// residual join, and 2D/3D max pooling over ReLU outputs (ties at zero, the first maximum).
 #[test]
 fn our_cuda_kernels_match_the_cpu_ops() -> Result<()> {
@@ -134,6 +134,15 @@ fn our_cuda_kernels_match_the_cpu_ops() -> Result<()> {
                 let grads = (&y * r.to_device(device)?)?.sum_all()?.backward()?;
                 let grad = |t: &Tensor| grads.get(t).expect("a gradient").to_device(&Device::Cpu);
                 let dx = grad(held.as_tensor())?;
+                // Eval mode from the running statistics the step left, with and without ReLU
+                // (one kernel on CUDA, where the input lies).
+                let eval = |relu: bool| -> Result<Tensor> {
+                    let y = bn.forward_channel_major(&input, relu, false)?;
+                    if lying {
+                        assert!(y.transpose(0, 1)?.is_contiguous(), "{shape:?}: eval copied");
+                    }
+                    Ok(y.to_device(&Device::Cpu)?)
+                };
                 Ok(vec![
                     y.to_device(&Device::Cpu)?,
                     if lying { dx.transpose(0, 1)? } else { dx },
@@ -141,6 +150,8 @@ fn our_cuda_kernels_match_the_cpu_ops() -> Result<()> {
                     grad(vars["bias"].as_tensor())?,
                     bn.running_mean().to_device(&Device::Cpu)?,
                     bn.running_var().to_device(&Device::Cpu)?,
+                    eval(true)?,
+                    eval(false)?,
                 ])
             };
             let cpu = run(&Device::Cpu, false)?;

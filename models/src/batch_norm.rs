@@ -6,7 +6,8 @@
 //! statistics follow PyTorch: unbiased batch variance, `momentum` 0.1 by default, or a cumulative
 //! average when `momentum` is `None`. Eval mode uses the running statistics. Under
 //! [`crate::sync_bn`] the train-mode statistics are those of the global batch. On CUDA (feature
-//! `cuda`) the same two ops run our kernels (`cuda.rs`), and the statistics stay on the device.
+//! `cuda`) the same two ops run our kernels (`cuda.rs`), and the statistics stay on the device;
+//! eval mode is one op there too ([`BnEval`]).
 
 use std::sync::{Arc, Mutex};
 
@@ -262,6 +263,144 @@ enum BackwardStats {
     Device(Arc<crate::cuda::BnSaved>),
 }
 
+/// Eval-mode batch norm of a contiguous operand laid out as [`BnFwd`]'s, with `γ`, `β` its
+/// inputs and the running statistics (`[C]`, the operand's dtype): `y = x·s + t` (then ReLU),
+/// `s = γ / √(var + eps)`, `t = β − mean·s`, `s` and `t` in double, one pass (on CUDA one
+/// launch, where the composed ops copied an operand that lies batch-major and ran four
+/// broadcast passes). The backward (rare: eval mode inside autograd, frozen statistics) is
+/// composed: `dx = g·s` (masked by the ReLU), `dγ = Σ g·(x − mean)/√(var + eps)`, `dβ = Σ g`.
+struct BnEval {
+    eps: f64,
+    relu: bool,
+    inner: usize,
+    mean: Tensor,
+    var: Tensor,
+}
+
+impl BnEval {
+    /// `(s, t)` per channel, in double, from `γ` and `β`.
+    fn scale_shift(&self, gamma: &[f64], beta: &[f64]) -> Result<(Vec<f64>, Vec<f64>)> {
+        let as_f64 = |t: &Tensor| t.to_dtype(DType::F64)?.to_vec1::<f64>();
+        let (mean, var) = (as_f64(&self.mean)?, as_f64(&self.var)?);
+        let scale: Vec<f64> = (0..gamma.len())
+            .map(|c| gamma[c] / (var[c] + self.eps).sqrt())
+            .collect();
+        let shift = (0..gamma.len())
+            .map(|c| beta[c] - mean[c] * scale[c])
+            .collect();
+        Ok((scale, shift))
+    }
+}
+
+impl candle_core::CustomOp3 for BnEval {
+    fn name(&self) -> &'static str {
+        "ssl-batch-norm-eval"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float>(op: &BnEval, x: &[T], gamma: &[T], beta: &[T]) -> Result<Vec<T>> {
+            let wide = |v: &[T]| v.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+            let (scale, shift) = op.scale_shift(&wide(gamma), &wide(beta))?;
+            let zero = T::from_f64(0.0);
+            let normalised = x.iter().enumerate().map(|(i, &v)| {
+                let c = (i / op.inner.max(1)) % scale.len();
+                let y = v * T::from_f64(scale[c]) + T::from_f64(shift[c]);
+                if op.relu && y <= zero {
+                    zero
+                } else {
+                    y
+                }
+            });
+            Ok(normalised.collect())
+        }
+        let [x, gamma, beta] = [(s1, l1), (s2, l2), (s3, l3)];
+        let y = match s1 {
+            CpuStorage::F32(_) => CpuStorage::F32(run::<f32>(
+                self,
+                contiguous_slice(x.0, x.1)?,
+                contiguous_slice(gamma.0, gamma.1)?,
+                contiguous_slice(beta.0, beta.1)?,
+            )?),
+            CpuStorage::F64(_) => CpuStorage::F64(run::<f64>(
+                self,
+                contiguous_slice(x.0, x.1)?,
+                contiguous_slice(gamma.0, gamma.1)?,
+                contiguous_slice(beta.0, beta.1)?,
+            )?),
+            _ => candle_core::bail!("batch norm supports f32 and f64 only"),
+        };
+        Ok((y, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::{batch_norm_eval, float_dtype, view};
+        use candle_core::backend::BackendStorage;
+        use candle_core::Storage;
+        let c = l2.shape().elem_count();
+        let (mean, mean_layout) = self.mean.storage_and_layout();
+        let (var, var_layout) = self.var.storage_and_layout();
+        let (Storage::Cuda(mean), Storage::Cuda(var)) = (&*mean, &*var) else {
+            candle_core::bail!("batch norm: the running statistics are not on the CUDA device");
+        };
+        let y = float_dtype!(s1.dtype(), T => {
+            let operands = [
+                view::<T>(s1, l1)?,
+                view::<T>(mean, mean_layout)?,
+                view::<T>(var, var_layout)?,
+                view::<T>(s2, l2)?,
+                view::<T>(s3, l3)?,
+            ];
+            let n = l1.shape().elem_count();
+            batch_norm_eval(&s1.device, operands, (n, c, self.inner), self.eps, self.relu)?
+        });
+        Ok((y, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        _beta: &Tensor,
+        y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // `[outer, C, inner]`, channels along the middle axis.
+        let c = gamma.elem_count();
+        let dims = (x.elem_count() / (c * self.inner).max(1), c, self.inner);
+        let per_channel = |t: &Tensor| t.detach().reshape((1, c, 1));
+        let inv = per_channel(&(&self.var + self.eps)?.sqrt()?.recip()?)?;
+        let mut g = grad.detach().reshape(dims)?;
+        if self.relu {
+            g = (g * y.detach().reshape(dims)?.gt(0.0)?.to_dtype(x.dtype())?)?;
+        }
+        let dx = g.broadcast_mul(&per_channel(gamma)?.broadcast_mul(&inv)?)?;
+        let centred = x
+            .detach()
+            .reshape(dims)?
+            .broadcast_sub(&per_channel(&self.mean)?)?;
+        let dgamma = (&g * centred.broadcast_mul(&inv)?)?.sum((0, 2))?;
+        let dbeta = g.sum((0, 2))?;
+        Ok((Some(dx.reshape(x.shape())?), Some(dgamma), Some(dbeta)))
+    }
+}
+
 /// Backward of [`BnFwd`]: inputs (x, res, grad), output flat `[dx (C·M), dgamma (C), dbeta (C)]`,
 /// `dx` laid out as `x` (channels every `inner` values, as in [`BnFwd`]).
 struct BnBwd {
@@ -484,6 +623,9 @@ impl BatchNorm {
                 return y.transpose(0, 1);
             }
         }
+        if !train && cuda_ops(x.device()) && matches!(x.dtype(), DType::F32 | DType::F64) {
+            return self.eval_fused(x, relu);
+        }
         let x2 = x.reshape((c, m))?;
         let y = if train {
             self.forward_train_rows(&x2, relu)?
@@ -625,6 +767,38 @@ impl BatchNorm {
         Ok((y, stats))
     }
 
+    /// Eval mode as one op ([`BnEval`]) on `x` where it lies: a channel-major `[C, …]` that lies
+    /// batch-major in memory (as on CUDA) normalised on its batch-major view, any other made
+    /// contiguous; the result lies as the operand does.
+    pub(crate) fn eval_fused(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
+        let c = self.weight.elem_count();
+        let dt = x.dtype();
+        let (operand, inner, batch_major) = match batch_major_in_memory(x)? {
+            Some(view) => {
+                let inner = view.dims()[2..].iter().product();
+                (view, inner, true)
+            }
+            None => (x.contiguous()?, x.elem_count() / c.max(1), false),
+        };
+        let stats = |t: &Var| t.as_tensor().detach().to_dtype(dt)?.contiguous();
+        let op = BnEval {
+            eps: self.eps,
+            relu,
+            inner,
+            mean: stats(&self.running_mean)?,
+            var: stats(&self.running_var)?,
+        };
+        let y = operand.apply_op3(
+            &self.weight.to_dtype(dt)?.contiguous()?,
+            &self.bias.to_dtype(dt)?.contiguous()?,
+            op,
+        )?;
+        match batch_major {
+            true => y.transpose(0, 1),
+            false => Ok(y),
+        }
+    }
+
     /// [`BatchNorm::train_fused`] composed of Candle ops, for devices other than the CPU.
     fn train_composed(&self, x: &Tensor, relu: bool) -> Result<(Tensor, Tensor, Tensor)> {
         let c = x.dim(0)?;
@@ -652,6 +826,67 @@ mod tests {
         let vb = store.var_builder(&Device::Cpu);
         let bn = BatchNorm::new(4, 1e-5, momentum, vb.pp("bn")).unwrap();
         (store, bn)
+    }
+
+    /// Eval mode as one op (the CUDA path, run on the CPU) against the composed eval: values
+    /// and the gradients of x, γ and β, with and without the ReLU, on channel-major rows and on
+    /// an input that lies batch-major (as on CUDA), whose result lies batch-major too.
+    #[test]
+    fn fused_eval_equals_the_composed_one_where_the_input_lies() {
+        use candle_core::Var;
+        let (store, bn) = store_bn(Some(0.1));
+        let set = |name: &str, values: [f32; 4]| {
+            let vars = store.vars();
+            let (_, var) = vars
+                .iter()
+                .find(|(n, _)| n == name)
+                .expect("a batch norm tensor");
+            var.set(&Tensor::new(&values, &Device::Cpu).unwrap())
+                .unwrap();
+        };
+        set("bn.running_mean", [0.5, -1.0, 0.0, 2.0]);
+        set("bn.running_var", [1.5, 0.25, 4.0, 1.0]);
+        set("bn.weight", [1.2, -0.7, 0.9, 1.1]);
+        set("bn.bias", [0.1, 0.2, -0.3, 0.0]);
+        // [N, C, S] = [3, 4, 5] in memory; seen channel-major as [C, N, S].
+        let packed = Var::from_tensor(&rand_tensor(33, &[3, 4, 5], DType::F32)).unwrap();
+        let rows = Var::from_tensor(&rand_tensor(34, &[4, 3, 5], DType::F32)).unwrap();
+        let r = rand_tensor(35, &[4, 3, 5], DType::F32);
+        for relu in [false, true] {
+            let inputs = [
+                (
+                    packed.as_tensor().transpose(0, 1).unwrap(),
+                    packed.as_tensor(),
+                ),
+                (rows.as_tensor().clone(), rows.as_tensor()),
+            ];
+            for (x, var) in inputs {
+                let run = |fused: bool| {
+                    let y = match fused {
+                        true => bn.eval_fused(&x, relu).unwrap(),
+                        false => bn.forward_channel_major(&x, relu, false).unwrap(),
+                    };
+                    let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+                    let grad = |t: &Tensor| grads.get(t).unwrap().clone();
+                    (y.clone(), [grad(var), grad(&bn.weight), grad(&bn.bias)])
+                };
+                let ((y, g), (y_ref, g_ref)) = (run(true), run(false));
+                assert_eq!(y.stride(), x.stride(), "the result lies as the input does");
+                assert!(
+                    max_abs_diff(&y, &y_ref) < 1e-6,
+                    "{}",
+                    max_abs_diff(&y, &y_ref)
+                );
+                for (a, b) in g.iter().zip(&g_ref) {
+                    assert!(
+                        max_abs_diff(a, b) < 1e-5,
+                        "{:?}: {}",
+                        a.dims(),
+                        max_abs_diff(a, b)
+                    );
+                }
+            }
+        }
     }
 
     /// The CPU op takes `[C, M]` rows only: an operand whose channels repeat more often (the

@@ -1,12 +1,13 @@
-//! Our CUDA kernels ([`kernels.cu`](cuda/kernels.cu)): train-mode batch norm (+ReLU) and its
-//! backward, the residual join `relu(h + shortcut)`, max pooling, layer norm, softmax over the
-//! last axis and the erf GELU with their backwards, each the GPU side of the CPU custom op in
-//! `batch_norm.rs` / `residual.rs` / `pool.rs` / `layer_norm.rs` / `softmax.rs` / `gelu.rs`
-//! with the same formulas (sums in double, the same first-maximum rule), and a linear layer's
-//! bias add (`linear.rs`). NVRTC compiles the source once per process, on first use, for the
-//! device's architecture ([`function`], which other crates' kernels use too); a batch norm pass
-//! is two launches (per-segment partial sums, then merge and apply) on a (channels × segments)
-//! grid; layer norm and softmax give each row one warp.
+//! Our CUDA kernels ([`kernels.cu`](cuda/kernels.cu)): batch norm in train mode (+ReLU, with
+//! its backward) and in eval mode, the residual join `relu(h + shortcut)`, max pooling, layer
+//! norm, softmax over the last axis and the erf GELU with their backwards, each the GPU side of
+//! the CPU custom op in `batch_norm.rs` / `residual.rs` / `pool.rs` / `layer_norm.rs` /
+//! `softmax.rs` / `gelu.rs` with the same formulas (sums in double, the same first-maximum
+//! rule), and a linear layer's bias add (`linear.rs`). NVRTC compiles the source once per
+//! process, on first use, for the device's architecture ([`function`], which other crates'
+//! kernels use too); a train-mode batch norm pass is two launches (per-segment partial sums,
+//! then merge and apply) on a (channels × segments) grid; layer norm and softmax give each row
+//! one warp.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{LazyLock, Mutex};
@@ -310,6 +311,41 @@ pub(crate) fn elementwise<T: Element>(
     // SAFETY: as in `batch_norm`.
     unsafe { launch.launch(grid_stride(n as usize)) }?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+/// Eval-mode batch norm of a contiguous `x` of `n` values in `channels` channels laid out as
+/// [`batch_norm`]'s (`inner` at a time), from the running `mean` and `var` and `gamma`, `beta`
+/// (`[C]` each): one launch.
+pub(crate) fn batch_norm_eval<T: Element>(
+    dev: &CudaDevice,
+    [x, mean, var, gamma, beta]: [CudaView<T>; 5],
+    (n, channels, inner): (usize, usize, usize),
+    eps: f64,
+    relu: bool,
+) -> Result<CudaStorage> {
+    // SAFETY: the kernel writes every element.
+    let mut y = unsafe { dev.alloc::<T>(n)? };
+    let stream = dev.cuda_stream();
+    let func = kernel::<T>(dev, "bn_eval")?;
+    let (n_arg, channels, inner) = (n as i64, channels as i64, inner.max(1) as i64);
+    let relu = i32::from(relu);
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&x)
+        .arg(&mean)
+        .arg(&var)
+        .arg(&gamma)
+        .arg(&beta)
+        .arg(&mut y);
+    launch
+        .arg(&n_arg)
+        .arg(&channels)
+        .arg(&inner)
+        .arg(&eps)
+        .arg(&relu);
+    // SAFETY: as in `batch_norm`.
+    unsafe { launch.launch(grid_stride(n)) }?;
+    Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
 }
 
 /// `y + b` with `b` (`cols` values) added to every row of a contiguous `y` (`rows × cols`).

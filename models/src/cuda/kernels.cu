@@ -200,6 +200,23 @@ __device__ void residual_relu_backward(const T *y, const T *g, T *dy, long long 
     }
 }
 
+// Eval-mode batch norm: y = x·s + t (then ReLU) with s = γ/√(var + eps), t = β − mean·s in
+// double, channel c = (i / inner) % C of value i (laid out as bn_apply's operands).
+template <typename T>
+__device__ void bn_eval(const T *x, const T *mean, const T *var, const T *gamma,
+                        const T *beta, T *y, long long n, long long channels, long long inner,
+                        double eps, int relu) {
+    T zero = (T)0;
+    for (long long i = blockIdx.x * (long long)THREADS + threadIdx.x; i < n;
+         i += (long long)gridDim.x * THREADS) {
+        long long c = (i / inner) % channels;
+        double s = (double)gamma[c] / sqrt((double)var[c] + eps);
+        double t = (double)beta[c] - (double)mean[c] * s;
+        T v = x[i] * (T)s + (T)t;
+        y[i] = relu && v <= zero ? zero : v;
+    }
+}
+
 // out = y + b, `b` (`cols` values) added to every row of `y`: a linear layer's bias after its
 // product (linear.rs).
 template <typename T>
@@ -243,6 +260,12 @@ __device__ void bias_add(const T *y, const T *b, T *out, long long n, long long 
     extern "C" __global__ void residual_relu_backward_##SUFFIX(const T *y, const T *g, T *dy,   \
                                                                long long n) {                   \
         residual_relu_backward<T>(y, g, dy, n);                                                 \
+    }                                                                                           \
+    extern "C" __global__ void bn_eval_##SUFFIX(const T *x, const T *mean, const T *var,        \
+                                                const T *gamma, const T *beta, T *y,            \
+                                                long long n, long long channels,                \
+                                                long long inner, double eps, int relu) {        \
+        bn_eval<T>(x, mean, var, gamma, beta, y, n, channels, inner, eps, relu);                \
     }                                                                                           \
     extern "C" __global__ void bias_add_##SUFFIX(const T *y, const T *b, T *out, long long n,   \
                                                  long long cols) {                              \
