@@ -23,6 +23,7 @@
 
 use std::sync::Mutex;
 
+use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use ssl_linalg::for_each_index;
 
@@ -63,14 +64,23 @@ fn composed(qkv: &Tensor, heads: usize, dims: (usize, usize, usize)) -> Result<T
 fn composed_with_weights(
     qkv: &Tensor,
     heads: usize,
+    dims: (usize, usize, usize),
+) -> Result<(Tensor, Tensor)> {
+    let (per_head, weights) = per_head_with_weights(qkv, heads, dims)?;
+    Ok((merge_heads(&per_head, dims)?.reshape(dims)?, weights))
+}
+
+/// [`composed`]'s heads before their merge, `P V`: `[N·H, T, D/H]`, and `P`.
+fn per_head_with_weights(
+    qkv: &Tensor,
+    heads: usize,
     (n, t, d): (usize, usize, usize),
 ) -> Result<(Tensor, Tensor)> {
     let hd = d / heads;
     let [q, k, v] = split_heads(qkv, heads, (n, t, d))?;
     let scores = matrix_product(&(q * (hd as f64).powf(-0.5))?, &k.t()?, |a, b| a.matmul(b))?;
     let weights = softmax_last_dim(&scores)?;
-    let out = matrix_product(&weights, &v, |a, b| a.matmul(b))?;
-    Ok((merge_heads(&out, (n, t, d))?, weights))
+    Ok((matrix_product(&weights, &v, |a, b| a.matmul(b))?, weights))
 }
 
 /// `q`, `k` and `v` of `qkv`: `[N, T, 3·D]` (`[N, T, 3, H, D/H]`), each `[N·H, T, D/H]`.
@@ -89,12 +99,10 @@ fn split_heads(
     Ok([part(0)?, part(1)?, part(2)?])
 }
 
-/// Heads `[N·H, T, D/H]` concatenated per token: `[N, T, D]`.
+/// Heads `[N·H, T, D/H]` by token: the view `[N, T, H, D/H]` whose packed copy is `[N, T, D]`.
 fn merge_heads(x: &Tensor, (n, t, d): (usize, usize, usize)) -> Result<Tensor> {
     let heads = x.dim(0)? / n;
-    x.reshape((n, heads, t, d / heads))?
-        .transpose(1, 2)?
-        .reshape((n, t, d))
+    x.reshape((n, heads, t, d / heads))?.transpose(1, 2)
 }
 
 /// Attention whose autograd keeps only the weights `P` (`[N·H, T, T]`), as the CPU op does, for
@@ -102,18 +110,21 @@ fn merge_heads(x: &Tensor, (n, t, d): (usize, usize, usize)) -> Result<Tensor> {
 /// intermediate until the backward: beside the output and `P`, the copies of `q`, `k` and `v`,
 /// the scaled `q` and the heads before their merge (5/3 of `qkv`) and the scores (`[N·H, T, T]`):
 /// ViT-S/16 at 32 images, 78 MB a block, 0.94 GB over its 12. Here the same ops run on a
-/// detached `qkv`, so that all but the output and `P` are freed at once, and one op node on `qkv`
-/// returns the output and takes `P` for the backward, which recomputes `q`, `k` and `v` from
+/// detached `qkv`, so that all but the heads' outputs and `P` are freed at once, and one op node
+/// on `qkv` merges the heads into its output (the copy the composed merge makes) and takes `P`
+/// for the backward, which recomputes `q`, `k` and `v` from
 /// `qkv` (three copies, freed as it goes): `dV = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ⊙ (dP −
 /// rowsum(P ⊙ dP)) / √d`, `dQ = dS K`, `dK = dSᵀ Q`. The products are those of [`composed`]
 /// (bf16 operands under autocast).
 fn keeping_weights(qkv: &Tensor, heads: usize, dims: (usize, usize, usize)) -> Result<Tensor> {
-    let (out, weights) = composed_with_weights(&qkv.detach(), heads, dims)?;
-    qkv.apply_op1(KeptWeights {
+    let (per_head, weights) = per_head_with_weights(&qkv.detach(), heads, dims)?;
+    let merged = merge_heads(&per_head, dims)?;
+    let out = qkv.apply_op1(KeptWeights {
         heads,
-        out: Mutex::new(Some(out.contiguous()?)),
+        merged: Mutex::new(Some(merged)),
         weights: Mutex::new(Some(weights)),
-    })
+    })?;
+    out.reshape(dims)
 }
 
 /// The gradient of `qkv` from [`composed`]'s weights `P` and the output gradient `d_out`:
@@ -146,27 +157,34 @@ fn backward_from_weights(
         .reshape((n, t, 3 * d))
 }
 
-/// The op node of [`keeping_weights`] on `qkv`: its forward hands on the output computed
-/// detached (one copy of `[N, T, D]`), its backward is [`backward_from_weights`].
+/// The op node of [`keeping_weights`] on `qkv`: its forward writes the heads computed detached
+/// packed by token (`[N, T, H, D/H]`), its backward is [`backward_from_weights`].
 struct KeptWeights {
     heads: usize,
-    /// The detached output, until the forward takes it.
-    out: Mutex<Option<Tensor>>,
+    /// The heads' outputs viewed by token, until the forward takes them.
+    merged: Mutex<Option<Tensor>>,
     /// `P`, until the backward takes it (a second backward recomputes it).
     weights: Mutex<Option<Tensor>>,
 }
 
 impl KeptWeights {
-    /// The output's storage (a copy, owned by the op's result) and shape.
-    fn output(&self) -> Result<(candle_core::Storage, Shape)> {
-        let out = self.out.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let out = out.ok_or_else(|| {
-            candle_core::Error::Msg("ssl-attention-kept-weights ran twice".into())
-        })?;
-        let (storage, layout) = out.storage_and_layout();
-        // `out` is a fresh contiguous tensor: its storage holds exactly its elements.
-        Ok((storage.try_clone(layout)?, out.shape().clone()))
+    /// The merged heads, taken (the forward runs once).
+    fn merged(&self) -> Result<Tensor> {
+        let merged = self.merged.lock().unwrap_or_else(|e| e.into_inner()).take();
+        merged.ok_or_else(|| candle_core::Error::Msg("ssl-attention-kept-weights ran twice".into()))
     }
+}
+
+/// A packed copy of the view `(storage, layout)` on its own device.
+fn packed_copy<S>((storage, layout): (&S, &Layout), device: &S::Device) -> Result<(S, Shape)>
+where
+    S: BackendStorage,
+    S::Device: BackendDevice<Storage = S>,
+{
+    // SAFETY: `copy_strided_src` writes every element of the fresh buffer.
+    let mut out = unsafe { device.alloc_uninit(layout.shape(), storage.dtype())? };
+    storage.copy_strided_src(&mut out, 0, layout)?;
+    Ok((out, layout.shape().clone()))
 }
 
 impl candle_core::CustomOp1 for KeptWeights {
@@ -175,10 +193,12 @@ impl candle_core::CustomOp1 for KeptWeights {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        match self.output()? {
-            (candle_core::Storage::Cpu(s), shape) => Ok((s, shape)),
-            _ => candle_core::bail!("ssl-attention-kept-weights: the output is not on the CPU"),
-        }
+        let merged = self.merged()?;
+        let (storage, layout) = merged.storage_and_layout();
+        let candle_core::Storage::Cpu(s) = &*storage else {
+            candle_core::bail!("ssl-attention-kept-weights: the heads are not on the CPU");
+        };
+        packed_copy((s, layout), &candle_core::cpu_backend::CpuDevice)
     }
 
     #[cfg(feature = "cuda")]
@@ -187,10 +207,12 @@ impl candle_core::CustomOp1 for KeptWeights {
         _: &candle_core::CudaStorage,
         _: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        match self.output()? {
-            (candle_core::Storage::Cuda(s), shape) => Ok((s, shape)),
-            _ => candle_core::bail!("ssl-attention-kept-weights: the output is not on CUDA"),
-        }
+        let merged = self.merged()?;
+        let (storage, layout) = merged.storage_and_layout();
+        let candle_core::Storage::Cuda(s) = &*storage else {
+            candle_core::bail!("ssl-attention-kept-weights: the heads are not on CUDA");
+        };
+        packed_copy((s, layout), &s.device)
     }
 
     fn bwd(&self, qkv: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
