@@ -45,9 +45,7 @@ impl Linear {
             None => Ok(y),
         }
     }
-}
 
-impl Linear {
     /// `x Wᵀ + b` for devices where [`LinearOp`] does not run (CUDA), keeping for the backward
     /// what the CPU op keeps, `x` and `W`. Composed, the bias add holds the product
     /// `[rows, D_out]` until the backward (ViT-S/16 at 32 images: 87 MB a block over its four

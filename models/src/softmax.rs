@@ -206,6 +206,23 @@ mod tests {
     }
 
     #[test]
+    fn the_gradient_outside_autograd_is_the_same_on_both_paths() {
+        // Our op and, under `composed_only`, the composed formula, against autograd's gradient.
+        let x = Var::from_tensor(&(rand_tensor(4, &[6, 11], DType::F64) * 5.0).unwrap()).unwrap();
+        let r = rand_tensor(5, &[6, 11], DType::F64);
+        let y = softmax_last_dim(x.as_tensor()).unwrap();
+        let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        let autograd = grads.get(x.as_tensor()).unwrap();
+        let ours = softmax_last_dim_backward(&y.detach(), &r).unwrap();
+        let composed = {
+            let _composed = crate::dispatch::composed_only();
+            softmax_last_dim_backward(&y.detach(), &r).unwrap()
+        };
+        assert!(max_abs_diff(&ours, autograd) < 1e-15);
+        assert!(max_abs_diff(&composed, autograd) < 1e-14);
+    }
+
+    #[test]
     fn rows_sum_to_one_in_f32() {
         let y = softmax_last_dim(&rand_tensor(3, &[7, 197], DType::F32)).unwrap();
         let sums: Vec<f32> = y.sum(1).unwrap().to_vec1().unwrap();
