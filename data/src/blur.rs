@@ -1,7 +1,8 @@
 //! Gaussian blur as torchvision's `GaussianBlur` on tensors (spec data §3.6): an exact
 //! Gaussian kernel of odd size `k` normalised to sum 1, applied separably along rows and
 //! columns of each channel with reflect padding (mirror without repeating the edge:
-//! index −1 → 1, `W` → `W − 2`).
+//! index −1 → 1, `W` → `W − 2`). The result is clamped to `[0, 1]`: the weights sum to 1 only
+//! up to `f32` rounding, so a white image would come out at `1 + 2⁻²³`.
 
 /// The kernel size SimCLR and BYOL use for output side `side`: `2·⌊side/20⌋ + 1`, about 10 % of
 /// the side (224 → 23, 96 → 9, 64 → 7, 32 → 3).
@@ -37,8 +38,7 @@ fn reflect(i: isize, n: usize) -> usize {
 }
 
 /// Blurs every `height × width` plane of `image` (`[C, H, W]`) in place with the Gaussian
-/// kernel of `size` taps and standard deviation `sigma`; `scratch` holds one plane between
-/// the two passes. Requires `(size − 1)/2 < min(H, W)`, as torchvision's reflect padding does.
+/// kernel of `size` taps and standard deviation `sigma`, clamping the result to `[0, 1]`. Requires `(size − 1)/2 < min(H, W)`, as torchvision's reflect padding does.
 pub fn gaussian_blur(image: &mut [f32], height: usize, width: usize, size: usize, sigma: f32) {
     let half = size / 2;
     assert!(
@@ -88,6 +88,9 @@ pub fn gaussian_blur(image: &mut [f32], height: usize, width: usize, size: usize
                 for (out, v) in dst.iter_mut().zip(&rows[i * width..(i + 1) * width]) {
                     *out += w * v;
                 }
+            }
+            for out in dst {
+                *out = out.clamp(0.0, 1.0);
             }
         }
     }

@@ -65,13 +65,20 @@ pub fn adjust_saturation(image: &mut [f32], channels: usize, factor: f32) {
 
 /// Rotates the hue by `shift` turns (`adjust_hue`, `shift ∈ [−0.5, 0.5]`): RGB → HSV,
 /// `H ← (H + shift) mod 1`, HSV → RGB, with torchvision's float formulas (a no-op unless RGB).
+/// Each channel is first clamped to `[0, 1]`, the domain of those formulas: a pixel whose
+/// largest channel is 0 while another is negative would otherwise divide by zero in RGB → HSV.
 pub fn adjust_hue(image: &mut [f32], channels: usize, shift: f32) {
     if channels != 3 {
         return;
     }
     let (plane, image) = planes(image, channels);
+    let unit = |x: f32| x.clamp(0.0, 1.0);
     for i in 0..plane {
-        let (r, g, b) = (image[i], image[plane + i], image[2 * plane + i]);
+        let (r, g, b) = (
+            unit(image[i]),
+            unit(image[plane + i]),
+            unit(image[2 * plane + i]),
+        );
         let (h, s, v) = rgb_to_hsv(r, g, b);
         let h = (h + shift).rem_euclid(1.0);
         let (r, g, b) = hsv_to_rgb(h, s, v);
@@ -81,11 +88,12 @@ pub fn adjust_hue(image: &mut [f32], channels: usize, shift: f32) {
     }
 }
 
-/// torchvision's `_rgb2hsv` for one pixel: `(H, S, V)` with `H ∈ [0, 1)`.
+/// torchvision's `_rgb2hsv` for one pixel of `[0, 1]³`: `(H, S, V)` with `H ∈ [0, 1)`. Its
+/// guard (`S = 0`, `H = 0` for a grey pixel) also covers black, the only pixel with `maxc = 0`.
 fn rgb_to_hsv(r: f32, g: f32, b: f32) -> (f32, f32, f32) {
     let maxc = r.max(g).max(b);
     let minc = r.min(g).min(b);
-    if maxc == minc {
+    if maxc <= minc {
         return (0.0, 0.0, maxc);
     }
     let cr = maxc - minc;
@@ -209,6 +217,15 @@ mod tests {
             let (r2, g2, b2) = hsv_to_rgb(h, s, v);
             assert!((r - r2).abs() < 1e-6 && (g - g2).abs() < 1e-6 && (b - b2).abs() < 1e-6);
         }
+    }
+
+    #[test]
+    fn hue_shift_is_finite_and_in_range_next_to_bicubic_undershoot() {
+        // A black pixel beside saturated red, as bicubic leaves it: R = 0, G and B just below 0.
+        let mut x = vec![0.0, 1.0, -0.03, 0.0, -0.01, 0.0];
+        adjust_hue(&mut x, 3, 0.1);
+        assert!(x.iter().all(|v| (0.0..=1.0).contains(v)), "{x:?}");
+        assert_eq!([x[0], x[2], x[4]], [0.0; 3], "black stays black: {x:?}");
     }
 
     #[test]

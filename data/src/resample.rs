@@ -3,6 +3,12 @@
 //! downscaling, taps outside the image dropped and the rest renormalised. The convolution is
 //! `fast_image_resize`'s port of Pillow's resampler, on `f32` planes, so both passes stay in
 //! floating point and the result is rounded nowhere (torchvision's tensor behaviour).
+//!
+//! The result is clamped to `[0, 1]`, as PIL's 8-bit output is (and BYOL's clip): bicubic
+//! rings past the input's range next to a sharp edge (a black pixel beside a saturated one comes
+//! out slightly negative), and the colour ops after the crop assume intensities in `[0, 1]`
+//! (RGB → HSV divides by the largest channel). torchvision's float-tensor path leaves the
+//! overshoot; PIL-based pipelines (solo-learn, lightly) never see it.
 
 use fast_image_resize::images::{TypedImage, TypedImageRef};
 use fast_image_resize::pixels::F32;
@@ -18,8 +24,8 @@ pub enum Interpolation {
     /// Triangle filter, support 1 (torchvision's default; IConE, SwAV).
     #[default]
     Bilinear,
-    /// Keys cubic with `a = −0.5`, support 2 (PIL's bicubic; solo-learn, DINO). May overshoot
-    /// `[0, 1]`; as torchvision on float tensors, the result is not clamped.
+    /// Keys cubic with `a = −0.5`, support 2 (PIL's bicubic; solo-learn, DINO). Its overshoot
+    /// past `[0, 1]` is clamped, as PIL's 8-bit output is.
     Bicubic,
 }
 
@@ -35,7 +41,8 @@ impl Interpolation {
 /// Resamples the `crop` of every `height × width` plane of `input` (`[C, H, W]`) to
 /// `out_height × out_width`, writing `[C, out_height, out_width]` into `out`. As torchvision's
 /// `resized_crop`, the crop is cut out first, so the filter's border taps stop at the crop's
-/// edges (Pillow's `resize(box=…)` would reach past them).
+/// edges (Pillow's `resize(box=…)` would reach past them). Every output value is clamped to
+/// `[0, 1]`.
 #[allow(clippy::too_many_arguments)]
 pub fn resized_crop(
     input: &[f32],
@@ -71,7 +78,7 @@ pub fn resized_crop(
             .resize_typed(&src, &mut dst, &options)
             .expect("source and destination of one pixel type");
         for (o, p) in out.iter_mut().zip(dst.pixels()) {
-            *o = p.0;
+            *o = p.0.clamp(0.0, 1.0);
         }
     }
 }
