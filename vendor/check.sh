@@ -101,14 +101,17 @@ $CRATE = "=$VERSION"
 [workspace]
 EOF
   echo "vendor/check.sh: fetching $CRATE $VERSION from the registry" >&2
-  cargo fetch --quiet --manifest-path "$probe/Cargo.toml" >&2 ||
+  local host
+  host=$(rustc -vV | sed -n 's/^host: //p') || die "rustc is needed to name the host for cargo fetch"
+  cargo fetch --quiet --manifest-path "$probe/Cargo.toml" --target "$host" >&2 ||
     die "cargo could not fetch $CRATE $VERSION (is the registry reachable? CARGO_NET_OFFLINE set?)"
   # The index's checksum, which cargo checked the download against, must be the pinned one.
   local locked
   locked=$(grep -A3 "^name = \"$CRATE\"$" "$probe/Cargo.lock" | sed -n 's/^checksum = "\(.*\)"$/\1/p')
   [ "$locked" = "$CRATE_SHA256" ] ||
     die "the registry's checksum of $CRATE $VERSION is '$locked', the script pins $CRATE_SHA256"
-  find_cached || die "cargo fetched $CRATE $VERSION but no copy with sha256 $CRATE_SHA256 is in $registry"
+  find_cached ||
+    die "cargo fetched $CRATE $VERSION but no copy in $registry has sha256 $CRATE_SHA256 (cargo does not download a crate again while a copy is cached: delete the copies named above and run again)"
 }
 
 # Unpacks the published package into $work/published, without the DROPPED paths.
@@ -153,7 +156,7 @@ check() {
   fi
   {
     echo "vendor/check.sh: $vendor_dir is not $CRATE $VERSION plus $(basename "$patch_file"):"
-    [ -z "$differing" ] || sed 's/^/  differs:                 /' <<<"$differing"
+    [ -z "$differing" ] || sed 's/^/  differs: /' <<<"$differing"
     [ -z "$only_vendored" ] || sed 's/^/  only in the vendored tree: /' <<<"$only_vendored"
     [ -z "$only_expected" ] || sed 's/^/  missing from the vendored tree: /' <<<"$only_expected"
     if [ -n "$differing" ]; then
@@ -206,10 +209,10 @@ expect() {
   bash "$self" --vendor "$copy" --patch "$patch_file" >"$work/self-test.log" 2>&1 || rc=$?
   if [ "$rc" != "$want_rc" ] || { [ -n "$want_name" ] && ! grep -qF "$want_name" "$work/self-test.log"; }; then
     cat "$work/self-test.log" >&2
-    echo "vendor/check.sh: self-test FAILED: after '$change' the check exited $rc (expected $want_rc${want_name:+, naming $want_name})" >&2
+    echo "vendor/check.sh: self-test FAILED: after '$change' the check exited $rc (expected $want_rc${want_name:+, reporting '$want_name'})" >&2
     exit 1
   fi
-  echo "vendor/check.sh: self-test: $change: exit $rc${want_name:+, names $want_name}, as expected"
+  echo "vendor/check.sh: self-test: $change: exit $rc${want_name:+, reports '$want_name'}, as expected"
 }
 
 # Flips the lowest bit of the byte in the middle of file $1.
@@ -229,9 +232,9 @@ remove_file() { rm "$1/src/shape.rs"; }
 
 self_test() {
   expect unchanged 0 ""
-  expect flip_byte_in_patched_file 1 "differs:                 src/backprop.rs"
-  expect flip_byte_in_unpatched_file 1 "differs:                 src/shape.rs"
-  expect flip_byte_in_manifest 1 "differs:                 Cargo.toml"
+  expect flip_byte_in_patched_file 1 "differs: src/backprop.rs"
+  expect flip_byte_in_unpatched_file 1 "differs: src/shape.rs"
+  expect flip_byte_in_manifest 1 "differs: Cargo.toml"
   expect add_file 1 "only in the vendored tree: src/stray.rs"
   expect remove_file 1 "missing from the vendored tree: src/shape.rs"
   echo "vendor/check.sh: self-test passed"
