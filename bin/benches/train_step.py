@@ -15,7 +15,7 @@ As in candle-ssl's trainer, the encoder runs view by view in train mode (batch-n
 per view) and the loss sees `[V, B, D]`. AdamW betas (0.9, 0.999), eps 1e-8, weight decay 0.05
 on tensors of ≥ 2 dims (the IConE table included), none on biases and norm parameters, the
 same grouping as candle-ssl's optimiser. Inputs are N(0, 1) images drawn once; the IConE ids
-move by B every step. The losses follow `shared/spec/objectives.md` §2.1, §2.3, §2.11; `--check`
+move by B every step. The losses follow `docs/spec/objectives.md` §2.1, §2.3, §2.11; `--check`
 prints each on fixed inputs to compare with candle-ssl's known-answer tests.
 
     python3 bin/benches/train_step.py --row all --threads 2 [--steps 10] [--warmup 2] [--device cuda]

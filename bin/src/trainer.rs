@@ -222,8 +222,9 @@ fn apply_init(cfg: &RunConfig, model: &Model) -> Result<()> {
     Ok(())
 }
 
-/// The projector's hidden layers use batch norm, which is undefined on one sample (spec §0):
-/// refuse, before training, a run whose views would reach it one instance at a time.
+/// The projector's hidden layers use batch norm, which is undefined on one sample (spec
+/// `docs/spec/objectives.md` §0): refuse, before training, a run whose views would reach it one
+/// instance at a time.
 fn check_projector_batch(
     cfg: &RunConfig,
     objective: &str,

@@ -1,4 +1,4 @@
-//! Cholesky whitening with gradients (W-MSE, spec §2.15 and §3).
+//! Cholesky whitening with gradients (W-MSE, spec `docs/spec/objectives.md` §2.15 and §3).
 //!
 //! For a sample matrix `X: [n, d]`: `m = mean`, `Σ = (X−m)ᵀ(X−m)/(n−1)`, `Σ' = (1−ε)Σ + εI`,
 //! `Σ' = LLᵀ`, and the whitened rows are `L⁻¹(x_i − m)`, i.e. `Y = X_c L⁻ᵀ`.

@@ -1,6 +1,6 @@
 //! Every column of a batch centred over the batch axis and scaled: Barlow Twins' batch norm
-//! without affine (spec §2.9), the duality paper's unit-norm dimensions (§2.2) and SimCLR's
-//! dimension standardisation (§2.6, eq. 14).
+//! without affine (spec `docs/spec/objectives.md` §2.9), the duality paper's unit-norm dimensions
+//! (§2.2) and SimCLR's dimension standardisation (§2.6, eq. 14).
 //!
 //! Composed from Candle ops these are a chain of reductions over the middle axis (which Candle
 //! walks strided, on one thread) and broadcasts, each with its own backward: 10–11 ms of the

@@ -1,7 +1,7 @@
-//! Differentiable tensor operations the objectives share and Candle lacks: spec §0's L2
-//! normalisation, batch-axis column standardisation, the Gram matrix with a symmetric backward,
-//! and spec §3's spectral operations — log-determinant, functions of a symmetric matrix's
-//! eigenvalues, the nuclear norm, and Cholesky whitening.
+//! Differentiable tensor operations the objectives share and Candle lacks: spec
+//! `docs/spec/objectives.md` §0's L2 normalisation, batch-axis column standardisation, the Gram
+//! matrix with a symmetric backward, and spec §3's spectral operations — log-determinant, functions
+//! of a symmetric matrix's eigenvalues, the nuclear norm, and Cholesky whitening.
 
 pub mod cholesky;
 pub mod columns;

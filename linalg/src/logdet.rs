@@ -1,5 +1,5 @@
-//! Log-determinant of a symmetric positive-definite matrix, with gradient `A^{-T}` (spec §3),
-//! for TCR (§2.10) and CorInfoMax (§2.14).
+//! Log-determinant of a symmetric positive-definite matrix, with gradient `A^{-T}` (spec
+//! `docs/spec/objectives.md` §3), for TCR (§2.10) and CorInfoMax (§2.14).
 //!
 //! The value and `A⁻¹` come from a Cholesky factorisation `A = LLᵀ` on the host in f64
 //! (nalgebra): `log det A = 2 Σ_i log L_ii`. The derivative is put into the graph with a

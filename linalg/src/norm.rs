@@ -1,6 +1,6 @@
-//! L2 normalisation along an axis (spec §0: `normalize(x) = x / max(‖x‖₂, 1e-12)`, as
-//! `torch.nn.functional.normalize`), the one definition every objective uses; and the stable
-//! row-wise log-sum-exp of the contrastive objectives.
+//! L2 normalisation along an axis (spec `docs/spec/objectives.md` §0:
+//! `normalize(x) = x / max(‖x‖₂, 1e-12)`, as `torch.nn.functional.normalize`), the one definition
+//! every objective uses; and the stable row-wise log-sum-exp of the contrastive objectives.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType, D};

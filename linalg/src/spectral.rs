@@ -1,5 +1,6 @@
-//! Eigenvalue and singular-value functions with gradients: the nuclear norm (MMCR, spec §2.13)
-//! and the von Neumann entropy (I-VNE, spec §2.12); backward rules of spec §3.
+//! Eigenvalue and singular-value functions with gradients: the nuclear norm (MMCR, spec
+//! `docs/spec/objectives.md` §2.13) and the von Neumann entropy (I-VNE, spec §2.12); backward rules
+//! of spec §3.
 //!
 //! Candle has no SVD or eigendecomposition, so the decomposition runs on the host in f64 (faer's
 //! blocked symmetric eigensolver; one transfer of the detached inputs per call, batched, the

@@ -99,9 +99,9 @@ impl ResNetConfig {
         })
     }
 
-    /// The IConE paper's 3D ResNet-18 (spec §1.1): ResNet-18 with every layer in 3D, the
-    /// ImageNet stem (7³ stride-2 convolution, 3³ stride-2 max-pool), one input channel and a
-    /// final `fc` 512 → 512.
+    /// The IConE paper's 3D ResNet-18 (spec `docs/spec/objectives.md` §1.1): ResNet-18 with every
+    /// layer in 3D, the ImageNet stem (7³ stride-2 convolution, 3³ stride-2 max-pool), one input
+    /// channel and a final `fc` 512 → 512.
     pub fn resnet18_3d() -> Self {
         Self {
             block: BlockKind::Basic,

@@ -1,7 +1,7 @@
 //! Barlow Twins.
 //!
 //! Zbontar, Jing, Misra, LeCun & Deny, "Barlow Twins: Self-Supervised Learning via Redundancy
-//! Reduction", ICML 2021, eqs. 1–2 — spec `shared/spec/objectives.md` §2.9.
+//! Reduction", ICML 2021, eqs. 1–2 — spec `docs/spec/objectives.md` §2.9.
 //!
 //! Every dimension of every view is standardised over the batch like batch-norm without affine
 //! (`Ẑ = (Z − mean)/sqrt(var_p + 1e-5)`), `C = Ẑ_aᵀ Ẑ_b / N`, and

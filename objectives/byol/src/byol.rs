@@ -1,8 +1,8 @@
-//! BYOL (spec §2.18): predictions of the online network regress onto the EMA teacher's
-//! projections, `ℓ(v→w) = mean_i (2 − 2·cos(q_i^(v), sg(z'_i^(w))))`, `L = Σ_{(v,w)} ℓ(v→w)`
-//! over the ordered view pairs of the crate docs (at two views `L = ℓ(1→2) + ℓ(2→1)`, a sum).
-//! After each step the teacher follows `ξ ← τ_k ξ + (1 − τ_k) θ` with
-//! `τ_k = 1 − (1 − τ_base)(cos(πk/K) + 1)/2` (spec §3).
+//! BYOL (spec `docs/spec/objectives.md` §2.18): predictions of the online network regress onto the
+//! EMA teacher's projections, `ℓ(v→w) = mean_i (2 − 2·cos(q_i^(v), sg(z'_i^(w))))`,
+//! `L = Σ_{(v,w)} ℓ(v→w)` over the ordered view pairs of the crate docs (at two views
+//! `L = ℓ(1→2) + ℓ(2→1)`, a sum). After each step the teacher follows `ξ ← τ_k ξ + (1 − τ_k) θ`
+//! with `τ_k = 1 − (1 − τ_base)(cos(πk/K) + 1)/2` (spec §3).
 
 use anyhow::{bail, Result};
 use candle_core::{Tensor, D};

@@ -1,7 +1,7 @@
 //! The predictor family: BYOL and SimSiam.
 //!
 //! * Grill et al., "Bootstrap Your Own Latent: A New Approach to Self-Supervised Learning",
-//!   NeurIPS 2020. Spec: `shared/spec/objectives.md` §2.18, EMA teacher §3, disagreements §6.11.
+//!   NeurIPS 2020. Spec: `docs/spec/objectives.md` §2.18, EMA teacher §3, disagreements §6.11.
 //! * Chen & He, "Exploring Simple Siamese Representation Learning", CVPR 2021. Spec §2.19.
 //!
 //! Both put an objective-owned [`Predictor`] (Linear → BN → ReLU → Linear, `D → hidden → D`) on

@@ -1,5 +1,6 @@
-//! SimSiam (spec §2.19): `D(p, z) = −cos(p, sg(z))`, `L = ½ D(p₁, z₂) + ½ D(p₂, z₁)`, with
-//! `z` the student's own projections and `p` the predictor's output; no teacher, no EMA.
+//! SimSiam (spec `docs/spec/objectives.md` §2.19): `D(p, z) = −cos(p, sg(z))`,
+//! `L = ½ D(p₁, z₂) + ½ D(p₂, z₁)`, with `z` the student's own projections and `p` the predictor's
+//! output; no teacher, no EMA.
 //!
 //! The paper's projector ends in batch norm without affine parameters; the trainer's projector
 //! ends in a linear layer, so with `output_bn` (default) the objective standardises each view's

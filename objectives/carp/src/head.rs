@@ -1,7 +1,7 @@
-//! The CARP head (spec §1.4), keyed like the reference `CARPHead` with batch norm:
-//! `mlp` (`nn.Sequential` Linear → BatchNorm1d → GELU, Linear → BatchNorm1d → GELU, Linear to
-//! the bottleneck; no L2 normalisation) → `prototypes`, a bias-free weight-normalised linear map
-//! to `K` prototypes whose gain `weight_g` is fixed at 1, so only its direction
+//! The CARP head (spec `docs/spec/objectives.md` §1.4), keyed like the reference `CARPHead` with
+//! batch norm: `mlp` (`nn.Sequential` Linear → BatchNorm1d → GELU, Linear → BatchNorm1d → GELU,
+//! Linear to the bottleneck; no L2 normalisation) → `prototypes`, a bias-free weight-normalised
+//! linear map to `K` prototypes whose gain `weight_g` is fixed at 1, so only its direction
 //! `prototypes.weight_v` `[K, bottleneck]` is stored:
 //!
 //! `logits = mlp(x) · normalize_rows(V)ᵀ`.

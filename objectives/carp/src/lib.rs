@@ -1,7 +1,7 @@
 //! CARP: consistent assignment of views over random partitions.
 //!
 //! Silva & Ramírez Rivera, "Representation Learning via Consistent Assignment of Views over
-//! Random Partitions", NeurIPS 2023. Spec: `shared/spec/objectives.md` §2.17 (recipe §1.4, EMA
+//! Random Partitions", NeurIPS 2023. Spec: `docs/spec/objectives.md` §2.17 (recipe §1.4, EMA
 //! teacher §3, multi-crop §4, smallest batch §5, disagreements §6.8).
 //!
 //! The objective owns both heads and works on backbone features (`requirements().projector` is

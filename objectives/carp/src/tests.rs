@@ -9,7 +9,8 @@ const KAT_L_C: f64 = 0.6570656664;
 const KAT_L_KL: f64 = 0.0005849814;
 const KAT_L: f64 = 0.6576506478;
 
-/// Student `[2, 2, 4]` and teacher `[2, 2, 4]` logits of spec §2.17 (f64).
+/// Student `[2, 2, 4]` and teacher `[2, 2, 4]` logits of spec `docs/spec/objectives.md` §2.17
+/// (f64).
 fn spec_logits() -> candle_core::Result<(Tensor, Tensor)> {
     let dev = &Device::Cpu;
     let s = Tensor::new(

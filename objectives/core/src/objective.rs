@@ -292,7 +292,7 @@ pub struct StepContext<'a> {
 }
 
 impl StepContext<'_> {
-    /// `θ_t ← m·θ_t + (1 − m)·θ_s` for every student parameter (spec §3).
+    /// `θ_t ← m·θ_t + (1 − m)·θ_s` for every student parameter (spec `docs/spec/objectives.md` §3).
     pub fn ema_update(&self, momentum: f64) -> Result<()> {
         let Some(teacher) = self.teacher else {
             bail!("ema_update called but the objective did not request a teacher");

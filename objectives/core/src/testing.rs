@@ -11,7 +11,8 @@ use rand_distr::{Distribution, StandardNormal};
 use crate::params::fnv1a;
 use crate::{Batch, Ids, Progress, SingleProcess};
 
-/// `Z_a`, `Z_b` of spec §2.3 (`[4, 3]`, f64): the inputs most of the spec's known answers use.
+/// `Z_a`, `Z_b` of spec `docs/spec/objectives.md` §2.3 (`[4, 3]`, f64): the inputs most of the
+/// spec's known answers use.
 pub fn spec_za_zb() -> Result<(Tensor, Tensor)> {
     let a = Tensor::new(
         &[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]],

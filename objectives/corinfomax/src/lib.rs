@@ -1,7 +1,7 @@
 //! CorInfoMax: correlative information maximisation.
 //!
 //! Ozsoy, Hamdan, Arik, Yuret & Erdogan, "Self-Supervised Learning with an Information
-//! Maximization Criterion", NeurIPS 2022. Spec: `shared/spec/objectives.md` §2.14.
+//! Maximization Criterion", NeurIPS 2022. Spec: `docs/spec/objectives.md` §2.14.
 //!
 //! Two views, row-normalised: `z1, z2 ∈ R^{N×d}`. Each branch keeps a running mean `μ` and a
 //! running covariance `R` (initialised to `0` and `R_ini·I`); per step and branch

@@ -1,8 +1,8 @@
-//! The DINO projection head (spec §2.22), keyed like the reference `DINOHead`:
-//! `mlp` (`nn.Sequential` of Linear [→ BatchNorm1d] → GELU blocks and a final Linear to the
-//! bottleneck; a single `nn.Linear` when there is one layer) → L2-normalise → `last_layer`, a
-//! bias-free weight-normalised linear map to `K` prototypes whose gain `weight_g` is fixed at 1,
-//! so only its direction `last_layer.weight_v` `[K, bottleneck]` is stored:
+//! The DINO projection head (spec `docs/spec/objectives.md` §2.22), keyed like the reference
+//! `DINOHead`: `mlp` (`nn.Sequential` of Linear [→ BatchNorm1d] → GELU blocks and a final Linear to
+//! the bottleneck; a single `nn.Linear` when there is one layer) → L2-normalise → `last_layer`, a
+//! bias-free weight-normalised linear map to `K` prototypes whose gain `weight_g` is fixed at 1, so
+//! only its direction `last_layer.weight_v` `[K, bottleneck]` is stored:
 //!
 //! `logits = normalize(mlp(x)) · normalize_rows(V)ᵀ`, every logit a cosine in `[−1, 1]`.
 

@@ -1,7 +1,7 @@
 //! DINO: self-distillation with no labels.
 //!
 //! Caron, Touvron, Misra, Jégou, Mairal, Bojanowski & Joulin, "Emerging Properties in
-//! Self-Supervised Vision Transformers", ICCV 2021. Spec: `shared/spec/objectives.md` §2.22
+//! Self-Supervised Vision Transformers", ICCV 2021. Spec: `docs/spec/objectives.md` §2.22
 //! (EMA teacher §3, multi-crop §4, smallest batch §5).
 //!
 //! The objective owns both heads and works on backbone features (`requirements().projector` is

@@ -7,7 +7,8 @@ use ssl_linalg::normalize_rows;
 const KAT_L: f64 = 10.4487920455;
 const KAT_CENTER: [f64; 3] = [0.165, 0.025, -0.065];
 
-/// Student `[2, 2, 3]`, teacher `[2, 2, 3]` logits and centre `[3]` of spec §2.22 (f64).
+/// Student `[2, 2, 3]`, teacher `[2, 2, 3]` logits and centre `[3]` of spec
+/// `docs/spec/objectives.md` §2.22 (f64).
 fn spec_inputs() -> candle_core::Result<(Tensor, Tensor, Tensor)> {
     let dev = &Device::Cpu;
     let s = Tensor::new(

@@ -2,7 +2,7 @@
 //! built on them, and Spectral Contrastive Loss.
 //!
 //! * Garrido, Chen, Bardes, Najman & LeCun, "On the duality between contrastive and
-//!   non-contrastive self-supervised learning", ICLR 2023. Spec: `shared/spec/objectives.md` §2.2
+//!   non-contrastive self-supervised learning", ICLR 2023. Spec: `docs/spec/objectives.md` §2.2
 //!   (criteria `L_c`, `L_nc` and Theorem 3.3).
 //! * HaoChen, Wei, Gaidon & Ma, "Provable Guarantees for Self-Supervised Deep Learning with
 //!   Spectral Contrastive Loss", NeurIPS 2021. Spec §2.8 (official-code form, paper form of the

@@ -50,7 +50,7 @@ fn kat_z() -> candle_core::Result<Tensor> {
     .contiguous()
 }
 
-/// The §2.6 views `x1`, `x2` stacked as `[2, 3, 2]`.
+/// The `docs/spec/objectives.md` §2.6 views `x1`, `x2` stacked as `[2, 3, 2]`.
 fn scl_views() -> candle_core::Result<Tensor> {
     let dev = Device::Cpu;
     let x1 = Tensor::new(&[[1f64, 0.], [0., 1.], [-1., 1.]], &dev)?;

@@ -1,7 +1,7 @@
 //! FroSSL: Frobenius-norm minimisation of the embedding Gram matrix.
 //!
 //! Skean, Dhakal, Jacobs & Giraldo, "FroSSL: Frobenius Norm Minimization for Self-Supervised
-//! Learning", ECCV 2024. Spec: `shared/spec/objectives.md` §2.11 (recipe §1.3, disagreements §6.3).
+//! Learning", ECCV 2024. Spec: `docs/spec/objectives.md` §2.11 (recipe §1.3, disagreements §6.3).
 //!
 //! **Default (multi-view form of the official code).** Every view `Z_v ∈ R^{N×D}` is
 //! column-normalised to `Ẑ_v` (no centring), `Z̄ = (1/V) Σ_v Ẑ_v`, and

@@ -1,5 +1,5 @@
-//! The instance-diversity term `L_div` of IConE (spec §2.1): the squared positive part of every
-//! off-diagonal entry of the Gram matrix of the row-normalised table,
+//! The instance-diversity term `L_div` of IConE (spec `docs/spec/objectives.md` §2.1): the squared
+//! positive part of every off-diagonal entry of the Gram matrix of the row-normalised table,
 //! `L_div = 1/|Ω| Σ_{(a,b)∈Ω} max(0, ⟨ẽ_a, ẽ_b⟩)²`, with `Ω` all ordered pairs `a ≠ b`
 //! (`|Ω| = N(N−1)`), or only the cross-class ones for IConE-Instance.
 //!

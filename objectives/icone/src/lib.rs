@@ -1,6 +1,6 @@
 //! IConE: Instance-Contrasted Embeddings — collapse prevention that does not depend on the batch.
 //!
-//! Spec: `shared/spec/objectives.md` §1.1 (recipe) and §2.1 (loss). Every instance `n` of the
+//! Spec: `docs/spec/objectives.md` §1.1 (recipe) and §2.1 (loss). Every instance `n` of the
 //! training set owns a learnable anchor `E_n` (table `[N, d]`, init `N(0, 0.02²)`, rows
 //! normalised on the fly, trained by the same optimiser as the encoder). With `z_i^(v)` the
 //! row-normalised backbone output of view `v` of instance `i` (no projector):

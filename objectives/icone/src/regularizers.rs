@@ -1,4 +1,5 @@
-//! The replacements for `L_div` of IConE Appendix C.1 (spec §2.1), both on the whole table.
+//! The replacements for `L_div` of IConE Appendix C.1 (spec `docs/spec/objectives.md` §2.1), both
+//! on the whole table.
 //!
 //! * IConE-VC (eq. 8): VICReg's variance hinge and covariance penalty on the row-normalised table
 //!   `Ẽ: [N, d]`, as **sums** over dimensions (no `1/d`).

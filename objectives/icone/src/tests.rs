@@ -1,4 +1,5 @@
-//! Spec §2.1, one test per known answer and invariant, then the objective through the registry.
+//! Spec `docs/spec/objectives.md` §2.1, one test per known answer and invariant, then the objective
+//! through the registry.
 
 use super::*;
 use candle_core::{DType, Device, Var};

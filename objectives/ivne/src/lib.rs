@@ -2,7 +2,7 @@
 //!
 //! Kim, Kang, Hwang, Shin & Rhee, "VNE: An Effective Method for Improving Deep Representation by
 //! Manipulating Eigenvalue Distribution", CVPR 2023 (eq. 2 and the I-VNE+ objective of §4; the
-//! official `train_ivne_imagenet100.py`). Spec: `shared/spec/objectives.md` §2.12.
+//! official `train_ivne_imagenet100.py`). Spec: `docs/spec/objectives.md` §2.12.
 //!
 //! Per view `Ẑ_v = row-normalise(Z_v)`, `ρ_v = Ẑ_vᵀẐ_v/N` (trace 1) and
 //! `VNE(Z_v) = −Σ_k λ_k log λ_k` over the eigenvalues of `ρ_v`.

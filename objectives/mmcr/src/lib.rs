@@ -2,7 +2,7 @@
 //!
 //! Yerxa, Kuang, Simoncelli & Chung, "Learning Efficient Coding of Natural Images with Maximum
 //! Manifold Capacity Representations", NeurIPS 2023 (eq. 2, and the official `MMCR_Loss`).
-//! Spec: `shared/spec/objectives.md` §2.13.
+//! Spec: `docs/spec/objectives.md` §2.13.
 //!
 //! Every embedding is row-normalised, `c_i = (1/V) Σ_v z_i^(v)` and `C ∈ R^{N×d}` stacks the
 //! centroids; `L = −‖C‖_* + λ · (1/N) Σ_i ‖[z_i^(1) … z_i^(V)]‖_*`. λ = 0 (the official

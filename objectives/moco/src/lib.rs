@@ -2,7 +2,7 @@
 //!
 //! He, Fan, Wu, Xie & Girshick, "Momentum Contrast for Unsupervised Visual Representation
 //! Learning", CVPR 2020; Chen, Fan, Girshick & He, "Improved Baselines with Momentum Contrastive
-//! Learning", arXiv:2003.04297, 2020. Spec: `shared/spec/objectives.md` §2.20, EMA §3,
+//! Learning", arXiv:2003.04297, 2020. Spec: `docs/spec/objectives.md` §2.20, EMA §3,
 //! disagreements §6.12.
 //!
 //! Queries `q = normalize(f_q(x_q))` are the trainer's projections, keys

@@ -1,5 +1,5 @@
-//! Spec §2.20: the known answers, gradients and stop-gradients, the FIFO queue, then the
-//! objective built through the registry.
+//! Spec `docs/spec/objectives.md` §2.20: the known answers, gradients and stop-gradients, the FIFO
+//! queue, then the objective built through the registry.
 
 use super::*;
 use candle_core::{Device, Var};

@@ -1,6 +1,6 @@
-//! The kNN affinity graph and the random-walk pairing of SAG-VICReg (spec §2.16, steps 1–6 and
-//! "Pairing"), computed on the host in f64 from detached embeddings: the graph is a constant of
-//! the loss (spec §6.13), and at `B ≤` a few hundred its `O(B²·d)` cost is small.
+//! The kNN affinity graph and the random-walk pairing of SAG-VICReg (spec `docs/spec/objectives.md`
+//! §2.16, steps 1–6 and "Pairing"), computed on the host in f64 from detached embeddings: the graph
+//! is a constant of the loss (spec §6.13), and at `B ≤` a few hundred its `O(B²·d)` cost is small.
 
 use anyhow::{ensure, Result};
 use rand::Rng;

@@ -2,7 +2,7 @@
 //!
 //! Simai, Talmon & Shaham, "Enhancing VICReg: Random-Walk Pairing for Improved Generalization
 //! and Better Global Semantics Capturing", arXiv:2506.18104, 2025 (eq. 3 and appendix).
-//! Spec: `shared/spec/objectives.md` §2.16 (recipe §1.5, disagreements §6.13).
+//! Spec: `docs/spec/objectives.md` §2.16 (recipe §1.5, disagreements §6.13).
 //!
 //! For the two views `Z, Z'` (`[B, d]` each, expander outputs, no normalisation):
 //!

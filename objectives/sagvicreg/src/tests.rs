@@ -9,7 +9,7 @@ use ssl_core::{Ids, Progress};
 /// `e^{−1.5625}`: the weight of every second-nearest neighbour at k = 5, percentile 20.
 const SECOND: f64 = 0.2096113872;
 
-/// `Z`, `Z'` of the spec §2.16 known-answer test, `[7][3]`.
+/// `Z`, `Z'` of the spec `docs/spec/objectives.md` §2.16 known-answer test, `[7][3]`.
 fn spec_views() -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
     let z = [
         [1.0, 0.0, 0.0],

@@ -1,6 +1,6 @@
-//! Decoupled contrastive learning (spec §2.7): NT-Xent with the positive removed from the
-//! denominator, in a practical multi-view form and the duality paper's "paper form", with the
-//! optional DCL-W weighting of the positive term.
+//! Decoupled contrastive learning (spec `docs/spec/objectives.md` §2.7): NT-Xent with the positive
+//! removed from the denominator, in a practical multi-view form and the duality paper's "paper
+//! form", with the optional DCL-W weighting of the positive term.
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};

@@ -2,7 +2,7 @@
 //! similarity functions and preprocessings.
 //!
 //! * Chen, Kornblith, Norouzi & Hinton, "A Simple Framework for Contrastive Learning of Visual
-//!   Representations", ICML 2020, eq. 1 — spec `shared/spec/objectives.md` §2.6.
+//!   Representations", ICML 2020, eq. 1 — spec `docs/spec/objectives.md` §2.6.
 //! * Yeh, Hong, Hsu, Liu, Chen & LeCun, "Decoupled Contrastive Learning", ECCV 2022, eqs. 6, 8 —
 //!   spec §2.7.
 //! * Garrido, Chen, Bardes, Najman & LeCun, "On the duality between contrastive and

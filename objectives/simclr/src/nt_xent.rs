@@ -1,5 +1,5 @@
 //! NT-Xent (SimCLR) in its practical multi-view form and the duality paper's "paper form"
-//! (spec §2.6).
+//! (spec `docs/spec/objectives.md` §2.6).
 
 use candle_core::{Tensor, D};
 

@@ -1,6 +1,7 @@
 //! What SimCLR and DCL share: the similarity function `f`, the preprocessing of the embeddings
-//! (spec §2.6: row normalisation, scenario A centring, scenario B dimension standardisation),
-//! the logits `f(⟨z_a, z_b⟩)/τ` and the same-instance masks of the stacked `V·B` embeddings.
+//! (spec `docs/spec/objectives.md` §2.6: row normalisation, scenario A centring, scenario B
+//! dimension standardisation), the logits `f(⟨z_a, z_b⟩)/τ` and the same-instance masks of the
+//! stacked `V·B` embeddings.
 
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};

@@ -1,6 +1,6 @@
-//! The supervised cross-entropy baseline (spec §2.25): backbone output → linear classifier →
-//! `CE(onehot(y), logits)`, averaged over all `B·V` crops (each view is a separate sample with
-//! its instance's label), no label smoothing.
+//! The supervised cross-entropy baseline (spec `docs/spec/objectives.md` §2.25): backbone output →
+//! linear classifier → `CE(onehot(y), logits)`, averaged over all `B·V` crops (each view is a
+//! separate sample with its instance's label), no label smoothing.
 
 use anyhow::Result;
 use candle_nn::{Linear, Module};

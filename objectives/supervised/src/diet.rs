@@ -1,4 +1,4 @@
-//! DIET: the datum index is the target (spec §2.23).
+//! DIET: the datum index is the target (spec `docs/spec/objectives.md` §2.23).
 //!
 //! Backbone output → linear classifier with one output per training instance (no projector);
 //! target = the instance's stable data-set index; loss = cross-entropy with label smoothing ε

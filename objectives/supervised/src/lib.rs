@@ -2,7 +2,7 @@
 //! DIET.
 //!
 //! * `cross-entropy` — encoder → linear classifier → `CE(onehot(y), logits)` over all `B·V`
-//!   crops (spec `shared/spec/objectives.md` §2.25), the supervised baseline of the IConE study.
+//!   crops (spec `docs/spec/objectives.md` §2.25), the supervised baseline of the IConE study.
 //! * `supcon` — Khosla, Teterwak, Wang, Sarna, Tian, Isola, Maschinot, Liu & Krishnan,
 //!   "Supervised Contrastive Learning", NeurIPS 2020 (eq. 2 "L_out", the reference
 //!   `SupConLoss` with `contrast_mode='all'`; eq. 3 "L_in" as a variant) — spec §2.24.

@@ -1,4 +1,4 @@
-//! SupCon: supervised contrastive learning (spec §2.24).
+//! SupCon: supervised contrastive learning (spec `docs/spec/objectives.md` §2.24).
 //!
 //! The `V·B` projections are row-normalised and stacked (row `v·B + i` is view `v` of instance
 //! `i`); every embedding is an anchor (`contrast_mode='all'`), `s_ab = ⟨z_a, z_b⟩/τ`, and the

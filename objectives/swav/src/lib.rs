@@ -1,7 +1,7 @@
 //! SwAV: swapped prediction of Sinkhorn–Knopp cluster assignments.
 //!
 //! Caron, Misra, Mairal, Goyal, Bojanowski & Joulin, "Unsupervised Learning of Visual Features by
-//! Contrasting Cluster Assignments", NeurIPS 2020. Spec: `shared/spec/objectives.md` §2.21
+//! Contrasting Cluster Assignments", NeurIPS 2020. Spec: `docs/spec/objectives.md` §2.21
 //! (multi-view handling §4, smallest batch §5).
 //!
 //! Every view is normalised, `z_v = normalize(projections_v)` `[B, D]`, and scored against the

@@ -23,7 +23,8 @@ fn kat_scores() -> candle_core::Result<Tensor> {
     )
 }
 
-/// Spec §2.21 Sinkhorn on the host, literally (`[K, B]` layout, no max subtraction).
+/// Spec `docs/spec/objectives.md` §2.21 Sinkhorn on the host, literally (`[K, B]` layout, no max
+/// subtraction).
 fn naive_sinkhorn(scores: &[Vec<f64>], eps: f64, iters: usize) -> Vec<Vec<f64>> {
     let (b, k) = (scores.len(), scores[0].len());
     let mut q: Vec<Vec<f64>> = (0..k)

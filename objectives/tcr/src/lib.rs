@@ -6,7 +6,7 @@
 //!   You, Song & Ma, "Learning Diverse and Discriminative Representations via the Principle of
 //!   Maximal Coding Rate Reduction", NeurIPS 2020 — the total coding rate.
 //!
-//! Spec: `shared/spec/objectives.md` §2.10, disagreements §6 point 9.
+//! Spec: `docs/spec/objectives.md` §2.10, disagreements §6 point 9.
 //!
 //! Per view `v`, with `Ẑ_v ∈ R^{N×d}` the row-normalised embeddings,
 //! `TCR(Ẑ) = −½ logdet(I_d + (d/(N·ε)) ẐᵀẐ)` (negative coding rate, to be minimised), and

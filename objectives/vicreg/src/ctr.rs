@@ -1,5 +1,6 @@
-//! VICReg-ctr (spec §2.5, duality paper pseudocode): the variance and covariance regularisers act
-//! on the transposed embeddings, which makes the method sample-contrastive. Per view `Z`: `[N, d]`:
+//! VICReg-ctr (spec `docs/spec/objectives.md` §2.5, duality paper pseudocode): the variance and
+//! covariance regularisers act on the transposed embeddings, which makes the method
+//! sample-contrastive. Per view `Z`: `[N, d]`:
 //! * `v = (1/N) Σ_i relu(1 − sqrt(var_u(Z_{i,:}) + 1e-4))`, the variance over the `d` coordinates
 //!   of sample `i` (divided by `d − 1`);
 //! * `G = Z_c Z_cᵀ / (N − 1)`, `Z_c` = every sample centred by its own coordinate mean; the

@@ -1,5 +1,5 @@
-//! VICReg-exp (spec §2.4, duality paper eq. 12 and pseudocode): the covariance term becomes a
-//! log-sum-exp over the off-diagonal entries of each covariance row,
+//! VICReg-exp (spec `docs/spec/objectives.md` §2.4, duality paper eq. 12 and pseudocode): the
+//! covariance term becomes a log-sum-exp over the off-diagonal entries of each covariance row,
 //! `c_exp(Z) = (1/d) Σ_i lse_{j≠i}(C(Z)_{ij} / τ)`, `C` centred and divided by `N − 1`.
 //!
 //! `L = λ·inv + μ·(1/V)Σ_v v(Z_v) + ν·(1/V)Σ_v c_exp(Z_v)`: both regularisers averaged over the

@@ -1,7 +1,7 @@
 //! The VICReg family: VICReg and the duality paper's VICReg-exp and VICReg-ctr.
 //!
 //! * Bardes, Ponce & LeCun, "VICReg: Variance-Invariance-Covariance Regularization for
-//!   Self-Supervised Learning", ICLR 2022 — spec `shared/spec/objectives.md` §2.3, objective
+//!   Self-Supervised Learning", ICLR 2022 — spec `docs/spec/objectives.md` §2.3, objective
 //!   `vicreg` ([`vicreg`](mod@vicreg)).
 //! * Garrido, Chen, Bardes, Najman & LeCun, "On the duality between contrastive and
 //!   non-contrastive self-supervised learning", ICLR 2023, eq. 12 and appendix pseudocode —

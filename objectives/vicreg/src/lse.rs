@@ -16,8 +16,8 @@ use ssl_linalg::for_each_chunk_mut;
 const MASKED: f64 = -1e9;
 
 /// Row-wise `lse_{j≠i}(m_ij / τ)` of square matrices `m`: `[…, R, R]` → `[…, R]`, R ≥ 2
-/// (spec §2.4/§2.5: the diagonal is left out), from Candle's ops on any device: mask the
-/// diagonal, subtract the detached row max, `exp`, sum, `log`.
+/// (spec `docs/spec/objectives.md` §2.4/§2.5: the diagonal is left out), from Candle's ops on any
+/// device: mask the diagonal, subtract the detached row max, `exp`, sum, `log`.
 pub fn off_diagonal_logsumexp(m: &Tensor, tau: f64) -> Result<Tensor> {
     let r = m.dim(D::Minus1)?;
     if r < 2 || m.dim(D::Minus2)? != r {

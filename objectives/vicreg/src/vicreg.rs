@@ -1,6 +1,7 @@
-//! VICReg (spec §2.3): `L = λ·inv + μ·(1/V)Σ_v v(Z_v) + ν·(2/V)Σ_v c(Z_v)`, with `inv` the mean
-//! over view pairs of `mse`. At V = 2 this is the official code: variance averaged over the
-//! branches, covariance summed. Needs B ≥ 2 (unbiased variance).
+//! VICReg (spec `docs/spec/objectives.md` §2.3):
+//! `L = λ·inv + μ·(1/V)Σ_v v(Z_v) + ν·(2/V)Σ_v c(Z_v)`, with `inv` the mean over view pairs of
+//! `mse`. At V = 2 this is the official code: variance averaged over the branches, covariance
+//! summed. Needs B ≥ 2 (unbiased variance).
 
 use anyhow::Result;
 use candle_core::Tensor;

@@ -1,7 +1,7 @@
 //! W-MSE: whitening followed by the cosine MSE between views.
 //!
 //! Ermolov, Siarohin, Sangineto & Sebe, "Whitening for Self-Supervised Representation Learning",
-//! ICML 2021. Spec: `shared/spec/objectives.md` §2.15.
+//! ICML 2021. Spec: `docs/spec/objectives.md` §2.15.
 //!
 //! For each of `w_iter` repetitions the batch is randomly permuted and cut into sub-batches of
 //! `w_size` instances; every sub-batch of every view is Cholesky-whitened
