@@ -78,7 +78,7 @@ pub struct DataConfig {
     /// Held-out fraction (stratified); MedMNIST keeps its official test split instead.
     pub test_fraction: f64,
     /// Seed of the train/test split and of the subsets below; absent: the run seed. Fix it to
-    /// compare model seeds on one split (IConE protocol, data.md §5.2).
+    /// compare model seeds on one split (IConE protocol, docs/spec/data.md §5.2).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub split_seed: Option<u64>,
     /// Train on a stratified subset of this many instances of the training partition
@@ -87,16 +87,16 @@ pub struct DataConfig {
     pub train_size: usize,
     /// Partition the training (sub)set itself, stratified, into train and test by this test
     /// fraction, replacing the test partition (IConE's 80/20 of each N-subset of the official
-    /// train split, data.md §5.2: `0.2`); 0: keep the official test split (MedMNIST, folders
+    /// train split, spec data §5.2: `0.2`); 0: keep the official test split (MedMNIST, folders
     /// with `val/`) or the `test_fraction` split.
     #[serde(skip_serializing_if = "is_zero_f64")]
     pub subset_test_fraction: f64,
     /// Class imbalance factor k: half of the classes keep `ceil(n/k)` of their training
-    /// instances (data.md §5.3); 1 = balanced. The test partition is untouched.
+    /// instances (spec data §5.3); 1 = balanced. The test partition is untouched.
     #[serde(skip_serializing_if = "is_one")]
     pub imbalance: usize,
     /// Keep only these classes in both partitions (empty: all), e.g. one of SAG-VICReg's
-    /// disjoint class halves (data.md §5.4); labels keep their original values.
+    /// disjoint class halves (spec data §5.4); labels keep their original values.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub classes: Vec<u32>,
     /// For `folder`: keep only these class directories (labels follow their sorted order);

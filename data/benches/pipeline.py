@@ -51,7 +51,7 @@ def frossl(side):
 
 
 def icone_3d(volume_u8):
-    """IConE App. A.2 with the spec's choices (data.md section 4), in PyTorch ops."""
+    """IConE App. A.2 with the spec's choices (docs/spec/data.md section 4), in PyTorch ops."""
     x = torch.from_numpy(volume_u8).float().div_(255.0)  # [1, D, H, W]
     n = x.shape[-1]
     side = min(max(round(n * random.uniform(0.5, 1.0) ** (1 / 3)), 1), n)

@@ -1,4 +1,4 @@
-//! Gaussian blur as torchvision's `GaussianBlur` on tensors (spec data §3.6): an exact
+//! Gaussian blur as torchvision's `GaussianBlur` on tensors (`docs/spec/data.md` §3.6): an exact
 //! Gaussian kernel of odd size `k` normalised to sum 1, applied separably along rows and
 //! columns of each channel with reflect padding (mirror without repeating the edge:
 //! index −1 → 1, `W` → `W − 2`). The result is clamped to `[0, 1]`: the weights sum to 1 only

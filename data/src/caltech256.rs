@@ -1,5 +1,5 @@
 //! Caltech-256 (Griffin, Holub & Perona, Caltech CNS-TR-2007-001) from the official
-//! `256_ObjectCategories.tar` (`../shared/spec/data.md` §2.5), read as an image folder.
+//! `256_ObjectCategories.tar` (`docs/spec/data.md` §2.5), read as an image folder.
 //!
 //! The archive (a plain, uncompressed tar of 1.2 GB) holds
 //! `256_ObjectCategories/NNN.name/NNN_KKKK.jpg`: 256 object categories `001.ak47` … `256.toad` and

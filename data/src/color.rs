@@ -1,4 +1,4 @@
-//! torchvision's colour operations on float images (spec data §3.4, §3.5, §3.7, §3.8).
+//! torchvision's colour operations on float images (`docs/spec/data.md` §3.4, §3.5, §3.7, §3.8).
 //!
 //! Every function works in place on a channel-planar image `[C, H·W]` (`C = 3` for RGB; the
 //! brightness, contrast and solarisation also take `C = 1`) with values in `[0, 1]`, and follows

@@ -2,9 +2,9 @@
 //! Cluster Assignments", NeurIPS 2020, §3.2; DINO's local crops): a random resized crop of a
 //! small area of the image, resized to a smaller side, then the run's per-view transform.
 //!
-//! The crop box follows torchvision's `RandomResizedCrop.get_params` (spec data §3): up to ten
-//! draws of area fraction `U(scale)` and log-uniform aspect ratio, sides rounded half to even as
-//! Python's `round`, and the centre-crop fallback.
+//! The crop box follows torchvision's `RandomResizedCrop.get_params` (`docs/spec/data.md` §3):
+//! up to ten draws of area fraction `U(scale)` and log-uniform aspect ratio, sides rounded half
+//! to even as Python's `round`, and the centre-crop fallback.
 //! The crop is resampled as torchvision's `resized_crop` does ([`crate::resample`]: antialiased
 //! bilinear by default, bicubic for DINO).
 //!

@@ -29,7 +29,7 @@ pub enum Samples {
     /// 8-bit images of their own sizes, each stored HWC (`[H, W, C]`, `C` = `shape[0]`) at
     /// `images[i].offset` in `bytes`: a folder kept at full resolution (`data.keep_side`). Sample
     /// `i` reads as the dataset's `[C, S, S]` evaluation view of image `i` (torchvision's
-    /// `Resize(S)` of the shorter side, bilinear, then `CenterCrop(S)`; spec data §2.2).
+    /// `Resize(S)` of the shorter side, bilinear, then `CenterCrop(S)`; `docs/spec/data.md` §2.2).
     Images {
         bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
         images: Arc<[ImageEntry]>,

@@ -1,4 +1,4 @@
-//! ImageNet-style image folders (`../shared/spec/data.md` §2): `root/<class>/…/<image>` with
+//! ImageNet-style image folders (`docs/spec/data.md` §2): `root/<class>/…/<image>` with
 //! torchvision `ImageFolder` semantics, decoded once into 8-bit RGB: fixed-size `S × S` samples,
 //! or each image kept at its own aspect ratio for crops from the whole picture.
 //!

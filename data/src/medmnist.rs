@@ -1,6 +1,6 @@
 //! MedMNIST v2 / MedMNIST+ (Yang et al., "MedMNIST v2 – A large-scale lightweight benchmark for
 //! 2D and 3D biomedical image classification", Scientific Data 10, 41, 2023): the 18 datasets'
-//! facts from the official `medmnist/info.py` v3.0.2 (spec `data.md` §1.3–1.4) and their `.npz`
+//! facts from the official `medmnist/info.py` v3.0.2 (docs/spec/data.md §1.3–1.4) and their `.npz`
 //! files read into a [`Dataset`].
 //!
 //! A file `{flag}.npz` (size 28) or `{flag}_{size}.npz` holds `{train,val,test}_{images,labels}`:

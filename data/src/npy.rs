@@ -1,4 +1,4 @@
-//! NumPy `.npy` arrays and `.npz` archives of them (spec `data.md` §1.2).
+//! NumPy `.npy` arrays and `.npz` archives of them (`docs/spec/data.md` §1.2).
 //!
 //! An `.npy` is the magic `\x93NUMPY`, a version, a little-endian header length (`u16` in
 //! v1.0, `u32` in v2.0/v3.0), an ASCII dict literal such as

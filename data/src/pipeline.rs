@@ -1,4 +1,4 @@
-//! torchvision-style 2D augmentation pipelines (spec data §3) and the seeds' named recipes
+//! torchvision-style 2D augmentation pipelines (docs/spec/data.md §3) and the seeds' named recipes
 //! (§3.10).
 //!
 //! An [`ImageAugment`] is one view type: random resized crop → horizontal flip → colour jitter

@@ -1,4 +1,4 @@
-//! Antialiased resampling as PIL and torchvision (`antialias=True`) do it (spec data §3.3):
+//! Antialiased resampling as PIL and torchvision (`antialias=True`) do it (docs/spec/data.md §3.3):
 //! separable convolution per axis with the filter stretched by the scale factor when
 //! downscaling, taps outside the image dropped and the rest renormalised. The convolution is
 //! `fast_image_resize`'s port of Pillow's resampler, on `f32` planes, so both passes stay in

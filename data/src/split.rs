@@ -93,9 +93,9 @@ fn by_class(labels: &[u32], positions: &[usize]) -> BTreeMap<u32, Vec<usize>> {
     classes
 }
 
-/// A stratified subset of `n` of the `positions` (IConE's `N ∈ {500, 1k, 2k, 5k}` subsets, spec
-/// data.md §5.2): class quotas by [`proportional_allocation`], members drawn without replacement
-/// by a seeded shuffle. Sorted ascending.
+/// A stratified subset of `n` of the `positions` (IConE's `N ∈ {500, 1k, 2k, 5k}` subsets,
+/// `docs/spec/data.md` §5.2): class quotas by [`proportional_allocation`], members drawn without
+/// replacement by a seeded shuffle. Sorted ascending.
 pub fn stratified_subset(
     labels: &[u32],
     positions: &[usize],
@@ -124,7 +124,7 @@ pub fn stratified_subset(
     Ok(subset)
 }
 
-/// IConE's class-imbalance construction (spec data.md §5.3): `floor(K/2)` minority classes,
+/// IConE's class-imbalance construction (spec data §5.3): `floor(K/2)` minority classes,
 /// chosen by a seeded permutation of the class ids, each keep `ceil(n_k / factor)` of their
 /// members (seeded, without replacement); the other classes keep all. Returns the kept positions
 /// (sorted) and the minority classes (sorted).

@@ -1,4 +1,4 @@
-//! IConE's 3D augmentations (Appendix A.2; spec data §4) for volumes `[C, D, H, W]`:
+//! IConE's 3D augmentations (Appendix A.2; `docs/spec/data.md` §4) for volumes `[C, D, H, W]`:
 //! random resized crop with trilinear resampling → random flips per axis → random 90°
 //! rotation in a random plane → intensity shift → contrast → Gaussian noise → average-pool
 //! blur. Where the paper leaves a choice open, the spec's assumption is taken (crop scale is

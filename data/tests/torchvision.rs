@@ -1,4 +1,4 @@
-//! The augmentation ops against torchvision and PIL on a real photo (spec data §3, §4).
+//! The augmentation ops against torchvision and PIL on a real photo (`docs/spec/data.md` §3, §4).
 //!
 //! `golden/make_golden.py` computed every reference array with torchvision 0.29 / Pillow from
 //! `golden/photo.png` (a 48 × 64 crop of scikit-learn's `china.jpg`) for fixed parameters; the
