@@ -1,5 +1,5 @@
-//! Spectral metrics (spec §4, §5), the covariance eigenvalue trajectories of FroSSL (§12) and the
-//! per-dimension standardisation of spec §0.
+//! Spectral metrics (`docs/spec/metrics.md` §4, §5), the covariance eigenvalue trajectories of
+//! FroSSL (§12) and the per-dimension standardisation of spec §0.
 //!
 //! Singular values are obtained as square roots of the eigenvalues of the smaller Gram matrix
 //! (`ZᵀZ` when `d ≤ n`, else `ZZᵀ`) computed in `f64` with nalgebra's symmetric eigenvalue solver.
