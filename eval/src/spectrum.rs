@@ -149,7 +149,7 @@ pub fn standardize(z: &Features) -> Features {
     }
 }
 
-/// Covariance spectrum of one view's embeddings (metrics.md §12).
+/// Covariance spectrum of one view's embeddings (`docs/spec/metrics.md` §12).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CovarianceSpectrum {
     /// The largest eigenvalues of `C = (Z − mean)ᵀ(Z − mean)/(N − 1)`, descending.
