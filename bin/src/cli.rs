@@ -141,8 +141,8 @@ pub struct EvalArgs {
     /// configs/digits-hierarchy.yaml).
     #[arg(long, value_name = "FILE")]
     pub hierarchy: Option<PathBuf>,
-    /// Fixed-C linear probe (metrics.md §1 uses C = 1) instead of choosing C on a validation
-    /// split of the training features.
+    /// Fixed-C linear probe (`docs/spec/metrics.md` §1 uses C = 1) instead of choosing C on a
+    /// validation split of the training features.
     #[arg(long)]
     pub probe_c: Option<f64>,
     /// `--probe lbfgs|sgd` and the SGD probe's settings.

@@ -1,5 +1,5 @@
 //! Training diagnostics written beside the metrics: the covariance eigenvalue trajectories that
-//! the FroSSL paper reads collapse and "stepwise" learning from (metrics.md §12).
+//! the FroSSL paper reads collapse and "stepwise" learning from (`docs/spec/metrics.md` §12).
 //!
 //! Every `eval.spectrum_every` steps the top `eval.spectrum_top` eigenvalues of each view's
 //! projector-output covariance, raw and trace-normalised, are appended to `spectrum.csv`

@@ -1,11 +1,11 @@
 //! Frozen-feature evaluation on the held-out split, and the baselines every run is compared with.
 //!
-//! Protocol (metrics.md §1, §3–5): features from the backbone in eval mode on clean images;
-//! linear probe on standardised features (L-BFGS, L2 with C, balanced accuracy); weighted k-NN
-//! (cosine, k, T); RankMe and effective rank of the standardised test features; class-conditional
-//! alignment, uniformity and the silhouette of the classes on the L2-normalised test features
-//! (§7, §13); with an imbalanced training set, the probe's balanced accuracy over the minority
-//! classes.
+//! Protocol (`docs/spec/metrics.md` §1, §3–5): features from the backbone in eval mode on clean
+//! images; linear probe on standardised features (L-BFGS, L2 with C, balanced accuracy); weighted
+//! k-NN (cosine, k, T); RankMe and effective rank of the standardised test features;
+//! class-conditional alignment, uniformity and the silhouette of the classes on the L2-normalised
+//! test features (§7, §13); with an imbalanced training set, the probe's balanced accuracy over the
+//! minority classes.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex, PoisonError};

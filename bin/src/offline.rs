@@ -3,7 +3,7 @@
 //! Each checkpoint's encoder, in eval mode, embeds the clean train and test splits of its run's
 //! data once; the features are cached beside the weights (keyed by the weights file and the data
 //! settings), so a second evaluation or a comparison only loads them. The metrics follow
-//! `spec/metrics.md`: the linear probe with its L2 strength chosen on a stratified validation
+//! `docs/spec/metrics.md`: the linear probe with its L2 strength chosen on a stratified validation
 //! split of the training features (or the fixed-C protocol, `--probe-c`), or with `--probe sgd`
 //! the papers' SGD probe on frozen features of augmented images ([`crate::sgd_probe`]; its
 //! settings, augmentation and per-epoch rate and loss go to the column's `probe` object in

@@ -1,8 +1,8 @@
 //! The papers' linear evaluation: `ssl eval RUN --probe sgd`.
 //!
 //! Protocol (solo-learn's `main_linear.py` / lightly's linear evaluation, which FroSSL's and the
-//! duality paper's tables follow; `spec/experiments.md` §3 and §6, `spec/data.md` §2.2): a linear
-//! classifier `nn.Linear(features, classes)` (weight and bias) on the backbone's **frozen**
+//! duality paper's tables follow; `docs/spec/experiments.md` §3 and §6, `spec/data.md` §2.2): a
+//! linear classifier `nn.Linear(features, classes)` (weight and bias) on the backbone's **frozen**
 //! features — the encoder in eval mode (batch norm on its running statistics), its outputs
 //! detached, so no gradient reaches it — trained by SGD with momentum 0.9 on cross-entropy over
 //! the training images, each epoch seeing new augmented views: `RandomResizedCrop` scale
@@ -45,7 +45,7 @@ use crate::setup::{self, CleanSamples, DataSplit};
 #[serde(rename_all = "lowercase")]
 pub enum ProbeKind {
     /// Multinomial logistic regression on standardised frozen features of the clean images,
-    /// L-BFGS (metrics.md §1).
+    /// L-BFGS (`docs/spec/metrics.md` §1).
     #[default]
     Lbfgs,
     /// A linear layer trained by SGD on frozen features of augmented images, the papers'

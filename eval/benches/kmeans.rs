@@ -1,8 +1,8 @@
-//! Timing of the CARP spherical k-means (spec §9) at 10,000 × 512 features drawn around 100
-//! random centres, k = 100, 10 restarts, at most 100 iterations, on 2 threads (median of 3), and
-//! of Ward linkage on the cosine distances of 1,000 × 512 features (spec §10) and of spectral
-//! clustering (spec §11 Default, block Krylov eigenvectors of the sparse affinity) of 2,000 × 512
-//! features into 100 clusters (single runs). Run with
+//! Timing of the CARP spherical k-means (`docs/spec/metrics.md` §9) at 10,000 × 512 features drawn
+//! around 100 random centres, k = 100, 10 restarts, at most 100 iterations, on 2 threads (median of
+//! 3), and of Ward linkage on the cosine distances of 1,000 × 512 features (spec §10) and of
+//! spectral clustering (spec §11 Default, block Krylov eigenvectors of the sparse affinity) of
+//! 2,000 × 512 features into 100 clusters (single runs). Run with
 //! `cargo bench -p ssl-eval --bench kmeans -- [threads]`.
 
 use std::time::Instant;

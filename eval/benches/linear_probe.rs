@@ -1,5 +1,6 @@
-//! The offline linear probe (spec §1) against scikit-learn's `LogisticRegression(lbfgs)` on the
-//! same data and machine: 10,000 × 512 training features of 10 classes, 2,000 test features.
+//! The offline linear probe (`docs/spec/metrics.md` §1) against scikit-learn's
+//! `LogisticRegression(lbfgs)` on the same data and machine: 10,000 × 512 training features of 10
+//! classes, 2,000 test features.
 //!
 //! The features are drawn here (Gaussian classes that overlap, so neither solver reaches 100 %),
 //! written to a temporary directory, fitted by `ssl_eval::linear_probe` (standardisation, L-BFGS,

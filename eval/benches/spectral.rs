@@ -1,7 +1,8 @@
-//! Spectral clustering (spec §11 Default) of 2,000 × 512 features drawn around `K` random centres
-//! into `K` clusters, for K = 10 and K = 100 (median of 3 runs each, on `threads` rayon threads,
-//! default 2). `--save FILE` writes the labels of both runs (one line each) so that two builds can
-//! be compared. Run with `cargo bench -p ssl-eval --bench spectral -- [threads] [--save FILE]`.
+//! Spectral clustering (`docs/spec/metrics.md` §11 Default) of 2,000 × 512 features drawn around
+//! `K` random centres into `K` clusters, for K = 10 and K = 100 (median of 3 runs each, on
+//! `threads` rayon threads, default 2). `--save FILE` writes the labels of both runs (one line
+//! each) so that two builds can be compared. Run with
+//! `cargo bench -p ssl-eval --bench spectral -- [threads] [--save FILE]`.
 
 use std::time::Instant;
 

@@ -1,4 +1,4 @@
-//! Linear centred kernel alignment (CKA; spec §8).
+//! Linear centred kernel alignment (CKA; `docs/spec/metrics.md` §8).
 //!
 //! `CKA(X, Y) = ‖Y_cᵀ X_c‖²_F / (‖X_cᵀ X_c‖_F · ‖Y_cᵀ Y_c‖_F)` with column-centred `X_c`, `Y_c`.
 //! When `n < max(p₁, p₂)` the equivalent Gram form `tr(K_c L_c) / (‖K_c‖_F ‖L_c‖_F)` is used,

@@ -1,4 +1,5 @@
-//! Clustering of frozen features and partition-comparison scores (spec §9 and §11).
+//! Clustering of frozen features and partition-comparison scores (`docs/spec/metrics.md` §9 and
+//! §11).
 //!
 //! * **Spherical k-means, CARP protocol (§9)** — Silva & Rivera, "Representation Learning via
 //!   Consistent Assignment of Views to Clusters" (CARP, 2022). [`SphericalKMeans::fit`]

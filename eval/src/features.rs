@@ -2,7 +2,7 @@
 
 use anyhow::{ensure, Result};
 
-/// Norm floor used by `normalize(x) = x / max(‖x‖₂, 1e-12)` (spec §0).
+/// Norm floor used by `normalize(x) = x / max(‖x‖₂, 1e-12)` (`docs/spec/metrics.md` §0).
 pub(crate) const NORM_FLOOR: f64 = 1e-12;
 
 /// A dense, row-major feature matrix: row `i` is `data[i*d .. (i+1)*d]`.

@@ -1,5 +1,5 @@
-//! Alignment and uniformity (Wang & Isola; spec §7), class-conditional alignment, and the
-//! silhouette of the true classes (spec §13).
+//! Alignment and uniformity (Wang & Isola; `docs/spec/metrics.md` §7), class-conditional alignment,
+//! and the silhouette of the true classes (spec §13).
 //!
 //! Rows are L2-normalised first (`x / max(‖x‖, 1e-12)`). For the IConE pipeline, standardise
 //! with [`crate::standardize`] before calling these (spec §0). Computed in `f64`; the pairwise

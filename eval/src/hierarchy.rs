@@ -1,5 +1,5 @@
-//! Tree-based comparison of embeddings (spec §10) and the hierarchical Rand index (spec §11), from
-//! SAG-VICReg (semantic-aware generalisation of VICReg).
+//! Tree-based comparison of embeddings (`docs/spec/metrics.md` §10) and the hierarchical Rand index
+//! (spec §11), from SAG-VICReg (semantic-aware generalisation of VICReg).
 //!
 //! * [`cosine_distances`]: condensed pairwise cosine distances `1 − cos(a_i, a_j)`, `i < j`, in
 //!   the order `(0,1), (0,2), …, (0,n−1), (1,2), …`.

@@ -1,4 +1,4 @@
-//! Weighted k-NN classifier (spec §3, DINO / CARP protocol).
+//! Weighted k-NN classifier (`docs/spec/metrics.md` §3, DINO / CARP protocol).
 //!
 //! Train and test rows are L2-normalised, cosine similarities `s_j` to all training samples are
 //! computed (as an `f32` matrix product, in parallel over blocks of test rows), the `k` most

@@ -1,6 +1,6 @@
 //! Evaluation of frozen features (`ssl-eval`).
 //!
-//! Implements the metrics of `spec/metrics.md`:
+//! Implements the metrics of `docs/spec/metrics.md` (a bare `spec §N` in this crate means its §N):
 //!
 //! * the offline linear probe (§1), with optional selection of `C` on a validation split;
 //! * the weighted k-NN classifier (§3), single setting or a whole `k × T` sweep;

@@ -1,4 +1,4 @@
-//! LiDAR, the linear-discriminant rank of Thilak et al. (spec §6).
+//! LiDAR, the linear-discriminant rank of Thilak et al. (`docs/spec/metrics.md` §6).
 //!
 //! `n` clean samples act as surrogate classes, each seen through `q ≥ 2` augmented views. With
 //! class means `μ_x`, grand mean `μ`, between-class scatter `Σ_b` and within-class scatter

@@ -1,5 +1,6 @@
-//! Offline linear probe (spec §1): train-statistics standardisation, L2-regularised logistic
-//! regression with an unpenalised intercept solved by L-BFGS in `f64`, and balanced accuracy.
+//! Offline linear probe (`docs/spec/metrics.md` §1): train-statistics standardisation,
+//! L2-regularised logistic regression with an unpenalised intercept solved by L-BFGS in `f64`, and
+//! balanced accuracy.
 //!
 //! * `K ≥ 3` classes: multinomial (softmax) model, `J = (1/n) Σ CE + ‖W‖²_F / (2Cn)`; the returned
 //!   intercepts are shifted to sum to zero (the objective is invariant to a common shift).

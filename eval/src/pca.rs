@@ -1,5 +1,5 @@
-//! Two-dimensional PCA projection for embedding plots (no spec section; conventions of spec §0:
-//! rows are samples, computations in `f64`).
+//! Two-dimensional PCA projection for embedding plots (no spec section; conventions of
+//! `docs/spec/metrics.md` §0: rows are samples, computations in `f64`).
 //!
 //! The data are centred over the samples and projected on the two leading eigenvectors of the
 //! scatter matrix `S = X_cᵀ X_c`. The eigenproblem is solved on the smaller of `S` (`d × d`) and

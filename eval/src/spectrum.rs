@@ -1,5 +1,5 @@
-//! Spectral metrics (spec §4, §5), the covariance eigenvalue trajectories of FroSSL (§12) and the
-//! per-dimension standardisation of spec §0.
+//! Spectral metrics (`docs/spec/metrics.md` §4, §5), the covariance eigenvalue trajectories of
+//! FroSSL (§12) and the per-dimension standardisation of spec §0.
 //!
 //! Singular values are obtained as square roots of the eigenvalues of the smaller Gram matrix
 //! (`ZᵀZ` when `d ≤ n`, else `ZZᵀ`) computed in `f64` with nalgebra's symmetric eigenvalue solver.
@@ -149,7 +149,7 @@ pub fn standardize(z: &Features) -> Features {
     }
 }
 
-/// Covariance spectrum of one view's embeddings (metrics.md §12).
+/// Covariance spectrum of one view's embeddings (`docs/spec/metrics.md` §12).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CovarianceSpectrum {
     /// The largest eigenvalues of `C = (Z − mean)ᵀ(Z − mean)/(N − 1)`, descending.
