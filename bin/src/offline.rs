@@ -113,7 +113,7 @@ impl SuiteConfig {
         if let Some(c) = self.probe_c {
             ensure!(
                 c.is_finite() && c > 0.0,
-                "--probe-c must be > 0 (the probe's inverse L2 strength; metrics.md §1: 1), got {c}"
+                "--probe-c must be > 0 (the probe's inverse L2 strength; docs/spec/metrics.md §1: 1), got {c}"
             );
             ensure!(
                 self.probe == ProbeKind::Lbfgs,

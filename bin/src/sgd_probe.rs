@@ -1,7 +1,7 @@
 //! The papers' linear evaluation: `ssl eval RUN --probe sgd`.
 //!
 //! Protocol (solo-learn's `main_linear.py` / lightly's linear evaluation, which FroSSL's and the
-//! duality paper's tables follow; `docs/spec/experiments.md` §3 and §6, `spec/data.md` §2.2): a
+//! duality paper's tables follow; `docs/spec/experiments.md` §3 and §6, `docs/spec/data.md` §2.2): a
 //! linear classifier `nn.Linear(features, classes)` (weight and bias) on the backbone's **frozen**
 //! features — the encoder in eval mode (batch norm on its running statistics), its outputs
 //! detached, so no gradient reaches it — trained by SGD with momentum 0.9 on cross-entropy over

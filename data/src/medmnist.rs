@@ -141,7 +141,7 @@ const fn info(
 const MC: &str = "multi-class";
 const BIN: &str = "binary-class";
 
-/// The 18 datasets (`data.md` §1.3–1.4).
+/// The 18 datasets (spec data §1.3–1.4).
 pub static DATASETS: [MedMnistInfo; 18] = [
     info(
         "pathmnist",
