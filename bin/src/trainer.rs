@@ -659,8 +659,9 @@ impl<'a> Training<'a> {
         let stager = Arc::new(Mutex::new(Stager::new(device, &data.dataset.shape)));
         for epoch in first..t.epochs {
             bar.set_prefix(format!("{}/{}", epoch + 1, t.epochs));
-            let stager = Arc::clone(&stager);
+            let (stager, views) = (Arc::clone(&stager), Arc::clone(loader));
             let stage = move |batch| {
+                views.check_finite(&batch)?;
                 stager
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -971,22 +972,28 @@ impl Logged {
 }
 
 impl StepValues {
-    /// Refuses a non-finite loss or term, naming it, its step and the learning rate.
+    /// Refuses a non-finite loss or term, naming it, its step and the learning rate. The views
+    /// were checked finite on the loader's thread, so the objective made it: at step 0 no
+    /// update has been applied yet and the learning rate cannot be the cause; later, lowering
+    /// it can help.
     pub fn check_finite(&self, step: usize, lr: f64) -> Result<()> {
-        if let Some((name, value)) = self.terms.iter().find(|(_, v)| !v.is_finite()) {
-            bail!(
-                "loss term `{name}` became non-finite ({value}) at step {step} (lr {lr:e}); lower \
-                 train.lr or check the data"
-            );
-        }
-        if !self.loss.is_finite() {
-            bail!(
-                "the loss became non-finite ({}) at step {step} (lr {lr:e}); lower train.lr or \
-                 check the data",
-                self.loss
-            );
-        }
-        Ok(())
+        let what = match self.terms.iter().find(|(_, v)| !v.is_finite()) {
+            Some((name, value)) => format!("loss term `{name}` became non-finite ({value})"),
+            None if !self.loss.is_finite() => {
+                format!("the loss became non-finite ({})", self.loss)
+            }
+            None => return Ok(()),
+        };
+        let fix = match step {
+            0 => "on finite views at the initial weights, before any update, so the learning \
+                  rate is not the cause: check the objective's settings (`ssl describe \
+                  OBJECTIVE`) and whether the views differ at all (constant images)"
+                .to_string(),
+            _ => "on finite views; lower train.lr (or lengthen train.warmup_epochs) and train \
+                  again, or resume from the last checkpoint with --allow-changed train.lr"
+                .to_string(),
+        };
+        bail!("{what} at step {step} (lr {lr:e}) {fix}")
     }
 }
 
@@ -1751,8 +1758,41 @@ mod tests {
         };
         let first = diverged(1);
         assert!(first.contains("non-finite"), "{first}");
+        assert!(first.contains("lower train.lr"), "{first}");
         let named = |e: &str| e[e.find("non-finite").unwrap()..].to_string();
         assert_eq!(named(&diverged(5)), named(&first));
+    }
+
+    /// A non-finite loss suggests the learning rate only once an update has been applied.
+    #[test]
+    fn a_non_finite_loss_blames_the_learning_rate_only_after_an_update() {
+        let values = StepValues {
+            loss: f64::NAN,
+            terms: vec![("invariance".into(), f64::NAN), ("variance".into(), 1.0)],
+            probe_ce: None,
+        };
+        let at = |step| values.check_finite(step, 1e-3).unwrap_err().to_string();
+        let (first, later) = (at(0), at(3));
+        for e in [&first, &later] {
+            assert!(
+                e.contains("loss term `invariance` became non-finite (NaN)"),
+                "{e}"
+            );
+        }
+        assert!(
+            first.contains("not the cause") && !first.contains("lower train.lr"),
+            "{first}"
+        );
+        assert!(
+            later.contains("at step 3") && later.contains("lower train.lr"),
+            "{later}"
+        );
+        let finite = StepValues {
+            loss: 0.5,
+            terms: vec![("variance".into(), 0.5)],
+            probe_ce: None,
+        };
+        assert!(finite.check_finite(0, 1e-3).is_ok());
     }
 
     /// The final evaluation reuses the last epoch's monitor features: its rows equal those

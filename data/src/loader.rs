@@ -406,6 +406,54 @@ impl ViewLoader {
     }
 }
 
+impl ViewLoader {
+    /// Refuses a batch with a NaN or infinite value in any view, where it enters training: the
+    /// error names the data set, the instance (its index in the data set and its id in the
+    /// loader), the view, and whether the stored sample itself is non-finite or its
+    /// augmentation made it so. One pass over the values; a batch is checked before it is
+    /// staged on the device.
+    pub fn check_finite(&self, batch: &ViewBatch) -> Result<()> {
+        let bs = batch.batch_size;
+        let groups = [
+            ("view", &batch.views, batch.views_count, 0),
+            (
+                "local view",
+                &batch.local_views,
+                batch.local_count,
+                self.views,
+            ),
+        ];
+        for (kind, values, count, first_view) in groups {
+            let Some(at) = values.iter().position(|v| !v.is_finite()) else {
+                continue;
+            };
+            let len = values.len() / (count * bs).max(1);
+            let (v, row) = (at / len / bs, at / len % bs);
+            let id = batch.instance_ids[row];
+            let index = self.indices[id as usize];
+            let cause = if self.dataset.sample(index).iter().all(|x| x.is_finite()) {
+                format!(
+                    "the stored sample is finite, so view type {} made it: report this with \
+                     the data set and index",
+                    (first_view + v) % self.view_types.len().max(1)
+                )
+            } else {
+                "the stored sample itself holds a non-finite value: check the file or the \
+                 values handed in"
+                    .to_string()
+            };
+            bail!(
+                "data set `{}`: {kind} {v} of sample {index} (instance {id} of this run) holds \
+                 {} at value {} of {len}; {cause}",
+                self.dataset.name,
+                values[at],
+                at % len
+            );
+        }
+        Ok(())
+    }
+}
+
 /// An epoch's batches from [`ViewLoader::prefetch`] (or staged by
 /// [`ViewLoader::prefetch_with`]), in order.
 pub struct Prefetch<T = ViewBatch> {
@@ -715,6 +763,73 @@ mod tests {
         assert_eq!(b.view(0), clean.as_slice());
         assert_eq!(b.view(1), clean.as_slice());
         assert_eq!(clean_batch(&d, &[900]), &*d.sample(900));
+    }
+
+    #[test]
+    fn a_non_finite_view_is_named_with_its_data_set_sample_and_view() {
+        let mut values: Vec<f32> = (0..40).map(|i| i as f32 / 40.0).collect();
+        values[7 * 2 + 1] = f32::NAN;
+        let d = Arc::new(Dataset {
+            name: "mine".into(),
+            samples: crate::Samples::F32(values),
+            labels: vec![0; 20],
+            shape: vec![2],
+            num_classes: 1,
+        });
+        let loader = ViewLoader::new(
+            d,
+            (0..20).collect(),
+            20,
+            2,
+            false,
+            0,
+            vec![Arc::new(Identity)],
+        )
+        .unwrap();
+        let batch = loader.epoch(0).next().unwrap();
+        let err = loader.check_finite(&batch).unwrap_err().to_string();
+        for part in [
+            "`mine`",
+            "view 0 of sample 7",
+            "NaN at value 1 of 2",
+            "stored sample itself",
+        ] {
+            assert!(err.contains(part), "{part} missing: {err}");
+        }
+
+        // A finite sample whose view type makes an infinity: the view type is blamed.
+        let d = Arc::new(crate::gaussian_mixture(0));
+        let loader = ViewLoader::new(
+            d,
+            vec![3, 4],
+            2,
+            2,
+            false,
+            0,
+            vec![
+                Arc::new(Identity) as Arc<dyn ViewTransform>,
+                Arc::new(Fill(f32::INFINITY)),
+            ],
+        )
+        .unwrap();
+        let batch = loader.epoch(0).next().unwrap();
+        let err = loader.check_finite(&batch).unwrap_err().to_string();
+        assert!(
+            err.contains("view 1 of sample") && err.contains("inf"),
+            "{err}"
+        );
+        assert!(err.contains("view type 1 made it"), "{err}");
+        let clean = ViewLoader::new(
+            Arc::new(crate::gaussian_mixture(0)),
+            vec![3, 4],
+            2,
+            2,
+            false,
+            0,
+            vec![Arc::new(Identity)],
+        )
+        .unwrap();
+        assert!(clean.check_finite(&clean.epoch(0).next().unwrap()).is_ok());
     }
 
     #[test]
