@@ -230,7 +230,8 @@ pub struct RunArgs {
     pub set: Vec<String>,
     /// Data set: digits (embedded), gmm, a MedMNIST flag (bloodmnist, …; the files from
     /// --root or ~/.medmnist), a MedMNIST file (path/to/bloodmnist_64.npz: set and size from
-    /// its name), a benchmark set (cifar10, cifar100, cifar100-coarse, stl10, tiny-imagenet,
+    /// its name), a .npz of your own in MedMNIST's layout (path/to/mine.npz, or npz with
+    /// --root FILE), a benchmark set (cifar10, cifar100, cifar100-coarse, stl10, tiny-imagenet,
     /// caltech256; fetched by `ssl data download`), or folder (an image folder at --root)
     /// [default: digits]
     #[arg(long)]
@@ -867,16 +868,18 @@ fn yaml_line(v: &serde_yaml::Value) -> String {
         .unwrap_or_default()
 }
 
-/// A MedMNIST file that `--data` names by path: its flag and size read off the official name
-/// `FLAG.npz` (28 px) or `FLAG_SIZE.npz`.
+/// A MedMNIST-layout file that `--data` names by path: an official one (its flag and size read
+/// off the name `FLAG.npz` (28 px) or `FLAG_SIZE.npz`, checked against the published table), or
+/// one of your own (any other name: data set `npz`, its side read from the file).
 struct MedmnistFile {
     path: PathBuf,
+    /// The MedMNIST flag, or `npz`.
     flag: String,
     size: usize,
 }
 
 /// `Some` when `data` is a path to a `.npz` file (not a data set's name); an error when such a
-/// file is missing or its name is not a MedMNIST file's.
+/// file is missing, or named like an official file at a size it is not published at.
 fn medmnist_file(data: &str) -> Result<Option<MedmnistFile>> {
     let path = Path::new(data);
     if path.extension().is_none_or(|e| e != "npz") {
@@ -884,8 +887,9 @@ fn medmnist_file(data: &str) -> Result<Option<MedmnistFile>> {
     }
     if !path.is_file() {
         bail!(
-            "--data {data}: no such file; give a MedMNIST .npz file (e.g. ~/.medmnist/bloodmnist_64.npz, \
-             fetched with `ssl data download bloodmnist --size 64`) or a data set name"
+            "--data {data}: no such file; give a .npz file in MedMNIST's layout (e.g. \
+             ~/.medmnist/bloodmnist_64.npz, fetched with `ssl data download bloodmnist --size \
+             64`, or one of your own) or a data set name"
         );
     }
     let stem = path.file_stem().unwrap_or_default().to_string_lossy();
@@ -896,13 +900,23 @@ fn medmnist_file(data: &str) -> Result<Option<MedmnistFile>> {
         },
         None => (stem.to_string(), 28),
     };
-    let info = ssl_data::medmnist_info(&flag).with_context(|| {
+    let Ok(info) = ssl_data::medmnist_info(&flag) else {
+        let (size, _) = ssl_data::npz_geometry(path).with_context(|| {
+            format!("--data {data}: not an official MedMNIST name, read as a file of your own")
+        })?;
+        return Ok(Some(MedmnistFile {
+            path: path.to_path_buf(),
+            flag: crate::config::NPZ.into(),
+            size,
+        }));
+    };
+    info.md5_at(size).with_context(|| {
         format!(
-            "--data {data}: the file name does not name a MedMNIST set (FLAG.npz or FLAG_SIZE.npz)"
+            "--data {data}: {} has no {size}-pixel files (for a file of your own in MedMNIST's \
+             layout, use --data npz --root FILE)",
+            info.flag
         )
     })?;
-    info.md5_at(size)
-        .with_context(|| format!("--data {data}: {} has no {size}-pixel files", info.flag))?;
     Ok(Some(MedmnistFile {
         path: path.to_path_buf(),
         flag: info.flag.to_string(),
@@ -974,14 +988,36 @@ mod tests {
             e.contains("no such file") && e.contains("ssl data download"),
             "{e}"
         );
-        let odd = dir.path().join("cifar10_32.npz");
-        std::fs::write(&odd, b"")?;
-        let e = error(data_args(&odd, |_| {}));
-        assert!(e.contains("does not name a MedMNIST set"), "{e}");
+        // Any other name is a file of your own, sized by its images.
+        let own = dir.path().join("my_subset.npz");
+        std::fs::write(&own, b"")?;
+        let e = error(data_args(&own, |_| {}));
+        assert!(
+            e.contains("read as a file of your own") && e.contains("not a valid .npz"),
+            "{e}"
+        );
+        let layout = ssl_data::NpzLayout {
+            name: "mine".into(),
+            size: 12,
+            channels: 3,
+            volumetric: false,
+            splits: [2, 0, 2],
+            classes: 2,
+            multi_label: false,
+        };
+        let pixels = |n: usize| ssl_data::npy::NpyData::Bytes(vec![0u8; n * 12 * 12 * 3].into());
+        let labels = |n: usize| ssl_data::npy::NpyData::Bytes(vec![1u8; n].into());
+        ssl_data::write_medmnist_npz(&own, &layout, [2, 0, 2].map(|n| (pixels(n), labels(n))))?;
+        let cfg = resolve(&data_args(&own, |_| {}), None)?;
+        assert_eq!((cfg.data.name.as_str(), cfg.data.size), ("npz", 12));
+        assert_eq!(cfg.data.root.as_deref(), Some(own.as_path()));
         let big = dir.path().join("organmnist3d_224.npz");
         std::fs::write(&big, b"")?;
         let e = error(data_args(&big, |_| {}));
-        assert!(e.contains("has no 224-pixel files"), "{e}");
+        assert!(
+            e.contains("has no 224-pixel files") && e.contains("--data npz --root FILE"),
+            "{e}"
+        );
         Ok(())
     }
 

@@ -57,6 +57,9 @@ impl Default for RunConfig {
     }
 }
 
+/// `data.name` of a file of your own in MedMNIST's layout.
+pub const NPZ: &str = "npz";
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
@@ -139,6 +142,11 @@ pub struct DataConfig {
     /// pretrains; the evaluation still uses the labelled train and test splits).
     #[serde(skip_serializing_if = "TrainingSplit::is_train")]
     pub split: TrainingSplit,
+    /// For `npz`: the MedMNIST task its labels pose (`multi-class`, `binary-class`, `multi-label,
+    /// binary-class` or `ordinal-regression`), which `ssl eval` then scores with MedMNIST's
+    /// official ACC and AUC. Absent: no ACC/AUC rows (an official file's task is its table's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
 }
 
 /// The images pretraining draws from (`data.split`).
@@ -173,12 +181,24 @@ impl DataConfig {
             "digits" => Recipe::Digits,
             "gmm" => Recipe::Noise,
             "folder" | ssl_data::caltech256::NAME => Recipe::Simclr,
+            NPZ => match self.npz_geometry() {
+                Some((_, true)) => Recipe::Icone3d,
+                _ => Recipe::Icone,
+            },
             name if ssl_data::archive_info(name).is_some() => Recipe::Simclr,
             name => match ssl_data::medmnist_info(name) {
                 Ok(info) if info.volumetric => Recipe::Icone3d,
                 _ => Recipe::Icone,
             },
         })
+    }
+
+    /// The side of a `npz` file's images and whether they are volumes; `None` when the file
+    /// cannot be read yet (loading it then says why).
+    fn npz_geometry(&self) -> Option<(usize, bool)> {
+        self.root
+            .as_deref()
+            .and_then(|f| ssl_data::npz_geometry(f).ok())
     }
 
     /// `normalize`, or the benchmark set's statistics under a photo recipe, or the recipe's.
@@ -225,6 +245,7 @@ impl Default for DataConfig {
             augment_views: Vec::new(),
             augment_volume: None,
             split: TrainingSplit::Train,
+            task: None,
         }
     }
 }
@@ -509,9 +530,17 @@ impl RunConfig {
                 config.model.encoder = "resnet18".into();
             }
         }
+        // A file of your own has the side of its images.
+        let npz = (config.data.name == NPZ)
+            .then(|| config.data.npz_geometry())
+            .flatten();
+        if let Some((side, _)) = npz.filter(|_| !given("data", "size")) {
+            config.data.size = side;
+        }
         config.data.resolve();
         // Volumes get IConE's 3D ResNet-18 unless an encoder is named (the digits CNN is 2D).
-        let volumes = ssl_data::medmnist_info(&config.data.name).is_ok_and(|i| i.volumetric);
+        let volumes = ssl_data::medmnist_info(&config.data.name).is_ok_and(|i| i.volumetric)
+            || npz.is_some_and(|(_, volumes)| volumes);
         if !encoder_given && volumes {
             config.model.encoder = "resnet18_3d".into();
         }
@@ -799,6 +828,21 @@ impl DataConfig {
                 self.name,
                 side = info.side
             );
+        }
+        if self.name == NPZ {
+            ensure!(
+                self.root.is_some(),
+                "data set `npz` needs its file: set data.root (or --root FILE.npz, or give the \
+                 file as --data FILE.npz)"
+            );
+        }
+        if let Some(task) = &self.task {
+            ensure!(
+                self.name == NPZ,
+                "data.task names the task of a `npz` file's labels; `{}` has its own, so drop it",
+                self.name
+            );
+            ssl_eval::MedMnistTask::from_official(task).context("data.task")?;
         }
         ensure!(
             !self.clutter || self.name == ssl_data::caltech256::NAME,
@@ -1153,6 +1197,9 @@ mod tests {
             (&["data.classes=[4, 4]"], "data.classes keeps the single class [4]"),
             (&["data.keep_side=256"], "data.keep_side keeps an image folder's files at full resolution; `digits` is not one (data.name=folder or caltech256)"),
             (&["data.name=folder", "data.size=224", "data.keep_side=200"], "data.keep_side (200) must be at least data.size (224)"),
+            (&["data.name=npz"], "data set `npz` needs its file: set data.root"),
+            (&["data.task=binary-class"], "data.task names the task of a `npz` file's labels; `digits` has its own"),
+            (&["data.name=npz", "data.root=x.npz", "data.task=binary"], "data.task: unknown MedMNIST task \"binary\""),
             (&["model.encoder=resnet9"], "unknown model.encoder `resnet9`"),
             (&["model.mlp=[]"], "model.mlp must list widths ≥ 1 (hidden…, output; default [64, 64, 2]), got []"),
             (&["model.mlp=[64, 0, 2]"], "got [64, 0, 2]"),

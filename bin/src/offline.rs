@@ -303,8 +303,14 @@ fn column(
         if let Some(c) = c {
             metrics.insert("probe C".into(), c);
         }
-        if let Ok(info) = ssl_data::medmnist_info(&source.cfg.data.name) {
-            let task = ssl_eval::MedMnistTask::from_official(info.task)?;
+        let data_cfg = &source.cfg.data;
+        let task = match ssl_data::medmnist_info(&data_cfg.name) {
+            Ok(info) => Some(info.task),
+            Err(_) => data_cfg.task.as_deref(),
+        };
+        if let Some(task) = task {
+            let task = ssl_eval::MedMnistTask::from_official(task)?;
+            let classes = data.dataset.num_classes;
             let official = match (&data.findings, c) {
                 (Some(findings), Some(c)) => Some((
                     findings.rows(&data.test),
@@ -319,11 +325,7 @@ fn column(
                     );
                     None
                 }
-                (None, _) => Some((
-                    f.test_y.clone(),
-                    class_scores(&probe, info.classes),
-                    info.classes,
-                )),
+                (None, _) => Some((f.test_y.clone(), class_scores(&probe, classes), classes)),
             };
             if let Some((labels, scores, columns)) = official {
                 match ssl_eval::medmnist_metrics(task, &labels, &scores, columns) {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use candle_core::{Device, DeviceLocation, Tensor};
 use candle_nn::VarBuilder;
 use ssl_data::{Dataset, Normalization};
@@ -203,6 +203,24 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
                 ssl_data::stratified_split(&set.dataset.labels, cfg.data.test_fraction, seed)?;
             (set.dataset, train, test)
         }
+        crate::config::NPZ => {
+            let Some(file) = &cfg.data.root else {
+                bail!("data set `npz` needs its file: set data.root (or --data FILE.npz)");
+            };
+            let _loading = crate::progress::spinner(format!(
+                "reading {} (inflated into its image cache on first use)",
+                file.display()
+            ));
+            let m = ssl_data::load_npz(file).context("data.root")?;
+            ensure!(
+                m.layout.size == cfg.data.size,
+                "data.size is {}, but {} holds {side}-pixel images; set --size {side}",
+                cfg.data.size,
+                file.display(),
+                side = m.layout.size
+            );
+            medmnist_split(m, &mut findings)
+        }
         name if ssl_data::archive_info(name).is_some() => {
             let _loading = crate::progress::spinner(format!(
                 "reading {name} (decoded into its image cache on first use)"
@@ -220,7 +238,7 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
             let m = medmnist(cfg).with_context(|| match ssl_data::medmnist_info(name) {
                 Ok(_) => format!("data set `{name}`"),
                 Err(_) => format!(
-                    "unknown data set `{name}`; built in: digits, gmm, folder, caltech256, {}",
+                    "unknown data set `{name}`; built in: digits, gmm, folder, npz, caltech256, {}",
                     ssl_data::ARCHIVES
                         .iter()
                         .map(|a| a.name)
@@ -228,14 +246,7 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
                         .join(", ")
                 ),
             })?;
-            let [train, _, test] = m.splits;
-            if m.info.is_multi_label() {
-                findings = Some(Arc::new(Findings {
-                    columns: m.info.label_columns(),
-                    matrix: m.label_matrix,
-                }));
-            }
-            (m.dataset, train.collect(), test.collect())
+            medmnist_split(m, &mut findings)
         }
     };
     if !cfg.data.classes.is_empty() {
@@ -282,6 +293,22 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
         normalize: cfg.data.normalization(),
         findings,
     })
+}
+
+/// A MedMNIST-layout file's data set with its official train and test splits (val unused), and
+/// the findings of a multi-label file.
+fn medmnist_split(
+    m: ssl_data::MedMnist,
+    findings: &mut Option<Arc<Findings>>,
+) -> (Dataset, Vec<usize>, Vec<usize>) {
+    let [train, _, test] = m.splits;
+    if m.layout.multi_label {
+        *findings = Some(Arc::new(Findings {
+            columns: m.layout.label_columns(),
+            matrix: m.label_matrix,
+        }));
+    }
+    (m.dataset, train.collect(), test.collect())
 }
 
 /// The image folder at `data.root` (required), decoded at `data.size` (kept at shorter side

@@ -60,7 +60,8 @@ pub use folder::{
 pub use gmm::gaussian_mixture;
 pub use loader::{clean_batch, mix_seed, Prefetch, ViewBatch, ViewLoader, ViewType};
 pub use medmnist::{
-    load_medmnist, medmnist_info, write_digits_as_medmnist, MedMnist, MedMnistInfo,
+    load_medmnist, load_npz, medmnist_info, npz_geometry, write_digits_as_medmnist,
+    write_medmnist_npz, MedMnist, MedMnistInfo, NpzLayout,
 };
 pub use pipeline::{ImageAugment, ImageViewParams, JitterOp, Pipeline, Recipe, ViewTypes};
 pub use resample::Interpolation;

@@ -9,6 +9,10 @@
 //! `[1, S, S, S]` (`D, H, W` as the official 3D loader names them), `f32` in `[0, 1]`. Every
 //! split's size is checked against the table, so an older release or a wrong file is an error,
 //! not a silently different benchmark.
+//!
+//! A file of your own in the same layout (a class-balanced subset, your own images saved with
+//! `np.savez_compressed`) is read by [`load_npz`]: split sizes, side, channels, 2D or 3D and the
+//! classes come from the file itself ([`NpzLayout`]), through the same CRC checks and cache.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -113,6 +117,70 @@ impl MedMnistInfo {
         match self.volumetric {
             true => vec![1, size, size, size],
             false => vec![self.channels, size, size],
+        }
+    }
+}
+
+impl MedMnistInfo {
+    /// What the published table fixes for the file at `size`.
+    pub fn layout(&self, size: usize) -> NpzLayout {
+        NpzLayout {
+            name: self.flag.to_string(),
+            size,
+            channels: self.channels,
+            volumetric: self.volumetric,
+            splits: self.splits,
+            classes: self.classes,
+            multi_label: self.is_multi_label(),
+        }
+    }
+}
+
+/// What a MedMNIST-layout `.npz` holds: for an official file, its row of the published table
+/// ([`MedMnistInfo::layout`]); for a file of your own, what its headers and labels say
+/// ([`load_npz`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NpzLayout {
+    /// The name errors and the [`Dataset`] carry: the flag, or the file's stem.
+    pub name: String,
+    /// Image side `S`.
+    pub size: usize,
+    /// Image channels (1 or 3; volumes have 1).
+    pub channels: usize,
+    /// Volumes (`S×S×S`) rather than images.
+    pub volumetric: bool,
+    /// Images in the train, val and test splits.
+    pub splits: [usize; 3],
+    /// Classes; for multi-label files the number of 0/1 label columns.
+    pub classes: usize,
+    /// Whether each image carries several 0/1 labels (ChestMNIST's layout).
+    pub multi_label: bool,
+}
+
+impl NpzLayout {
+    /// Label columns per image: the flags of a multi-label file, else 1.
+    pub fn label_columns(&self) -> usize {
+        match self.multi_label {
+            true => self.classes,
+            false => 1,
+        }
+    }
+
+    /// The shape of one stored image (without the leading N).
+    pub fn stored_shape(&self) -> Vec<usize> {
+        let s = self.size;
+        match (self.volumetric, self.channels) {
+            (true, _) => vec![s, s, s],
+            (false, 1) => vec![s, s],
+            (false, c) => vec![s, s, c],
+        }
+    }
+
+    /// The shape of one sample in the [`Dataset`]: `[C, S, S]` or `[1, S, S, S]`.
+    pub fn sample_shape(&self) -> Vec<usize> {
+        match self.volumetric {
+            true => vec![1, self.size, self.size, self.size],
+            false => vec![self.channels, self.size, self.size],
         }
     }
 }
@@ -424,14 +492,16 @@ pub const SPLITS: [&str; 3] = ["train", "val", "test"];
 /// A MedMNIST file read into one [`Dataset`]: the train, val and test splits one after another.
 #[derive(Debug, Clone)]
 pub struct MedMnist {
-    pub info: &'static MedMnistInfo,
-    pub size: usize,
+    /// The published facts of an official file; `None` for a file of your own.
+    pub info: Option<&'static MedMnistInfo>,
+    /// What the file holds.
+    pub layout: NpzLayout,
     /// All three splits; `labels` holds the class, and for ChestMNIST whether the image has
     /// any finding (0 = none of the 14, 1 = at least one; the flags are in `label_matrix`).
     pub dataset: Dataset,
     /// Positions of the train, val and test images in `dataset`.
     pub splits: [Range<usize>; 3],
-    /// Every label column, row-major `len × info.label_columns()` (ChestMNIST's 14 flags).
+    /// Every label column, row-major `len × layout.label_columns()` (ChestMNIST's 14 flags).
     pub label_matrix: Vec<u32>,
 }
 
@@ -469,43 +539,186 @@ pub fn load_medmnist(root: &Path, flag: &str, size: usize) -> Result<MedMnist> {
         dir.display()
     );
     let mut npz = Npz::open(&path, &fix)?;
+    let layout = info.layout(size);
     let mut label_matrix = Vec::with_capacity(info.splits.iter().sum::<usize>());
-    let mut splits: [Range<usize>; 3] = [0..0, 0..0, 0..0];
-    let mut start = 0;
     for (s, split) in SPLITS.iter().enumerate() {
-        let n = info.splits[s];
         let (header, values) = npz.read(&format!("{split}_labels"))?;
-        label_matrix.extend(decode_labels(info, split, n, &header, &values)?);
-        splits[s] = start..start + n;
-        start += n;
+        let values = label_values(&layout, split, layout.splits[s], &header, &values)?;
+        check_label_range(&layout, split, &values, info.task)?;
+        label_matrix.extend(values.into_iter().map(|v| v as u32));
     }
-    let pixels = cached_images(&mut npz, &path, info, size)?;
-    let labels = label_matrix
-        .chunks_exact(info.label_columns())
-        .map(|row| match info.is_multi_label() {
-            true => u32::from(row.contains(&1)),
-            false => row[0],
-        })
-        .collect();
-    Ok(MedMnist {
-        info,
+    let pixels = cached_images(&mut npz, &path, &layout)?;
+    Ok(MedMnist::new(Some(info), layout, pixels, label_matrix))
+}
+
+/// Reads a `.npz` of your own in MedMNIST's layout: `train_images` and `test_images` (and
+/// `val_images` if present) of `u8` `(N, S, S)` grey, `(N, S, S, 3)` RGB or `(N, S, S, S)`
+/// volumes, with `{split}_labels` of integers `(N,)` or `(N, 1)` (classes `0..K`, K the largest
+/// label + 1), or `(N, K)` 0/1 flags (multi-label, as ChestMNIST). Any split sizes; the images
+/// are checked and cached exactly as an official file's ([`load_medmnist`]). The data set is
+/// named after the file's stem.
+pub fn load_npz(path: &Path) -> Result<MedMnist> {
+    ensure!(
+        path.is_file(),
+        "{} not found; give a .npz file in MedMNIST's layout (train_images, train_labels, \
+         val_…, test_…), as np.savez_compressed writes it",
+        path.display()
+    );
+    let fix = "write it again (np.savez_compressed) and check the copy";
+    let mut npz = Npz::open(path, fix)?;
+    let name = path
+        .file_stem()
+        .map_or_else(|| "npz".into(), |s| s.to_string_lossy().into_owned());
+    let held = npz.names();
+    let mut splits = [0usize; 3];
+    let mut shape: Option<(&str, Vec<usize>)> = None;
+    let mut labels: Vec<(NpyHeader, Vec<u8>)> = Vec::new();
+    for (s, split) in SPLITS.iter().enumerate() {
+        let images = format!("{split}_images");
+        if *split == "val" && !held.contains(&images) && !held.contains(&"val_labels".into()) {
+            labels.push((
+                NpyHeader {
+                    dtype: Dtype::U8,
+                    shape: vec![0],
+                },
+                Vec::new(),
+            ));
+            continue;
+        }
+        let h = npz.header(&images)?;
+        ensure!(
+            h.dtype == Dtype::U8 && !h.shape.is_empty(),
+            "{name}: {images} is {:?} of shape {:?}; MedMNIST's layout stores u8 images \
+             (N, S, S), (N, S, S, 3) or (N, S, S, S)",
+            h.dtype,
+            h.shape
+        );
+        splits[s] = h.shape[0];
+        let one = h.shape[1..].to_vec();
+        match &shape {
+            None => shape = Some((split, one)),
+            Some((first, want)) => ensure!(
+                *want == one,
+                "{name}: {images} holds images of shape {one:?}, {first}_images of {want:?}; \
+                 every split must hold one shape"
+            ),
+        }
+        labels.push(npz.read(&format!("{split}_labels"))?);
+    }
+    let (_, one) = shape.expect("train_images was read");
+    let (size, channels, volumetric) = image_geometry(&name, &one)?;
+    ensure!(
+        size > 0 && splits[0] > 0 && splits[2] > 0,
+        "{name}: needs train and test images, holds {} and {}",
+        splits[0],
+        splits[2]
+    );
+    let columns = labels[0].0.shape.get(1).copied().unwrap_or(1);
+    let mut layout = NpzLayout {
+        name,
         size,
-        dataset: Dataset {
-            name: info.flag.to_string(),
+        channels,
+        volumetric,
+        splits,
+        classes: columns,
+        multi_label: columns > 1,
+    };
+    let mut label_matrix = Vec::new();
+    for (s, (header, values)) in labels.iter().enumerate() {
+        let values = label_values(&layout, SPLITS[s], splits[s], header, values)?;
+        if let Some(&bad) = values.iter().find(|&&v| v < 0) {
+            bail!(
+                "{}: {}_labels holds {bad}; labels are classes 0, 1, … or 0/1 flags",
+                layout.name,
+                SPLITS[s]
+            );
+        }
+        label_matrix.extend(values);
+    }
+    if !layout.multi_label {
+        layout.classes = label_matrix.iter().max().map_or(1, |&m| m as usize + 1);
+        ensure!(
+            layout.classes >= 2,
+            "{}: every label is {}; a probe needs at least two classes",
+            layout.name,
+            label_matrix[0]
+        );
+    }
+    if layout.multi_label {
+        for (s, split) in SPLITS.iter().enumerate() {
+            let from = splits[..s].iter().sum::<usize>() * columns;
+            let rows = &label_matrix[from..from + splits[s] * columns];
+            check_label_range(&layout, split, rows, "multi-label")?;
+        }
+    }
+    let pixels = cached_images(&mut npz, path, &layout)?;
+    let label_matrix = label_matrix.into_iter().map(|v| v as u32).collect();
+    Ok(MedMnist::new(None, layout, pixels, label_matrix))
+}
+
+/// Side, channels and whether volumes, of stored images of shape `one` (without the N).
+fn image_geometry(name: &str, one: &[usize]) -> Result<(usize, usize, bool)> {
+    Ok(match *one {
+        [h, w] if h == w => (h, 1, false),
+        [h, w, c] if h == w && (c == 1 || c == 3) => (h, c, false),
+        [d, h, w] if d == h && h == w => (d, 1, true),
+        _ => bail!(
+            "{name}: images of shape {one:?} are none of MedMNIST's: (S, S) grey, (S, S, 3) RGB \
+             or (S, S, S) volumes"
+        ),
+    })
+}
+
+/// The image side of a file of your own and whether it holds volumes, from the header of its
+/// `train_images` alone (to size a run before [`load_npz`] reads the file).
+pub fn npz_geometry(path: &Path) -> Result<(usize, bool)> {
+    let mut npz = Npz::open(path, "write it again (np.savez_compressed)")?;
+    let h = npz.header("train_images")?;
+    let name = path.display().to_string();
+    let (size, _, volumetric) = image_geometry(&name, h.shape.get(1..).unwrap_or_default())?;
+    Ok((size, volumetric))
+}
+
+impl MedMnist {
+    /// The data set of `layout` over its cached `pixels` and every label column; a multi-label
+    /// image's class is whether it has any finding.
+    fn new(
+        info: Option<&'static MedMnistInfo>,
+        layout: NpzLayout,
+        pixels: CacheBytes,
+        label_matrix: Vec<u32>,
+    ) -> Self {
+        let labels = label_matrix
+            .chunks_exact(layout.label_columns())
+            .map(|row| match layout.multi_label {
+                true => u32::from(row.contains(&1)),
+                false => row[0],
+            })
+            .collect();
+        let [train, val, _] = layout.splits;
+        let total = layout.splits.iter().sum::<usize>();
+        let dataset = Dataset {
+            name: layout.name.clone(),
             samples: Samples::U8 {
                 bytes: Arc::new(pixels),
-                channels_last: (!info.volumetric && info.channels > 1).then_some(info.channels),
+                channels_last: (!layout.volumetric && layout.channels > 1)
+                    .then_some(layout.channels),
             },
             labels,
-            shape: info.sample_shape(size),
-            num_classes: match info.is_multi_label() {
+            shape: layout.sample_shape(),
+            num_classes: match layout.multi_label {
                 true => 2,
-                false => info.classes,
+                false => layout.classes,
             },
-        },
-        splits,
-        label_matrix,
-    })
+        };
+        Self {
+            info,
+            dataset,
+            splits: [0..train, train..train + val, train + val..total],
+            layout,
+            label_matrix,
+        }
+    }
 }
 
 /// The decoded-image cache of the `.npz` at `path`: `{path without .npz}.images.u8`, the train,
@@ -519,74 +732,76 @@ pub fn image_cache_path(path: &Path) -> PathBuf {
 /// member's CRC-32 and sizes, never its modification time), else inflated into it first, every
 /// member's CRC-32 checked (a partial file renamed into place once whole, so a corrupt archive or
 /// an interrupted run leaves no cache).
-fn cached_images(
-    npz: &mut Npz,
-    path: &Path,
-    info: &MedMnistInfo,
-    size: usize,
-) -> Result<CacheBytes> {
-    let per_image: usize = info.stored_shape(size).iter().product();
-    let total = info.splits.iter().sum::<usize>() * per_image;
+fn cached_images(npz: &mut Npz, path: &Path, layout: &NpzLayout) -> Result<CacheBytes> {
+    let per_image: usize = layout.stored_shape().iter().product();
+    let total = layout.splits.iter().sum::<usize>() * per_image;
     let cache = image_cache_path(path);
     let key = format!(
-        "candle-ssl MedMNIST images v2: {} at {size}\n{}",
-        info.flag,
+        "candle-ssl MedMNIST images v2: {} at {}\n{}",
+        layout.name,
+        layout.size,
         npz.content_key()
     );
     let fix = "the decoded-image cache goes beside the .npz: copy the file into a writable \
                directory and point data.root there";
     crate::cache::cached(&cache, total, key.as_bytes(), fix, |out| {
         for (s, split) in SPLITS.iter().enumerate() {
+            if layout.splits[s] == 0 && !npz.names().contains(&format!("{split}_images")) {
+                continue;
+            }
             let header = npz.stream(&format!("{split}_images"), |h, chunk| {
-                check_images(info, size, s, h)?;
+                check_images(layout, s, h)?;
                 out.write_all(chunk)
                     .with_context(|| format!("writing {} (disk full?)", cache.display()))
             })?;
-            check_images(info, size, s, &header)?;
+            check_images(layout, s, &header)?;
         }
         Ok(())
     })
 }
 
-fn check_images(info: &MedMnistInfo, size: usize, split: usize, h: &NpyHeader) -> Result<()> {
-    let mut want = vec![info.splits[split]];
-    want.extend(info.stored_shape(size));
+/// What a file that fails the published table's check should do instead.
+const OWN_FILE: &str = "an older MedMNIST release, or a file of your own? Train on a file of \
+                        your own in MedMNIST's layout with `--data npz --root FILE`";
+
+fn check_images(layout: &NpzLayout, split: usize, h: &NpyHeader) -> Result<()> {
+    let mut want = vec![layout.splits[split]];
+    want.extend(layout.stored_shape());
     let split = SPLITS[split];
     ensure!(
         h.dtype == Dtype::U8,
         "{}: {split}_images has dtype {:?}, MedMNIST stores u8",
-        info.flag,
+        layout.name,
         h.dtype
     );
     ensure!(
         h.shape == want,
-        "{}: {split}_images has shape {:?}, expected {:?} for {} at size {size} (an older \
-         MedMNIST release or another file?)",
-        info.flag,
+        "{}: {split}_images has shape {:?}, expected {:?} for {} at size {} ({OWN_FILE})",
+        layout.name,
         h.shape,
         want,
-        info.flag
+        layout.name,
+        layout.size
     );
     Ok(())
 }
 
-/// Labels as `u32`, row-major `n × label_columns`, checked against the task.
-fn decode_labels(
-    info: &MedMnistInfo,
+/// A split's label values, row-major `n × label_columns`, its shape checked.
+fn label_values(
+    layout: &NpzLayout,
     split: &str,
     n: usize,
     h: &NpyHeader,
     bytes: &[u8],
-) -> Result<Vec<u32>> {
-    let columns = info.label_columns();
+) -> Result<Vec<i64>> {
+    let columns = layout.label_columns();
     ensure!(
         h.shape == [n, columns] || (columns == 1 && h.shape == [n]),
-        "{}: {split}_labels has shape {:?}, expected [{n}, {columns}] (an older MedMNIST \
-         release or another file?)",
-        info.flag,
+        "{}: {split}_labels has shape {:?}, expected [{n}, {columns}] ({OWN_FILE})",
+        layout.name,
         h.shape
     );
-    let values: Vec<i64> = match h.dtype {
+    Ok(match h.dtype {
         Dtype::U8 => bytes.iter().map(|&v| i64::from(v)).collect(),
         Dtype::I32 => bytes
             .chunks_exact(4)
@@ -598,47 +813,49 @@ fn decode_labels(
             .collect(),
         Dtype::F32 => bail!(
             "{}: {split}_labels are float32; MedMNIST labels are integers (u8, i32 or i64)",
-            info.flag
+            layout.name
         ),
-    };
-    let bound = match info.is_multi_label() {
+    })
+}
+
+/// Refuses a label outside the classes (outside 0/1 for a multi-label file's flags).
+fn check_label_range(layout: &NpzLayout, split: &str, values: &[i64], task: &str) -> Result<()> {
+    let bound = match layout.multi_label {
         true => 2,
-        false => info.classes as i64,
+        false => layout.classes as i64,
     };
     if let Some(bad) = values.iter().find(|&&v| !(0..bound).contains(&v)) {
         bail!(
-            "{}: {split}_labels holds {bad}, outside 0..{bound} for its {} task",
-            info.flag,
-            info.task
+            "{}: {split}_labels holds {bad}, outside 0..{bound} for its {task} task",
+            layout.name
         );
     }
-    Ok(values.into_iter().map(|v| v as u32).collect())
+    Ok(())
 }
 
-/// Writes a MedMNIST-layout `.npz` (DEFLATE, like `np.savez_compressed`) for `info` at `size`:
-/// per split (train, val, test) the stored `u8` images (`N × stored_shape`) and `u8` labels
+/// Writes a MedMNIST-layout `.npz` (DEFLATE, like `np.savez_compressed`) of `layout`: per split
+/// (train, val, test) the stored `u8` images (`N × stored_shape`) and `u8` labels
 /// (`N × label_columns`). Written to a partial file beside `path` and renamed into place once
 /// whole; its mode follows the umask.
 pub fn write_medmnist_npz(
     path: &Path,
-    info: &MedMnistInfo,
-    size: usize,
+    layout: &NpzLayout,
     splits: [(NpyData, NpyData); 3],
 ) -> Result<()> {
     let names = SPLITS.map(|split| [format!("{split}_images"), format!("{split}_labels")]);
     let mut arrays = Vec::new();
     for (((images, labels), [image_name, label_name]), &n) in
-        splits.into_iter().zip(&names).zip(&info.splits)
+        splits.into_iter().zip(&names).zip(&layout.splits)
     {
         let mut shape = vec![n];
-        shape.extend(info.stored_shape(size));
+        shape.extend(layout.stored_shape());
         let images_header = NpyHeader {
             dtype: Dtype::U8,
             shape,
         };
         let labels_header = NpyHeader {
             dtype: Dtype::U8,
-            shape: vec![n, info.label_columns()],
+            shape: vec![n, layout.label_columns()],
         };
         arrays.push((image_name.as_str(), images_header, images));
         arrays.push((label_name.as_str(), labels_header, labels));
@@ -713,7 +930,7 @@ pub fn write_digits_as_medmnist(path: &Path, flag: &str, size: usize) -> Result<
             NpyData::Bytes(labels.into()),
         )
     });
-    write_medmnist_npz(path, info, size, splits)
+    write_medmnist_npz(path, &info.layout(size), splits)
 }
 
 #[cfg(test)]
@@ -757,7 +974,8 @@ mod tests {
         for flag in ["retinamnist", "breastmnist", "nodulemnist3d"] {
             write_digits_as_medmnist(&dir.path().join(format!("{flag}.npz")), flag, 28)?;
             let m = load_medmnist(dir.path(), flag, 28)?;
-            let info = m.info;
+            let info = m.info.expect("an official file");
+            assert_eq!(m.layout, info.layout(28));
             assert_eq!(m.dataset.len(), info.splits.iter().sum::<usize>());
             assert_eq!(m.splits[1], info.splits[0]..info.splits[0] + info.splits[1]);
             assert_eq!(m.dataset.shape, info.sample_shape(28));
@@ -820,7 +1038,7 @@ mod tests {
             let images = NpyData::Bytes(vec![value; n * 28 * 28].into());
             (images, NpyData::Bytes(vec![1u8; n].into()))
         });
-        write_medmnist_npz(path, info, 28, splits)
+        write_medmnist_npz(path, &info.layout(28), splits)
     }
 
     #[test]
@@ -941,7 +1159,9 @@ mod tests {
         write_digits_as_medmnist(&path, "pneumoniamnist", 28)?;
         let e = format!("{:#}", load_medmnist(&path, "breastmnist", 28).unwrap_err());
         assert!(
-            e.contains("train_labels has shape [4708, 1]") && e.contains("another file"),
+            e.contains("train_labels has shape [4708, 1]")
+                && e.contains("file of your own")
+                && e.contains("--data npz --root FILE"),
             "{e}"
         );
         // Labels outside the classes.
@@ -950,7 +1170,7 @@ mod tests {
             let images = NpyData::Bytes(vec![0u8; n * 28 * 28].into());
             (images, NpyData::Bytes(vec![2u8; n].into()))
         });
-        write_medmnist_npz(&path, info, 28, splits)?;
+        write_medmnist_npz(&path, &info.layout(28), splits)?;
         let e = format!(
             "{:#}",
             load_medmnist(dir.path(), "breastmnist", 28).unwrap_err()
@@ -965,6 +1185,157 @@ mod tests {
         Ok(())
     }
 
+    /// `n` images of `layout` (pixel = image index + position, mod 256) and their labels.
+    fn own_split(
+        layout: &NpzLayout,
+        n: usize,
+        label: impl Fn(usize) -> u8,
+    ) -> (NpyData<'static>, NpyData<'static>) {
+        let per: usize = layout.stored_shape().iter().product();
+        let images = (0..n * per)
+            .map(|i| ((i / per + i % per) % 256) as u8)
+            .collect::<Vec<_>>();
+        let labels = (0..n * layout.label_columns())
+            .map(label)
+            .collect::<Vec<_>>();
+        (NpyData::Bytes(images.into()), NpyData::Bytes(labels.into()))
+    }
+
+    #[test]
+    fn a_file_of_your_own_loads_with_its_own_sizes_classes_and_channels() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        // A balanced binary subset of grey 28-px images without a val split.
+        let grey = NpzLayout {
+            name: "balanced".into(),
+            size: 28,
+            channels: 1,
+            volumetric: false,
+            splits: [6, 0, 4],
+            classes: 2,
+            multi_label: false,
+        };
+        let path = dir.path().join("balanced.npz");
+        write_medmnist_npz(
+            &path,
+            &grey,
+            [6, 0, 4].map(|n| own_split(&grey, n, |i| (i % 2) as u8)),
+        )?;
+        let m = load_npz(&path)?;
+        assert_eq!((m.info, &m.layout), (None, &grey));
+        assert_eq!(m.splits, [0..6, 6..6, 6..10]);
+        assert_eq!(m.dataset.labels, [0, 1, 0, 1, 0, 1, 0, 1, 0, 1]);
+        assert_eq!(m.dataset.shape, [1, 28, 28]);
+        assert_eq!(m.dataset.sample(7)[5], 6.0 / 255.0);
+        // RGB with five classes, a 3D volume, and multi-label flags: each read off the file.
+        for layout in [
+            NpzLayout {
+                name: "rgb".into(),
+                channels: 3,
+                splits: [10, 3, 5],
+                classes: 5,
+                ..grey.clone()
+            },
+            NpzLayout {
+                name: "volumes".into(),
+                size: 8,
+                volumetric: true,
+                splits: [4, 2, 2],
+                ..grey.clone()
+            },
+            NpzLayout {
+                name: "flags".into(),
+                splits: [4, 2, 2],
+                classes: 3,
+                multi_label: true,
+                ..grey.clone()
+            },
+        ] {
+            let path = dir.path().join(format!("{}.npz", layout.name));
+            let classes = layout.classes;
+            let label = |i: usize| match layout.multi_label {
+                true => (i % 2) as u8,
+                false => (i % classes) as u8,
+            };
+            let splits = layout.splits.map(|n| own_split(&layout, n, label));
+            write_medmnist_npz(&path, &layout, splits)?;
+            let m = load_npz(&path)?;
+            assert_eq!(m.layout, layout);
+            assert_eq!(m.dataset.shape, layout.sample_shape());
+            let rows: usize = layout.splits.iter().sum();
+            assert_eq!(m.label_matrix.len(), rows * layout.label_columns());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_file_of_your_own_that_breaks_the_layout_is_named_clearly() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("mine.npz");
+        let error = || format!("{:#}", load_npz(&path).unwrap_err());
+        assert!(error().contains("not found"), "{}", error());
+        let write = |arrays: Vec<(&str, Vec<usize>, Dtype)>| -> Result<()> {
+            let arrays = arrays
+                .into_iter()
+                .map(|(name, shape, dtype)| {
+                    let header = NpyHeader { dtype, shape };
+                    let bytes = NpyData::Bytes(vec![0u8; header.data_bytes()].into());
+                    (name, header, bytes)
+                })
+                .collect();
+            crate::npy::write_npz(std::fs::File::create(&path)?, arrays, false)
+        };
+        let labels = |n: usize| ("train_labels", vec![n, 1], Dtype::U8);
+        write(vec![
+            ("train_images", vec![4, 28, 28], Dtype::U8),
+            labels(4),
+            ("test_images", vec![2, 32, 32], Dtype::U8),
+            ("test_labels", vec![2, 1], Dtype::U8),
+        ])?;
+        assert!(
+            error().contains("every split must hold one shape"),
+            "{}",
+            error()
+        );
+        write(vec![
+            ("train_images", vec![4, 28, 20], Dtype::U8),
+            labels(4),
+            ("test_images", vec![2, 28, 20], Dtype::U8),
+            ("test_labels", vec![2, 1], Dtype::U8),
+        ])?;
+        assert!(error().contains("none of MedMNIST's"), "{}", error());
+        write(vec![
+            ("train_images", vec![4, 28, 28], Dtype::F32),
+            labels(4),
+            ("test_images", vec![2, 28, 28], Dtype::U8),
+            ("test_labels", vec![2, 1], Dtype::U8),
+        ])?;
+        assert!(error().contains("stores u8 images"), "{}", error());
+        write(vec![
+            ("train_images", vec![4, 28, 28], Dtype::U8),
+            labels(3),
+            ("test_images", vec![2, 28, 28], Dtype::U8),
+            ("test_labels", vec![2, 1], Dtype::U8),
+        ])?;
+        assert!(
+            error().contains("train_labels has shape [3, 1], expected [4, 1]"),
+            "{}",
+            error()
+        );
+        write(vec![
+            ("train_images", vec![4, 28, 28], Dtype::U8),
+            labels(4),
+            ("test_images", vec![2, 28, 28], Dtype::U8),
+            ("test_labels", vec![2, 1], Dtype::U8),
+        ])?;
+        assert!(error().contains("at least two classes"), "{}", error());
+        write(vec![
+            ("train_images", vec![4, 28, 28], Dtype::U8),
+            labels(4),
+        ])?;
+        assert!(error().contains("no array `test_images`"), "{}", error());
+        Ok(())
+    }
+
     #[test]
     fn multi_label_rows_keep_every_flag() -> Result<()> {
         let info = medmnist_info("chestmnist")?;
@@ -975,7 +1346,7 @@ mod tests {
         let mut bytes = vec![0u8; 28];
         bytes[3] = 1;
         bytes[14 + 13] = 1;
-        let labels = decode_labels(info, "test", 2, &h, &bytes)?;
+        let labels = label_values(&info.layout(28), "test", 2, &h, &bytes)?;
         assert_eq!(labels.len(), 28);
         assert_eq!((labels[3], labels[27], labels[0]), (1, 1, 0));
         let wide = NpyHeader {
@@ -984,7 +1355,7 @@ mod tests {
         };
         let blood = medmnist_info("bloodmnist")?;
         assert_eq!(
-            decode_labels(blood, "train", 1, &wide, &7i64.to_le_bytes())?,
+            label_values(&blood.layout(28), "train", 1, &wide, &7i64.to_le_bytes())?,
             [7]
         );
         Ok(())

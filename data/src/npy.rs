@@ -333,6 +333,24 @@ impl Npz {
         Ok(header)
     }
 
+    /// The header of array `name` alone (its data is not read, so its CRC-32 is not checked
+    /// here: [`Npz::stream`] checks it when the data is read).
+    pub fn header(&mut self, name: &str) -> Result<NpyHeader> {
+        let member = format!("{name}.npy");
+        let names = self.names().join(", ");
+        let path = self.path.display().to_string();
+        let mut file = self
+            .archive
+            .by_name(&member)
+            .with_context(|| format!("{path} has no array `{name}` (it holds: {names})"))?;
+        read_header(&mut file).with_context(|| {
+            format!(
+                "{path}: the header of array `{name}` does not parse; {}",
+                self.fix
+            )
+        })
+    }
+
     /// Array `name` read whole: its header and data bytes.
     pub fn read(&mut self, name: &str) -> Result<(NpyHeader, Vec<u8>)> {
         let mut data = Vec::new();
