@@ -356,6 +356,23 @@ mod tests {
             ) && e.contains(&fix),
             "{e}"
         );
+        // The issue's case, at the published sizes: data_batch_3 one row short (the check
+        // comes before the members after it are looked for).
+        let members: Vec<_> = cifar10_members(0)
+            .into_iter()
+            .take(3)
+            .enumerate()
+            .map(|(b, (name, _))| (name, batch(10_000 - usize::from(b == 2), IMAGE, 1)))
+            .collect();
+        crate::archive::write_tar_gz(&path, &members)?;
+        let e = load_error("cifar10", dir.path());
+        assert!(
+            e.contains(
+                "cifar-10-batches-py/data_batch_3 holds 9,999 rows; the published CIFAR-10 has \
+                 10,000"
+            ),
+            "{e}"
+        );
         // A synthetic archive is held to the table it declares: 2 rows in every batch.
         let mut members = cifar10_members(2);
         members[2].1 = batch(3, IMAGE, 1);
