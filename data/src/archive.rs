@@ -10,6 +10,14 @@
 //! modification times): a replaced archive is decoded anew. Images are in official split order:
 //! train, test, then (STL-10) the unlabeled images.
 //!
+//! Before anything is cached, every member is checked against the set's published table (its
+//! rows or images per member, their shape, its labels' range; see `Expected`), and an archive
+//! whose container fails its own checks (a gzip CRC-32 or length, a tar header's checksum, a ZIP
+//! member's CRC-32, a stream that ends early) is called corrupt rather than misread (see
+//! `Corrupt`); either error names the member and the download command. An archive written by
+//! [`write_synthetic_archive`] holds `<top directory>/SYNTHETIC.txt` declaring its split sizes,
+//! and is checked as strictly against those.
+//!
 //! [`cifar`]: crate::cifar
 //! [`stl10`]: crate::stl10
 //! [`tiny_imagenet`]: crate::tiny_imagenet
@@ -628,7 +636,9 @@ pub fn synthetic_pixel(i: usize, c: usize, y: usize, x: usize) -> u8 {
 /// Writes an archive in the exact official layout of benchmark set `name` (member names, file
 /// formats, pixel order) holding `counts` train, test and unlabeled images of
 /// [`synthetic_pixel`]s, labelled `i mod classes` (CIFAR-100's coarse label: fine mod 20): the
-/// official files' code path without them, for tests.
+/// official files' code path without them, for tests and smoke runs. The archive also holds
+/// `<top directory>/SYNTHETIC.txt`, declaring `counts`, which the reader checks its members
+/// against in place of the published table (see the module docs).
 pub fn write_synthetic_archive(name: &str, path: &Path, counts: [usize; 3]) -> Result<()> {
     let Some(info) = archive_info(name) else {
         bail!("unknown benchmark set `{name}`");
