@@ -14,7 +14,9 @@ use std::path::Path;
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::archive::{each_tar_member, read_member, Fill, Layout};
+use crate::archive::{
+    each_tar_member, read_member, synthetic_note, Corrupt, Expected, Fill, Layout, SYNTHETIC_MEMBER,
+};
 
 const SIDE: usize = 96;
 /// Bytes of one image.
@@ -24,12 +26,20 @@ const DIR: &str = "stl10_binary";
 const IMAGES: [&str; 3] = ["train_X.bin", "test_X.bin", "unlabeled_X.bin"];
 const LABELS: [&str; 2] = ["train_y.bin", "test_y.bin"];
 
-/// Reads the labels and split sizes of the archive at `path`, and returns its layout and what
-/// streams its images (a second pass) into the cache.
-pub(crate) fn decode(path: &Path, _info: &'static crate::ArchiveInfo) -> Result<(Layout, Fill)> {
+/// Reads the labels and split sizes of the archive at `path`, checks them against the table (see
+/// [`Expected`]: the published 5,000 train, 8,000 test and 100,000 unlabeled images, each file a
+/// whole number of 27,648-byte images, one label in `1..=10` per labelled image), and returns its
+/// layout and what streams its images (a second pass) into the cache.
+pub(crate) fn decode(path: &Path, info: &'static crate::ArchiveInfo) -> Result<(Layout, Fill)> {
+    let synthetic_member = format!("{DIR}/{SYNTHETIC_MEMBER}");
+    let mut synthetic = None;
     let mut sizes: [Option<u64>; 3] = [None; 3];
     let mut labels: [Option<Vec<u8>>; 2] = [None, None];
     each_tar_member(path, |name, reader, size| {
+        if name == synthetic_member {
+            synthetic = Some(read_member(reader, size)?);
+            return Ok(());
+        }
         let Some(file) = name.strip_prefix(DIR).and_then(|n| n.strip_prefix('/')) else {
             return Ok(());
         };
@@ -52,6 +62,10 @@ pub(crate) fn decode(path: &Path, _info: &'static crate::ArchiveInfo) -> Result<
         }
         Ok(())
     })?;
+    let expected = Expected::new(
+        info,
+        synthetic.as_deref().map(|b| (synthetic_member.as_str(), b)),
+    )?;
     let missing = |file: &str| {
         format!(
             "the archive has no member {DIR}/{file} (another or a damaged archive: \
@@ -63,18 +77,19 @@ pub(crate) fn decode(path: &Path, _info: &'static crate::ArchiveInfo) -> Result<
     for (s, file) in IMAGES.iter().enumerate() {
         counts[s] = (sizes[s].with_context(|| missing(file))? / IMAGE as u64) as usize;
     }
-    let mut columns = Vec::new();
-    for (s, file) in LABELS.iter().enumerate() {
-        let l = labels[s].take().with_context(|| missing(file))?;
-        ensure!(
-            l.len() == counts[s],
-            "{DIR}/{file} holds {} labels for the {} images of {DIR}/{}",
-            l.len(),
-            counts[s],
-            IMAGES[s]
-        );
-        columns.extend(l);
+    let labels: Vec<Vec<u8>> = (0..LABELS.len())
+        .map(|s| labels[s].take().with_context(|| missing(LABELS[s])))
+        .collect::<Result<_>>()?;
+    // Every member is there: now their sizes, split by split.
+    for (s, file) in IMAGES.iter().enumerate() {
+        let member = format!("{DIR}/{file}");
+        expected.check(&member, counts[s], expected.splits[s], "images")?;
+        if let (Some(found), Some(file)) = (labels.get(s), LABELS.get(s)) {
+            let member = format!("{DIR}/{file}");
+            expected.check(&member, found.len(), expected.splits[s], "labels")?;
+        }
     }
+    let columns = labels.concat();
     let layout = Layout {
         counts,
         side: SIDE,
@@ -99,7 +114,7 @@ pub(crate) fn decode(path: &Path, _info: &'static crate::ArchiveInfo) -> Result<
             for k in 0..layout.counts[s] {
                 reader
                     .read_exact(&mut stored)
-                    .context("the archive is damaged or truncated")?;
+                    .map_err(|e| Corrupt(format!("truncated ({e})")))?;
                 to_rows(&stored, &mut rows);
                 out.write_at(layout.image_at(starts[s] + k), &rows)?;
             }
@@ -124,7 +139,7 @@ fn to_rows(stored: &[u8], rows: &mut [u8]) {
 /// An archive in the official layout (see [`crate::write_synthetic_archive`]).
 pub(crate) fn write_synthetic(path: &Path, counts: [usize; 3]) -> Result<()> {
     let starts = [0, counts[0], counts[0] + counts[1]];
-    let mut members = Vec::new();
+    let mut members = vec![(format!("{DIR}/{SYNTHETIC_MEMBER}"), synthetic_note(counts))];
     members.push((
         format!("{DIR}/class_names.txt"),
         b"airplane\nbird\ncar\ncat\ndeer\ndog\nhorse\nmonkey\nship\ntruck\n".to_vec(),
@@ -152,7 +167,9 @@ pub(crate) fn write_synthetic(path: &Path, counts: [usize; 3]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::archive::tests::assert_pixels;
+    use crate::archive::tests::{
+        assert_corrupt, assert_flipped_bytes_are_corrupt, assert_pixels, load_error,
+    };
     use crate::{load_benchmark, write_synthetic_archive};
 
     #[test]
@@ -181,7 +198,7 @@ mod tests {
         let path = dir.path().join("stl10_binary.tar.gz");
         let error = |members: &[(String, Vec<u8>)]| {
             crate::archive::write_tar_gz(&path, members).unwrap();
-            format!("{:#}", load_benchmark("stl10", dir.path()).unwrap_err())
+            load_error("stl10", dir.path())
         };
         let member = |file: &str, bytes: Vec<u8>| (format!("{DIR}/{file}"), bytes);
         let mut members = vec![
@@ -196,7 +213,20 @@ mod tests {
                 && e.contains("ssl data download stl10"),
             "{e}"
         );
-        members.push(member("unlabeled_X.bin", vec![0; IMAGE + 5]));
+        // The official members, short of the published 5,000 / 8,000 / 100,000.
+        members.push(member("unlabeled_X.bin", vec![0; IMAGE]));
+        let e = error(&members);
+        assert!(
+            e.contains(
+                "stl10_binary/train_X.bin holds 2 images; the published STL-10 has 5,000 \
+                 (another release, or a damaged archive); download it again with `ssl data \
+                 download stl10 --dir"
+            ),
+            "{e}"
+        );
+        // From here on a synthetic archive of 2, 1 and 1 images.
+        members.push(member(SYNTHETIC_MEMBER, synthetic_note([2, 1, 1])));
+        members[4].1.extend([0; 5]);
         let e = error(&members);
         assert!(
             e.contains("member stl10_binary/unlabeled_X.bin: 27653 bytes, not a whole number"),
@@ -205,16 +235,49 @@ mod tests {
         members[4].1.truncate(IMAGE);
         members[1].1 = vec![1, 11];
         let e = error(&members);
-        assert!(e.contains("train_y.bin: label 1 is 11"), "{e}");
+        assert!(
+            e.contains(
+                "member stl10_binary/train_y.bin: label 1 is 11, outside the classes 1..=10"
+            ),
+            "{e}"
+        );
         members[1].1 = vec![1];
         let e = error(&members);
         assert!(
-            e.contains("train_y.bin holds 1 labels for the 2 images"),
+            e.contains(
+                "stl10_binary/train_y.bin holds 1 labels; this synthetic archive's \
+                 stl10_binary/SYNTHETIC.txt declares 2"
+            ),
             "{e}"
         );
         members[1].1 = vec![1, 2];
+        members[4].1.extend(vec![0; IMAGE]);
+        let e = error(&members);
+        assert!(
+            e.contains("stl10_binary/unlabeled_X.bin holds 2 images; this synthetic archive's"),
+            "{e}"
+        );
+        members[4].1.truncate(IMAGE);
         crate::archive::write_tar_gz(&path, &members)?;
         assert_eq!(load_benchmark("stl10", dir.path())?.dataset.len(), 4);
+        Ok(())
+    }
+
+    #[test]
+    fn a_flipped_or_truncated_archive_is_called_corrupt() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("stl10_binary.tar.gz");
+        write_synthetic_archive("stl10", &path, [2, 1, 1])?;
+        assert_flipped_bytes_are_corrupt("stl10", &path, 8);
+        let bytes = std::fs::read(&path)?;
+        std::fs::write(&path, &bytes[..bytes.len() * 2 / 3])?;
+        let e = load_error("stl10", dir.path());
+        assert_corrupt(
+            &e,
+            &path,
+            "stl10",
+            "truncated: its gzip stream ends early, after member",
+        );
         Ok(())
     }
 }
