@@ -91,7 +91,7 @@ mod tests {
     fn halving_with_the_triangle_filter_averages_pixel_pairs() {
         // Downscaling by 2: the filter stretches to support 2, taps at ±0.5 weigh 3/8 and the
         // outer ±1.5 taps 1/8 (renormalised at the borders).
-        let input: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let input: Vec<f32> = (0..8).map(|i| i as f32 / 8.0).collect();
         let mut out = vec![0f32; 4];
         let crop = CropBox {
             top: 0,
@@ -100,10 +100,10 @@ mod tests {
             width: 8,
         };
         resized_crop(&input, 1, 8, crop, 1, 4, Interpolation::Bilinear, &mut out);
-        let first = (0.0 * 3.0 + 1.0 * 3.0 + 2.0) / 7.0;
+        let first = (0.0 * 3.0 + 1.0 * 3.0 + 2.0) / 7.0 / 8.0;
         assert!((out[0] - first).abs() < 1e-6, "{out:?}");
-        assert!((out[1] - 2.5).abs() < 1e-6, "{out:?}");
-        assert!((out[2] - 4.5).abs() < 1e-6, "{out:?}");
+        assert!((out[1] - 2.5 / 8.0).abs() < 1e-6, "{out:?}");
+        assert!((out[2] - 4.5 / 8.0).abs() < 1e-6, "{out:?}");
     }
 
     #[test]
