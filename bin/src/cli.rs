@@ -241,16 +241,16 @@ pub struct RunArgs {
     pub root: Option<PathBuf>,
     /// Image side: the digits' upsampled size, the MedMNIST file's (28, 64, 128, 224), or the
     /// side folder images are resized and centre-cropped to [default: 16 for digits]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_number::<usize>("data.size"))]
     pub size: Option<usize>,
     /// Training epochs [default: 50]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_number::<usize>("train.epochs"))]
     pub epochs: Option<usize>,
     /// Instances per batch (per view) [default: 128]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_number::<usize>("train.batch_size"))]
     pub batch_size: Option<usize>,
     /// Views per instance (global crops) [default: 2]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_number::<usize>("train.views"))]
     pub views: Option<usize>,
     /// Encoder (model.encoder): digits_cnn, mlp, resnet18, resnet34, resnet50, resnet18_3d,
     /// vit_t16, vit_s16 or vit_b16 [default: digits_cnn; resnet18_3d for 3D MedMNIST]
@@ -264,10 +264,10 @@ pub struct RunArgs {
     pub init: Option<String>,
     /// Multi-crop: extra low-resolution local views per instance, seen by the student only
     /// [default: 0]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_number::<usize>("train.local_views"))]
     pub local_views: Option<usize>,
     /// Seed of the initialisation, the data order and the augmentations [default: 0]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_number::<u64>("train.seed"))]
     pub seed: Option<u64>,
     /// Run directory [default: a new runs/<objective>-<time>, linked from runs/latest]
     #[arg(long, value_name = "DIR")]
@@ -279,7 +279,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub device: Option<String>,
     /// CPU threads [default: all cores]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole_number::<usize>("train.threads"))]
     pub threads: Option<usize>,
     /// Continue the run in --out (default: runs/latest) from its last checkpoint, with the
     /// configuration it recorded
@@ -760,6 +760,17 @@ pub fn run_config(args: &RunArgs) -> Result<(RunConfig, Start)> {
     Ok((cfg, Start::Resume))
 }
 
+/// The parser of a flag that takes a whole number: a value that is not one (`-1`, `2.5`) is
+/// an error naming the configuration key the flag sets.
+fn whole_number<T: std::str::FromStr>(
+    key: &'static str,
+) -> impl Fn(&str) -> std::result::Result<T, String> + Clone + Send + Sync + 'static {
+    move |text| {
+        text.parse()
+            .map_err(|_| format!("{key} takes a whole number ≥ 0, got {text}"))
+    }
+}
+
 /// `base` (else defaults ← recipe) ← `--set` ← flags, then validation and objective lookup. A
 /// flag and a `--set` that give one key different values are an error, not an order to guess.
 pub fn resolve(args: &RunArgs, base: Option<serde_yaml::Value>) -> Result<RunConfig> {
@@ -778,15 +789,17 @@ pub fn resolve(args: &RunArgs, base: Option<serde_yaml::Value>) -> Result<RunCon
         Some(Err(e)) => return Err(e),
         _ => (args.data.clone(), None),
     };
-    let quoted = |p: &Path| format!("'{}'", p.display());
+    let text = |v: &str| serde_yaml::Value::String(v.to_string());
+    let path = |p: &Path| text(&p.to_string_lossy());
+    let number = |v: usize| serde_yaml::Value::Number(v.into());
     let root_dir = match (&args.root, &data_file) {
         (Some(_), Some(file)) => bail!(
             "--data {} is a file, which names its directory; drop --root {}",
             file.path.display(),
             args.root.as_deref().unwrap_or(Path::new("")).display()
         ),
-        (Some(dir), None) => Some(quoted(dir)),
-        (None, Some(file)) => Some(quoted(&file.path)),
+        (Some(dir), None) => Some(path(dir)),
+        (None, Some(file)) => Some(path(&file.path)),
         (None, None) => None,
     };
     let size = match (args.size, &data_file) {
@@ -797,56 +810,56 @@ pub fn resolve(args: &RunArgs, base: Option<serde_yaml::Value>) -> Result<RunCon
         ),
         (given, file) => given.or(file.as_ref().map(|f| f.size)),
     };
-    let flags: [(&str, &str, Option<String>); 14] = [
-        ("--objective", "objective.name", args.objective.clone()),
-        ("--data", "data.name", data),
-        ("--root", "data.root", root_dir),
-        ("--size", "data.size", size.map(|v| v.to_string())),
+    // Each flag's value goes in as the type it was parsed to, never re-read as YAML.
+    let flags: [(&str, &str, Option<serde_yaml::Value>); 14] = [
         (
-            "--epochs",
-            "train.epochs",
-            args.epochs.map(|v| v.to_string()),
+            "--objective",
+            "objective.name",
+            args.objective.as_deref().map(text),
         ),
+        ("--data", "data.name", data.as_deref().map(text)),
+        ("--root", "data.root", root_dir),
+        ("--size", "data.size", size.map(number)),
+        ("--epochs", "train.epochs", args.epochs.map(number)),
         (
             "--batch-size",
             "train.batch_size",
-            args.batch_size.map(|v| v.to_string()),
+            args.batch_size.map(number),
         ),
-        ("--views", "train.views", args.views.map(|v| v.to_string())),
-        ("--encoder", "model.encoder", args.encoder.clone()),
+        ("--views", "train.views", args.views.map(number)),
         (
-            "--init",
-            "model.init",
-            args.init.as_ref().map(|v| format!("'{v}'")),
+            "--encoder",
+            "model.encoder",
+            args.encoder.as_deref().map(text),
         ),
+        ("--init", "model.init", args.init.as_deref().map(text)),
         (
             "--local-views",
             "train.local_views",
-            args.local_views.map(|v| v.to_string()),
+            args.local_views.map(number),
         ),
-        ("--seed", "train.seed", args.seed.map(|v| v.to_string())),
-        ("--out", "out", args.out.as_deref().map(quoted)),
-        ("--device", "train.device", args.device.clone()),
         (
-            "--threads",
-            "train.threads",
-            args.threads.map(|v| v.to_string()),
+            "--seed",
+            "train.seed",
+            args.seed.map(|v| serde_yaml::Value::Number(v.into())),
         ),
+        ("--out", "out", args.out.as_deref().map(path)),
+        ("--device", "train.device", args.device.as_deref().map(text)),
+        ("--threads", "train.threads", args.threads.map(number)),
     ];
     for (flag, key, value) in flags {
         let Some(v) = value else { continue };
-        let mut alone = serde_yaml::Value::Mapping(Default::default());
-        apply_set(&mut alone, &format!("{key}={v}"))?;
-        if let (Some(by_set), Some(by_flag)) = (lookup(&set_only, key), lookup(&alone, key)) {
-            if by_set != by_flag {
+        let shown = format!("{flag} {}", yaml_line(&v));
+        if let Some(by_set) = lookup(&set_only, key) {
+            if *by_set != v {
                 bail!(
                     "{flag} and --set {key} give {key} different values ({} and {}); keep one",
-                    yaml_line(by_flag),
+                    yaml_line(&v),
                     yaml_line(by_set)
                 );
             }
         }
-        apply_set(&mut root, &format!("{key}={v}"))?;
+        crate::config::set_key(&mut root, key, v, &shown)?;
     }
     let cfg = RunConfig::from_yaml_value(root).context(match &args.config {
         Some(p) => format!("invalid configuration in {}", p.display()),
@@ -1018,6 +1031,23 @@ mod tests {
             e.contains("has no 224-pixel files") && e.contains("--data npz --root FILE"),
             "{e}"
         );
+        Ok(())
+    }
+
+    /// Paths and names reach the configuration as given: no quoting, no YAML reading.
+    #[test]
+    fn flag_paths_with_quotes_are_taken_as_given() -> Result<()> {
+        let out = PathBuf::from("/tmp/it's a run: \"quoted\" #1");
+        let args = RunArgs {
+            out: Some(out.clone()),
+            root: Some("/data/o'brien".into()),
+            init: Some("weights/it's.safetensors".into()),
+            ..Default::default()
+        };
+        let cfg = resolve(&args, None)?;
+        assert_eq!(cfg.out, out);
+        assert_eq!(cfg.data.root.as_deref(), Some(Path::new("/data/o'brien")));
+        assert_eq!(cfg.model.init.as_deref(), Some("weights/it's.safetensors"));
         Ok(())
     }
 

@@ -316,6 +316,10 @@ impl ObjectiveSection {
     /// default changes). Keys the objective does not know are kept for its build to reject by
     /// name.
     pub fn resolve(&mut self) -> Result<()> {
+        ensure!(
+            !self.name.trim().is_empty(),
+            "objective.name is empty; name an objective (`ssl list` shows them; default vicreg)"
+        );
         let registration = ssl_core::find(&self.name)?;
         let mut resolved = match (registration.default_config)() {
             serde_yaml::Value::Mapping(defaults) => defaults,
@@ -987,6 +991,18 @@ pub fn apply_set(root: &mut serde_yaml::Value, assignment: &str) -> Result<()> {
     );
     let value: serde_yaml::Value = serde_yaml::from_str(raw)
         .with_context(|| format!("--set {key}: `{raw}` is not a YAML value"))?;
+    set_key(root, key, value, assignment)
+}
+
+/// Sets dotted `key` of `root` to `value` (merging mappings key by key), as `--set` does;
+/// `assignment` is how the caller spelled it, for errors. The value is taken as it is, never
+/// parsed: a command-line flag's path or name needs no quoting.
+pub fn set_key(
+    root: &mut serde_yaml::Value,
+    key: &str,
+    value: serde_yaml::Value,
+    assignment: &str,
+) -> Result<()> {
     let mut node = root;
     let mut path = String::new();
     for part in key.split('.') {

@@ -44,6 +44,28 @@ fn a_closed_stdout_ends_quietly() {
     }
 }
 
+/// A negative count is a value, refused naming the key it sets (clap's usage error, exit 2),
+/// and an empty objective name is named as such.
+#[test]
+fn negative_counts_and_empty_names_are_refused_naming_the_key() {
+    for (flag, key) in [
+        ("--epochs", "train.epochs"),
+        ("--batch-size", "train.batch_size"),
+    ] {
+        let o = ssl(&["run", flag, "-1"]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{key} takes a whole number ≥ 0, got -1")),
+            "{flag}: {stderr}"
+        );
+    }
+    fails_with(
+        &["run", "--objective", ""],
+        &["objective.name is empty", "ssl list"],
+    );
+}
+
 /// Values out of range, each refused by `ssl run` with its key, value and range.
 #[test]
 fn out_of_range_values_are_refused_before_training() {
