@@ -17,10 +17,10 @@ use std::time::Instant;
 use anyhow::Result;
 use candle_core::{Device, Tensor, Var};
 use ssl::config::RunConfig;
-use ssl::optim::Optimizer;
 use ssl::setup;
 use ssl::trainer::{self, Model, StepInput};
 use ssl_core::{Batch, Ids, Progress, SingleProcess};
+use ssl_optim::Optimizer;
 
 fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);

@@ -1,5 +1,5 @@
 //! One LARS step of an f32 parameter (the paper recipes' settings: momentum 0.9, weight decay
-//! 10⁻⁶, η 0.02) composed from Candle tensor ops against in place (`ssl::optim::sgd`), for a
+//! 10⁻⁶, η 0.02) composed from Candle tensor ops against in place (`ssl_optim::sgd`), for a
 //! 4096 × 4096 and an 8192 × 8192 matrix (16.8 M and 67.1 M values; ResNet-50 has 23.5 M, an
 //! 8192-wide expander layer 67.1 M). Each path steps its own parameter and momentum buffer with
 //! one gradient, the two in turn (so that a load on the machine falls on both), after one
@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
-use ssl::optim::sgd::SgdStep;
+use ssl_optim::sgd::SgdStep;
 
 const LARS: SgdStep = SgdStep {
     lr: 0.3,

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use ssl_data::{ImageAugment, Normalization, Recipe, VolumeAugment};
 use ssl_models::autocast::Precision;
 use ssl_models::{Stem, VitConfig};
+pub use ssl_optim::OptimizerKind;
+use ssl_optim::OptimizerSettings;
 
 /// Everything a run needs; written resolved to `RUN_DIR/config.yaml`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -350,14 +352,6 @@ impl Default for ObjectiveSection {
             params: serde_yaml::Value::Mapping(Default::default()),
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum OptimizerKind {
-    Adamw,
-    Sgd,
-    Lars,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -699,6 +693,21 @@ fn at_least_one(key: &str, value: usize, hint: &str) -> Result<()> {
 }
 
 impl TrainConfig {
+    /// The optimiser's settings of this run.
+    pub fn optimizer_settings(&self) -> OptimizerSettings {
+        OptimizerSettings {
+            kind: self.optimizer,
+            lr: self.lr,
+            warmup_epochs: self.warmup_epochs,
+            weight_decay: self.weight_decay,
+            betas: self.betas,
+            momentum: self.momentum,
+            nesterov: self.nesterov,
+            lars_eta: self.lars_eta,
+            clip_grad_norm: self.clip_grad_norm,
+        }
+    }
+
     /// Side of a multi-crop local view of images of side `side`: `local_size`, or
     /// `⌈side · 96/224⌉` (DINO's 96 px at 224) when 0.
     pub fn local_side(&self, side: usize) -> usize {

@@ -18,7 +18,6 @@ pub mod export;
 pub mod generalise;
 pub mod hub;
 pub mod offline;
-pub mod optim;
 pub mod plot;
 pub mod pretrained;
 pub mod progress;

@@ -36,9 +36,8 @@ use ssl_data::{Identity, ImageAugment, Pipeline, ViewLoader, ViewTransform, View
 use ssl_eval::{Features, ProbeResult};
 use ssl_models::Encoder;
 
-use crate::config::{OptimizerKind, TrainConfig};
-use crate::optim::Optimizer;
 use crate::setup::{self, CleanSamples, DataSplit};
+use ssl_optim::{Optimizer, OptimizerKind, OptimizerSettings};
 
 /// Which linear probe `ssl eval` fits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -185,16 +184,15 @@ impl SgdProbeConfig {
     /// SGD with momentum, `weight_decay` on both (as `torch.optim.SGD` over the classifier's
     /// parameters), no warm-up, the step schedule at the milestones (constant without any).
     pub fn optimizer(&self, params: Vec<(String, Var)>) -> Result<Optimizer> {
-        let train = TrainConfig {
-            optimizer: OptimizerKind::Sgd,
+        let settings = OptimizerSettings {
+            kind: OptimizerKind::Sgd,
             lr: self.lr,
             momentum: self.momentum,
             nesterov: false,
             weight_decay: self.weight_decay,
             warmup_epochs: 0,
             clip_grad_norm: 0.0,
-            param_groups: Vec::new(),
-            ..TrainConfig::default()
+            ..OptimizerSettings::default()
         };
         let mut group = ParamGroup::new(["probe."]);
         (group.weight_decay, group.lars) = (Some(self.weight_decay), Some(false));
@@ -206,7 +204,7 @@ impl SgdProbeConfig {
             group.milestones = milestones;
             group.gamma = Some(self.gamma);
         }
-        Optimizer::new(&train, params, &[group])
+        Optimizer::new(&settings, params, &[group])
     }
 }
 

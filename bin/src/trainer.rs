@@ -40,12 +40,12 @@ use crate::atomic;
 use crate::checkpoint::{self, TrainerState};
 use crate::config::RunConfig;
 use crate::evaluate::{self, Evaluation, Inputs};
-use crate::optim::{learning_rate, Optimizer};
 use crate::progress;
 use crate::rundir::{self, Start};
 use crate::runlog::{RunLog, StepRecord};
 use crate::setup::{self, DataSplit};
 use crate::staging::{StagedBatch, Stager};
+use ssl_optim::{learning_rate, Optimizer};
 
 /// A model being trained: student networks, optional teacher, objective, probe.
 pub struct Model {
@@ -152,7 +152,7 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
 /// online probe's (`probe_lr`, no weight decay or LARS), the objective's, the config's.
 pub fn optimizer(cfg: &RunConfig, model: &Model) -> Result<Optimizer> {
     Optimizer::new(
-        &cfg.train,
+        &cfg.train.optimizer_settings(),
         trainable(&model.store),
         &param_groups(cfg, model),
     )

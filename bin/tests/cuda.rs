@@ -526,7 +526,7 @@ fn bf16_training_on_cuda_follows_f32() -> Result<()> {
 /// f64 within 1e-12.
 #[test]
 fn sgd_and_lars_steps_match_the_cpu() -> Result<()> {
-    use ssl::optim::sgd::SgdStep;
+    use ssl_optim::sgd::SgdStep;
     let gpu = gpu();
     let step = |momentum, nesterov, weight_decay, lars_eta| SgdStep {
         lr: 0.1,
@@ -581,9 +581,8 @@ fn sgd_and_lars_steps_match_the_cpu() -> Result<()> {
 /// the clipping factor in f32, in its own order.
 #[test]
 fn every_parameter_steps_in_one_launch_as_on_the_cpu() -> Result<()> {
-    use ssl::config::{OptimizerKind, TrainConfig};
-    use ssl::optim::Optimizer;
     use ssl_core::Progress;
+    use ssl_optim::{Optimizer, OptimizerKind, OptimizerSettings};
     let gpu = gpu();
     let shapes: [&[usize]; 4] = [&[1], &[300], &[37, 1051], &[5, 7]];
     let randn = || -> Result<Vec<Tensor>> {
@@ -606,12 +605,12 @@ fn every_parameter_steps_in_one_launch_as_on_the_cpu() -> Result<()> {
         OptimizerKind::Lars,
     ] {
         for clip in [0.0, 1.0] {
-            let cfg = TrainConfig {
-                optimizer: kind,
+            let cfg = OptimizerSettings {
+                kind,
                 nesterov: kind == OptimizerKind::Sgd,
                 weight_decay: 0.05,
                 clip_grad_norm: clip,
-                ..TrainConfig::default()
+                ..OptimizerSettings::default()
             };
             let initial = randn()?;
             let vars = |dev: &Device| -> Result<Vec<(String, Var)>> {

@@ -15,7 +15,7 @@
 //! a two-value tensor, allocating nothing of `w`'s size), then one in-place pass over the buffer
 //! and one over the parameter, each deriving the trust ratio from those sums. On CUDA (feature
 //! `cuda`, the kernels of [`sgd.cu`](sgd.cu)) every parameter of the optimiser steps at once
-//! ([`super::cuda`]): one launch sums the norms of every adapting parameter, one updates every
+//! (`cuda.rs`, on CUDA builds): one launch sums the norms of every adapting parameter, one updates every
 //! buffer and parameter in a single pass, taking its trust ratio on the device. Elsewhere it is
 //! about ten tensor ops, each a pass and a fresh buffer, with the norms summed in the
 //! parameter's dtype and read to the host. Public for the optimiser bench
@@ -61,7 +61,7 @@ impl SgdStep {
 
     /// Updates the parameter `w` and its momentum buffer `buf` (zeros before the first step,
     /// which makes `buf = d` then) from the gradient `g`, all in place; an error where
-    /// [`Self::fuses`] does not hold. On CUDA, launches of its own ([`Self::launch`] steps
+    /// [`Self::fuses`] does not hold. On CUDA, launches of its own (`launch` (CUDA builds) steps
     /// many parameters in them).
     pub fn in_place(&self, w: &Tensor, g: &Tensor, buf: &Tensor) -> Result<()> {
         if !Self::fuses(w, g, Some(buf)) {
@@ -305,7 +305,7 @@ const ADAPTS: usize = 5;
 impl SgdStep {
     /// This step of the parameter `w` (gradient `g`, momentum buffer `buf`, where
     /// [`Self::fuses`] holds), its gradient multiplied by `grad_factor` first, as one parameter
-    /// of [`Self::launch`].
+    /// of `launch` (CUDA builds).
     pub(super) fn entry(
         &self,
         w: &Tensor,

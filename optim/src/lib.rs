@@ -1,6 +1,24 @@
-//! Optimisers (AdamW, SGD with momentum/Nesterov, LARS), the warm-up + cosine schedule, and
-//! parameter groups ([`ssl_core::ParamGroup`]): per-group learning rate and schedule, weight
-//! decay, LARS adaptation, gradient clipping and freezing.
+//! Optimisers for candle-ssl: AdamW, SGD with momentum/Nesterov and LARS updating Candle
+//! [`Var`]s in place (one fused pass per parameter on the CPU, one launch over every
+//! parameter on CUDA), the warm-up + cosine schedule, and parameter groups
+//! ([`ssl_core::ParamGroup`]): per-group learning rate and schedule, weight decay, LARS
+//! adaptation, gradient clipping and freezing. An [`Optimizer`] is made from its own
+//! [`OptimizerSettings`], not from a run's configuration.
+//!
+//! ```
+//! use candle_core::{Device, Var};
+//! use ssl_core::Progress;
+//! use ssl_optim::{Optimizer, OptimizerKind, OptimizerSettings};
+//!
+//! let w = Var::new(&[3f32, -2.0], &Device::Cpu)?;
+//! let settings = OptimizerSettings { kind: OptimizerKind::Sgd, momentum: 0.0, weight_decay: 0.0, ..Default::default() };
+//! let mut opt = Optimizer::new(&settings, vec![("w".into(), w.clone())], &[])?;
+//! let at = Progress { step: 10, epoch: 5, steps_per_epoch: 2, total_steps: 20, seed: 0 };
+//! let loss = w.as_tensor().sqr()?.sum_all()?; // gradient 2w
+//! opt.step(&loss.backward()?, 0.25, &at)?;    // w ← w − 0.25 · 2w
+//! assert_eq!(w.as_tensor().to_vec1::<f32>()?, [1.5, -1.0]);
+//! # anyhow::Ok(())
+//! ```
 //!
 //! Parameters of rank ≤ 1 (biases, batch-norm weights) are excluded from weight decay and from
 //! LARS adaptation, as in solo-learn and the LARS papers: a built-in group, the first to apply,
@@ -17,7 +35,57 @@ use anyhow::{bail, Result};
 use candle_core::{backprop::GradStore, Tensor, Var};
 use ssl_core::{groups::DEFAULT_GAMMA, ParamGroup, Progress, Schedule};
 
-use crate::config::{OptimizerKind, TrainConfig};
+use serde::{Deserialize, Serialize};
+
+/// The update rule.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// Adam with decoupled weight decay (Loshchilov & Hutter, ICLR 2019).
+    Adamw,
+    /// SGD with momentum (and Nesterov's variant) and L2 weight decay, as PyTorch's.
+    Sgd,
+    /// SGD with layer-wise adaptive rates (You et al., 2017), solo-learn's form.
+    Lars,
+}
+
+/// An optimiser's hyperparameters; the defaults are candle-ssl's trainer's (AdamW at 1e-3,
+/// weight decay 1e-4, 2 warm-up epochs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimizerSettings {
+    pub kind: OptimizerKind,
+    /// Peak learning rate: what the constant and step schedules of parameter groups start from.
+    pub lr: f64,
+    /// Epochs of linear warm-up, which a group's step schedule follows before its milestones.
+    pub warmup_epochs: usize,
+    /// Decoupled (AdamW) or L2 (SGD/LARS) weight decay; rank ≤ 1 parameters are excluded.
+    pub weight_decay: f64,
+    /// Adam's betas.
+    pub betas: (f64, f64),
+    /// SGD/LARS momentum and Nesterov switch.
+    pub momentum: f64,
+    pub nesterov: bool,
+    /// LARS trust coefficient η.
+    pub lars_eta: f64,
+    /// Global gradient-norm bound over every parameter (0: off).
+    pub clip_grad_norm: f64,
+}
+
+impl Default for OptimizerSettings {
+    fn default() -> Self {
+        Self {
+            kind: OptimizerKind::Adamw,
+            lr: 1e-3,
+            warmup_epochs: 2,
+            weight_decay: 1e-4,
+            betas: (0.9, 0.999),
+            momentum: 0.9,
+            nesterov: false,
+            lars_eta: 0.02,
+            clip_grad_norm: 0.0,
+        }
+    }
+}
 
 mod adamw;
 #[cfg(feature = "cuda")]
@@ -88,7 +156,7 @@ impl Settings {
     }
 
     /// The learning rate at `at`, given the run's scheduled rate `lr` there.
-    fn lr(&self, cfg: &TrainConfig, lr: f64, at: &Progress) -> f64 {
+    fn lr(&self, cfg: &OptimizerSettings, lr: f64, at: &Progress) -> f64 {
         let warming = at.step < cfg.warmup_epochs * at.steps_per_epoch;
         self.lr_scale
             * match self.schedule {
@@ -134,7 +202,7 @@ pub struct Optimizer {
     kind: OptimizerKind,
     slots: Vec<Slot>,
     clips: Vec<Clip>,
-    cfg: TrainConfig,
+    cfg: OptimizerSettings,
 }
 
 impl Optimizer {
@@ -143,7 +211,7 @@ impl Optimizer {
     /// match no parameter, or whose values are invalid, is an error (objectives' groups are
     /// checked here; the config's also when the run's config is validated).
     pub fn new(
-        cfg: &TrainConfig,
+        cfg: &OptimizerSettings,
         params: Vec<(String, Var)>,
         groups: &[ParamGroup],
     ) -> Result<Self> {
@@ -214,7 +282,7 @@ impl Optimizer {
                 })
             })
             .collect();
-        // `TrainConfig::validate` refuses a negative value; 0 is off.
+        // 0 is off (a run's configuration refuses a negative value).
         let max = cfg.clip_grad_norm;
         if max > 0.0 {
             clips.push(Clip {
@@ -224,7 +292,7 @@ impl Optimizer {
             });
         }
         Ok(Self {
-            kind: cfg.optimizer,
+            kind: cfg.kind,
             slots,
             clips,
             cfg: cfg.clone(),
@@ -443,11 +511,11 @@ mod tests {
     };
 
     fn quadratic_descent(kind: OptimizerKind, nesterov: bool) -> f32 {
-        let cfg = TrainConfig {
-            optimizer: kind,
+        let cfg = OptimizerSettings {
+            kind,
             nesterov,
             weight_decay: 0.0,
-            ..TrainConfig::default()
+            ..OptimizerSettings::default()
         };
         let w = Var::new(&[[3f32, -2.0], [1.0, 4.0]], &Device::Cpu).unwrap();
         let mut opt = Optimizer::new(&cfg, vec![("w".into(), w.clone())], &[]).unwrap();
@@ -476,9 +544,9 @@ mod tests {
     #[test]
     fn adamw_first_step_is_lr_times_sign() {
         // Bias-corrected Adam's first step is lr·g/|g| (up to ε); decay multiplies w by 1 − lr·wd.
-        let cfg = TrainConfig {
+        let cfg = OptimizerSettings {
             weight_decay: 0.1,
-            ..TrainConfig::default()
+            ..OptimizerSettings::default()
         };
         let w = Var::new(&[[1f32, -1.0], [2.0, 0.5]], &Device::Cpu).unwrap();
         let mut opt = Optimizer::new(&cfg, vec![("w".into(), w.clone())], &[]).unwrap();
@@ -503,9 +571,9 @@ mod tests {
     /// first step, and its count survives a checkpoint round trip.
     #[test]
     fn adam_counts_steps_per_parameter() -> Result<()> {
-        let cfg = TrainConfig {
+        let cfg = OptimizerSettings {
             weight_decay: 0.0,
-            ..TrainConfig::default()
+            ..OptimizerSettings::default()
         };
         let a = Var::new(&[1f32, 1.0], &Device::Cpu)?;
         let frozen = Var::new(&[1f32, 1.0], &Device::Cpu)?;
@@ -541,7 +609,7 @@ mod tests {
     /// with, and so does the state a run was restored from.
     #[test]
     fn saved_and_loaded_states_are_not_changed_by_later_steps() -> Result<()> {
-        let cfg = TrainConfig::default();
+        let cfg = OptimizerSettings::default();
         let w = Var::new(&[1f32, -2.0, 3.0], &Device::Cpu)?;
         let params = || vec![("w".into(), w.clone())];
         let mut opt = Optimizer::new(&cfg, params(), &[]).unwrap();
@@ -578,11 +646,11 @@ mod tests {
     #[test]
     fn biases_are_not_decayed() -> Result<()> {
         // Gradient 1: a decayed value would move by 0.1·(1 + 0.5), an undecayed one by 0.1.
-        let cfg = TrainConfig {
+        let cfg = OptimizerSettings {
             weight_decay: 0.5,
             momentum: 0.0,
-            optimizer: OptimizerKind::Sgd,
-            ..TrainConfig::default()
+            kind: OptimizerKind::Sgd,
+            ..OptimizerSettings::default()
         };
         let b = Var::new(&[1f32, 1.0], &Device::Cpu)?;
         let mut opt = Optimizer::new(&cfg, vec![("bias".into(), b.clone())], &[])?;
@@ -610,15 +678,14 @@ mod tests {
         opt.step(&loss.backward()?, lr, at)
     }
 
-    fn sgd() -> TrainConfig {
-        TrainConfig {
-            optimizer: OptimizerKind::Sgd,
+    fn sgd() -> OptimizerSettings {
+        OptimizerSettings {
+            kind: OptimizerKind::Sgd,
             momentum: 0.0,
             weight_decay: 0.0,
             lr: 0.1,
-            epochs: 4,
             warmup_epochs: 0,
-            ..TrainConfig::default()
+            ..OptimizerSettings::default()
         }
     }
 
@@ -667,7 +734,7 @@ mod tests {
         let vars = [&enc, &pred, &stepped];
         for step in 0..total {
             let before: Vec<f64> = vars.iter().map(|v| first(v)).collect();
-            let lr = learning_rate(step, total, 0, cfg.lr, cfg.min_lr);
+            let lr = learning_rate(step, total, 0, cfg.lr, 0.0);
             ones_step(&mut opt, &vars, lr, &at(step, per_epoch, total))?;
             let moved: Vec<f64> = vars
                 .iter()
@@ -699,7 +766,7 @@ mod tests {
     /// where the group leaves it on.
     #[test]
     fn groups_set_weight_decay_and_lars() -> Result<()> {
-        let cfg = TrainConfig {
+        let cfg = OptimizerSettings {
             weight_decay: 0.5,
             ..sgd()
         };
@@ -727,8 +794,8 @@ mod tests {
         );
 
         // LARS: the step of an adapted matrix is η·‖w‖/‖g‖ times the gradient's.
-        let cfg = TrainConfig {
-            optimizer: OptimizerKind::Lars,
+        let cfg = OptimizerSettings {
+            kind: OptimizerKind::Lars,
             ..sgd()
         };
         let adapted = Var::new(&[[1f32; 2]; 2], dev)?;
@@ -752,12 +819,12 @@ mod tests {
         let dev = &Device::Cpu;
         for (cfg, groups, outside_clipped) in [
             (
-                TrainConfig { lr: 1.0, ..sgd() },
+                OptimizerSettings { lr: 1.0, ..sgd() },
                 vec![group("{params: [a., b.], clip_grad_norm: 3.0}")],
                 false,
             ),
             (
-                TrainConfig {
+                OptimizerSettings {
                     lr: 1.0,
                     clip_grad_norm: 3.0,
                     ..sgd()
@@ -796,7 +863,7 @@ mod tests {
         let b = Var::new(&[[0f32; 2]; 2], dev)?;
         let params = vec![("a.w".into(), a.clone()), ("b.w".into(), b.clone())];
         let each = group("{params: [a., b.], clip_grad_norm: 3.0, clip_per_parameter: true}");
-        let cfg = TrainConfig { lr: 1.0, ..sgd() };
+        let cfg = OptimizerSettings { lr: 1.0, ..sgd() };
         let mut opt = Optimizer::new(&cfg, params, &[each])?;
         let loss = ((a.as_tensor().sum_all()? * 4.0)? + (b.as_tensor().sum_all()? * 4.0)?)?;
         opt.step(&loss.backward()?, 1.0, &AT)?;
@@ -811,9 +878,9 @@ mod tests {
     /// after the freeze is a full one.
     #[test]
     fn frozen_groups_wait_for_their_epoch_or_step() -> Result<()> {
-        let cfg = TrainConfig {
+        let cfg = OptimizerSettings {
             weight_decay: 0.0,
-            ..TrainConfig::default()
+            ..OptimizerSettings::default()
         };
         let dev = &Device::Cpu;
         let a = Var::new(&[1f32, 1.0], dev)?;
@@ -860,8 +927,8 @@ mod tests {
     #[test]
     fn momentum_buffers_are_off_the_graph() -> Result<()> {
         for optimizer in [OptimizerKind::Sgd, OptimizerKind::Lars] {
-            let cfg = TrainConfig {
-                optimizer,
+            let cfg = OptimizerSettings {
+                kind: optimizer,
                 momentum: 0.9,
                 weight_decay: 0.1,
                 ..sgd()

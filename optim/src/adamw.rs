@@ -3,7 +3,7 @@
 //! `AdamW`). On the CPU it runs as three in-place passes over the buffers (the first moment, the
 //! second moment, the parameter) on Candle's workers, on CUDA (feature `cuda`) as one pass of
 //! [`adamw.cu`](adamw.cu) in a launch that steps every parameter of the optimiser at once
-//! ([`super::cuda`]); elsewhere as sixteen tensor ops, each a pass and a fresh buffer.
+//! (`cuda.rs`, on CUDA builds); elsewhere as sixteen tensor ops, each a pass and a fresh buffer.
 
 use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Tensor, WithDType};
 use ssl_linalg::for_each_chunk_mut;
@@ -54,7 +54,7 @@ impl AdamwStep {
 
     /// Updates the parameter `w` from its gradient `g` and the moments `m` and `v`, all in
     /// place, where [`Self::fuses`] holds (the moments start as zeros). On CUDA, a launch of
-    /// its own ([`Self::launch`] steps many parameters in one).
+    /// its own (`launch` (CUDA builds) steps many parameters in one).
     pub fn in_place(&self, w: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor) -> Result<()> {
         #[cfg(feature = "cuda")]
         if w.device().is_cuda() {
@@ -197,7 +197,7 @@ impl InplaceOp3 for AdamwStep {
 impl AdamwStep {
     /// This update of the parameter `w` (gradient `g`, moments `m` and `v`, where
     /// [`Self::fuses`] holds), its gradient multiplied by `grad_factor` first, as one parameter
-    /// of [`Self::launch`].
+    /// of `launch` (CUDA builds).
     pub(super) fn entry(
         &self,
         w: &Tensor,
