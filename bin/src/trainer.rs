@@ -1614,6 +1614,56 @@ mod tests {
         );
     }
 
+    /// A collective of two ranks that both hold this rank's rows, counting its gathers.
+    struct Counted(std::sync::atomic::AtomicUsize);
+
+    impl Collective for Counted {
+        fn world_size(&self) -> usize {
+            2
+        }
+        fn all_gather(&self, t: &Tensor, dim: usize) -> candle_core::Result<Tensor> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Tensor::cat(&[t, t], dim)
+        }
+    }
+
+    /// The batch-norm collective handed to a step is used by the step's train-mode batch norms
+    /// (the digits CNN's and the projector's) and by nothing after it: the random-init
+    /// baseline's train-mode calibration, which rank 0 runs alone, gathers nothing.
+    #[test]
+    fn the_batch_norm_collective_ends_with_the_step() {
+        let cfg = RunConfig::default();
+        let mut data = setup::data(&cfg).unwrap();
+        data.train.truncate(64);
+        let b = 8;
+        let (clean, ids, labels, progress) = first_instances(&data, b);
+        let input = StepInput {
+            images: Tensor::cat(&[&clean, &(&clean * 0.9).unwrap()], 0).unwrap(),
+            views: 2,
+            local_images: None,
+            instance_ids: &ids,
+            labels: &labels,
+            progress,
+            lr: 0.1,
+        };
+        let mut model = build_model(&cfg, &data, &Device::Cpu).unwrap();
+        let counted = Arc::new(Counted(Default::default()));
+        let gathers = || counted.0.load(std::sync::atomic::Ordering::Relaxed);
+        let batch_norm: Arc<dyn Collective> = counted.clone();
+        let ranks = StepCollectives {
+            gather: &SingleProcess,
+            batch_norm: Some(&batch_norm),
+        };
+        forward_backward_on(&mut model, &input, ranks, &|_, _| Ok(())).unwrap();
+        let in_step = gathers();
+        assert!(in_step > 0, "the step's batch norms gather");
+        assert!(!ssl_models::sync_bn::synchronised());
+        let (train, _) = evaluate::clean_inputs(&data, &Device::Cpu);
+        setup::calibrated_random_encoder(&cfg, &data.dataset, &train.x, &Device::Cpu).unwrap();
+        model.embed(&train.x).unwrap();
+        assert_eq!(gathers(), in_step, "work after the step gathers nothing");
+    }
+
     /// `forward_backward` takes each view's graph back on its own from the loss's gradients at
     /// the views' outputs; the gradients must be those of one backward through the whole graph
     /// (three views, so that the views outnumber two threads, and an online probe).
