@@ -394,7 +394,8 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
     }
     let last_step = training.state.step.saturating_sub(1);
     let features = training.final_features.take();
-    let evaluation = evaluate::with_baselines(cfg, &data, &model, &device, features)?;
+    let evaluation = evaluate::with_baselines(cfg, &data, &model, &device, features)
+        .context("in the end-of-run evaluation")?;
     if model.encoder.output_dim() == 2 {
         let csv = dir.join("embedding.csv");
         evaluate::write_embedding(&csv, &data, &model, &device)?;

@@ -95,6 +95,10 @@ struct Shared {
     /// The gradient buckets' communicator, a duplicate of the world's: at thread level
     /// `Multiple` only.
     gradients: Option<Mutex<World>>,
+    /// The barriers' communicator, a duplicate of the world's: a rank waiting at a barrier while
+    /// another enters a gather (a bug) leaves the gather pending, to fail by its bound naming
+    /// it, where on one communicator MPI may pair the two non-blocking operations' messages.
+    barriers: Mutex<World>,
     rank: usize,
     size: usize,
     watch: Watch,
@@ -207,7 +211,7 @@ impl Shared {
     fn barrier(&self, bounded: bool) -> Result<()> {
         let op = "barrier";
         let limit = self.enter(op, bounded).map_err(anyhow::Error::msg)?;
-        let done = completes(self.world().0.immediate_barrier(), limit);
+        let done = completes(lock(&self.barriers).0.immediate_barrier(), limit);
         Ok(self.finish(op, limit, done, ())?)
     }
 }
@@ -296,6 +300,7 @@ impl MpiCollective {
         };
         Ok(Self {
             shared: Arc::new(Shared {
+                barriers: Mutex::new(World(world.duplicate())),
                 world: Mutex::new(World(world)),
                 gradients,
                 rank,
