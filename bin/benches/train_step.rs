@@ -288,8 +288,8 @@ fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
         let t = Instant::now();
         let grads = GradientAveraging::new(comm, &trainable, BUCKET_ELEMENTS)
             .run(|complete| {
-                let collective = comm.as_collective();
-                Ok(trainer::forward_backward_on(&mut model, &input, collective, complete)?.1)
+                let ranks = trainer::StepCollectives::gather_over(comm.as_collective());
+                Ok(trainer::forward_backward_on(&mut model, &input, ranks, complete)?.1)
             })?
             .grads;
         optimizer.step(&grads, input.lr, &input.progress)?;

@@ -401,7 +401,7 @@ pub fn execute(cli: Cli) -> Result<()> {
             let requested = args.distributed.as_deref().map(str::parse).transpose()?;
             let comm = ssl_dist::connect(requested)?;
             let outcome = run_config(&args).and_then(|(cfg, start)| {
-                set_threads(cfg.train.threads);
+                set_threads(rank_threads(cfg.train.threads, comm.as_ref())?);
                 Ok((trainer::run_on(&cfg, start, &comm)?, cfg))
             });
             let (outcome, cfg) = match outcome {
@@ -710,6 +710,21 @@ fn run_dir(path: &Path) -> Result<PathBuf> {
         return Ok(parent.parent().unwrap_or(Path::new(".")).to_path_buf());
     }
     Ok(path.to_path_buf())
+}
+
+/// The CPU threads of one rank: `threads` if given (not 0), else with several ranks this
+/// rank's share of its node's cores (stated in the log), so that ranks do not take each
+/// other's cores; 0 (all cores) for one process.
+fn rank_threads(threads: usize, comm: &dyn ssl_dist::Comm) -> Result<usize> {
+    if threads != 0 || comm.world_size() == 1 {
+        return Ok(threads);
+    }
+    let local = ssl_dist::local_ranks(|v| std::env::var(v).ok())?;
+    let share = ssl_dist::CoreShare::of_this_process(local);
+    if comm.rank() == 0 {
+        eprintln!("{share} (--threads to change)");
+    }
+    Ok(share.threads)
 }
 
 fn set_threads(threads: usize) {

@@ -386,8 +386,13 @@ pub struct TrainConfig {
     pub lars_eta: f64,
     pub drop_last: bool,
     pub seed: u64,
-    /// CPU threads (0 = all cores; more than [`MAX_THREADS_PER_CORE`] per core are capped).
+    /// CPU threads (0 = all cores, or under a launcher this rank's share of them; more than
+    /// [`MAX_THREADS_PER_CORE`] per core are capped).
     pub threads: usize,
+    /// Seconds a data-parallel collective waits for the other ranks before the job ends with an
+    /// error naming it, the rank and the step (a rank that never joins it would otherwise hang
+    /// the job).
+    pub collective_timeout: usize,
     /// `cpu`, `cuda[:N]` or `metal`.
     pub device: String,
     /// Online linear probe learning rate (0 disables the probe), with the backbone's optimiser
@@ -447,6 +452,7 @@ impl Default for TrainConfig {
             drop_last: true,
             seed: 0,
             threads: 0,
+            collective_timeout: 600,
             device: "cpu".into(),
             probe_lr: 0.1,
             checkpoint_every: 10,
@@ -730,6 +736,11 @@ impl TrainConfig {
             "train.checkpoint_every",
             self.checkpoint_every,
             " (epochs between checkpoints; the last epoch is always saved)",
+        )?;
+        at_least_one(
+            "train.collective_timeout",
+            self.collective_timeout,
+            " (seconds a data-parallel collective waits for the other ranks; default 600)",
         )?;
         at_least_one(
             "train.log_every",

@@ -57,6 +57,7 @@ const FREE_KEYS: &[&str] = &[
     "out",
     "history",
     "train.threads",
+    "train.collective_timeout",
     "train.stop_after_epochs",
     "train.checkpoint_every",
     "train.log_every",

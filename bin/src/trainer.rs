@@ -13,8 +13,12 @@
 //! ([`ViewLoader::with_shard`]), gathers the global batch where the objective asks
 //! (`Batch::collective`), and averages its gradients over the ranks before the optimiser step,
 //! bucket by bucket while the backward pass goes on ([`GradientAveraging`]), so the ranks stay
-//! identical. Rank 0 alone writes the run
-//! directory and evaluates; the others wait at a barrier at the end of every epoch and of the run.
+//! identical. Collectives belong to the step, which every rank takes ([`StepCollectives`]:
+//! the objective's gathers and, with `model.sync_bn`, the batch norms' statistics); rank 0
+//! alone writes the run directory, monitors and evaluates, with no collective, while the others
+//! wait at a barrier at the end of every epoch and of the run. Every collective is bounded
+//! (`train.collective_timeout`): one that a rank never joins ends the job with an error naming
+//! it, the rank and the step.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -283,16 +287,13 @@ pub const DISTRIBUTED_JSON: &str = "distributed.json";
 /// may already hold ([`rundir::prepare`]). Everything that can refuse the run (data, networks,
 /// views, the checkpoint a resume loads, a resume on another number of ranks) is checked before
 /// the directory is touched. Ranks other than 0 return an outcome without evaluation once rank 0
-/// has finished. With `model.sync_bn` every train-mode batch norm of this thread uses the global
-/// batch's statistics while the run lasts.
+/// has finished. With `model.sync_bn` the train-mode batch norms of the training step (and only
+/// of the step, which every rank takes) use the global batch's statistics ([`StepCollectives`]).
 pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<RunOutcome> {
     let started = Instant::now();
     let comm = shared.as_ref();
     let (rank, world) = (comm.rank(), comm.world_size());
-    let _sync_bn = (cfg.model.sync_bn && world > 1).then(|| {
-        let collective: Arc<dyn Collective> = shared.clone();
-        ssl_models::sync_bn::sync_batch_norm(collective)
-    });
+    comm.set_collective_timeout(Duration::from_secs(cfg.train.collective_timeout as u64));
     let device = setup::rank_device(&cfg.train.device, comm)?;
     let data = setup::data(cfg)?;
     evaluate::check_split(&data)?;
@@ -314,12 +315,12 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
             &mut model,
             &mut optimizer,
             None,
-            comm,
+            shared,
             resumed,
         );
         training.run(&data, &device, &loader)?;
         // Rank 0 evaluates and writes the results meanwhile.
-        comm.barrier()?;
+        comm.wait_for_rank_zero()?;
         return Ok(RunOutcome {
             dir: cfg.out.clone(),
             evaluation: Vec::new(),
@@ -380,11 +381,12 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
         &mut model,
         &mut optimizer,
         Some(&mut log),
-        comm,
+        shared,
         resumed,
     );
     if !training.run(&data, &device, &loader)? {
-        comm.barrier()?;
+        comm.wait_for_rank_zero()
+            .context("at the barrier after an early stop")?;
         return Ok(RunOutcome {
             dir,
             evaluation: Vec::new(),
@@ -393,7 +395,8 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
     }
     let last_step = training.state.step.saturating_sub(1);
     let features = training.final_features.take();
-    let evaluation = evaluate::with_baselines(cfg, &data, &model, &device, features)?;
+    let evaluation = evaluate::with_baselines(cfg, &data, &model, &device, features)
+        .context("in the end-of-run evaluation")?;
     if model.encoder.output_dim() == 2 {
         let csv = dir.join("embedding.csv");
         evaluate::write_embedding(&csv, &data, &model, &device)?;
@@ -415,7 +418,8 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
         &dir.join("results.json"),
         serde_json::to_string_pretty(&results)?.as_bytes(),
     )?;
-    comm.barrier()?;
+    comm.wait_for_rank_zero()
+        .context("at the barrier after the end-of-run evaluation")?;
     Ok(RunOutcome {
         dir,
         evaluation,
@@ -564,6 +568,9 @@ struct Training<'a> {
     /// Rank 0's logs; the other ranks write nothing.
     log: Option<&'a mut RunLog>,
     comm: &'a dyn Comm,
+    /// The batch norms' collective under `model.sync_bn` on more than one rank, handed to every
+    /// training step ([`StepCollectives`]).
+    batch_norm: Option<Arc<dyn Collective>>,
     /// The variables whose gradients are averaged over the ranks.
     trainable: Vec<(String, Var)>,
     state: TrainerState,
@@ -609,7 +616,7 @@ impl<'a> Training<'a> {
         model: &'a mut Model,
         optimizer: &'a mut Optimizer,
         log: Option<&'a mut RunLog>,
-        comm: &'a dyn Comm,
+        comm: &'a Arc<dyn Comm>,
         resumed: Option<TrainerState>,
     ) -> Self {
         let steps_per_epoch = loader.steps_per_epoch() / cfg.train.accumulate;
@@ -629,7 +636,9 @@ impl<'a> Training<'a> {
             model,
             optimizer,
             log,
-            comm,
+            comm: comm.as_ref(),
+            batch_norm: (cfg.model.sync_bn && comm.world_size() > 1)
+                .then(|| Arc::clone(comm) as Arc<dyn Collective>),
             checkpointed: resumed.as_ref().map(|s| s.step),
             state: resumed.unwrap_or_default(),
             steps_per_epoch,
@@ -723,6 +732,10 @@ impl<'a> Training<'a> {
         let (out, checkpointed, step) = (&self.cfg.out, self.checkpointed, self.state.step);
         let averaging = GradientAveraging::new(comm, &self.trainable, ssl_dist::BUCKET_ELEMENTS);
         let model = &mut *self.model;
+        let ranks = StepCollectives {
+            gather: comm.as_collective(),
+            batch_norm: self.batch_norm.as_ref(),
+        };
         let grads = averaging
             .run(|complete| {
                 // The batches before the last are summed; the last one's backward completes the
@@ -752,9 +765,7 @@ impl<'a> Training<'a> {
                         true => &mean,
                         false => &|_, _| Ok(()),
                     };
-                    let (out, batch_grads) =
-                        forward_backward_on(model, &input, comm.as_collective(), hand_over)
-                            .with_context(|| stopped_at(out, checkpointed, step, epoch))?;
+                    let (out, batch_grads) = forward_backward_on(model, &input, ranks, hand_over)?;
                     images += input.views * input.instance_ids.len() * comm.world_size();
                     sum = Some(match sum.take() {
                         None => batch_grads,
@@ -767,7 +778,8 @@ impl<'a> Training<'a> {
                     scale_grads(&model.store, &mut grads, scale)?;
                 }
                 Ok(grads)
-            })?
+            })
+            .with_context(|| stopped_at(out, checkpointed, step, epoch))?
             .grads;
         let hook = StepContext {
             progress,
@@ -859,7 +871,7 @@ impl<'a> Training<'a> {
         let last = self.state.epochs_done == cfg.train.epochs;
         let Some(log) = self.log.as_deref_mut() else {
             // Rank 0 monitors and checkpoints meanwhile.
-            return self.comm.barrier();
+            return self.comm.wait_for_rank_zero();
         };
         if last
             || self
@@ -888,7 +900,10 @@ impl<'a> Training<'a> {
             )?;
             self.checkpointed = Some(self.state.step);
         }
-        self.comm.barrier()
+        let step = self.state.step;
+        self.comm
+            .wait_for_rank_zero()
+            .with_context(|| format!("at the barrier ending epoch {} (step {step})", epoch + 1))
     }
 }
 
@@ -1270,14 +1285,55 @@ pub fn forward_backward(
     model: &mut Model,
     input: &StepInput<'_>,
 ) -> Result<(StepOutput, GradStore)> {
-    forward_backward_on(model, input, &SingleProcess, &|_, _| Ok(()))
+    let one = StepCollectives::gather_over(&SingleProcess);
+    forward_backward_on(model, input, one, &|_, _| Ok(()))
+}
+
+/// What a training step shares with the other ranks. It is handed to the step, which every rank
+/// takes, and to nothing else: work one rank does alone (evaluation, baselines, monitoring,
+/// export) has no collective to enter, and its batch norms use that rank's rows.
+#[derive(Clone, Copy)]
+pub struct StepCollectives<'a> {
+    /// The objective's gathers of the global batch (`Batch::collective`).
+    pub gather: &'a dyn Collective,
+    /// With `model.sync_bn`: the collective over which every train-mode batch norm of the step
+    /// takes the global batch's statistics; `None`: each rank's own rows.
+    pub batch_norm: Option<&'a Arc<dyn Collective>>,
+}
+
+impl<'a> StepCollectives<'a> {
+    /// Gathers over `collective`, batch norm per rank.
+    pub fn gather_over(collective: &'a dyn Collective) -> Self {
+        Self {
+            gather: collective,
+            batch_norm: None,
+        }
+    }
 }
 
 /// [`forward_backward`] of this rank's shard, the objective gathering the global batch through
-/// `collective`. The gradients are this rank's; each variable's is also handed to `complete` as
-/// soon as the backward has completed it (for [`GradientAveraging`] to average it over the ranks
-/// while the backward goes on).
+/// `ranks.gather` and the batch norms synchronised over `ranks.batch_norm` for the step's forward
+/// and backward passes alone. The gradients are this rank's; each variable's is also handed to
+/// `complete` as soon as the backward has completed it (for [`GradientAveraging`] to average it
+/// over the ranks while the backward goes on).
 pub fn forward_backward_on(
+    model: &mut Model,
+    input: &StepInput<'_>,
+    ranks: StepCollectives<'_>,
+    complete: &Complete,
+) -> Result<(StepOutput, GradStore)> {
+    match ranks.batch_norm {
+        Some(collective) => {
+            ssl_models::sync_bn::with_global_statistics(Arc::clone(collective), || {
+                step_on(model, input, ranks.gather, complete)
+            })
+        }
+        None => step_on(model, input, ranks.gather, complete),
+    }
+}
+
+/// [`forward_backward_on`] with batch norm as the caller set it.
+fn step_on(
     model: &mut Model,
     input: &StepInput<'_>,
     collective: &dyn Collective,
@@ -1565,6 +1621,56 @@ mod tests {
             largest > 0.0,
             "bf16 operands must change the numbers: {bf16:?}"
         );
+    }
+
+    /// A collective of two ranks that both hold this rank's rows, counting its gathers.
+    struct Counted(std::sync::atomic::AtomicUsize);
+
+    impl Collective for Counted {
+        fn world_size(&self) -> usize {
+            2
+        }
+        fn all_gather(&self, t: &Tensor, dim: usize) -> candle_core::Result<Tensor> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Tensor::cat(&[t, t], dim)
+        }
+    }
+
+    /// The batch-norm collective handed to a step is used by the step's train-mode batch norms
+    /// (the digits CNN's and the projector's) and by nothing after it: the random-init
+    /// baseline's train-mode calibration, which rank 0 runs alone, gathers nothing.
+    #[test]
+    fn the_batch_norm_collective_ends_with_the_step() {
+        let cfg = RunConfig::default();
+        let mut data = setup::data(&cfg).unwrap();
+        data.train.truncate(64);
+        let b = 8;
+        let (clean, ids, labels, progress) = first_instances(&data, b);
+        let input = StepInput {
+            images: Tensor::cat(&[&clean, &(&clean * 0.9).unwrap()], 0).unwrap(),
+            views: 2,
+            local_images: None,
+            instance_ids: &ids,
+            labels: &labels,
+            progress,
+            lr: 0.1,
+        };
+        let mut model = build_model(&cfg, &data, &Device::Cpu).unwrap();
+        let counted = Arc::new(Counted(Default::default()));
+        let gathers = || counted.0.load(std::sync::atomic::Ordering::Relaxed);
+        let batch_norm: Arc<dyn Collective> = counted.clone();
+        let ranks = StepCollectives {
+            gather: &SingleProcess,
+            batch_norm: Some(&batch_norm),
+        };
+        forward_backward_on(&mut model, &input, ranks, &|_, _| Ok(())).unwrap();
+        let in_step = gathers();
+        assert!(in_step > 0, "the step's batch norms gather");
+        assert!(!ssl_models::sync_bn::synchronised());
+        let (train, _) = evaluate::clean_inputs(&data, &Device::Cpu);
+        setup::calibrated_random_encoder(&cfg, &data.dataset, &train.x, &Device::Cpu).unwrap();
+        model.embed(&train.x).unwrap();
+        assert_eq!(gathers(), in_step, "work after the step gathers nothing");
     }
 
     /// `forward_backward` takes each view's graph back on its own from the loss's gradients at

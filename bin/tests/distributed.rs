@@ -24,12 +24,69 @@
 //! the encoder's output) wander by 1e-3 between any two runs whose sums are rounded differently,
 //! while the loss still agrees to 1e-5. SGD moves them by the noise itself.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 
 const STEPS: usize = 20;
+
+/// How long one `ssl run` of these tests may take, on 2 ranks sharing 2 cores with another
+/// test's job: a job still running then has hung, and the test fails instead of hanging too.
+const JOB_LIMIT: Duration = Duration::from_secs(300);
+
+/// `cmd`'s output once it exits, or a failure naming what it printed when it runs past
+/// `limit`: the job (mpirun and, through it, its ranks) is then ended.
+fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            pipe.read_to_end(&mut bytes).unwrap();
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > limit {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let Some(status) = status else {
+        // SIGTERM first: mpirun passes it on to its ranks, which SIGKILL would orphan.
+        // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        std::thread::sleep(Duration::from_secs(5));
+        let _ = child.kill();
+        let _ = child.wait();
+        let text = |h: std::thread::JoinHandle<Vec<u8>>| {
+            String::from_utf8_lossy(&h.join().unwrap()).into_owned()
+        };
+        panic!(
+            "still running after {} s (a hang), ended:\n{}{}",
+            limit.as_secs(),
+            text(stdout),
+            text(stderr)
+        );
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
 
 fn ssl(launcher: Option<usize>, out: &Path, args: &[&str], batch: usize) -> String {
     let mut cmd = match launcher {
@@ -44,8 +101,7 @@ fn ssl(launcher: Option<usize>, out: &Path, args: &[&str], batch: usize) -> Stri
         None => Command::new(env!("CARGO_BIN_EXE_ssl")),
     };
     // 1400 training instances: 10 steps of 128 per epoch.
-    let out = cmd
-        .args(["run", "--data", "gmm", "--encoder", "mlp"])
+    cmd.args(["run", "--data", "gmm", "--encoder", "mlp"])
         .args(args)
         .args([
             "--batch-size",
@@ -56,9 +112,8 @@ fn ssl(launcher: Option<usize>, out: &Path, args: &[&str], batch: usize) -> Stri
             "1",
         ])
         .arg("--out")
-        .arg(out)
-        .output()
-        .unwrap();
+        .arg(out);
+    let out = output_within(&mut cmd, JOB_LIMIT);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -116,6 +171,9 @@ fn one_and_two_ranks(dir: &Path, args: &[&str]) -> (PathBuf, PathBuf, String) {
     );
     let recorded = std::fs::read_to_string(two.join("distributed.json")).unwrap();
     assert!(recorded.contains("\"world_size\": 2"), "{recorded}");
+    // Through the end of the run: rank 0's evaluation, every rank's last barrier.
+    assert!(two.join("results.json").exists(), "{log}");
+    assert!(log.contains("| random init |"), "{log}");
     (one, two, log)
 }
 
@@ -506,4 +564,191 @@ fn a_killed_rank_ends_every_rank_within_a_minute() {
         let diff = max_abs(&(t - &b[name]).unwrap());
         assert_eq!(diff, 0.0, "{name} after the resume from {state:?}");
     }
+}
+
+/// The README's data-parallel job (its "Scale out" section), word for word after `mpirun`.
+const README_JOB: &str =
+    "mpirun -np 2 target/release/ssl run --epochs 1 --set data.train_size=512 \
+     --batch-size 64 --set model.sync_bn=true";
+
+/// `mpirun -np 2 ssl ARGS` in `dir` with the test's environment, its output once it ends, and
+/// its stdout and stderr together.
+fn two_ranks_in(dir: &Path, args: &[&str]) -> (Output, String) {
+    let mut job = Command::new("mpirun");
+    job.args(["--oversubscribe", "-np", "2"])
+        .arg(env!("CARGO_BIN_EXE_ssl"))
+        .args(args)
+        .current_dir(dir)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let out = output_within(&mut job, JOB_LIMIT);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out, text)
+}
+
+/// A 2-rank job that must end with the end-of-run table and results.json in `run`.
+fn ends_with_its_table(dir: &Path, args: &[&str], run: &Path) -> String {
+    let (out, text) = two_ranks_in(dir, args);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("| random init |"), "{text}");
+    assert!(run.join("results.json").exists(), "{text}");
+    text
+}
+
+/// The README's job (the digits CNN, whose batch norms the random-init baseline calibrates in
+/// train mode on rank 0 alone) ends with its table: batch norm is synchronised in the training
+/// step only. It runs exactly as the README writes it, in a fresh directory (its run goes to
+/// `runs/`), and without `--threads` each rank takes its share of the cores.
+#[test]
+fn the_readme_job_with_synchronised_batch_norm_ends_with_its_table() {
+    if mpirun_missing() {
+        return;
+    }
+    let readme = include_str!("../../README.md");
+    assert!(
+        readme.contains(README_JOB),
+        "README.md must show:\n{README_JOB}"
+    );
+    let args: Vec<&str> = README_JOB.split_whitespace().skip(4).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let text = ends_with_its_table(dir.path(), &args, &dir.path().join("runs/latest"));
+    assert!(text.contains("batch norm over the global batch"), "{text}");
+    assert!(text.contains("CPU thread(s) per rank"), "{text}");
+}
+
+/// One epoch of an encoder family on 2 ranks, batch norm synchronised and per rank, each through
+/// the end-of-run evaluation (its random-init baseline calibrated in train mode on rank 0), on
+/// small inputs: what is tested is that every rank reaches the end, not what the encoder learns.
+fn family_ends_with_and_without_sync_bn(family: &[&str]) {
+    if mpirun_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (sync_bn, says) in [
+        ("true", "batch norm over the global batch"),
+        ("false", "batch norm per rank"),
+    ] {
+        let run = dir.path().join(format!("sync-{sync_bn}"));
+        let setting = format!("model.sync_bn={sync_bn}");
+        let mut args = vec![
+            "run",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "16",
+            "--threads",
+            "1",
+            "--set",
+            "model.projector=[32,32]",
+            // 64 instances split in halves: 32 to train on (one step of 2 × 16), 32 to test.
+            "--set",
+            "data.train_size=64",
+            "--set",
+            "data.subset_test_fraction=0.5",
+            "--set",
+            &setting,
+            "--out",
+            run.to_str().unwrap(),
+        ];
+        args.extend(family);
+        let text = ends_with_its_table(dir.path(), &args, &run);
+        assert!(text.contains(says), "{text}");
+    }
+}
+
+#[test]
+fn the_digits_cnn_ends_with_and_without_sync_bn() {
+    family_ends_with_and_without_sync_bn(&[]);
+}
+
+#[test]
+fn resnet18_ends_with_and_without_sync_bn() {
+    family_ends_with_and_without_sync_bn(&[
+        "--encoder",
+        "resnet18",
+        "--set",
+        "model.stem=cifar",
+        "--size",
+        "8",
+    ]);
+}
+
+#[test]
+fn vit_t_ends_with_and_without_sync_bn() {
+    family_ends_with_and_without_sync_bn(&["--encoder", "vit_t16", "--size", "16"]);
+}
+
+/// The 3D ResNet-18 on MedMNIST 3D volumes (the digits written as OrganMNIST3D, 28³).
+#[test]
+fn resnet18_3d_ends_with_and_without_sync_bn() {
+    let root = tempfile::tempdir().unwrap();
+    let file = root.path().join("organmnist3d.npz");
+    ssl_data::write_digits_as_medmnist(&file, "organmnist3d", 28).unwrap();
+    let root_set = format!("data.root={}", root.path().display());
+    family_ends_with_and_without_sync_bn(&[
+        "--data",
+        "organmnist3d",
+        "--size",
+        "28",
+        "--set",
+        &root_set,
+    ]);
+}
+
+/// A rank that never joins a collective (the test hook stalls rank 1 before its fifth one) ends
+/// the job within the bound: rank 0's collective fails, naming the operation, the rank and the
+/// step, and the launcher exits non-zero.
+#[test]
+fn a_collective_a_rank_never_joins_ends_the_job_within_the_bound() {
+    if mpirun_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut job = Command::new("mpirun");
+    job.args(["--oversubscribe", "-np", "2"])
+        .arg(env!("CARGO_BIN_EXE_ssl"))
+        .args([
+            "run",
+            "--data",
+            "gmm",
+            "--encoder",
+            "mlp",
+            "--batch-size",
+            "64",
+        ])
+        .args(["--epochs", "2", "--threads", "1"])
+        .args(["--set", "train.collective_timeout=3", "--out"])
+        .arg(dir.path().join("run"))
+        .env(ssl_dist::STALL_VARIABLE, "1:5")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let started = Instant::now();
+    let output = output_within(&mut job, Duration::from_secs(120));
+    let took = started.elapsed();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!output.status.success(), "{text}");
+    assert!(text.contains("stalling before collective 5"), "{text}");
+    assert!(
+        text.contains("error (rank 0): training stopped at step")
+            && text.contains("on rank 0 of 2 did not complete within 3 s"),
+        "{text}"
+    );
+    assert!(
+        ["MPI all-gather", "MPI all-reduce", "MPI barrier"]
+            .iter()
+            .any(|op| text.contains(op)),
+        "the error names the operation:\n{text}"
+    );
+    assert!(
+        took < Duration::from_secs(60),
+        "ended after {took:?}:\n{text}"
+    );
 }

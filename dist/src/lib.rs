@@ -16,6 +16,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -26,11 +27,15 @@ pub use averaging::{reduce_gradients, Averaged, Complete, GradientAveraging, BUC
 #[cfg(feature = "mpi")]
 mod mpi_backend;
 #[cfg(feature = "mpi")]
-pub use mpi_backend::MpiCollective;
+pub use mpi_backend::{CollectiveTimeout, MpiCollective, STALL_VARIABLE};
 #[cfg(feature = "nccl")]
 mod nccl_backend;
 #[cfg(feature = "nccl")]
 pub use nccl_backend::NcclCollective;
+
+/// How long a collective waits for the other ranks before it fails, unless
+/// [`Comm::set_collective_timeout`] says otherwise.
+pub const DEFAULT_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// When a back end all-reduces the gradient buckets of a step ([`Comm::gradient_reduction`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +88,16 @@ pub trait Comm: Collective {
     }
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
+    /// A barrier at which the other ranks wait while rank 0 works alone (monitoring,
+    /// checkpoints, the end-of-run evaluation), for as long as that takes; rank 0's side is
+    /// bounded like every collective.
+    fn wait_for_rank_zero(&self) -> Result<()> {
+        self.barrier()
+    }
+    /// Bounds this rank's later collectives: one that has not completed within `limit` (another
+    /// rank never joined it) fails with an error naming it and the rank, instead of waiting
+    /// forever. [`DEFAULT_COLLECTIVE_TIMEOUT`] until set; one process has nothing to bound.
+    fn set_collective_timeout(&self, _limit: Duration) {}
     /// Ends every rank of the job with exit status `code` (a failed rank must not leave the
     /// others waiting in a collective).
     fn abort(&self, code: i32) -> !;
@@ -185,6 +200,114 @@ pub fn local_rank(env: impl Fn(&str) -> Option<String>) -> Result<Option<usize>>
             })
         })
         .transpose()
+}
+
+/// The environment variables that carry how many ranks a launcher started on this node, in the
+/// order they are read: OpenMPI's `mpirun`, SLURM's `srun` (given `--ntasks-per-node`) and
+/// MPICH's Hydra.
+pub const LOCAL_SIZE_VARIABLES: [&str; 3] = [
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "SLURM_NTASKS_PER_NODE",
+    "MPI_LOCALNRANKS",
+];
+
+/// How many ranks the launcher started on this node, if it said, as `env` (a variable's value)
+/// reports it.
+pub fn local_ranks(env: impl Fn(&str) -> Option<String>) -> Result<Option<usize>> {
+    LOCAL_SIZE_VARIABLES
+        .into_iter()
+        .find_map(|variable| env(variable).map(|value| (variable, value)))
+        .map(|(variable, value)| match value.trim().parse() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => bail!("the launcher set {variable}={value:?}, which is not a number of ranks"),
+        })
+        .transpose()
+}
+
+/// A rank's share of its node's cores: the CPU threads it trains with when none are asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoreShare {
+    pub threads: usize,
+    /// The cores this process may use: its affinity mask, narrowed by a CPU quota.
+    pub usable: usize,
+    /// The node's online cores.
+    pub online: usize,
+    /// Whether the launcher bound this rank to some of the cores (its mask is not all of them).
+    pub bound: bool,
+    /// The ranks on this node, `None` where the launcher did not say.
+    pub local_ranks: Option<usize>,
+}
+
+impl CoreShare {
+    /// The share of `usable` cores (of `online`) for one of `local_ranks` ranks on the node: an
+    /// unbound rank shares its cores with the others (`usable ÷ ranks`); a bound one keeps its
+    /// own, at most `online ÷ ranks` (ranks bound to one socket together share it). At least 1.
+    pub fn of(usable: usize, online: usize, bound: bool, local_ranks: Option<usize>) -> Self {
+        let ranks = local_ranks.unwrap_or(1).max(1);
+        let threads = match bound {
+            true => usable.min(online / ranks),
+            false => usable / ranks,
+        };
+        Self {
+            threads: threads.max(1),
+            usable,
+            online,
+            bound,
+            local_ranks,
+        }
+    }
+
+    /// This process's share, its cores read from the system (the affinity mask and online count
+    /// on Linux; elsewhere every core counts as usable and unbound).
+    pub fn of_this_process(local_ranks: Option<usize>) -> Self {
+        let usable = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (mask, online) = affinity_and_online().unwrap_or((usable, usable));
+        Self::of(usable.min(mask), online, mask < online, local_ranks)
+    }
+}
+
+impl std::fmt::Display for CoreShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let threads = self.threads;
+        let ranks = match self.local_ranks {
+            Some(n) => format!("{n} rank(s) on this node"),
+            None => "the launcher did not say how many ranks share this node; 1 assumed".into(),
+        };
+        match self.bound {
+            true => write!(
+                f,
+                "{threads} CPU thread(s) per rank: the {} core(s) the launcher bound this rank to, \
+                 at most {} online ÷ {ranks}",
+                self.usable, self.online
+            ),
+            false => write!(
+                f,
+                "{threads} CPU thread(s) per rank: {} core(s) ÷ {ranks}",
+                self.usable
+            ),
+        }
+    }
+}
+
+/// The number of cores in this process's affinity mask and online on the machine.
+#[cfg(target_os = "linux")]
+fn affinity_and_online() -> Option<(usize, usize)> {
+    // SAFETY: `cpu_set_t` is plain data, zeroed is an empty set; sched_getaffinity writes at
+    // most its size; sysconf takes no pointers.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        let mask = libc::CPU_COUNT(&set) as usize;
+        let online = libc::sysconf(libc::_SC_NPROCESSORS_ONLN);
+        (mask > 0 && online > 0).then_some((mask, online as usize))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn affinity_and_online() -> Option<(usize, usize)> {
+    None
 }
 
 /// The communicator `ssl run` trains with: `requested` (`--distributed`), or when absent `mpi`
@@ -362,6 +485,37 @@ mod tests {
         assert_eq!(local_rank(env(&both)).unwrap(), Some(1));
         let e = local_rank(env(&[("OMPI_COMM_WORLD_LOCAL_RANK", "x")])).unwrap_err();
         assert!(e.to_string().contains("OMPI_COMM_WORLD_LOCAL_RANK"), "{e}");
+    }
+
+    #[test]
+    fn local_rank_counts_are_read_in_order_and_a_bad_one_is_an_error() {
+        assert_eq!(local_ranks(env(&[])).unwrap(), None);
+        let both = [("MPI_LOCALNRANKS", "3"), ("SLURM_NTASKS_PER_NODE", "4")];
+        assert_eq!(local_ranks(env(&both)).unwrap(), Some(4));
+        for bad in ["0", "two"] {
+            let e = local_ranks(env(&[("OMPI_COMM_WORLD_LOCAL_SIZE", bad)])).unwrap_err();
+            assert!(e.to_string().contains("OMPI_COMM_WORLD_LOCAL_SIZE"), "{e}");
+        }
+    }
+
+    /// Unbound ranks split their cores; a rank bound to its own cores keeps them, and ranks
+    /// bound to one socket together split it; never fewer than one thread.
+    #[test]
+    fn a_rank_takes_its_share_of_the_cores() {
+        assert_eq!(CoreShare::of(2, 2, false, Some(2)).threads, 1);
+        assert_eq!(CoreShare::of(16, 16, false, Some(4)).threads, 4);
+        assert_eq!(CoreShare::of(16, 16, false, None).threads, 16);
+        assert_eq!(CoreShare::of(2, 2, false, Some(3)).threads, 1);
+        // mpirun -np 2 binds each rank to a core; srun --cpus-per-task=4 to four.
+        assert_eq!(CoreShare::of(1, 2, true, Some(2)).threads, 1);
+        assert_eq!(CoreShare::of(4, 32, true, Some(8)).threads, 4);
+        // mpirun -np 8 on two 16-core sockets binds four ranks to each socket.
+        assert_eq!(CoreShare::of(16, 32, true, Some(8)).threads, 4);
+        let line = CoreShare::of(2, 2, false, Some(2)).to_string();
+        assert!(
+            line.contains("1 CPU thread(s) per rank: 2 core(s) ÷ 2 rank(s)"),
+            "{line}"
+        );
     }
 
     /// Without the feature, asking for NCCL names the feature to build with.

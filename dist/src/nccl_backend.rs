@@ -22,6 +22,7 @@
 
 use std::ffi::c_char;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use candle_core::backend::BackendStorage;
@@ -273,6 +274,13 @@ impl Comm for NcclCollective {
     }
     fn barrier(&self) -> Result<()> {
         self.control.barrier()
+    }
+    fn wait_for_rank_zero(&self) -> Result<()> {
+        self.control.wait_for_rank_zero()
+    }
+    /// Bounds the control's collectives; NCCL's own wait on the GPU streams, unbounded.
+    fn set_collective_timeout(&self, limit: Duration) {
+        self.control.set_collective_timeout(limit)
     }
     fn abort(&self, code: i32) -> ! {
         self.control.abort(code)

@@ -655,7 +655,7 @@ impl BatchNorm {
     }
 
     /// Train mode: the batch statistics of `x`'s rows, or of every rank's rows under
-    /// [`crate::sync_bn::sync_batch_norm`]; the running statistics follow those statistics.
+    /// [`crate::sync_bn::with_global_statistics`]; the running statistics follow those statistics.
     fn forward_train_rows(&self, x: &Tensor, relu: bool) -> Result<Tensor> {
         let (c, m) = x.dims2()?;
         let (y, stats) = match crate::sync_bn::current() {

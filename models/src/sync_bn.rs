@@ -9,9 +9,11 @@
 //! statistics, summed over ranks — SyncBatchNorm's two all-reduces of `Σ dy` and `Σ dy·x̂` —
 //! and exact for any split of the batch.
 //!
-//! Like [`crate::autocast`], the setting is per thread and held by a guard around training:
-//! `let _sync = sync_batch_norm(collective);`. Without one every [`crate::BatchNorm`] uses its
-//! rank's rows only (the fused single-process op).
+//! The scope is a closure, and only the data-parallel training step, which every rank takes,
+//! runs inside one: `with_global_statistics(collective, || step())`. Outside it (evaluation,
+//! baselines, monitoring: work one rank may do alone) every [`crate::BatchNorm`] uses its rank's
+//! rows only (the fused single-process op) and enters no collective, so a rank working alone
+//! never waits for ranks that will not join it.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -23,28 +25,30 @@ thread_local! {
     static SYNC: RefCell<Option<Arc<dyn Collective>>> = const { RefCell::new(None) };
 }
 
-/// Restores this thread's previous batch-norm setting when dropped.
-#[must_use = "batch norm is synchronised only while the guard lives"]
-pub struct SyncGuard(Option<Arc<dyn Collective>>);
+/// Restores this thread's previous batch-norm setting when dropped, a panic included.
+struct Restore(Option<Arc<dyn Collective>>);
 
-impl Drop for SyncGuard {
+impl Drop for Restore {
     fn drop(&mut self) {
         SYNC.with(|s| *s.borrow_mut() = self.0.take());
     }
 }
 
-/// Makes every train-mode [`crate::BatchNorm`] on this thread use the statistics of the batch
-/// gathered over `collective`'s ranks, until the guard is dropped.
-pub fn sync_batch_norm(collective: Arc<dyn Collective>) -> SyncGuard {
-    SyncGuard(SYNC.with(|s| s.borrow_mut().replace(collective)))
+/// Runs `step` with every train-mode [`crate::BatchNorm`] on this thread (and
+/// [`standardize_rows`]) using the statistics of the batch gathered over `collective`'s ranks;
+/// before and after, batch norm uses this rank's rows. Every rank must run the same `step`: each
+/// train-mode batch norm in it is a collective.
+pub fn with_global_statistics<R>(collective: Arc<dyn Collective>, step: impl FnOnce() -> R) -> R {
+    let _restore = Restore(SYNC.with(|s| s.borrow_mut().replace(collective)));
+    step()
 }
 
-/// Whether [`sync_batch_norm`] holds a collective on this thread.
+/// Whether this thread runs inside [`with_global_statistics`].
 pub fn synchronised() -> bool {
     SYNC.with(|s| s.borrow().is_some())
 }
 
-/// This thread's collective for batch norm, if [`sync_batch_norm`] holds one.
+/// This thread's collective for batch norm inside [`with_global_statistics`].
 pub(crate) fn current() -> Option<Arc<dyn Collective>> {
     SYNC.with(|s| s.borrow().clone())
 }
@@ -79,10 +83,10 @@ pub(crate) fn synced_train_rows(
 }
 
 /// Train-mode batch norm without affine parameters of rows `x`: `[C, m]`, `(x − μ)/√(σ² + ε)`
-/// per channel with the population variance, in `x`'s dtype: over the global batch while
-/// [`sync_batch_norm`] holds a collective on this thread, else over `x`'s own `m` values. For a
+/// per channel with the population variance, in `x`'s dtype: over the global batch inside
+/// [`with_global_statistics`], else over `x`'s own `m` values. For a
 /// normalisation without running statistics that must follow `model.sync_bn` (SimSiam's
-/// projector-output batch norm); differentiable like [`crate::BatchNorm`] under the guard.
+/// projector-output batch norm); differentiable like [`crate::BatchNorm`] inside the scope.
 pub fn standardize_rows(x: &Tensor, eps: f64) -> Result<Tensor> {
     let collective = current().unwrap_or_else(|| Arc::new(SingleProcess));
     GlobalStatistics::of(x, collective.as_ref())?
@@ -200,12 +204,11 @@ mod tests {
             let y = plain
                 .forward_channel_major(x.as_tensor(), relu, true)
                 .unwrap();
-            let ys = {
-                let _sync = sync_batch_norm(Arc::new(SingleProcess));
+            let ys = with_global_statistics(Arc::new(SingleProcess), || {
                 synced
                     .forward_channel_major(x.as_tensor(), relu, true)
                     .unwrap()
-            };
+            });
             assert!(max_abs_diff(&y, &ys) < 1e-12);
             let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
             let gs = (&ys * &r).unwrap().sum_all().unwrap().backward().unwrap();
@@ -227,7 +230,7 @@ mod tests {
         assert!(max_abs_diff(plain.running_var(), synced.running_var()) < 1e-12);
         assert!(
             current().is_none(),
-            "the guard restores the unsynchronised setting"
+            "the scope's end restores the unsynchronised setting"
         );
     }
 
@@ -241,14 +244,13 @@ mod tests {
         let x = rand_tensor(10, &[3, 10], DType::F64);
         let (mine, theirs) = (x.narrow(1, 0, 4).unwrap(), x.narrow(1, 4, 6).unwrap());
         let want = whole.forward_channel_major(&x, true, true).unwrap();
-        let got = {
-            let _sync = sync_batch_norm(Arc::new(OtherRank::holding(&theirs)));
+        let got = with_global_statistics(Arc::new(OtherRank::holding(&theirs)), || {
             shard.forward_channel_major(&mine, true, true).unwrap()
-        };
+        });
         assert!(max_abs_diff(&got, &want.narrow(1, 0, 4).unwrap()) < 1e-12);
         assert!(max_abs_diff(whole.running_mean(), shard.running_mean()) < 1e-12);
         assert!(max_abs_diff(whole.running_var(), shard.running_var()) < 1e-12);
-        // Without the guard the shard uses its own 4 rows: a different output.
+        // Outside the scope the shard uses its own 4 rows: a different output.
         let own = shard.forward_channel_major(&mine, true, true).unwrap();
         assert!(max_abs_diff(&own, &got) > 1e-3);
     }
@@ -263,15 +265,14 @@ mod tests {
         let (mine, theirs) = (x.narrow(1, 0, 1).unwrap(), x.narrow(1, 1, 9).unwrap());
         assert!(shard.forward_channel_major(&mine, false, true).is_err());
         let want = whole.forward_channel_major(&x, false, true).unwrap();
-        let got = {
-            let _sync = sync_batch_norm(Arc::new(OtherRank::holding(&theirs)));
+        let got = with_global_statistics(Arc::new(OtherRank::holding(&theirs)), || {
             shard.forward_channel_major(&mine, false, true).unwrap()
-        };
+        });
         assert!(max_abs_diff(&got, &want.narrow(1, 0, 1).unwrap()) < 1e-12);
         assert!(max_abs_diff(whole.running_var(), shard.running_var()) < 1e-12);
     }
 
-    /// Without a guard, `standardize_rows` is batch norm without affine over the rows' own
+    /// Outside [`with_global_statistics`], `standardize_rows` is batch norm without affine over the rows' own
     /// values: the batch-axis standardisation of `ssl_linalg` on the transposed rows; in bf16 the
     /// result keeps the input's dtype.
     #[test]
@@ -291,17 +292,16 @@ mod tests {
         assert!(max_abs_diff(&half.to_dtype(DType::F64).unwrap(), &want) < 3e-2);
     }
 
-    /// Under the guard a shard of 4 of 10 rows is standardised with the statistics of all 10:
+    /// Inside the scope a shard of 4 of 10 rows is standardised with the statistics of all 10:
     /// the whole batch's first 4 columns, not the shard's own standardisation.
     #[test]
     fn a_shard_is_standardized_with_the_global_batch_statistics() {
         let x = rand_tensor(12, &[3, 10], DType::F64);
         let (mine, theirs) = (x.narrow(1, 0, 4).unwrap(), x.narrow(1, 4, 6).unwrap());
         let want = standardize_rows(&x, 1e-5).unwrap().narrow(1, 0, 4).unwrap();
-        let got = {
-            let _sync = sync_batch_norm(Arc::new(OtherRank::holding(&theirs)));
+        let got = with_global_statistics(Arc::new(OtherRank::holding(&theirs)), || {
             standardize_rows(&mine, 1e-5).unwrap()
-        };
+        });
         assert!(max_abs_diff(&got, &want) < 1e-12);
         let own = standardize_rows(&mine, 1e-5).unwrap();
         assert!(max_abs_diff(&own, &got) > 1e-3);
