@@ -479,15 +479,21 @@ const KILLED_RUN: [&str; 16] = [
     "--out",
 ];
 
-/// `mpirun -np 2 ssl ARGS OUT` with the test's environment, not yet started.
-fn two_ranks(args: &[&str], out: &Path) -> Command {
+/// `mpirun -np 2 ssl ARGS` with the test's environment, not yet started.
+fn mpirun_ssl(args: &[&str]) -> Command {
     let mut job = Command::new("mpirun");
     job.args(["--oversubscribe", "-np", "2"])
         .arg(env!("CARGO_BIN_EXE_ssl"))
         .args(args)
-        .arg(out)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    job
+}
+
+/// `mpirun -np 2 ssl ARGS OUT` with the test's environment, not yet started.
+fn two_ranks(args: &[&str], out: &Path) -> Command {
+    let mut job = mpirun_ssl(args);
+    job.arg(out);
     job
 }
 
@@ -574,13 +580,8 @@ const README_JOB: &str =
 /// `mpirun -np 2 ssl ARGS` in `dir` with the test's environment, its output once it ends, and
 /// its stdout and stderr together.
 fn two_ranks_in(dir: &Path, args: &[&str]) -> (Output, String) {
-    let mut job = Command::new("mpirun");
-    job.args(["--oversubscribe", "-np", "2"])
-        .arg(env!("CARGO_BIN_EXE_ssl"))
-        .args(args)
-        .current_dir(dir)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let mut job = mpirun_ssl(args);
+    job.current_dir(dir);
     let out = output_within(&mut job, JOB_LIMIT);
     let text = format!(
         "{}{}",
