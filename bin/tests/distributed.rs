@@ -709,24 +709,24 @@ fn a_collective_a_rank_never_joins_ends_the_job_within_the_bound() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut job = Command::new("mpirun");
-    job.args(["--oversubscribe", "-np", "2"])
-        .arg(env!("CARGO_BIN_EXE_ssl"))
-        .args([
-            "run",
-            "--data",
-            "gmm",
-            "--encoder",
-            "mlp",
-            "--batch-size",
-            "64",
-        ])
-        .args(["--epochs", "2", "--threads", "1"])
-        .args(["--set", "train.collective_timeout=3", "--out"])
-        .arg(dir.path().join("run"))
-        .env(ssl_dist::STALL_VARIABLE, "1:5")
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let mut job = mpirun_ssl(&[
+        "run",
+        "--data",
+        "gmm",
+        "--encoder",
+        "mlp",
+        "--batch-size",
+        "64",
+        "--epochs",
+        "2",
+        "--threads",
+        "1",
+        "--set",
+        "train.collective_timeout=3",
+        "--out",
+    ]);
+    job.arg(dir.path().join("run"))
+        .env(ssl_dist::STALL_VARIABLE, "1:5");
     let started = Instant::now();
     let output = output_within(&mut job, Duration::from_secs(120));
     let took = started.elapsed();

@@ -572,17 +572,12 @@ pub fn load_npz(path: &Path) -> Result<MedMnist> {
     let held = npz.names();
     let mut splits = [0usize; 3];
     let mut shape: Option<(&str, Vec<usize>)> = None;
-    let mut labels: Vec<(NpyHeader, Vec<u8>)> = Vec::new();
+    // Each split's labels; `None` for a val split the file leaves out.
+    let mut labels: Vec<Option<(NpyHeader, Vec<u8>)>> = Vec::new();
     for (s, split) in SPLITS.iter().enumerate() {
         let images = format!("{split}_images");
         if *split == "val" && !held.contains(&images) && !held.contains(&"val_labels".into()) {
-            labels.push((
-                NpyHeader {
-                    dtype: Dtype::U8,
-                    shape: vec![0],
-                },
-                Vec::new(),
-            ));
+            labels.push(None);
             continue;
         }
         let h = npz.header(&images)?;
@@ -603,7 +598,7 @@ pub fn load_npz(path: &Path) -> Result<MedMnist> {
                  every split must hold one shape"
             ),
         }
-        labels.push(npz.read(&format!("{split}_labels"))?);
+        labels.push(Some(npz.read(&format!("{split}_labels"))?));
     }
     let (_, one) = shape.expect("train_images was read");
     let (size, channels, volumetric) = image_geometry(&name, &one)?;
@@ -613,7 +608,8 @@ pub fn load_npz(path: &Path) -> Result<MedMnist> {
         splits[0],
         splits[2]
     );
-    let columns = labels[0].0.shape.get(1).copied().unwrap_or(1);
+    let train_labels = &labels[0].as_ref().expect("train_labels was read").0;
+    let columns = train_labels.shape.get(1).copied().unwrap_or(1);
     let mut layout = NpzLayout {
         name,
         size,
@@ -624,7 +620,10 @@ pub fn load_npz(path: &Path) -> Result<MedMnist> {
         multi_label: columns > 1,
     };
     let mut label_matrix = Vec::new();
-    for (s, (header, values)) in labels.iter().enumerate() {
+    for (s, read) in labels.iter().enumerate() {
+        let Some((header, values)) = read else {
+            continue;
+        };
         let values = label_values(&layout, SPLITS[s], splits[s], header, values)?;
         if let Some(&bad) = values.iter().find(|&&v| v < 0) {
             bail!(
@@ -1333,6 +1332,47 @@ mod tests {
             labels(4),
         ])?;
         assert!(error().contains("no array `test_images`"), "{}", error());
+        // Labels that are no class, and flags that are not 0/1.
+        let with_labels = |shape: Vec<usize>, labels: Vec<u8>, dtype: Dtype| -> Result<()> {
+            let images = |n: usize| NpyData::Bytes(vec![0u8; n * 28 * 28].into());
+            let arrays = ["train", "test"].map(|split| {
+                let n = shape[0];
+                let images_header = NpyHeader {
+                    dtype: Dtype::U8,
+                    shape: vec![n, 28, 28],
+                };
+                let labels_header = NpyHeader {
+                    dtype,
+                    shape: shape.clone(),
+                };
+                (
+                    split,
+                    images_header,
+                    images(n),
+                    labels_header,
+                    labels.clone(),
+                )
+            });
+            let names = ["train", "test"].map(|s| [format!("{s}_images"), format!("{s}_labels")]);
+            let mut members = Vec::new();
+            for ((_, ih, i, lh, l), [image_name, label_name]) in arrays.into_iter().zip(&names) {
+                members.push((image_name.as_str(), ih, i));
+                members.push((label_name.as_str(), lh, NpyData::Bytes(l.into())));
+            }
+            crate::npy::write_npz(std::fs::File::create(&path)?, members, false)
+        };
+        with_labels(
+            vec![2],
+            [-1i64, 1].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            Dtype::I64,
+        )?;
+        assert!(error().contains("train_labels holds -1"), "{}", error());
+        with_labels(vec![2, 2], vec![0, 1, 2, 0], Dtype::U8)?;
+        assert!(
+            error().contains("outside 0..2 for its multi-label task"),
+            "{}",
+            error()
+        );
         Ok(())
     }
 
