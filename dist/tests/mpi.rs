@@ -29,28 +29,50 @@ fn launched(name: &str) -> bool {
         return true;
     }
     let exe = std::env::current_exe().unwrap();
+    // Each rank writes to a file of its own: on a shared stdout the two ranks' lines interleave
+    // ("test result: okok"), and counting them there is a race.
+    let outputs = tempfile::tempdir().unwrap();
     let out = Command::new("mpirun")
         .args(["--oversubscribe", "-np", &RANKS.to_string()])
+        .arg("--output-filename")
+        .arg(outputs.path())
         .arg(exe)
         .args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()
         .unwrap();
+    let ranks = rank_outputs(outputs.path());
     let text = format!(
-        "{}{}",
+        "{}{}{}",
         String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&out.stderr),
+        ranks.join("\n")
     );
     assert!(out.status.success(), "a rank failed:\n{text}");
     // Each rank's harness reports the one test it ran; a filter that matched nothing would pass
     // silently.
-    assert_eq!(
-        text.matches("test result: ok. 1 passed").count(),
-        RANKS,
-        "every rank must run {name}:\n{text}"
-    );
+    let passed = ranks
+        .iter()
+        .filter(|rank| rank.contains("test result: ok. 1 passed"))
+        .count();
+    assert_eq!(passed, RANKS, "every rank must run {name}:\n{text}");
     true
+}
+
+/// The text of every `stdout` file under `dir`, where `mpirun --output-filename dir` puts one
+/// per rank (OpenMPI 4: `dir/1/rank.N/stdout`).
+fn rank_outputs(dir: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        if path.is_dir() {
+            pending.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else if path.file_name().is_some_and(|n| n == "stdout") {
+            found.push(std::fs::read_to_string(&path).unwrap());
+        }
+    }
+    found
 }
 
 /// A fixed `[2 views, n, d]` batch, the same on every rank.
