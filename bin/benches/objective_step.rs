@@ -16,11 +16,12 @@ use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::{Device, Tensor, Var};
-use ssl::config::RunConfig;
-use ssl::setup;
-use ssl::trainer::{self, Model, StepInput};
 use ssl_core::{Batch, Ids, Progress, SingleProcess};
 use ssl_optim::Optimizer;
+use ssl_train::config::RunConfig;
+use ssl_train::model::{self, Model};
+use ssl_train::setup;
+use ssl_train::trainer::{self, StepInput};
 
 fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);
@@ -32,11 +33,11 @@ fn median(mut times: Vec<f64>) -> f64 {
 /// cost O(d³) on the host, 32 % of the step at d = 512).
 fn config(objective: &str, views: usize, batch: usize) -> Result<RunConfig> {
     let mut root = serde_yaml::Value::Mapping(Default::default());
-    ssl::config::apply_set(&mut root, &format!("objective.name={objective}"))?;
-    ssl::config::apply_set(&mut root, &format!("train.views={views}"))?;
-    ssl::config::apply_set(&mut root, &format!("train.batch_size={batch}"))?;
+    ssl_train::config::apply_set(&mut root, &format!("objective.name={objective}"))?;
+    ssl_train::config::apply_set(&mut root, &format!("train.views={views}"))?;
+    ssl_train::config::apply_set(&mut root, &format!("train.batch_size={batch}"))?;
     if objective == "wmse" || objective == "corinfomax" {
-        ssl::config::apply_set(&mut root, "model.projector=[512,64]")?;
+        ssl_train::config::apply_set(&mut root, "model.projector=[512,64]")?;
     }
     RunConfig::from_yaml_value(root)
 }
@@ -50,8 +51,8 @@ struct Bench {
 
 impl Bench {
     fn model(&self, cfg: &RunConfig) -> Result<(Model, Optimizer)> {
-        let model = trainer::build_model(cfg, &self.data, &self.device)?;
-        let optimizer = trainer::optimizer(cfg, &model)?;
+        let model = model::build_model(cfg, &self.data, &self.device)?;
+        let optimizer = model::optimizer(cfg, &model)?;
         Ok((model, optimizer))
     }
 
@@ -264,7 +265,7 @@ fn main() -> Result<()> {
             continue;
         }
         let cfg = config(name, 2, batch)?;
-        if let Err(refused) = trainer::build_model(&cfg, &bench.data, &bench.device) {
+        if let Err(refused) = model::build_model(&cfg, &bench.data, &bench.device) {
             println!("| {name} | refused: {} | | | | |", refused.root_cause());
             continue;
         }

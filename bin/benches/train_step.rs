@@ -32,11 +32,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
-use ssl::config::{apply_set, RunConfig};
-use ssl::setup::DataSplit;
-use ssl::trainer::{self, StepInput};
 use ssl_core::Progress;
 use ssl_dist::{Comm, GradientAveraging, BUCKET_ELEMENTS};
+use ssl_train::config::{apply_set, RunConfig};
+use ssl_train::model;
+use ssl_train::setup::DataSplit;
+use ssl_train::trainer::{self, StepInput};
 
 /// Instances in the training set (IConE's table rows).
 const INSTANCES: usize = 1024;
@@ -107,7 +108,7 @@ struct Args {
     steps: usize,
     warmup: usize,
     composed: bool,
-    /// cudarc's per-buffer events kept on (as before `ssl::setup::device` turned them off).
+    /// cudarc's per-buffer events kept on (as before `ssl_train::setup::device` turned them off).
     event_tracking: bool,
     /// `train.precision`: f32 or bf16.
     precision: String,
@@ -242,14 +243,14 @@ fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
     let row = &ROWS[index];
     let _composed = args.composed.then(ssl_models::dispatch::composed_only);
     let cfg = config(row, args)?;
-    let device = ssl::setup::device(&args.device)?;
+    let device = ssl_train::setup::device(&args.device)?;
     if args.event_tracking {
         track_events(&device);
     }
     let data = DataSplit::shape_only(row.shape, INSTANCES);
-    let mut model = trainer::build_model(&cfg, &data, &device)?;
-    let mut optimizer = trainer::optimizer(&cfg, &model)?;
-    let trainable = trainer::trainable(&model.store);
+    let mut model = model::build_model(&cfg, &data, &device)?;
+    let mut optimizer = model::optimizer(&cfg, &model)?;
+    let trainable = model::trainable(&model.store);
     let (world, rank) = (comm.world_size(), comm.rank());
     let v = cfg.train.views;
     if cfg.train.batch_size % world != 0 {

@@ -10,10 +10,11 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
-use crate::compare::{self, Grid};
-use crate::config::{apply_set, RunConfig, TrainConfig};
-use crate::rundir::{self, Start};
-use crate::{evaluate, trainer};
+use ssl_experiments::compare::{self, Grid};
+use ssl_experiments::generalise;
+use ssl_train::config::{apply_set, RunConfig, TrainConfig};
+use ssl_train::rundir::{self, Start};
+use ssl_train::{evaluate, trainer};
 
 /// Self-supervised pretraining of image encoders, compared fairly: joint-embedding objectives
 /// (VICReg, SimCLR, Barlow Twins, FroSSL, IConE, DINO, … see `ssl list`) on CNN, ResNet and ViT
@@ -147,7 +148,7 @@ pub struct EvalArgs {
     pub probe_c: Option<f64>,
     /// `--probe lbfgs|sgd` and the SGD probe's settings.
     #[command(flatten)]
-    pub probe: crate::sgd_probe::ProbeArgs,
+    pub probe: ssl_experiments::sgd_probe::ProbeArgs,
     /// LiDAR: training images used as surrogate classes.
     #[arg(long, default_value_t = 1000)]
     pub lidar_samples: usize,
@@ -197,8 +198,8 @@ pub struct PushArgs {
 }
 
 impl PushArgs {
-    fn stage_options(&self) -> crate::publish::StageOptions {
-        crate::publish::StageOptions {
+    fn stage_options(&self) -> ssl_hub::publish::StageOptions {
+        ssl_hub::publish::StageOptions {
             license: self.license.clone(),
             suite: None,
         }
@@ -206,8 +207,8 @@ impl PushArgs {
 }
 
 impl HubArgs {
-    fn options(&self) -> crate::hub::HubOptions {
-        crate::hub::HubOptions {
+    fn options(&self) -> ssl_hub::hub::HubOptions {
+        ssl_hub::hub::HubOptions {
             endpoint: self.endpoint.clone(),
             revision: self.revision.clone(),
             ..Default::default()
@@ -431,16 +432,19 @@ pub fn execute(cli: Cli) -> Result<()> {
             set_threads(args.threads.unwrap_or(0));
             let grid = args.grid()?;
             let command_line = std::env::args().collect::<Vec<_>>().join(" ");
-            let table = compare::run(&grid, &command_line)?;
+            let table = match &grid.halves {
+                Some(halves) => generalise::run_grid(&grid, halves, &command_line)?,
+                None => compare::run(&grid, &command_line)?,
+            };
             println!("{table}");
             println!("tables and chart in {}", grid.out.display());
             Ok(())
         }
         Command::Generalise { recipe, threads } => {
             set_threads(threads.unwrap_or(0));
-            let recipe = crate::generalise::Recipe::from_file(&recipe)?;
+            let recipe = generalise::Recipe::from_file(&recipe)?;
             let command_line = std::env::args().collect::<Vec<_>>().join(" ");
-            let table = crate::generalise::run(&recipe, &command_line)?;
+            let table = generalise::run(&recipe, &command_line)?;
             println!("{table}");
             println!("tables in {}", recipe.out.display());
             Ok(())
@@ -492,7 +496,7 @@ pub fn execute(cli: Cli) -> Result<()> {
             for path in std::iter::once(&args.path).chain(&args.compare) {
                 sources.push(eval_source(path)?);
             }
-            let default = crate::offline::SuiteConfig::default();
+            let default = ssl_experiments::offline::SuiteConfig::default();
             let hierarchy = args
                 .hierarchy
                 .as_deref()
@@ -500,7 +504,7 @@ pub fn execute(cli: Cli) -> Result<()> {
                 .transpose()?;
             let hierarchy_at_hand =
                 hierarchy.is_some() || sources.iter().all(|s| s.cfg.data.name == "digits");
-            let suite = crate::offline::SuiteConfig {
+            let suite = ssl_experiments::offline::SuiteConfig {
                 metrics: match args.metrics.is_empty() {
                     true if hierarchy_at_hand => default
                         .metrics
@@ -529,17 +533,20 @@ pub fn execute(cli: Cli) -> Result<()> {
                     None => PathBuf::from("ssl-eval"),
                 }
             });
-            let report = crate::offline::evaluate(&sources, &suite, &out)?;
-            println!("{}", crate::offline::table(&report));
-            if suite.probe == crate::sgd_probe::ProbeKind::Sgd && suite.wants("probe") {
-                println!("\n{}", crate::sgd_probe::describe(&suite.sgd_probe));
+            let report = ssl_experiments::offline::evaluate(&sources, &suite, &out)?;
+            println!("{}", ssl_experiments::offline::table(&report));
+            if suite.probe == ssl_experiments::sgd_probe::ProbeKind::Sgd && suite.wants("probe") {
+                println!(
+                    "\n{}",
+                    ssl_experiments::sgd_probe::describe(&suite.sgd_probe)
+                );
             }
             println!("\neval.json, knn.csv and pca.png in {}", out.display());
             Ok(())
         }
         Command::Export { run, out } => {
-            let out = out.unwrap_or_else(|| run.join("export").join(crate::export::EXPORTED));
-            let exported = crate::export::export_encoder(&run, &out)?;
+            let out = out.unwrap_or_else(|| run.join("export").join(ssl_train::export::EXPORTED));
+            let exported = ssl_train::export::export_encoder(&run, &out)?;
             println!(
                 "wrote {} ({} tensors of the {} encoder)",
                 exported.path.display(),
@@ -549,17 +556,18 @@ pub fn execute(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Push(args) if args.dry_run => {
-            let dir = crate::publish::stage(&args.run, &args.repo, &args.stage_options())?;
+            let dir = ssl_hub::publish::stage(&args.run, &args.repo, &args.stage_options())?;
             println!("staged {} for {} (not uploaded)", dir.display(), args.repo);
             Ok(())
         }
         Command::Push(args) => {
-            let opts = crate::hub::HubOptions {
+            let opts = ssl_hub::hub::HubOptions {
                 private: args.private,
                 update: args.update,
                 ..args.hub.options()
             };
-            let commit = crate::publish::push(&args.run, &args.repo, &args.stage_options(), &opts)?;
+            let commit =
+                ssl_hub::publish::push(&args.run, &args.repo, &args.stage_options(), &opts)?;
             println!("pushed {} to {} ({commit})", args.run.display(), args.repo);
             Ok(())
         }
@@ -569,7 +577,7 @@ pub fn execute(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Data(DataCommand::Download(args)) => {
-            let got = crate::download::download_data_set(
+            let got = ssl_hub::download::download_data_set(
                 &args.name,
                 args.size,
                 args.dir.as_deref(),
@@ -645,20 +653,20 @@ fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
 /// the Hugging Face cache.
 fn pull_repo(repo: &str, hub: &HubArgs) -> Result<PathBuf> {
     let mut opts = hub.options();
-    let repo = match crate::hub::parse_hf_path(repo) {
+    let repo = match ssl_hub::hub::parse_hf_path(repo) {
         Some((repo, revision)) => {
             opts.revision = revision.unwrap_or(opts.revision);
             repo
         }
         None => repo.to_string(),
     };
-    crate::publish::pull(&repo, &opts)
+    ssl_hub::publish::pull(&repo, &opts)
 }
 
 /// The checkpoint `ssl eval` reads from `path`: a run directory (its checkpoint), a checkpoint
 /// file inside one, a directory holding `config.yaml` and an exported `model.safetensors` (a
 /// pulled or staged repository), or `hf://user/name[@revision]`.
-fn eval_source(path: &Path) -> Result<crate::offline::Source> {
+fn eval_source(path: &Path) -> Result<ssl_experiments::offline::Source> {
     let text = path.to_string_lossy();
     if text.starts_with("hf://") {
         let hub = HubArgs {
@@ -671,18 +679,18 @@ fn eval_source(path: &Path) -> Result<crate::offline::Source> {
     }
     let dir = run_dir(path)?;
     let cfg = RunConfig::load_run(&dir)?;
-    let weights = match (path.is_file(), dir.join(crate::export::EXPORTED)) {
+    let weights = match (path.is_file(), dir.join(ssl_train::export::EXPORTED)) {
         (true, _) => path.to_path_buf(),
-        (false, _) if path.ends_with("checkpoint") => path.join(crate::checkpoint::MODEL),
+        (false, _) if path.ends_with("checkpoint") => path.join(ssl_train::checkpoint::MODEL),
         (false, exported) if exported.exists() => exported,
-        (false, _) => dir.join("checkpoint").join(crate::checkpoint::MODEL),
+        (false, _) => dir.join("checkpoint").join(ssl_train::checkpoint::MODEL),
     };
     let name = dir
         .file_name()
         .map_or(String::new(), |n| n.to_string_lossy().into_owned());
-    Ok(crate::offline::Source {
+    Ok(ssl_experiments::offline::Source {
         label: format!("{} ({name})", cfg.objective.name),
-        online_probe: crate::offline::online_probe_accuracy(&dir),
+        online_probe: ssl_experiments::offline::online_probe_accuracy(&dir),
         cfg,
         weights,
     })
@@ -728,7 +736,7 @@ fn rank_threads(threads: usize, comm: &dyn ssl_dist::Comm) -> Result<usize> {
 }
 
 fn set_threads(threads: usize) {
-    let threads = crate::config::capped_threads(threads);
+    let threads = ssl_train::config::capped_threads(threads);
     if threads > 0 {
         // Candle's CPU kernels read RAYON_NUM_THREADS; our own ops use rayon's global pool.
         std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
@@ -751,7 +759,7 @@ pub fn run_config(args: &RunArgs) -> Result<(RunConfig, Start)> {
     }
     let dir = rundir::resume_target(args.out.as_deref())?;
     let recorded = RunConfig::load_run(&dir)?;
-    let state = crate::checkpoint::load_state(&dir.join("checkpoint")).with_context(|| {
+    let state = ssl_train::checkpoint::load_state(&dir.join("checkpoint")).with_context(|| {
         format!(
             "{} has no checkpoint to resume from yet; start it again with --out {} --overwrite",
             dir.display(),
@@ -874,7 +882,7 @@ pub fn resolve(args: &RunArgs, base: Option<serde_yaml::Value>) -> Result<RunCon
                 );
             }
         }
-        crate::config::set_key(&mut root, key, v, &shown)?;
+        ssl_train::config::set_key(&mut root, key, v, &shown)?;
     }
     let cfg = RunConfig::from_yaml_value(root).context(match &args.config {
         Some(p) => format!("invalid configuration in {}", p.display()),
@@ -934,7 +942,7 @@ fn medmnist_file(data: &str) -> Result<Option<MedmnistFile>> {
         })?;
         return Ok(Some(MedmnistFile {
             path: path.to_path_buf(),
-            flag: crate::config::NPZ.into(),
+            flag: ssl_train::config::NPZ.into(),
             size,
         }));
     };

@@ -14,7 +14,6 @@ use anyhow::Result;
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use parity::{check_encoder_row, compare, config, trace, ENCODER_ROWS};
-use ssl::setup;
 use ssl_models::attention::multi_head_attention;
 use ssl_models::autocast::{autocast, Precision};
 use ssl_models::gelu::gelu_erf;
@@ -23,6 +22,7 @@ use ssl_models::pool::max_pool_channel_major;
 use ssl_models::residual::residual_relu;
 use ssl_models::softmax::softmax_last_dim;
 use ssl_models::{BatchNorm, Conv, Linear};
+use ssl_train::setup;
 
 fn gpu() -> Device {
     ssl_models::conv::cudnn::set_tf32(false);
@@ -657,8 +657,8 @@ fn every_parameter_steps_in_one_launch_as_on_the_cpu() -> Result<()> {
 /// global and local views alike, for more batches than there are buffers in turn.
 #[test]
 fn batches_staged_on_the_loader_thread_arrive_intact() -> Result<()> {
-    use ssl::staging::Stager;
     use ssl_data::ViewBatch;
+    use ssl_train::staging::Stager;
     let gpu = gpu();
     let (b, views, locals) = (4, 2, 3);
     let (sample, local) = ([3, 32, 32], [3, 16, 16]);

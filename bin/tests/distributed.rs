@@ -553,8 +553,8 @@ fn a_killed_rank_ends_every_rank_within_a_minute() {
     assert!(rank_pid(&out, 0).is_none(), "rank 0 outlived the job");
     // Whatever instant the kill hit, one whole checkpoint is on disk.
     let checkpoint = out.join("checkpoint");
-    let state = ssl::checkpoint::load_state(&checkpoint).unwrap();
-    ssl::checkpoint::load_tensors(&checkpoint.join(ssl::checkpoint::MODEL)).unwrap();
+    let state = ssl_train::checkpoint::load_state(&checkpoint).unwrap();
+    ssl_train::checkpoint::load_tensors(&checkpoint.join(ssl_train::checkpoint::MODEL)).unwrap();
 
     let resumed = two_ranks(&["run", "--resume", "--out"], &out)
         .output()

@@ -1,4 +1,4 @@
-//! `ssl::download` against a small HTTP/1.1 server on 127.0.0.1, started by each test, that
+//! `ssl_hub::download` against a small HTTP/1.1 server on 127.0.0.1, started by each test, that
 //! serves a MedMNIST-format file made from the embedded digits. It honours `Range: bytes=N-`
 //! (or ignores it), can close a transfer early or answer with an error status, and records every
 //! request so the tests can check what reached it.
@@ -10,10 +10,10 @@ use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use md5::{Digest, Md5};
-use ssl::download::{
+use ssl_data::caltech256;
+use ssl_hub::download::{
     download_data_set, download_medmnist, fetch_and_extract_caltech256, fetch_verified, part_path,
 };
-use ssl_data::caltech256;
 
 /// The official MD5 of `breastmnist.npz` (size 28), which the digits stand-in does not have.
 const OFFICIAL_BREASTMNIST_MD5: &str = "750601b1f35ba3300ea97c75c52ff8f6";
@@ -789,7 +789,7 @@ fn caltech256_downloads_extracts_and_runs_on_a_stratified_recorded_split() {
 fn caltech256_defaults_and_the_clutter_key() {
     let parse = |yaml: &str| {
         let value: serde_yaml::Value = serde_yaml::from_str(yaml).unwrap();
-        ssl::config::RunConfig::from_yaml_value(value)
+        ssl_train::config::RunConfig::from_yaml_value(value)
     };
     let c = parse("data: {name: caltech256}").unwrap();
     assert_eq!((c.data.size, c.model.encoder.as_str()), (224, "resnet18"));

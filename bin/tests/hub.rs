@@ -1,4 +1,4 @@
-//! `ssl::hub` against a fake Hub: a small HTTP/1.1 server on 127.0.0.1, started by each test,
+//! `ssl_hub::hub` against a fake Hub: a small HTTP/1.1 server on 127.0.0.1, started by each test,
 //! that implements the endpoints `huggingface_hub` calls to create a repository, commit files
 //! (preupload, then the LFS batch API for the files its `.gitattributes` sends through LFS, then
 //! one NDJSON commit with inline base64 and LFS pointer entries), read repository info and
@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use ssl::hub::{self, HubOptions};
+use ssl_hub::hub::{self, HubOptions};
 
 /// A token the fake Hub accepts for reading and writing.
 const WRITE_TOKEN: &str = "hf_write_token";
@@ -1848,20 +1848,20 @@ fn fixture_run(
     dir: &Path,
     sets: &[&str],
     shape: &[usize],
-) -> (ssl::config::RunConfig, Box<dyn ssl_models::Encoder>) {
+) -> (ssl_train::config::RunConfig, Box<dyn ssl_models::Encoder>) {
     use candle_core::{Device, Tensor};
     let mut root = serde_yaml::Value::Mapping(Default::default());
     for set in sets {
-        ssl::config::apply_set(&mut root, set).unwrap();
+        ssl_train::config::apply_set(&mut root, set).unwrap();
     }
-    ssl::config::apply_set(&mut root, &format!("out='{}'", dir.display())).unwrap();
-    let cfg = ssl::config::RunConfig::from_yaml_value(root).unwrap();
+    ssl_train::config::apply_set(&mut root, &format!("out='{}'", dir.display())).unwrap();
+    let cfg = ssl_train::config::RunConfig::from_yaml_value(root).unwrap();
     let data = match cfg.data.name.as_str() {
-        "digits" => ssl::setup::data(&cfg).unwrap(),
-        _ => ssl::setup::DataSplit::shape_only(shape, 40),
+        "digits" => ssl_train::setup::data(&cfg).unwrap(),
+        _ => ssl_train::setup::DataSplit::shape_only(shape, 40),
     };
     let store = ssl_core::ParamStore::new(cfg.train.seed);
-    let encoder = ssl::setup::encoder(
+    let encoder = ssl_train::setup::encoder(
         &cfg,
         &data.dataset,
         store.var_builder(&Device::Cpu).pp("encoder"),
@@ -1881,11 +1881,11 @@ fn fixture_run(
         var.set(&value).unwrap();
     }
     std::fs::create_dir_all(dir).unwrap();
-    ssl::checkpoint::save(
+    ssl_train::checkpoint::save(
         &dir.join("checkpoint"),
         &store.tensors(),
         &Default::default(),
-        &ssl::checkpoint::TrainerState {
+        &ssl_train::checkpoint::TrainerState {
             epochs_done: 1,
             step: 3,
         },
@@ -1917,11 +1917,11 @@ fn fixture_run(
 }
 
 /// A quick offline suite (the metrics `ssl eval` computes, LiDAR on fewer views).
-fn quick_suite() -> ssl::offline::SuiteConfig {
-    ssl::offline::SuiteConfig {
+fn quick_suite() -> ssl_experiments::offline::SuiteConfig {
+    ssl_experiments::offline::SuiteConfig {
         lidar_samples: 64,
         lidar_views: 4,
-        ..ssl::publish::default_suite("digits")
+        ..ssl_hub::publish::default_suite("digits")
     }
 }
 
@@ -1962,11 +1962,11 @@ fn staged_repository_has_no_local_paths_and_the_eval_schema() {
         ],
         &[],
     );
-    let opts = ssl::publish::StageOptions {
+    let opts = ssl_hub::publish::StageOptions {
         license: None,
         suite: Some(quick_suite()),
     };
-    let dir = ssl::publish::stage(&run, "user/digits-vicreg", &opts).unwrap();
+    let dir = ssl_hub::publish::stage(&run, "user/digits-vicreg", &opts).unwrap();
     let local = tmp.path().display().to_string();
     for file in ["config.yaml", "README.md", "eval.json"] {
         let text = std::fs::read_to_string(dir.join(file)).unwrap();
@@ -1981,7 +1981,7 @@ fn staged_repository_has_no_local_paths_and_the_eval_schema() {
     assert_eq!(recipe["out"], json!(""));
     assert!(recipe["data"].get("root").is_none(), "{recipe}");
     assert_eq!(recipe["model"]["init"], json!("start.safetensors"));
-    ssl::config::RunConfig::load_run(&dir).unwrap();
+    ssl_train::config::RunConfig::load_run(&dir).unwrap();
     let card = std::fs::read_to_string(dir.join("README.md")).unwrap();
     assert_mentions(
         &card,
@@ -2000,8 +2000,8 @@ fn staged_repository_has_no_local_paths_and_the_eval_schema() {
     // eval.json: `ssl eval`'s report, field for field, with the repository's weights file.
     let eval: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("eval.json")).unwrap()).unwrap();
-    let report = ssl::offline::Report {
-        columns: vec![ssl::offline::Column {
+    let report = ssl_experiments::offline::Report {
+        columns: vec![ssl_experiments::offline::Column {
             label: "a".into(),
             weights: "w".into(),
             metrics: Default::default(),
@@ -2086,11 +2086,11 @@ fn push_of_a_staged_run_uploads_the_card_eval_and_weights() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     fixture_run(&run, &["train.epochs=1"], &[]);
-    let opts = ssl::publish::StageOptions {
+    let opts = ssl_hub::publish::StageOptions {
         license: Some("MIT".into()),
         suite: Some(quick_suite()),
     };
-    let commit = ssl::publish::push(
+    let commit = ssl_hub::publish::push(
         &run,
         "user/digits",
         &opts,
@@ -2118,8 +2118,9 @@ fn push_of_a_staged_run_uploads_the_card_eval_and_weights() {
     );
     let card = String::from_utf8(files["README.md"].clone()).unwrap();
     assert_mentions(&card, &["license: mit\n", "The weights: `mit`"]);
-    let pulled = ssl::publish::pull("user/digits", &hub.options(&tmp.path().join("c"))).unwrap();
-    for file in ssl::publish::FILES {
+    let pulled =
+        ssl_hub::publish::pull("user/digits", &hub.options(&tmp.path().join("c"))).unwrap();
+    for file in ssl_hub::publish::FILES {
         assert_eq!(
             std::fs::read(pulled.join(file)).unwrap(),
             files[file],
@@ -2181,21 +2182,22 @@ fn card_snippet_fixtures_load_back_in_candle() {
         let (cfg, encoder) = fixture_run(&run, sets, shape);
         let dir = out.join(case);
         std::fs::create_dir_all(&dir).unwrap();
-        let exported = ssl::export::export_encoder(&run, &dir.join("model.safetensors")).unwrap();
-        let weights = ssl::checkpoint::load_tensors(&exported.path).unwrap();
-        let (recipe, notes) = ssl::card::published_config(&cfg);
-        let card = ssl::card::model_card(&ssl::card::Card {
+        let exported =
+            ssl_train::export::export_encoder(&run, &dir.join("model.safetensors")).unwrap();
+        let weights = ssl_train::checkpoint::load_tensors(&exported.path).unwrap();
+        let (recipe, notes) = ssl_hub::card::published_config(&cfg);
+        let card = ssl_hub::card::model_card(&ssl_hub::card::Card {
             repo: &format!("user/{case}"),
             cfg: &recipe,
             recipe_notes: &notes,
             license: "mit",
-            results: &ssl::card::Results { rows: Vec::new() },
-            split: &ssl::card::Split {
+            results: &ssl_hub::card::Results { rows: Vec::new() },
+            split: &ssl_hub::card::Split {
                 seed: 0,
                 train: vec![0, 1],
                 test: vec![2],
             },
-            eval: &ssl::offline::Report {
+            eval: &ssl_experiments::offline::Report {
                 columns: Vec::new(),
                 cka: Vec::new(),
                 trees: Vec::new(),
@@ -2225,8 +2227,8 @@ fn card_snippet_fixtures_load_back_in_candle() {
             )
             .unwrap()
         };
-        let dataset = ssl::setup::DataSplit::shape_only(shape, 1).dataset;
-        let loaded = ssl::setup::encoder(&cfg, &dataset, vb).unwrap();
+        let dataset = ssl_train::setup::DataSplit::shape_only(shape, 1).dataset;
+        let loaded = ssl_train::setup::encoder(&cfg, &dataset, vb).unwrap();
         let got = loaded.forward_t(&x, false).unwrap();
         let diff = (got - &expected)
             .unwrap()

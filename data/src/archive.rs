@@ -28,10 +28,10 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use md5::{Digest, Md5};
 
-use crate::cache::{self, CacheBytes, Placed};
+use crate::cache::{CacheBytes, Placed};
 use crate::{Dataset, Normalization, Samples};
 
 /// One benchmark set: its official archive and what it holds.
@@ -156,80 +156,9 @@ pub fn archive_cache_path(archive: &Path) -> PathBuf {
     archive.with_file_name(format!("{stem}.images.u8"))
 }
 
-/// Reads benchmark set `name` from `root` (a directory holding its official archive, or the
-/// archive itself), decoding it into its cache on first use (see the module docs).
-pub fn load_benchmark(name: &str, root: &Path) -> Result<Benchmark> {
-    let Some(info) = archive_info(name) else {
-        bail!(
-            "unknown benchmark set `{name}`; known: {}",
-            ARCHIVES
-                .iter()
-                .map(|a| a.name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    };
-    let path = archive_path(root, info);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let fix = format!(
-        "download it again with `ssl data download {} --dir {}`",
-        info.name,
-        dir.display()
-    );
-    ensure!(
-        path.is_file(),
-        "{} not found; fetch it with `ssl data download {} --dir {}` or from {} (MD5 {}), or \
-         point data.root (--root) at the directory or the file",
-        path.display(),
-        info.name,
-        root.display(),
-        info.url,
-        info.md5
-    );
-    let key = archive_key(&path, info)?;
-    let cache_path = archive_cache_path(&path);
-    let found = Layout::read(&cache_path)
-        .and_then(|layout| Some((cache::open_cached(&cache_path, layout.len(), &key)?, layout)));
-    let (bytes, layout) = match found {
-        Some(found) => found,
-        None => {
-            let decoded = match info.file {
-                "cifar-10-python.tar.gz" | "cifar-100-python.tar.gz" => {
-                    crate::cifar::decode(&path, info)
-                }
-                "stl10_binary.tar.gz" => crate::stl10::decode(&path, info),
-                _ => crate::tiny_imagenet::decode(&path, info),
-            };
-            let refused = |e: anyhow::Error| match e.downcast_ref::<Corrupt>() {
-                Some(corrupt) => anyhow!(
-                    "{} is corrupt ({corrupt}); delete it and download it again: `ssl data \
-                     download {} --dir {}`",
-                    path.display(),
-                    info.name,
-                    dir.display()
-                ),
-                None => anyhow!("{}: {e:#}; {fix}", path.display()),
-            };
-            let (layout, fill) = decoded.map_err(refused)?;
-            let unwritable = format!(
-                "make {} writable, or copy the archive into a writable directory and point \
-                 --root there",
-                dir.display()
-            );
-            let bytes =
-                cache::cached_placed(&cache_path, layout.len(), &key, &unwritable, |out| {
-                    out.write_at(0, &layout.header())?;
-                    fill(&layout, out).map_err(refused)
-                })?;
-            (bytes, layout)
-        }
-    };
-    layout.benchmark(info, bytes, &cache_path)
-}
-
 /// The cache key of an archive: the format version, its size, and the MD5 of its first and last
 /// MiB.
-fn archive_key(path: &Path, info: &ArchiveInfo) -> Result<Vec<u8>> {
+pub(crate) fn archive_key(path: &Path, info: &ArchiveInfo) -> Result<Vec<u8>> {
     const SPAN: u64 = 1 << 20;
     let read = || -> std::io::Result<Vec<u8>> {
         let mut file = File::open(path)?;
@@ -282,7 +211,7 @@ impl Layout {
     }
 
     /// Bytes of the cache's data.
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         Self::HEADER + self.images() * (self.image_len() + self.label_columns)
     }
 
@@ -296,7 +225,7 @@ impl Layout {
         Self::HEADER + self.images() * self.image_len() + i * self.label_columns
     }
 
-    fn header(&self) -> Vec<u8> {
+    pub(crate) fn header(&self) -> Vec<u8> {
         let mut h = LAYOUT_MAGIC.to_vec();
         for v in [
             self.counts[0],
@@ -311,7 +240,7 @@ impl Layout {
     }
 
     /// The layout in the header of the cache at `path`, if there is one.
-    fn read(path: &Path) -> Option<Self> {
+    pub(crate) fn read(path: &Path) -> Option<Self> {
         let mut h = [0u8; Self::HEADER];
         File::open(path).ok()?.read_exact(&mut h).ok()?;
         if &h[..8] != LAYOUT_MAGIC {
@@ -331,7 +260,7 @@ impl Layout {
     }
 
     /// The data set in the cache `bytes` (laid out as `self`), labelled by `info`.
-    fn benchmark(
+    pub(crate) fn benchmark(
         self,
         info: &'static ArchiveInfo,
         bytes: CacheBytes,
@@ -633,28 +562,10 @@ pub fn synthetic_pixel(i: usize, c: usize, y: usize, x: usize) -> u8 {
     ((i * 7 + c * 80 + y * 5 + x * 3) % 256) as u8
 }
 
-/// Writes an archive in the exact official layout of benchmark set `name` (member names, file
-/// formats, pixel order) holding `counts` train, test and unlabeled images of
-/// [`synthetic_pixel`]s, labelled `i mod classes` (CIFAR-100's coarse label: fine mod 20): the
-/// official files' code path without them, for tests and smoke runs. The archive also holds
-/// `<top directory>/SYNTHETIC.txt`, declaring `counts`, which the reader checks its members
-/// against in place of the published table (see the module docs).
-pub fn write_synthetic_archive(name: &str, path: &Path, counts: [usize; 3]) -> Result<()> {
-    let Some(info) = archive_info(name) else {
-        bail!("unknown benchmark set `{name}`");
-    };
-    match info.file {
-        "cifar-10-python.tar.gz" | "cifar-100-python.tar.gz" => {
-            crate::cifar::write_synthetic(path, info, counts)
-        }
-        "stl10_binary.tar.gz" => crate::stl10::write_synthetic(path, counts),
-        _ => crate::tiny_imagenet::write_synthetic(path, counts),
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::benchmark::load_benchmark;
 
     /// Checks image `i` of `d` against [`synthetic_pixel`] of `image` at a few positions.
     pub(crate) fn assert_pixels(d: &Dataset, i: usize, image: usize) {

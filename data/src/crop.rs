@@ -19,17 +19,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::augment::ViewTransform;
-use crate::dataset::StoredImage;
 use crate::resample::{resized_crop, Interpolation};
-
-/// A crop box in pixels: rows `top..top+height`, columns `left..left+width`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CropBox {
-    pub top: usize,
-    pub left: usize,
-    pub height: usize,
-    pub width: usize,
-}
+use crate::stored::{CropBox, StoredImage};
 
 /// torchvision's `RandomResizedCrop.get_params` for an `h × w` image.
 pub fn random_resized_crop_box(

@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::crop::resize_center_crop;
+use crate::stored::StoredImage;
 
 /// Where a dataset's sample values live.
 #[derive(Clone)]
@@ -43,15 +44,6 @@ pub struct ImageEntry {
     pub offset: usize,
     pub height: usize,
     pub width: usize,
-}
-
-/// One stored image: `pixels` are `[height, width, channels]` (HWC) 8-bit values.
-#[derive(Debug, Clone, Copy)]
-pub struct StoredImage<'a> {
-    pub pixels: &'a [u8],
-    pub height: usize,
-    pub width: usize,
-    pub channels: usize,
 }
 
 impl std::fmt::Debug for Samples {

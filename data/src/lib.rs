@@ -20,6 +20,7 @@
 
 pub mod archive;
 pub mod augment;
+pub mod benchmark;
 pub mod blur;
 mod cache;
 pub mod caltech256;
@@ -38,21 +39,18 @@ pub mod pipeline;
 pub mod resample;
 pub mod split;
 pub mod stl10;
+pub mod stored;
 pub mod tiny_imagenet;
 pub mod volume;
 
-pub use archive::{
-    archive_info, load_benchmark, synthetic_pixel, write_synthetic_archive, ArchiveInfo, Benchmark,
-    ARCHIVES,
-};
+pub use archive::{archive_info, synthetic_pixel, ArchiveInfo, Benchmark, ARCHIVES};
 pub use augment::{
     apply_affine, AffineParams, DigitsAugment, GaussianJitter, Identity, ViewTransform,
 };
+pub use benchmark::{load_benchmark, write_synthetic_archive};
 pub use color::Normalization;
-pub use crop::{
-    random_resized_crop_box, resize_center_crop, resized_image_crop, CropBox, LocalCrop,
-};
-pub use dataset::{Dataset, ImageEntry, Samples, StoredImage};
+pub use crop::{random_resized_crop_box, resize_center_crop, resized_image_crop, LocalCrop};
+pub use dataset::{Dataset, ImageEntry, Samples};
 pub use digits::{bilinear_resize, digits, DEFAULT_DIGITS_SIZE};
 pub use folder::{
     load_image_folder, load_image_folder_kept, write_synthetic_folder, ImageFolder, IMAGENET100,
@@ -66,4 +64,5 @@ pub use medmnist::{
 pub use pipeline::{ImageAugment, ImageViewParams, JitterOp, Pipeline, Recipe, ViewTypes};
 pub use resample::Interpolation;
 pub use split::{imbalanced_subset, stratified_split, stratified_subset};
+pub use stored::{CropBox, StoredImage};
 pub use volume::{VolumeAugment, VolumeViewParams};

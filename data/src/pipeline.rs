@@ -32,9 +32,10 @@ use crate::color::{
     adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation, grayscale, solarize,
     Normalization,
 };
-use crate::crop::{random_resized_crop_box, CropBox, LocalCrop};
+use crate::crop::{random_resized_crop_box, LocalCrop};
 use crate::loader::ViewType;
 use crate::resample::{resized_crop, Interpolation};
+use crate::stored::CropBox;
 use crate::volume::VolumeAugment;
 
 /// One view type of a 2D pipeline; defaults are torchvision's (`RandomResizedCrop` scale

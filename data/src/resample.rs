@@ -15,7 +15,7 @@ use fast_image_resize::pixels::F32;
 use fast_image_resize::{FilterType, ResizeAlg, ResizeOptions, Resizer};
 use serde::{Deserialize, Serialize};
 
-use crate::crop::CropBox;
+use crate::stored::CropBox;
 
 /// The resampling filter of a resize.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -11,10 +11,11 @@ use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
-use ssl::config::{apply_set, RunConfig};
-use ssl::setup::DataSplit;
-use ssl::trainer::{self, StepInput};
 use ssl_core::Progress;
+use ssl_train::config::{apply_set, RunConfig};
+use ssl_train::model;
+use ssl_train::setup::DataSplit;
+use ssl_train::trainer::{self, StepInput};
 
 /// Relative error of a loss: f32 sums in different orders and kernels.
 const LOSS_TOLERANCE: f64 = 1e-4;
@@ -87,7 +88,7 @@ pub fn trace(
     composed: bool,
 ) -> Result<Trace> {
     let _composed = composed.then(ssl_models::dispatch::composed_only);
-    let mut model = trainer::build_model(cfg, data, device)?;
+    let mut model = model::build_model(cfg, data, device)?;
     let images = images.to_device(device)?;
     let b = labels.len();
     let ids: Vec<u32> = (0..b as u32).collect();
@@ -113,7 +114,7 @@ pub fn trace(
             gradients.insert(name, g.to_device(&Device::Cpu)?);
         }
     }
-    let mut optimizer = trainer::optimizer(cfg, &model)?;
+    let mut optimizer = model::optimizer(cfg, &model)?;
     let losses = (0..steps)
         .map(|step| Ok(trainer::training_step(&mut model, &mut optimizer, &input(step))?.loss))
         .collect::<Result<_>>()?;

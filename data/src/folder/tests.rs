@@ -369,8 +369,9 @@ fn planes(image: &RgbImage) -> Vec<f32> {
 
 #[test]
 fn a_crop_of_the_stored_image_is_the_resize_of_that_region() -> Result<()> {
-    use crate::crop::{resized_image_crop, CropBox};
+    use crate::crop::resized_image_crop;
     use crate::resample::{resized_crop, Interpolation};
+    use crate::stored::CropBox;
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("wide.JPEG");
     write(&path, &smooth(120, 90), ImageFormat::Jpeg);

@@ -267,7 +267,7 @@ fn assert_logged_once(whole: &Path, resumed: &Path) {
     assert_eq!(steps, (0..steps.len() as u64).collect::<Vec<_>>());
     let spectrum = |p: &Path| std::fs::read_to_string(p.join("spectrum.csv")).unwrap();
     assert_eq!(spectrum(whole), spectrum(resumed), "spectrum.csv");
-    let board = ssl::tensorboard::read_dir(&resumed.join("tb")).unwrap();
+    let board = ssl_report::tensorboard::read_dir(&resumed.join("tb")).unwrap();
     let mut checked = 0;
     for line in std::fs::read_to_string(resumed.join("metrics.jsonl"))
         .unwrap()

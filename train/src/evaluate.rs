@@ -17,8 +17,8 @@ use ssl_eval::{Features, LinearProbeConfig};
 
 use crate::atomic;
 use crate::config::{ModelConfig, RunConfig};
+use crate::model::Model;
 use crate::setup::{self, CleanSamples, DataSplit};
-use crate::trainer::Model;
 
 /// The result table: each encoder's name and its row.
 pub type Rows = Vec<(String, Evaluation)>;

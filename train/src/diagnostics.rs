@@ -3,23 +3,19 @@
 //!
 //! Every `eval.spectrum_every` steps the top `eval.spectrum_top` eigenvalues of each view's
 //! projector-output covariance, raw and trace-normalised, are appended to `spectrum.csv`
-//! (`step,view,rank,eigenvalue,normalized`); at the end of the run `spectrum.png` draws the
-//! normalised trajectories on a log scale, one line per rank and one panel per view.
+//! (`step,view,rank,eigenvalue,normalized`); at the end of the run [`crate::figures::spectrum`]
+//! draws them (feature `plots`).
 
-use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 use ssl_eval::Features;
 
-use crate::plot::{self, LineAxes, Panel, Series};
-
 /// File names in the run directory.
 pub const SPECTRUM_CSV: &str = "spectrum.csv";
-pub const SPECTRUM_PNG: &str = "spectrum.png";
 const HEADER: &str = "step,view,rank,eigenvalue,normalized";
 
 /// Appends eigenvalue rows to `spectrum.csv`.
@@ -74,59 +70,4 @@ impl SpectrumLog {
     pub fn flush(&mut self) -> Result<()> {
         Ok(self.out.flush()?)
     }
-}
-
-/// Draws `spectrum.png` from the `spectrum.csv` in `dir` (nothing if there is no log).
-pub fn plot_spectrum(dir: &Path) -> Result<()> {
-    let csv = dir.join(SPECTRUM_CSV);
-    if !csv.exists() {
-        return Ok(());
-    }
-    // view → rank → (step, normalised eigenvalue)
-    let mut lines: BTreeMap<usize, BTreeMap<usize, Vec<(f64, f64)>>> = BTreeMap::new();
-    for (k, line) in BufReader::new(File::open(&csv)?)
-        .lines()
-        .enumerate()
-        .skip(1)
-    {
-        let line = line?;
-        let fields: Vec<&str> = line.split(',').collect();
-        let parse = |i: usize| -> Result<f64> {
-            fields.get(i).and_then(|f| f.parse().ok()).with_context(|| {
-                format!("{} line {}: malformed row `{line}`", csv.display(), k + 1)
-            })
-        };
-        let (step, view, rank, normalized) = (parse(0)?, parse(1)?, parse(2)?, parse(4)?);
-        lines
-            .entry(view as usize)
-            .or_default()
-            .entry(rank as usize)
-            .or_default()
-            .push((step, normalized));
-    }
-    let panels: Vec<Panel> = lines
-        .into_iter()
-        .map(|(view, ranks)| Panel {
-            title: format!(
-                "view {view}: λ_k / tr C, k = 1 (red) … {} (violet)",
-                ranks.len()
-            ),
-            series: ranks
-                .into_iter()
-                .map(|(rank, points)| Series {
-                    label: format!("λ{rank}"),
-                    points,
-                })
-                .collect(),
-        })
-        .collect();
-    plot::line_panels(
-        &dir.join(SPECTRUM_PNG),
-        &panels,
-        &LineAxes {
-            x_label: "step",
-            y_label: "λ_k / tr C",
-            log_y: true,
-        },
-    )
 }

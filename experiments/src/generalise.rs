@@ -14,9 +14,9 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use crate::compare::{self, Cell, Grid, Outcome};
-use crate::evaluate::{clean_inputs, to_features};
-use crate::setup::CleanSamples;
-use crate::{atomic, checkpoint, export, progress, setup, trainer};
+use ssl_train::evaluate::{clean_inputs, to_features};
+use ssl_train::setup::CleanSamples;
+use ssl_train::{atomic, checkpoint, export, model, progress, setup};
 
 /// A generalisation recipe (`configs/generalise-*.yaml`).
 #[derive(Debug, Clone, Deserialize)]
@@ -61,7 +61,7 @@ const COLUMNS: [&str; 5] = [
 impl Recipe {
     /// Reads a recipe file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = crate::config::read_config_text(path)?;
+        let text = ssl_train::config::read_config_text(path)?;
         let recipe: Self = serde_yaml::from_str(&text)
             .with_context(|| format!("invalid generalisation recipe {}", path.display()))?;
         recipe.validate()?;
@@ -185,7 +185,7 @@ pub fn run_grid(grid: &Grid, halves: &[Vec<u32>; 2], command_line: &str) -> Resu
 /// Eval-mode backbone features of `images` under the encoder trained in `cell`.
 fn embed(cell: &Cell, images: &CleanSamples) -> Result<ssl_eval::Features> {
     let device = images.device();
-    let model = trainer::build_model(&cell.config, &setup::data(&cell.config)?, device)?;
+    let model = model::build_model(&cell.config, &setup::data(&cell.config)?, device)?;
     let weights =
         checkpoint::load_tensors(&cell.config.out.join("checkpoint").join(checkpoint::MODEL))?;
     export::load_encoder(&model.store, &weights)?;

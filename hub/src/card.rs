@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 
-use crate::config::RunConfig;
-use crate::offline::Report;
+use ssl_experiments::offline::Report;
+use ssl_train::config::RunConfig;
 
 /// One row of a run's `results.json`: an encoder and its metrics.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -360,7 +360,7 @@ pub fn model_card(card: &Card) -> Result<String> {
         text,
         "\nThe full offline suite (`ssl eval`; `eval.json`, `knn.csv` and `pca.png` in this \
          repository, same test images):\n\n{}\n",
-        crate::offline::table(card.eval)
+        ssl_experiments::offline::table(card.eval)
     );
     let arch = Arch::of(cfg, card.weights)?;
     let _ = writeln!(
@@ -813,7 +813,7 @@ fn main() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::apply_set;
+    use ssl_train::config::apply_set;
 
     fn config(sets: &[&str]) -> RunConfig {
         let mut root = serde_yaml::Value::Mapping(Default::default());
@@ -826,9 +826,9 @@ mod tests {
     /// The encoder tensors of `cfg` for samples of `shape`, named as an export names them.
     fn weights(cfg: &RunConfig, shape: &[usize]) -> HashMap<String, Tensor> {
         let store = ssl_core::ParamStore::new(0);
-        let data = crate::setup::DataSplit::shape_only(shape, 1);
+        let data = ssl_train::setup::DataSplit::shape_only(shape, 1);
         let vb = store.var_builder(&candle_core::Device::Cpu);
-        crate::setup::encoder(cfg, &data.dataset, vb.pp("encoder")).unwrap();
+        ssl_train::setup::encoder(cfg, &data.dataset, vb.pp("encoder")).unwrap();
         store
             .tensors()
             .into_iter()
@@ -937,7 +937,7 @@ mod tests {
             "model.encoder=resnet18",
             "model.init=/home/me/weights/resnet18.safetensors",
         ]);
-        cfg.history.push(crate::config::ConfigChange {
+        cfg.history.push(ssl_train::config::ConfigChange {
             key: "data.root".into(),
             from: "/home/me/old".into(),
             to: "/home/me/medmnist".into(),

@@ -18,7 +18,7 @@ use crate::atomic;
 use crate::checkpoint::TrainerState;
 use crate::config::RunConfig;
 use crate::diagnostics::{self, SpectrumLog};
-use crate::tensorboard::EventWriter;
+use ssl_report::tensorboard::EventWriter;
 
 /// The per-step log in the run directory.
 pub const METRICS: &str = "metrics.jsonl";
@@ -153,17 +153,15 @@ impl RunLog {
         self.board.flush()
     }
 
-    /// Draws `spectrum.png` and adds it, and `embedding.png` if the run drew one, to
-    /// TensorBoard at `last_step`.
+    /// Draws `spectrum.png` (feature `plots`) and adds it, and `embedding.png` if the run drew
+    /// one, to TensorBoard at `last_step`.
     pub fn finish(&mut self, last_step: usize) -> Result<()> {
         if let Some(log) = self.spectrum.as_mut() {
             log.flush()?;
         }
-        diagnostics::plot_spectrum(&self.dir)?;
-        for (tag, name) in [
-            ("spectrum", diagnostics::SPECTRUM_PNG),
-            ("embedding", EMBEDDING_PNG),
-        ] {
+        #[cfg(feature = "plots")]
+        crate::figures::spectrum(&self.dir)?;
+        for (tag, name) in [("spectrum", "spectrum.png"), ("embedding", "embedding.png")] {
             let path = self.dir.join(name);
             if path.exists() {
                 let png = std::fs::read(&path)
@@ -174,9 +172,6 @@ impl RunLog {
         self.board.flush()
     }
 }
-
-/// The unit-circle plot of a 2-D encoder's test embeddings, beside `embedding.csv`.
-pub const EMBEDDING_PNG: &str = "embedding.png";
 
 /// Whether a `metrics.jsonl` line was logged before the checkpoint `state`: a step record
 /// before its step, an epoch-end record of an epoch it completed. A torn line is not.

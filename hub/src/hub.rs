@@ -51,7 +51,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::atomic;
+use ssl_train::atomic;
 
 /// The file whose presence marks a repository as already holding a model.
 const MODEL_FILE: &str = "model.safetensors";

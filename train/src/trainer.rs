@@ -28,14 +28,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::utils::barrier_pool;
-use candle_core::{Device, Tensor, TensorId, Var, D};
-use candle_nn::{Linear, Module};
+use candle_core::{Device, Tensor, TensorId, Var};
+use candle_nn::Module;
 use serde_json::json;
-use ssl_core::{
-    Batch, BuildContext, Collective, Ids, Objective, ParamGroup, ParamStore, Progress,
-    SingleProcess, StepContext,
-};
-use ssl_data::{ImageAugment, Interpolation, LocalCrop, ViewLoader, ViewTransform, ViewTypes};
+use ssl_core::{Batch, Collective, Ids, ParamStore, Progress, SingleProcess, StepContext};
+use ssl_data::{Interpolation, LocalCrop, ViewLoader, ViewTransform};
 use ssl_dist::{Comm, Complete, GradientAveraging, GradientReduction};
 use ssl_models::autocast::{autocast, Precision};
 use ssl_models::{Encoder, Projector};
@@ -44,217 +41,13 @@ use crate::atomic;
 use crate::checkpoint::{self, TrainerState};
 use crate::config::RunConfig;
 use crate::evaluate::{self, Evaluation, Inputs};
+use crate::model::{self, Model};
 use crate::progress;
 use crate::rundir::{self, Start};
 use crate::runlog::{RunLog, StepRecord};
 use crate::setup::{self, DataSplit};
 use crate::staging::{StagedBatch, Stager};
 use ssl_optim::{learning_rate, Optimizer};
-
-/// A model being trained: student networks, optional teacher, objective, probe.
-pub struct Model {
-    pub store: ParamStore,
-    pub encoder: Box<dyn Encoder>,
-    pub projector: Option<Projector>,
-    pub teacher: Option<(Box<dyn Encoder>, Option<Projector>)>,
-    pub probe: Option<Linear>,
-    pub objective: Box<dyn Objective>,
-    /// Precision of the training step's matrix products (evaluation is f32).
-    pub precision: Precision,
-}
-
-/// Builds every module of `cfg` in a fresh store seeded by the run seed.
-pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result<Model> {
-    let registration = ssl_core::find(&cfg.objective.name)?;
-    let store = ParamStore::new(cfg.train.seed);
-    let vb = store.var_builder(device);
-    let dataset = &data.dataset;
-    let encoder = setup::encoder(cfg, dataset, vb.pp("encoder"))?;
-    let feature_dim = encoder.output_dim();
-    let projection_dim = *cfg.model.projector.last().expect("validated non-empty");
-    // What the objective trains on: the train split, then any unlabeled images (whose labels
-    // are placeholders: an objective that needs labels is refused below).
-    let pretraining = data.pretraining();
-    let train_labels = setup::labels(dataset, &pretraining);
-    let ctx = BuildContext {
-        vb: vb.pp("objective"),
-        num_instances: pretraining.len(),
-        num_classes: Some(dataset.num_classes),
-        instance_labels: Some(&train_labels),
-        projection_dim,
-        feature_dim,
-        views: cfg.train.views + cfg.train.local_views,
-        global_views: cfg.train.views,
-        batch_size: cfg.train.batch_size,
-    };
-    let objective = (registration.build)(&cfg.objective.params, &ctx)?;
-    let req = objective.requirements();
-    let (global, local) = (cfg.train.views, cfg.train.local_views);
-    let checked = req.check(
-        registration.name,
-        global + local,
-        cfg.train.batch_size,
-        true,
-    );
-    match local {
-        0 => checked?,
-        m => checked.with_context(|| {
-            format!(
-                "{global} global views + {m} local crops (--local-views) count as {} views",
-                global + m
-            )
-        })?,
-    }
-    if req.labels && !data.unlabeled.is_empty() {
-        bail!(
-            "{} learns from labels, and data.split: train+unlabeled adds {} images without any; \
-             drop data.split",
-            registration.name,
-            data.unlabeled.len()
-        );
-    }
-    check_projector_batch(cfg, registration.name, req.projector, pretraining.len())?;
-    let projector = if req.projector {
-        Some(setup::projector(cfg, feature_dim, vb.pp("projector"))?)
-    } else {
-        None
-    };
-    let teacher = match req.teacher {
-        Some(_) => {
-            let tvb = vb.pp("teacher");
-            let enc = setup::encoder(cfg, dataset, tvb.pp("encoder"))?;
-            let proj = match req.projector {
-                true => Some(setup::projector(cfg, feature_dim, tvb.pp("projector"))?),
-                false => None,
-            };
-            copy_student_to_teacher(&store)?;
-            Some((enc, proj))
-        }
-        None => None,
-    };
-    let probe = match cfg.train.probe_lr > 0.0 {
-        true => Some(candle_nn::linear(
-            feature_dim,
-            dataset.num_classes,
-            vb.pp("probe"),
-        )?),
-        false => None,
-    };
-    Ok(Model {
-        store,
-        encoder,
-        projector,
-        teacher,
-        probe,
-        objective,
-        precision: cfg.train.precision,
-    })
-}
-
-/// The optimiser of `cfg.train` over `model`'s trainable variables (every student parameter,
-/// not the EMA teacher's, not the batch-norm buffers) with its parameter groups, in order: the
-/// online probe's (`probe_lr`, no weight decay or LARS), the objective's, the config's.
-pub fn optimizer(cfg: &RunConfig, model: &Model) -> Result<Optimizer> {
-    Optimizer::new(
-        &cfg.train.optimizer_settings(),
-        trainable(&model.store),
-        &param_groups(cfg, model),
-    )
-}
-
-/// The parameter groups of a run, in the order they apply ([`optimizer`]).
-fn param_groups(cfg: &RunConfig, model: &Model) -> Vec<ParamGroup> {
-    let t = &cfg.train;
-    let probe = model.probe.as_ref().map(|_| {
-        let mut g = ParamGroup::new(["probe."]);
-        (g.lr, g.weight_decay, g.lars) = (Some(t.probe_lr), Some(0.0), Some(false));
-        g
-    });
-    probe
-        .into_iter()
-        .chain(model.objective.requirements().param_groups)
-        .chain(t.param_groups.iter().cloned())
-        .collect()
-}
-
-/// The variables the optimiser updates, sorted by name: every one but the EMA teacher's and the
-/// batch-norm buffers (the ones whose gradients data-parallel ranks average).
-pub fn trainable(store: &ParamStore) -> Vec<(String, Var)> {
-    store
-        .vars()
-        .into_iter()
-        .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
-        .collect()
-}
-
-/// Sets every `teacher.*` variable to its student counterpart (an EMA teacher starts as a copy).
-fn copy_student_to_teacher(store: &ParamStore) -> Result<()> {
-    let student = store.tensors();
-    for (name, var) in store.vars_with_prefix("teacher.") {
-        var.set(&student[&name["teacher.".len()..]])?;
-    }
-    Ok(())
-}
-
-/// Sets the encoder (and its EMA teacher) from the weights `model.init` names, if any.
-fn apply_init(cfg: &RunConfig, model: &Model) -> Result<()> {
-    let Some(spec) = &cfg.model.init else {
-        return Ok(());
-    };
-    let loaded = crate::pretrained::load(&model.store, spec, &cfg.model.encoder)?;
-    copy_student_to_teacher(&model.store)?;
-    let (counters, named): (Vec<_>, Vec<_>) = loaded
-        .skipped
-        .iter()
-        .partition(|k| k.ends_with("num_batches_tracked"));
-    let mut skipped: Vec<String> = named.into_iter().cloned().collect();
-    if !counters.is_empty() {
-        skipped.push(format!("{} num_batches_tracked", counters.len()));
-    }
-    eprintln!(
-        "initialised {} encoder tensors from {}{}",
-        loaded.tensors,
-        loaded.path.display(),
-        match loaded.skipped.len() {
-            0 => String::new(),
-            n => format!(
-                " (skipped {n} it has and the encoder lacks: {})",
-                skipped.join(", ")
-            ),
-        }
-    );
-    Ok(())
-}
-
-/// The projector's hidden layers use batch norm, which is undefined on one sample (spec
-/// `docs/spec/objectives.md` §0): refuse, before training, a run whose views would reach it one
-/// instance at a time.
-fn check_projector_batch(
-    cfg: &RunConfig,
-    objective: &str,
-    uses_projector: bool,
-    instances: usize,
-) -> Result<()> {
-    if !uses_projector || cfg.model.projector.len() < 2 {
-        return Ok(());
-    }
-    let b = cfg.train.batch_size;
-    if b < 2 {
-        bail!(
-            "objective `{objective}` trains through the projector, whose batch norm needs at least 2 instances \
-             per view, got --batch-size {b}; use --batch-size 2 or more, or a projector without hidden \
-             layers (--set model.projector=[{}])",
-            cfg.model.projector.last().expect("validated non-empty")
-        );
-    }
-    if !cfg.train.drop_last && instances % b == 1 {
-        bail!(
-            "the last batch of every epoch would hold 1 instance ({instances} training instances, batch size {b}), \
-             and the projector's batch norm needs at least 2; set train.drop_last=true or another batch size"
-        );
-    }
-    Ok(())
-}
 
 /// Names of the trainable student parameters (encoder + projector), sorted.
 fn student_params(store: &ParamStore) -> Vec<(String, candle_core::Var)> {
@@ -297,10 +90,10 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
     let device = setup::rank_device(&cfg.train.device, comm)?;
     let data = setup::data(cfg)?;
     evaluate::check_split(&data)?;
-    let mut model = build_model(cfg, &data, &device)?;
-    apply_init(cfg, &model)?;
+    let mut model = model::build_model(cfg, &data, &device)?;
+    model::apply_init(cfg, &model)?;
     let loader = training_loader(cfg, &data, comm)?;
-    let mut optimizer = optimizer(cfg, &model)?;
+    let mut optimizer = model::optimizer(cfg, &model)?;
     let resumed = match start {
         Start::Resume => {
             check_world_size(&cfg.out, world, cfg.train.batch_size)?;
@@ -400,13 +193,8 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
     if model.encoder.output_dim() == 2 {
         let csv = dir.join("embedding.csv");
         evaluate::write_embedding(&csv, &data, &model, &device)?;
-        crate::plot::scatter_panels(
-            &dir.join(crate::runlog::EMBEDDING_PNG),
-            &[crate::plot::ScatterPanel {
-                title: format!("{}: test embeddings", cfg.objective.name),
-                points: evaluate::read_embedding(&csv)?,
-            }],
-        )?;
+        #[cfg(feature = "plots")]
+        crate::figures::embedding(&dir, format!("{}: test embeddings", cfg.objective.name))?;
     }
     log.finish(last_step)?;
     let seconds = started.elapsed().as_secs_f64();
@@ -478,36 +266,6 @@ fn restore(dir: &Path, model: &mut Model, optimizer: &mut Optimizer) -> Result<T
     Ok(state)
 }
 
-/// The training view types of `cfg` for samples of `shape`: `data.augment_views` if given,
-/// else the recipe's (`data.augment`), normalised as `data.normalize` says.
-pub fn view_types(cfg: &RunConfig, shape: &[usize]) -> Result<ViewTypes> {
-    let normalize = cfg.data.normalization();
-    if let Some(volume) = &cfg.data.augment_volume {
-        ensure!(
-            cfg.data.augment_views.is_empty(),
-            "data.augment_volume and data.augment_views both replace the recipe; keep one"
-        );
-        return volume.view_types(shape).context("data.augment_volume");
-    }
-    let types = match cfg.data.augment_views.is_empty() {
-        true => cfg.data.recipe().view_types(normalize, shape),
-        false => ssl_data::Pipeline {
-            views: cfg
-                .data
-                .augment_views
-                .iter()
-                .map(|v| ImageAugment {
-                    normalize,
-                    ..v.clone()
-                })
-                .collect(),
-            local: None,
-        }
-        .view_types(shape),
-    };
-    types.context("data.augment / data.augment_views do not fit this data")
-}
-
 /// The multi-crop local views of `cfg` for samples of `shape` (`[C, H, W]`), made by `local`
 /// (the view types' local transform and crop filter).
 pub fn local_crop(
@@ -527,7 +285,7 @@ pub fn local_crop(
 /// checked against the data (before a run writes anything).
 fn training_loader(cfg: &RunConfig, data: &DataSplit, comm: &dyn Comm) -> Result<Arc<ViewLoader>> {
     let t = &cfg.train;
-    let types = view_types(cfg, &data.dataset.shape)?;
+    let types = cfg.data.view_types(&data.dataset.shape)?;
     let loader = ViewLoader::new(
         data.dataset.clone(),
         data.pretraining(),
@@ -632,7 +390,7 @@ impl<'a> Training<'a> {
         });
         Self {
             cfg,
-            trainable: trainable(&model.store),
+            trainable: model::trainable(&model.store),
             model,
             optimizer,
             log,
@@ -1432,28 +1190,6 @@ fn step_on(
     Ok((out, grads))
 }
 
-impl Model {
-    /// Backbone features in eval mode, `[n, F]`, computed in chunks.
-    pub fn features(&self, x: &Tensor) -> Result<Tensor> {
-        setup::forward_in_chunks(self.encoder.as_ref(), x, false)
-    }
-
-    /// Backbone features in eval mode of clean samples, `[n, F]`, read and encoded in chunks.
-    pub fn embed(&self, x: &setup::CleanSamples) -> Result<Tensor> {
-        x.encode(self.encoder.as_ref(), false)
-    }
-
-    /// Online-probe predictions for eval-mode features.
-    pub fn probe_predictions(&self, features: &Tensor) -> Result<Option<Vec<u32>>> {
-        match &self.probe {
-            Some(p) => Ok(Some(
-                p.forward(features)?.argmax(D::Minus1)?.to_vec1::<u32>()?,
-            )),
-            None => Ok(None),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1462,8 +1198,8 @@ mod tests {
     /// whose batch terms are means over instances, so accumulating two half batches must give
     /// the full batch's update.
     fn gmm_model(cfg: &RunConfig, data: &DataSplit) -> (Model, Optimizer) {
-        let model = build_model(cfg, data, &Device::Cpu).unwrap();
-        let optimizer = optimizer(cfg, &model).unwrap();
+        let model = model::build_model(cfg, data, &Device::Cpu).unwrap();
+        let optimizer = model::optimizer(cfg, &model).unwrap();
         (model, optimizer)
     }
 
@@ -1655,7 +1391,7 @@ mod tests {
             progress,
             lr: 0.1,
         };
-        let mut model = build_model(&cfg, &data, &Device::Cpu).unwrap();
+        let mut model = model::build_model(&cfg, &data, &Device::Cpu).unwrap();
         let counted = Arc::new(Counted(Default::default()));
         let gathers = || counted.0.load(std::sync::atomic::Ordering::Relaxed);
         let batch_norm: Arc<dyn Collective> = counted.clone();
@@ -1914,8 +1650,8 @@ mod tests {
         cfg.out = dir.path().join("run");
         let outcome = run(&cfg, Start::Fresh).unwrap();
         let data = setup::data(&cfg).unwrap();
-        let mut model = build_model(&cfg, &data, &Device::Cpu).unwrap();
-        let mut optimizer = optimizer(&cfg, &model).unwrap();
+        let mut model = model::build_model(&cfg, &data, &Device::Cpu).unwrap();
+        let mut optimizer = model::optimizer(&cfg, &model).unwrap();
         restore(&cfg.out, &mut model, &mut optimizer).unwrap();
         let fresh = evaluate::with_baselines(&cfg, &data, &model, &Device::Cpu, None).unwrap();
         assert_eq!(outcome.evaluation.len(), 3);
@@ -1949,7 +1685,7 @@ mod tests {
         let stopped = weights(&split);
         let cfg = config(&split, 0);
         let data = setup::data(&cfg).unwrap();
-        let initial = build_model(&cfg, &data, &Device::Cpu)
+        let initial = model::build_model(&cfg, &data, &Device::Cpu)
             .unwrap()
             .store
             .tensors();
@@ -2022,7 +1758,7 @@ mod tests {
             || checkpoint::load_tensors(&dir.path().join("checkpoint/model.safetensors")).unwrap();
         let first = config(1);
         let data = setup::data(&first).unwrap();
-        let initial = build_model(&first, &data, &Device::Cpu)
+        let initial = model::build_model(&first, &data, &Device::Cpu)
             .unwrap()
             .store
             .tensors();

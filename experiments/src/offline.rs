@@ -22,13 +22,13 @@ use candle_core::{Device, Tensor};
 use serde::Serialize;
 use ssl_eval::Features;
 
-use crate::atomic;
-use crate::config::RunConfig;
-use crate::evaluate::to_features;
-use crate::plot::{scatter_panels, ScatterPanel};
-use crate::setup::{self, DataSplit, Findings};
 use crate::sgd_probe::{ProbeKind, SgdProbeConfig, SgdProbeRecord};
-use crate::trainer::{self, Model};
+use ssl_report::plot::{scatter_panels, ScatterPanel};
+use ssl_train::atomic;
+use ssl_train::config::RunConfig;
+use ssl_train::evaluate::to_features;
+use ssl_train::model::{self, Model};
+use ssl_train::setup::{self, DataSplit, Findings};
 
 /// The per-checkpoint metrics `--metrics` accepts, in table order.
 pub const METRICS: [&str; 10] = [
@@ -176,7 +176,7 @@ pub struct Report {
 pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<Report> {
     suite.validate()?;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let bar = crate::progress::bar(
+    let bar = ssl_train::progress::bar(
         sources.len() as u64,
         "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}",
     );
@@ -188,9 +188,9 @@ pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<R
         bar.set_message(source.label.clone());
         let device = setup::device(&source.cfg.train.device)?;
         let data = setup::data(&source.cfg)?;
-        let model = trainer::build_model(&source.cfg, &data, &device)?;
-        let weights = crate::checkpoint::load_tensors(&source.weights)?;
-        crate::export::load_encoder(&model.store, &weights)?;
+        let model = model::build_model(&source.cfg, &data, &device)?;
+        let weights = ssl_train::checkpoint::load_tensors(&source.weights)?;
+        ssl_train::export::load_encoder(&model.store, &weights)?;
         let has_probe = load_online_probe(&model, &weights)?;
         let features = cached_features(source, &data, &model, &device)?;
         let (mut column, probe) = column(source, &features, &data, &model, &device, suite)?;
@@ -487,7 +487,7 @@ fn augmented_views(
         1,
         false,
         source.cfg.train.seed,
-        trainer::view_types(&source.cfg, &data.dataset.shape)?.views,
+        source.cfg.data.view_types(&data.dataset.shape)?.views,
     )?;
     let ids: Vec<u32> = (0..n as u32).collect();
     let mut shape = vec![n];
@@ -515,7 +515,7 @@ fn cached_features(
             return Ok(embedded);
         }
     }
-    let (train, test) = crate::evaluate::clean_inputs(data, device);
+    let (train, test) = ssl_train::evaluate::clean_inputs(data, device);
     let embedded = Embedded {
         train: to_features(&model.embed(&train.x)?)?,
         train_y: train.y,
@@ -528,7 +528,7 @@ fn cached_features(
         .parent()
         .is_some_and(|dir| std::fs::create_dir_all(dir).is_ok());
     if writable {
-        crate::checkpoint::save_tensors(&path, &to_cache(&embedded)?).ok();
+        ssl_train::checkpoint::save_tensors(&path, &to_cache(&embedded)?).ok();
     }
     Ok(embedded)
 }
@@ -713,7 +713,7 @@ fn load_online_probe(model: &Model, weights: &HashMap<String, Tensor>) -> Result
         return Ok(false);
     }
     for (name, var) in vars {
-        crate::export::assign(&var, &weights[&name], &name)?;
+        ssl_train::export::assign(&var, &weights[&name], &name)?;
     }
     Ok(true)
 }

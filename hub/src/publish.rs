@@ -13,12 +13,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::atomic;
 use crate::card::{self, model_card, Card, Results, Split};
-use crate::config::RunConfig;
-use crate::export::{export_encoder, EXPORTED};
 use crate::hub::{self, HubOptions};
-use crate::offline::{self, SuiteConfig};
+use ssl_experiments::offline::{self, SuiteConfig};
+use ssl_train::atomic;
+use ssl_train::config::RunConfig;
+use ssl_train::export::{export_encoder, EXPORTED};
 
 /// The files of a staged repository that `ssl pull` fetches.
 pub const FILES: [&str; 4] = [EXPORTED, "config.yaml", "eval.json", "README.md"];
@@ -51,7 +51,7 @@ pub fn stage(run_dir: &Path, repo: &str, opts: &StageOptions) -> Result<PathBuf>
     let dir = run_dir.join("hub");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let exported = export_encoder(run_dir, &dir.join(EXPORTED))?;
-    let weights: HashMap<_, _> = crate::checkpoint::load_tensors(&exported.path)?;
+    let weights: HashMap<_, _> = ssl_train::checkpoint::load_tensors(&exported.path)?;
     let (recipe, recipe_notes) = card::published_config(&cfg);
     atomic::write(
         &dir.join("config.yaml"),
@@ -64,7 +64,9 @@ pub fn stage(run_dir: &Path, repo: &str, opts: &StageOptions) -> Result<PathBuf>
     let source = offline::Source {
         label: format!("{} (hf://{repo})", cfg.objective.name),
         cfg: cfg.clone(),
-        weights: run_dir.join("checkpoint").join(crate::checkpoint::MODEL),
+        weights: run_dir
+            .join("checkpoint")
+            .join(ssl_train::checkpoint::MODEL),
         online_probe: offline::online_probe_accuracy(run_dir),
     };
     let mut report = offline::evaluate(&[source], &suite, &dir)

@@ -95,7 +95,7 @@ pub fn download_data_set(
             "Caltech-256's images come in many sizes, so there is no --size to download; drop \
              it (`ssl run --size S` sets the side they are resized to)"
         );
-        let dir = dir.map_or_else(crate::setup::default_benchmark_root, Path::to_path_buf);
+        let dir = dir.map_or_else(ssl_train::setup::default_benchmark_root, Path::to_path_buf);
         let url = match base_url {
             Some(base) => format!("{}/{}", base.trim_end_matches('/'), caltech256::ARCHIVE),
             None => caltech256::URL.to_string(),
@@ -104,7 +104,7 @@ pub fn download_data_set(
     }
     let Some(info) = ssl_data::archive_info(name) else {
         let dir = dir.map_or_else(
-            || crate::setup::medmnist_root(&crate::config::RunConfig::default()),
+            || ssl_train::setup::medmnist_root(&ssl_train::config::RunConfig::default()),
             Path::to_path_buf,
         );
         return download_medmnist(name, size.unwrap_or(28), &dir, base_url, progress).map_err(
@@ -129,7 +129,7 @@ pub fn download_data_set(
             side = info.side
         );
     }
-    let dir = dir.map_or_else(crate::setup::default_benchmark_root, Path::to_path_buf);
+    let dir = dir.map_or_else(ssl_train::setup::default_benchmark_root, Path::to_path_buf);
     let url = match base_url {
         Some(base) => format!("{}/{}", base.trim_end_matches('/'), info.file),
         None => info.url.to_string(),
@@ -160,7 +160,7 @@ pub fn fetch_and_extract_caltech256(
     }
     let archive = fetch_verified(url, &dir.join(caltech256::ARCHIVE), md5, progress)?;
     let _extracting = progress.then(|| {
-        crate::progress::spinner(format!(
+        ssl_train::progress::spinner(format!(
             "extracting {} into {}",
             archive.path.display(),
             dir.display()
@@ -327,7 +327,7 @@ fn transfer(
     let length = response.content_length();
     let total = length.map(|n| start + n);
     let bar = progress.then(|| {
-        let bar = crate::progress::bar(
+        let bar = ssl_train::progress::bar(
             total.unwrap_or(0),
             "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
         );
@@ -446,6 +446,6 @@ fn hex(bytes: &[u8]) -> String {
 
 fn note(progress: bool, line: String) {
     if progress {
-        crate::progress::println(line);
+        ssl_train::progress::println(line);
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
-use ssl_data::{ImageAugment, Normalization, Recipe, VolumeAugment};
+use ssl_data::{ImageAugment, Normalization, Recipe, ViewTypes, VolumeAugment};
 use ssl_models::autocast::Precision;
 use ssl_models::{Stem, VitConfig};
 pub use ssl_optim::OptimizerKind;
@@ -810,6 +810,35 @@ impl TrainConfig {
 }
 
 impl DataConfig {
+    /// The training view types for samples of `shape`: `data.augment_views` if given, else
+    /// the recipe's (`data.augment`), normalised as `data.normalize` says.
+    pub fn view_types(&self, shape: &[usize]) -> Result<ViewTypes> {
+        let normalize = self.normalization();
+        if let Some(volume) = &self.augment_volume {
+            ensure!(
+                self.augment_views.is_empty(),
+                "data.augment_volume and data.augment_views both replace the recipe; keep one"
+            );
+            return volume.view_types(shape).context("data.augment_volume");
+        }
+        let types = match self.augment_views.is_empty() {
+            true => self.recipe().view_types(normalize, shape),
+            false => ssl_data::Pipeline {
+                views: self
+                    .augment_views
+                    .iter()
+                    .map(|v| ImageAugment {
+                        normalize,
+                        ..v.clone()
+                    })
+                    .collect(),
+                local: None,
+            }
+            .view_types(shape),
+        };
+        types.context("data.augment / data.augment_views do not fit this data")
+    }
+
     fn validate(&self) -> Result<()> {
         at_least_one("data.size", self.size, " (the image side in pixels)")?;
         if self.keep_side > 0 {
@@ -1151,11 +1180,9 @@ mod tests {
         ])?;
         let volume = tuned.data.augment_volume.clone().expect("given");
         assert_eq!((volume.rotate, volume.noise, volume.flip), (0.0, 0.5, 0.5));
-        let types = crate::trainer::view_types(&tuned, &[1, 8, 8, 8])?;
+        let types = tuned.data.view_types(&[1, 8, 8, 8])?;
         assert_eq!(types.views.len(), 1);
-        let flat = crate::trainer::view_types(&tuned, &[3, 8, 8])
-            .err()
-            .expect("2D");
+        let flat = tuned.data.view_types(&[3, 8, 8]).err().expect("2D");
         assert!(format!("{flat:#}").contains("[C, D, H, W]"), "{flat:#}");
         let typo = resolve(&["data.augment_volume={rotation: 0.0}"]).unwrap_err();
         assert!(

@@ -36,8 +36,8 @@ use ssl_data::{Identity, ImageAugment, Pipeline, ViewLoader, ViewTransform, View
 use ssl_eval::{Features, ProbeResult};
 use ssl_models::Encoder;
 
-use crate::setup::{self, CleanSamples, DataSplit};
 use ssl_optim::{Optimizer, OptimizerKind, OptimizerSettings};
+use ssl_train::setup::{self, CleanSamples, DataSplit};
 
 /// Which linear probe `ssl eval` fits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -429,7 +429,7 @@ pub fn train_and_score(
     let mut optimizer = cfg.optimizer(store.vars())?;
     let (augment, described) = augmentation(data, cfg.augment)?;
     if augment.is_none() && cfg.augment {
-        crate::progress::println(format!("note: SGD probe augmentation: {described}"));
+        ssl_train::progress::println(format!("note: SGD probe augmentation: {described}"));
     }
     let loader = Arc::new(training_loader(
         data,
@@ -447,7 +447,7 @@ pub fn train_and_score(
     };
     let steps = loader.steps_per_epoch();
     let total = steps * cfg.epochs;
-    let bar = crate::progress::bar(
+    let bar = ssl_train::progress::bar(
         total as u64,
         "{spinner} SGD probe [{bar:30}] {pos}/{len} steps {msg} ({elapsed})",
     );
@@ -570,8 +570,8 @@ fn score(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::RunConfig;
-    use crate::evaluate::to_features;
+    use ssl_train::config::RunConfig;
+    use ssl_train::evaluate::to_features;
 
     /// The digits split of the main job and its clean test features under `encoder`.
     fn digits() -> Result<DataSplit> {
@@ -628,7 +628,7 @@ mod tests {
         encoder: &dyn Encoder,
         data: &DataSplit,
     ) -> Result<(Features, Vec<u32>, Features, Vec<u32>)> {
-        let (train, test) = crate::evaluate::clean_inputs(data, &Device::Cpu);
+        let (train, test) = ssl_train::evaluate::clean_inputs(data, &Device::Cpu);
         Ok((
             to_features(&train.x.encode(encoder, false)?)?,
             train.y,
@@ -640,7 +640,7 @@ mod tests {
     /// The random-init baseline's encoder (batch-norm statistics of the clean train images).
     fn random_encoder(data: &DataSplit) -> Result<Box<dyn Encoder>> {
         let cfg = RunConfig::default();
-        let (train, _) = crate::evaluate::clean_inputs(data, &Device::Cpu);
+        let (train, _) = ssl_train::evaluate::clean_inputs(data, &Device::Cpu);
         setup::calibrated_random_encoder(&cfg, &data.dataset, &train.x, &Device::Cpu)
     }
 
@@ -772,7 +772,7 @@ mod tests {
     fn sgd_probe_leaves_the_encoder_frozen() -> Result<()> {
         let cfg = RunConfig::default();
         let data = digits()?;
-        let model = crate::trainer::build_model(&cfg, &data, &Device::Cpu)?;
+        let model = ssl_train::model::build_model(&cfg, &data, &Device::Cpu)?;
         let before = model.store.tensors();
         let (_, _, test, test_y) = test_features(model.encoder.as_ref(), &data)?;
         let probe = SgdProbeConfig {

@@ -12,15 +12,15 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::config::{apply_set, RunConfig};
-use crate::plot::{self, Bar, BarPanel, LineAxes, Panel, ScatterPanel, Series};
-use crate::progress;
-use crate::trainer;
-use crate::{atomic, checkpoint};
+use ssl_report::plot::{self, Bar, BarPanel, LineAxes, Panel, ScatterPanel, Series};
+use ssl_train::config::{apply_set, RunConfig};
+use ssl_train::progress;
+use ssl_train::trainer;
+use ssl_train::{atomic, checkpoint};
 
 /// A comparison grid, as read from YAML (`configs/compare-*.yaml`) and overridden by flags.
 #[derive(Debug, Clone, Deserialize)]
@@ -170,7 +170,7 @@ impl ObjectiveEntry {
 impl Grid {
     /// Reads a grid file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = crate::config::read_config_text(path)?;
+        let text = ssl_train::config::read_config_text(path)?;
         let mut grid: Self = serde_yaml::from_str(&text)
             .with_context(|| format!("invalid grid file {}", path.display()))?;
         grid.name = path
@@ -605,8 +605,8 @@ pub fn run_cell(cell: &Cell) -> Result<Outcome> {
         dir.join("checkpoint").join(checkpoint::STATE).exists() && same_config(dir, &cell.config)?;
     // The cell's directory is the grid's: a run of another configuration in it is replaced.
     let start = match resume {
-        true => crate::rundir::Start::Resume,
-        false => crate::rundir::Start::Overwrite,
+        true => ssl_train::rundir::Start::Resume,
+        false => ssl_train::rundir::Start::Overwrite,
     };
     match trainer::run(&cell.config, start) {
         Ok(_) => Ok(finished(cell)?
@@ -616,11 +616,13 @@ pub fn run_cell(cell: &Cell) -> Result<Outcome> {
 }
 
 /// Runs (or reuses) every cell with a progress bar over the grid, then writes the tables and
-/// the chart. Returns the Markdown table.
+/// the chart. Returns the Markdown table. A grid with `halves` is the generalisation
+/// protocol's, which [`crate::generalise::run_grid`] runs.
 pub fn run(grid: &Grid, command_line: &str) -> Result<String> {
-    if let Some(halves) = &grid.halves {
-        return crate::generalise::run_grid(grid, halves, command_line);
-    }
+    ensure!(
+        grid.halves.is_none(),
+        "a grid with `halves` runs the generalisation protocol (generalise::run_grid)"
+    );
     let cells = grid.cells()?;
     std::fs::create_dir_all(&grid.out)
         .with_context(|| format!("cannot create {}", grid.out.display()))?;
@@ -1144,7 +1146,7 @@ fn embeddings_figure(cells: &[Cell], path: &Path) -> Result<bool> {
         if !file.exists() {
             continue;
         }
-        let points = crate::evaluate::read_embedding(&file)?;
+        let points = ssl_train::evaluate::read_embedding(&file)?;
         panels.push(ScatterPanel {
             title: format!("{} (seed {})", cell.label, cell.seed),
             points,

@@ -1,0 +1,247 @@
+//! The networks of a run, built from its configuration: the student encoder and projector, an
+//! EMA teacher where the objective keeps one, the objective's own modules, the online probe,
+//! and the optimiser over the trainable ones. Every weight lives in one [`ParamStore`] seeded by
+//! `train.seed`, named as a PyTorch state dict would name it (`encoder.…`, `projector.…`,
+//! `teacher.…`, `objective.…`, `probe.…`).
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor, Var, D};
+use candle_nn::{Linear, Module};
+use ssl_core::{BuildContext, Objective, ParamGroup, ParamStore};
+use ssl_models::autocast::Precision;
+use ssl_models::{Encoder, Projector};
+use ssl_optim::Optimizer;
+
+use crate::config::RunConfig;
+use crate::setup::{self, DataSplit};
+
+/// A model being trained: student networks, optional teacher, objective, probe.
+pub struct Model {
+    pub store: ParamStore,
+    pub encoder: Box<dyn Encoder>,
+    pub projector: Option<Projector>,
+    pub teacher: Option<(Box<dyn Encoder>, Option<Projector>)>,
+    pub probe: Option<Linear>,
+    pub objective: Box<dyn Objective>,
+    /// Precision of the training step's matrix products (evaluation is f32).
+    pub precision: Precision,
+}
+
+/// Builds every module of `cfg` in a fresh store seeded by the run seed.
+pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result<Model> {
+    let registration = ssl_core::find(&cfg.objective.name)?;
+    let store = ParamStore::new(cfg.train.seed);
+    let vb = store.var_builder(device);
+    let dataset = &data.dataset;
+    let encoder = setup::encoder(cfg, dataset, vb.pp("encoder"))?;
+    let feature_dim = encoder.output_dim();
+    let projection_dim = *cfg
+        .model
+        .projector
+        .last()
+        .context("model.projector is empty; give its layer widths, e.g. [2048, 2048, 2048]")?;
+    // What the objective trains on: the train split, then any unlabeled images (whose labels
+    // are placeholders: an objective that needs labels is refused below).
+    let pretraining = data.pretraining();
+    let train_labels = setup::labels(dataset, &pretraining);
+    let ctx = BuildContext {
+        vb: vb.pp("objective"),
+        num_instances: pretraining.len(),
+        num_classes: Some(dataset.num_classes),
+        instance_labels: Some(&train_labels),
+        projection_dim,
+        feature_dim,
+        views: cfg.train.views + cfg.train.local_views,
+        global_views: cfg.train.views,
+        batch_size: cfg.train.batch_size,
+    };
+    let objective = (registration.build)(&cfg.objective.params, &ctx)?;
+    let req = objective.requirements();
+    let (global, local) = (cfg.train.views, cfg.train.local_views);
+    let checked = req.check(
+        registration.name,
+        global + local,
+        cfg.train.batch_size,
+        true,
+    );
+    match local {
+        0 => checked?,
+        m => checked.with_context(|| {
+            format!(
+                "{global} global views + {m} local crops (--local-views) count as {} views",
+                global + m
+            )
+        })?,
+    }
+    if req.labels && !data.unlabeled.is_empty() {
+        bail!(
+            "{} learns from labels, and data.split: train+unlabeled adds {} images without any; \
+             drop data.split",
+            registration.name,
+            data.unlabeled.len()
+        );
+    }
+    check_projector_batch(cfg, registration.name, req.projector, pretraining.len())?;
+    let projector = if req.projector {
+        Some(setup::projector(cfg, feature_dim, vb.pp("projector"))?)
+    } else {
+        None
+    };
+    let teacher = match req.teacher {
+        Some(_) => {
+            let tvb = vb.pp("teacher");
+            let enc = setup::encoder(cfg, dataset, tvb.pp("encoder"))?;
+            let proj = match req.projector {
+                true => Some(setup::projector(cfg, feature_dim, tvb.pp("projector"))?),
+                false => None,
+            };
+            copy_student_to_teacher(&store)?;
+            Some((enc, proj))
+        }
+        None => None,
+    };
+    let probe = match cfg.train.probe_lr > 0.0 {
+        true => Some(candle_nn::linear(
+            feature_dim,
+            dataset.num_classes,
+            vb.pp("probe"),
+        )?),
+        false => None,
+    };
+    Ok(Model {
+        store,
+        encoder,
+        projector,
+        teacher,
+        probe,
+        objective,
+        precision: cfg.train.precision,
+    })
+}
+
+/// The optimiser of `cfg.train` over `model`'s trainable variables (every student parameter,
+/// not the EMA teacher's, not the batch-norm buffers) with its parameter groups, in order: the
+/// online probe's (`probe_lr`, no weight decay or LARS), the objective's, the config's.
+pub fn optimizer(cfg: &RunConfig, model: &Model) -> Result<Optimizer> {
+    Optimizer::new(
+        &cfg.train.optimizer_settings(),
+        trainable(&model.store),
+        &param_groups(cfg, model),
+    )
+}
+
+/// The parameter groups of a run, in the order they apply ([`optimizer`]).
+fn param_groups(cfg: &RunConfig, model: &Model) -> Vec<ParamGroup> {
+    let t = &cfg.train;
+    let probe = model.probe.as_ref().map(|_| {
+        let mut g = ParamGroup::new(["probe."]);
+        (g.lr, g.weight_decay, g.lars) = (Some(t.probe_lr), Some(0.0), Some(false));
+        g
+    });
+    probe
+        .into_iter()
+        .chain(model.objective.requirements().param_groups)
+        .chain(t.param_groups.iter().cloned())
+        .collect()
+}
+
+/// The variables the optimiser updates, sorted by name: every one but the EMA teacher's and the
+/// batch-norm buffers (the ones whose gradients data-parallel ranks average).
+pub fn trainable(store: &ParamStore) -> Vec<(String, Var)> {
+    store
+        .vars()
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("teacher.") && !ParamStore::is_buffer(n))
+        .collect()
+}
+
+/// Sets every `teacher.*` variable to its student counterpart (an EMA teacher starts as a copy).
+fn copy_student_to_teacher(store: &ParamStore) -> Result<()> {
+    let student = store.tensors();
+    for (name, var) in store.vars_with_prefix("teacher.") {
+        var.set(&student[&name["teacher.".len()..]])?;
+    }
+    Ok(())
+}
+
+/// Sets the encoder (and its EMA teacher) from the weights `model.init` names, if any.
+pub fn apply_init(cfg: &RunConfig, model: &Model) -> Result<()> {
+    let Some(spec) = &cfg.model.init else {
+        return Ok(());
+    };
+    let loaded = crate::pretrained::load(&model.store, spec, &cfg.model.encoder)?;
+    copy_student_to_teacher(&model.store)?;
+    let (counters, named): (Vec<_>, Vec<_>) = loaded
+        .skipped
+        .iter()
+        .partition(|k| k.ends_with("num_batches_tracked"));
+    let mut skipped: Vec<String> = named.into_iter().cloned().collect();
+    if !counters.is_empty() {
+        skipped.push(format!("{} num_batches_tracked", counters.len()));
+    }
+    eprintln!(
+        "initialised {} encoder tensors from {}{}",
+        loaded.tensors,
+        loaded.path.display(),
+        match loaded.skipped.len() {
+            0 => String::new(),
+            n => format!(
+                " (skipped {n} it has and the encoder lacks: {})",
+                skipped.join(", ")
+            ),
+        }
+    );
+    Ok(())
+}
+
+/// The projector's hidden layers use batch norm, which is undefined on one sample (spec
+/// `docs/spec/objectives.md` §0): refuse, before training, a run whose views would reach it one
+/// instance at a time.
+fn check_projector_batch(
+    cfg: &RunConfig,
+    objective: &str,
+    uses_projector: bool,
+    instances: usize,
+) -> Result<()> {
+    if !uses_projector || cfg.model.projector.len() < 2 {
+        return Ok(());
+    }
+    let b = cfg.train.batch_size;
+    if b < 2 {
+        bail!(
+            "objective `{objective}` trains through the projector, whose batch norm needs at least 2 instances \
+             per view, got --batch-size {b}; use --batch-size 2 or more, or a projector without hidden \
+             layers (--set model.projector=[{}])",
+            cfg.model.projector[cfg.model.projector.len() - 1]
+        );
+    }
+    if !cfg.train.drop_last && instances % b == 1 {
+        bail!(
+            "the last batch of every epoch would hold 1 instance ({instances} training instances, batch size {b}), \
+             and the projector's batch norm needs at least 2; set train.drop_last=true or another batch size"
+        );
+    }
+    Ok(())
+}
+
+impl Model {
+    /// Backbone features in eval mode, `[n, F]`, computed in chunks.
+    pub fn features(&self, x: &Tensor) -> Result<Tensor> {
+        setup::forward_in_chunks(self.encoder.as_ref(), x, false)
+    }
+
+    /// Backbone features in eval mode of clean samples, `[n, F]`, read and encoded in chunks.
+    pub fn embed(&self, x: &setup::CleanSamples) -> Result<Tensor> {
+        x.encode(self.encoder.as_ref(), false)
+    }
+
+    /// Online-probe predictions for eval-mode features.
+    pub fn probe_predictions(&self, features: &Tensor) -> Result<Option<Vec<u32>>> {
+        match &self.probe {
+            Some(p) => Ok(Some(
+                p.forward(features)?.argmax(D::Minus1)?.to_vec1::<u32>()?,
+            )),
+            None => Ok(None),
+        }
+    }
+}
