@@ -25,6 +25,9 @@ pub struct Registration {
     pub keys: &'static [ConfigKey],
     /// The default configuration as YAML (the paper's defaults).
     pub default_config: fn() -> serde_yaml::Value,
+    /// Parses and validates a YAML mapping of overrides without building: a run's configuration
+    /// is checked with it before any data is read.
+    pub check: fn(&serde_yaml::Value) -> Result<()>,
     /// Parses, validates and builds from a YAML mapping of overrides.
     pub build: fn(&serde_yaml::Value, &BuildContext<'_>) -> Result<Box<dyn Objective>>,
 }
@@ -123,6 +126,7 @@ macro_rules! register_objective {
                 paper: $paper,
                 keys: $keys,
                 default_config: $crate::registry::default_config_of::<$config>,
+                check: |value| $crate::registry::parse_config::<$config>($name, value).map(drop),
                 build: |value, ctx| $crate::registry::build_from::<$config>($name, value, ctx),
             }
         }

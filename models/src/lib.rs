@@ -29,6 +29,7 @@ pub mod linear;
 pub mod mlp;
 pub mod pool;
 pub mod projector;
+pub mod registry;
 pub mod residual;
 pub mod resnet;
 pub mod softmax;
@@ -39,9 +40,13 @@ pub mod vit;
 pub use batch_norm::BatchNorm;
 pub use conv::Conv;
 pub use digits_cnn::DigitsCnn;
+pub use inventory;
 pub use linear::{linear, Linear};
 pub use mlp::Mlp;
 pub use projector::Projector;
+pub use registry::{
+    find_encoder, registered_encoders, EncoderRegistration, EncoderSpec, ModuleEncoder,
+};
 pub use resnet::{ResNet, ResNetConfig, Stem};
 pub use vit::{VisionTransformer, VitConfig};
 

@@ -255,7 +255,8 @@ impl Default for DataConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// One of [`ENCODERS`] (default: `digits_cnn`; `resnet18_3d` for MedMNIST volumes).
+    /// One of [`ENCODERS`], or an encoder a linked crate registered (default: `digits_cnn`;
+    /// `resnet18_3d` for MedMNIST volumes).
     pub encoder: String,
     /// MLP widths (hidden…, output) when `encoder: mlp`.
     pub mlp: Vec<usize>,
@@ -290,6 +291,23 @@ pub const ENCODERS: &[&str] = &[
     "vit_b16",
 ];
 
+/// The encoders `model.encoder` can name in this program, for error messages: the built-in
+/// ones and those linked crates registered ([`ssl_models::register_encoder!`]).
+pub fn known_encoders() -> String {
+    let registered: Vec<&str> = ssl_models::registered_encoders()
+        .iter()
+        .map(|r| r.name)
+        .collect();
+    match registered.is_empty() {
+        true => format!("built in: {}", ENCODERS.join(", ")),
+        false => format!(
+            "built in: {}; registered: {}",
+            ENCODERS.join(", "),
+            registered.join(", ")
+        ),
+    }
+}
+
 impl Default for ModelConfig {
     fn default() -> Self {
         Self {
@@ -315,8 +333,8 @@ pub struct ObjectiveSection {
 impl ObjectiveSection {
     /// Fills the keys absent from `params` with the objective's defaults, so the resolved
     /// `config.yaml` records every hyperparameter the run used (and `ssl compare` notices when a
-    /// default changes). Keys the objective does not know are kept for its build to reject by
-    /// name.
+    /// default changes), then checks them as the objective's build will: a key it does not
+    /// know, or a value out of range, is an error naming it.
     pub fn resolve(&mut self) -> Result<()> {
         ensure!(
             !self.name.trim().is_empty(),
@@ -341,7 +359,7 @@ impl ObjectiveSection {
             ),
         }
         self.params = serde_yaml::Value::Mapping(resolved);
-        Ok(())
+        (registration.check)(&self.params)
     }
 }
 
@@ -924,10 +942,11 @@ impl DataConfig {
 impl ModelConfig {
     fn validate(&self) -> Result<()> {
         ensure!(
-            ENCODERS.contains(&self.encoder.as_str()),
-            "unknown model.encoder `{}`; built in: {}",
+            ENCODERS.contains(&self.encoder.as_str())
+                || ssl_models::find_encoder(&self.encoder).is_some(),
+            "unknown model.encoder `{}`; {}",
             self.encoder,
-            ENCODERS.join(", ")
+            known_encoders()
         );
         ensure!(
             !self.mlp.is_empty() && !self.mlp.contains(&0),

@@ -229,6 +229,7 @@ fn baseline_key(cfg: &RunConfig, data: &DataSplit) -> Result<String> {
     let t = &cfg.train;
     let key = (
         &cfg.data,
+        &data.dataset.name,
         data,
         encoder,
         t.seed,

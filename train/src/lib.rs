@@ -5,6 +5,8 @@
 //! linked here, so every program using this crate can name them.
 
 pub mod atomic;
+pub mod builder;
+pub mod callbacks;
 pub mod checkpoint;
 pub mod config;
 pub mod diagnostics;
@@ -13,13 +15,23 @@ pub mod export;
 #[cfg(feature = "plots")]
 pub mod figures;
 pub mod model;
+pub mod own_data;
 pub mod pretrained;
 pub mod progress;
+pub mod run;
 pub mod rundir;
 pub mod runlog;
 pub mod setup;
 pub mod staging;
 pub mod trainer;
+
+pub use builder::RunConfigBuilder;
+pub use callbacks::{Callbacks, EpochEvent, StepEvent};
+pub use config::RunConfig;
+pub use own_data::OwnImages;
+pub use run::{RunOutcome, TrainedEncoder, Trainer};
+pub use rundir::Start;
+pub use ssl_models::{register_encoder, Encoder, EncoderSpec, ModuleEncoder};
 
 // Link the built-in objective crates so their registrations are collected.
 use ssl_barlow as _;

@@ -8,7 +8,8 @@ use candle_core::{Device, DeviceLocation, Tensor};
 use candle_nn::VarBuilder;
 use ssl_data::{Dataset, Normalization};
 use ssl_models::{
-    DigitsCnn, Encoder, Mlp, Projector, ResNet, ResNetConfig, VisionTransformer, VitConfig,
+    DigitsCnn, Encoder, EncoderSpec, Mlp, Projector, ResNet, ResNetConfig, VisionTransformer,
+    VitConfig,
 };
 
 use crate::config::{RunConfig, TrainingSplit};
@@ -154,10 +155,83 @@ impl Findings {
 /// narrows the partitions as configured, in this order: classes, the stratified N-subset of
 /// the training partition, its own train/test partition, class imbalance (training only).
 pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
+    split(cfg, None)
+}
+
+/// [`data`] of images given in memory ([`crate::OwnImages`]) in place of `data.name`'s: split
+/// into train and test by `data.test_fraction`, then narrowed as configured.
+pub fn own_data(cfg: &RunConfig, dataset: Dataset) -> Result<DataSplit> {
+    split(cfg, Some(dataset))
+}
+
+fn split(cfg: &RunConfig, own: Option<Dataset>) -> Result<DataSplit> {
     let seed = cfg.data.split_seed.unwrap_or(cfg.train.seed);
     let mut findings = None;
     let mut unlabeled = Vec::new();
-    let (dataset, mut train, mut test) = match cfg.data.name.as_str() {
+    let (dataset, mut train, mut test) = match own {
+        Some(dataset) => {
+            let (train, test) =
+                ssl_data::stratified_split(&dataset.labels, cfg.data.test_fraction, seed)
+                    .context("data.test_fraction")?;
+            (dataset, train, test)
+        }
+        None => load(cfg, seed, &mut unlabeled, &mut findings)?,
+    };
+    if !cfg.data.classes.is_empty() {
+        let keep = |part: &mut Vec<usize>| {
+            part.retain(|&i| cfg.data.classes.contains(&dataset.labels[i]));
+        };
+        keep(&mut train);
+        keep(&mut test);
+        if let Some(missing) = cfg
+            .data
+            .classes
+            .iter()
+            .find(|&&c| c as usize >= dataset.num_classes)
+        {
+            bail!(
+                "data.classes names class {missing}, but `{}` has classes 0..{}",
+                cfg.data.name,
+                dataset.num_classes - 1
+            );
+        }
+    }
+    if cfg.data.train_size > 0 {
+        train = ssl_data::stratified_subset(&dataset.labels, &train, cfg.data.train_size, seed)
+            .context("data.train_size")?;
+    }
+    if cfg.data.subset_test_fraction > 0.0 {
+        let labels: Vec<u32> = train.iter().map(|&i| dataset.labels[i]).collect();
+        let (inner_train, inner_test) =
+            ssl_data::stratified_split(&labels, cfg.data.subset_test_fraction, seed)
+                .context("data.subset_test_fraction")?;
+        test = inner_test.iter().map(|&k| train[k]).collect();
+        train = inner_train.iter().map(|&k| train[k]).collect();
+    }
+    let (train, minority_classes) =
+        ssl_data::imbalanced_subset(&dataset.labels, &train, cfg.data.imbalance, seed)
+            .context("data.imbalance")?;
+    Ok(DataSplit {
+        dataset: Arc::new(dataset),
+        seed,
+        train,
+        test,
+        unlabeled,
+        minority_classes,
+        normalize: cfg.data.normalization(),
+        findings,
+    })
+}
+
+/// The configured data set read from its source, with its train and test positions (and
+/// STL-10's unlabeled ones and a multi-label file's findings, where there are).
+fn load(
+    cfg: &RunConfig,
+    seed: u64,
+    unlabeled: &mut Vec<usize>,
+    findings: &mut Option<Arc<Findings>>,
+) -> Result<(Dataset, Vec<usize>, Vec<usize>)> {
+    Ok(match cfg.data.name.as_str() {
         "digits" | "gmm" => {
             let dataset = match cfg.data.name.as_str() {
                 "digits" => ssl_data::digits(cfg.data.size)?,
@@ -219,7 +293,7 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
                 file.display(),
                 side = m.layout.size
             );
-            medmnist_split(m, &mut findings)
+            medmnist_split(m, findings)
         }
         name if ssl_data::archive_info(name).is_some() => {
             let _loading = crate::progress::spinner(format!(
@@ -227,7 +301,7 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
             ));
             let b = ssl_data::load_benchmark(name, &benchmark_root(cfg)).context("data.root")?;
             if cfg.data.split == TrainingSplit::TrainUnlabeled {
-                unlabeled = b.unlabeled.collect();
+                *unlabeled = b.unlabeled.collect();
             }
             (b.dataset, b.train.collect(), b.test.collect())
         }
@@ -246,52 +320,8 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
                         .join(", ")
                 ),
             })?;
-            medmnist_split(m, &mut findings)
+            medmnist_split(m, findings)
         }
-    };
-    if !cfg.data.classes.is_empty() {
-        let keep = |part: &mut Vec<usize>| {
-            part.retain(|&i| cfg.data.classes.contains(&dataset.labels[i]));
-        };
-        keep(&mut train);
-        keep(&mut test);
-        if let Some(missing) = cfg
-            .data
-            .classes
-            .iter()
-            .find(|&&c| c as usize >= dataset.num_classes)
-        {
-            bail!(
-                "data.classes names class {missing}, but `{}` has classes 0..{}",
-                cfg.data.name,
-                dataset.num_classes - 1
-            );
-        }
-    }
-    if cfg.data.train_size > 0 {
-        train = ssl_data::stratified_subset(&dataset.labels, &train, cfg.data.train_size, seed)
-            .context("data.train_size")?;
-    }
-    if cfg.data.subset_test_fraction > 0.0 {
-        let labels: Vec<u32> = train.iter().map(|&i| dataset.labels[i]).collect();
-        let (inner_train, inner_test) =
-            ssl_data::stratified_split(&labels, cfg.data.subset_test_fraction, seed)
-                .context("data.subset_test_fraction")?;
-        test = inner_test.iter().map(|&k| train[k]).collect();
-        train = inner_train.iter().map(|&k| train[k]).collect();
-    }
-    let (train, minority_classes) =
-        ssl_data::imbalanced_subset(&dataset.labels, &train, cfg.data.imbalance, seed)
-            .context("data.imbalance")?;
-    Ok(DataSplit {
-        dataset: Arc::new(dataset),
-        seed,
-        train,
-        test,
-        unlabeled,
-        minority_classes,
-        normalize: cfg.data.normalization(),
-        findings,
     })
 }
 
@@ -533,10 +563,14 @@ fn encoder_with_bn_momentum(
         "vit_t16" => vit(VitConfig::tiny())?,
         "vit_s16" => vit(VitConfig::small())?,
         "vit_b16" => vit(VitConfig::base())?,
-        other => bail!(
-            "unknown encoder `{other}`; built in: {}",
-            crate::config::ENCODERS.join(", ")
-        ),
+        other => match ssl_models::find_encoder(other) {
+            Some(registered) => (registered.build)(&EncoderSpec { input_shape: shape }, vb)
+                .with_context(|| format!("building the registered encoder `{other}`"))?,
+            None => bail!(
+                "unknown encoder `{other}`; {}",
+                crate::config::known_encoders()
+            ),
+        },
     })
 }
 

@@ -38,6 +38,7 @@ use ssl_models::autocast::{autocast, Precision};
 use ssl_models::{Encoder, Projector};
 
 use crate::atomic;
+use crate::callbacks::{Callbacks, EpochEvent, StepEvent};
 use crate::checkpoint::{self, TrainerState};
 use crate::config::RunConfig;
 use crate::evaluate::{self, Evaluation, Inputs};
@@ -72,36 +73,45 @@ pub fn run(cfg: &RunConfig, start: Start) -> Result<RunOutcome> {
     run_on(cfg, start, &(Arc::new(SingleProcess) as Arc<dyn Comm>))
 }
 
-/// The file in a run directory that records how many ranks trained it.
+/// The file in a data-parallel run's directory that records its world size and batch sizes.
 pub const DISTRIBUTED_JSON: &str = "distributed.json";
 
-/// Trains `cfg` into its run directory and evaluates it against the baselines, as rank
-/// `comm.rank()` of `comm.world_size()` (see the module docs). `start` says what the directory
-/// may already hold ([`rundir::prepare`]). Everything that can refuse the run (data, networks,
-/// views, the checkpoint a resume loads, a resume on another number of ranks) is checked before
-/// the directory is touched. Ranks other than 0 return an outcome without evaluation once rank 0
-/// has finished. With `model.sync_bn` the train-mode batch norms of the training step (and only
-/// of the step, which every rank takes) use the global batch's statistics ([`StepCollectives`]).
+/// Trains `cfg` on the data set it names, as one rank of `shared` ([`fit`]).
 pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<RunOutcome> {
+    fit(
+        cfg,
+        start,
+        shared,
+        setup::data(cfg)?,
+        &mut Callbacks::default(),
+    )
+}
+
+/// Trains `cfg` on `data` as one rank of `shared`: the model built (or restored to resume),
+/// rank 0's run directory opened, the epochs trained, and rank 0's end-of-run evaluation
+/// written. The other ranks train alongside and return no evaluation.
+pub fn fit(
+    cfg: &RunConfig,
+    start: Start,
+    shared: &Arc<dyn Comm>,
+    data: DataSplit,
+    callbacks: &mut Callbacks,
+) -> Result<RunOutcome> {
     let started = Instant::now();
+    // A configuration filled in field by field meets the same checks as one read from YAML.
+    cfg.validate()?;
     let comm = shared.as_ref();
-    let (rank, world) = (comm.rank(), comm.world_size());
     comm.set_collective_timeout(Duration::from_secs(cfg.train.collective_timeout as u64));
     let device = setup::rank_device(&cfg.train.device, comm)?;
-    let data = setup::data(cfg)?;
     evaluate::check_split(&data)?;
-    let mut model = model::build_model(cfg, &data, &device)?;
-    model::apply_init(cfg, &model)?;
+    let (mut model, mut optimizer, resumed) = build_or_restore(cfg, &data, &device, start, comm)?;
     let loader = training_loader(cfg, &data, comm)?;
-    let mut optimizer = model::optimizer(cfg, &model)?;
-    let resumed = match start {
-        Start::Resume => {
-            check_world_size(&cfg.out, world, cfg.train.batch_size)?;
-            Some(restore(&cfg.out, &mut model, &mut optimizer)?)
-        }
-        Start::Fresh | Start::Overwrite => None,
+    let outcome = |dir: PathBuf, evaluation| RunOutcome {
+        dir,
+        evaluation,
+        seconds: started.elapsed().as_secs_f64(),
     };
-    if rank != 0 {
+    if comm.rank() != 0 {
         let mut training = Training::new(
             cfg,
             &loader,
@@ -114,12 +124,70 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
         training.run(&data, &device, &loader)?;
         // Rank 0 evaluates and writes the results meanwhile.
         comm.wait_for_rank_zero()?;
-        return Ok(RunOutcome {
-            dir: cfg.out.clone(),
-            evaluation: Vec::new(),
-            seconds: started.elapsed().as_secs_f64(),
-        });
+        return Ok(outcome(cfg.out.clone(), Vec::new()));
     }
+    let cfg = &open_run_dir(cfg, start, &data, &model, &device, comm)?;
+    let dir = cfg.out.clone();
+    let mut log = RunLog::open(&dir, cfg, resumed.as_ref())?;
+    let mut training = Training::new(
+        cfg,
+        &loader,
+        &mut model,
+        &mut optimizer,
+        Some(Report {
+            log: &mut log,
+            callbacks,
+        }),
+        shared,
+        resumed,
+    );
+    if !training.run(&data, &device, &loader)? {
+        comm.wait_for_rank_zero()
+            .context("at the barrier after an early stop")?;
+        return Ok(outcome(dir, Vec::new()));
+    }
+    let last_step = training.state.step.saturating_sub(1);
+    let features = training.final_features.take();
+    let evaluation = evaluate_run(cfg, &data, &model, &device, features, started)?;
+    log.finish(last_step)?;
+    comm.wait_for_rank_zero()
+        .context("at the barrier after the end-of-run evaluation")?;
+    Ok(outcome(dir, evaluation))
+}
+
+/// The model and optimiser of `cfg` on `data`: fresh (with `model.init`'s weights, if given),
+/// or restored from the run directory to resume.
+fn build_or_restore(
+    cfg: &RunConfig,
+    data: &DataSplit,
+    device: &Device,
+    start: Start,
+    comm: &dyn Comm,
+) -> Result<(Model, Optimizer, Option<TrainerState>)> {
+    let mut model = model::build_model(cfg, data, device)?;
+    model::apply_init(cfg, &model)?;
+    let mut optimizer = model::optimizer(cfg, &model)?;
+    let resumed = match start {
+        Start::Resume => {
+            check_world_size(&cfg.out, comm.world_size(), cfg.train.batch_size)?;
+            Some(restore(&cfg.out, &mut model, &mut optimizer)?)
+        }
+        Start::Fresh | Start::Overwrite => None,
+    };
+    Ok((model, optimizer, resumed))
+}
+
+/// Rank 0's run directory, prepared for `start`, with the resolved configuration, the data
+/// split and (data parallel) the world's batch sizes written into it; returns the configuration
+/// with `out` set to it.
+fn open_run_dir(
+    cfg: &RunConfig,
+    start: Start,
+    data: &DataSplit,
+    model: &Model,
+    device: &Device,
+    comm: &dyn Comm,
+) -> Result<RunConfig> {
     if model.precision == Precision::Bf16 && device.is_cpu() {
         eprintln!(
             "train.precision bf16 on the CPU is emulated (bf16-rounded operands, f32 products): \
@@ -127,18 +195,19 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
         );
     }
     let dir = rundir::prepare(cfg, start)?;
-    let cfg = &RunConfig {
+    let cfg = RunConfig {
         out: dir.clone(),
         ..cfg.clone()
     };
     atomic::write(
         &dir.join("config.yaml"),
-        serde_yaml::to_string(cfg)?.as_bytes(),
+        serde_yaml::to_string(&cfg)?.as_bytes(),
     )?;
     atomic::write(
         &dir.join("split.json"),
-        serde_json::to_string(&data)?.as_bytes(),
+        serde_json::to_string(data)?.as_bytes(),
     )?;
+    let world = comm.world_size();
     if world > 1 {
         let b = cfg.train.batch_size;
         let norm = match cfg.model.sync_bn {
@@ -167,52 +236,36 @@ pub fn run_on(cfg: &RunConfig, start: Start, shared: &Arc<dyn Comm>) -> Result<R
             serde_json::to_string_pretty(&record)?.as_bytes(),
         )?;
     }
-    let mut log = RunLog::open(&dir, cfg, resumed.as_ref())?;
-    let mut training = Training::new(
-        cfg,
-        &loader,
-        &mut model,
-        &mut optimizer,
-        Some(&mut log),
-        shared,
-        resumed,
-    );
-    if !training.run(&data, &device, &loader)? {
-        comm.wait_for_rank_zero()
-            .context("at the barrier after an early stop")?;
-        return Ok(RunOutcome {
-            dir,
-            evaluation: Vec::new(),
-            seconds: started.elapsed().as_secs_f64(),
-        });
-    }
-    let last_step = training.state.step.saturating_sub(1);
-    let features = training.final_features.take();
-    let evaluation = evaluate::with_baselines(cfg, &data, &model, &device, features)
+    Ok(cfg)
+}
+
+/// The end-of-run evaluation (raw inputs, random init, the trained encoder), a 2-D encoder's
+/// embedding, and `results.json` in the run directory.
+fn evaluate_run(
+    cfg: &RunConfig,
+    data: &DataSplit,
+    model: &Model,
+    device: &Device,
+    features: Option<evaluate::Embeddings>,
+    started: Instant,
+) -> Result<Vec<(String, Evaluation)>> {
+    let dir = &cfg.out;
+    let evaluation = evaluate::with_baselines(cfg, data, model, device, features)
         .context("in the end-of-run evaluation")?;
     if model.encoder.output_dim() == 2 {
-        let csv = dir.join("embedding.csv");
-        evaluate::write_embedding(&csv, &data, &model, &device)?;
+        evaluate::write_embedding(&dir.join("embedding.csv"), data, model, device)?;
         #[cfg(feature = "plots")]
-        crate::figures::embedding(&dir, format!("{}: test embeddings", cfg.objective.name))?;
+        crate::figures::embedding(dir, format!("{}: test embeddings", cfg.objective.name))?;
     }
-    log.finish(last_step)?;
-    let seconds = started.elapsed().as_secs_f64();
     let results = json!({
-        "seconds": seconds,
+        "seconds": started.elapsed().as_secs_f64(),
         "rows": evaluation.iter().map(|(n, e)| json!({"encoder": n, "metrics": e})).collect::<Vec<_>>(),
     });
     atomic::write(
         &dir.join("results.json"),
         serde_json::to_string_pretty(&results)?.as_bytes(),
     )?;
-    comm.wait_for_rank_zero()
-        .context("at the barrier after the end-of-run evaluation")?;
-    Ok(RunOutcome {
-        dir,
-        evaluation,
-        seconds,
-    })
+    Ok(evaluation)
 }
 
 /// Refuses to resume the run in `dir` on `world` ranks when it was trained on another number
@@ -323,8 +376,8 @@ struct Training<'a> {
     cfg: &'a RunConfig,
     model: &'a mut Model,
     optimizer: &'a mut Optimizer,
-    /// Rank 0's logs; the other ranks write nothing.
-    log: Option<&'a mut RunLog>,
+    /// Rank 0's logs and callbacks; the other ranks write and call nothing.
+    report: Option<Report<'a>>,
     comm: &'a dyn Comm,
     /// The batch norms' collective under `model.sync_bn` on more than one rank, handed to every
     /// training step ([`StepCollectives`]).
@@ -344,6 +397,12 @@ struct Training<'a> {
     final_features: Option<evaluate::Embeddings>,
     /// Steps taken whose logged values are still on the device.
     pending: Pending,
+}
+
+/// What rank 0 writes and calls as the run goes.
+struct Report<'a> {
+    log: &'a mut RunLog,
+    callbacks: &'a mut Callbacks,
 }
 
 /// The steps of the current logging interval (`train.log_every`), read from the device together.
@@ -373,7 +432,7 @@ impl<'a> Training<'a> {
         loader: &ViewLoader,
         model: &'a mut Model,
         optimizer: &'a mut Optimizer,
-        log: Option<&'a mut RunLog>,
+        report: Option<Report<'a>>,
         comm: &'a Arc<dyn Comm>,
         resumed: Option<TrainerState>,
     ) -> Self {
@@ -393,7 +452,7 @@ impl<'a> Training<'a> {
             trainable: model::trainable(&model.store),
             model,
             optimizer,
-            log,
+            report,
             comm: comm.as_ref(),
             batch_norm: (cfg.model.sync_bn && comm.world_size() > 1)
                 .then(|| Arc::clone(comm) as Arc<dyn Collective>),
@@ -413,7 +472,7 @@ impl<'a> Training<'a> {
     fn run(&mut self, data: &DataSplit, device: &Device, loader: &Arc<ViewLoader>) -> Result<bool> {
         let t = &self.cfg.train;
         let monitor_inputs = evaluate::clean_inputs(data, device);
-        let bar = match self.log {
+        let bar = match self.report {
             Some(_) => progress::bar(
                 self.total_steps as u64,
                 "{spinner} epoch {prefix} [{bar:30}] {pos}/{len} steps {msg} ({eta})",
@@ -550,8 +609,8 @@ impl<'a> Training<'a> {
         let out = mean_output(outs)?;
         let step = self.state.step;
         self.state.step += 1;
-        let spectrum = match self.log.as_deref() {
-            Some(log) if log.logs_spectrum(self.cfg, step) => Some(out.projections),
+        let spectrum = match &self.report {
+            Some(report) if report.log.logs_spectrum(self.cfg, step) => Some(out.projections),
             _ => None,
         };
         let pending = &mut self.pending;
@@ -592,7 +651,7 @@ impl<'a> Training<'a> {
             let values = p.logged.values_of(row);
             values.check_finite(p.step, p.lr)?;
             loss = values.loss;
-            if let Some(log) = self.log.as_deref_mut() {
+            if let Some(Report { log, callbacks }) = self.report.as_mut() {
                 log.step(&StepRecord {
                     step: p.step,
                     epoch: p.epoch,
@@ -606,6 +665,13 @@ impl<'a> Training<'a> {
                 if let Some(projections) = &p.spectrum {
                     log.spectrum(p.step, projections)?;
                 }
+                callbacks.step(&StepEvent {
+                    step: p.step,
+                    epoch: p.epoch,
+                    loss: values.loss,
+                    terms: &values.terms,
+                    lr: p.lr,
+                })?;
             }
         }
         Ok(loss)
@@ -627,10 +693,11 @@ impl<'a> Training<'a> {
         let cfg = self.cfg;
         self.state.epochs_done = epoch + 1;
         let last = self.state.epochs_done == cfg.train.epochs;
-        let Some(log) = self.log.as_deref_mut() else {
+        let Some(Report { log, callbacks }) = self.report.as_mut() else {
             // Rank 0 monitors and checkpoints meanwhile.
             return self.comm.wait_for_rank_zero();
         };
+        let mut monitored = (None, None);
         if last
             || self
                 .state
@@ -641,6 +708,7 @@ impl<'a> Training<'a> {
             let (knn, probe, features) = evaluate::monitor(cfg, self.model, train, test)?;
             log.epoch_end(epoch, self.state.step, knn, probe)?;
             self.final_features = last.then_some(features);
+            monitored = (Some(knn), probe);
         }
         log.flush()?;
         if last
@@ -658,6 +726,12 @@ impl<'a> Training<'a> {
             )?;
             self.checkpointed = Some(self.state.step);
         }
+        callbacks.epoch(&EpochEvent {
+            epoch,
+            steps: self.state.step,
+            knn_accuracy: monitored.0,
+            probe_accuracy: monitored.1,
+        })?;
         let step = self.state.step;
         self.comm
             .wait_for_rank_zero()

@@ -1,0 +1,63 @@
+//! Code of your own called as a run goes: after every step (once its values are read from the
+//! device, `train.log_every` steps at a time) and at the end of every epoch. Callbacks run on
+//! rank 0 only; an error a callback returns stops the run with that error.
+
+use anyhow::Result;
+
+/// One optimiser step's logged values.
+#[derive(Debug, Clone)]
+pub struct StepEvent<'a> {
+    /// The step, counted from 0 over the whole run.
+    pub step: usize,
+    pub epoch: usize,
+    /// The loss averaged over the ranks.
+    pub loss: f64,
+    /// The objective's named loss terms.
+    pub terms: &'a [(String, f64)],
+    /// The learning rate the step used.
+    pub lr: f64,
+}
+
+/// The end of an epoch.
+#[derive(Debug, Clone, Copy)]
+pub struct EpochEvent {
+    /// The epoch that ended, counted from 0.
+    pub epoch: usize,
+    /// Optimiser steps taken so far.
+    pub steps: usize,
+    /// The monitor's k-NN accuracy on the test split, where it ran this epoch
+    /// (`eval.monitor_every`, and always after the last).
+    pub knn_accuracy: Option<f64>,
+    /// The online probe's test accuracy, where the monitor ran and there is a probe.
+    pub probe_accuracy: Option<f64>,
+}
+
+type StepFn = Box<dyn FnMut(&StepEvent) -> Result<()> + Send>;
+type EpochFn = Box<dyn FnMut(&EpochEvent) -> Result<()> + Send>;
+
+/// The callbacks of a run, called in the order they were added.
+#[derive(Default)]
+pub struct Callbacks {
+    step: Vec<StepFn>,
+    epoch: Vec<EpochFn>,
+}
+
+impl Callbacks {
+    /// Adds `f`, called after every step.
+    pub fn on_step(&mut self, f: impl FnMut(&StepEvent) -> Result<()> + Send + 'static) {
+        self.step.push(Box::new(f));
+    }
+
+    /// Adds `f`, called at the end of every epoch.
+    pub fn on_epoch(&mut self, f: impl FnMut(&EpochEvent) -> Result<()> + Send + 'static) {
+        self.epoch.push(Box::new(f));
+    }
+
+    pub(crate) fn step(&mut self, event: &StepEvent) -> Result<()> {
+        self.step.iter_mut().try_for_each(|f| f(event))
+    }
+
+    pub(crate) fn epoch(&mut self, event: &EpochEvent) -> Result<()> {
+        self.epoch.iter_mut().try_for_each(|f| f(event))
+    }
+}

@@ -1,0 +1,135 @@
+//! [`Trainer`]: a run from Rust code. It takes a checked [`RunConfig`] and, optionally, data
+//! held in memory ([`OwnImages`]) and callbacks; [`Trainer::fit`] trains, checkpoints and
+//! evaluates as `ssl run` does, and returns the evaluation table and the run directory.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use ssl_core::SingleProcess;
+use ssl_dist::Comm;
+
+use crate::callbacks::{Callbacks, EpochEvent, StepEvent};
+use crate::config::RunConfig;
+use crate::own_data::OwnImages;
+use crate::rundir::Start;
+use crate::{evaluate, setup, trainer};
+
+pub use crate::trainer::RunOutcome;
+
+/// One run, configured; see the module docs.
+pub struct Trainer {
+    config: RunConfig,
+    data: Option<OwnImages>,
+    start: Start,
+    callbacks: Callbacks,
+}
+
+impl Trainer {
+    /// A run of `config` on the data set it names, into a new run directory.
+    pub fn new(config: RunConfig) -> Self {
+        Self {
+            config,
+            data: None,
+            start: Start::Fresh,
+            callbacks: Callbacks::default(),
+        }
+    }
+
+    /// Trains and evaluates on `images` instead of `data.name`'s data set.
+    pub fn with_data(mut self, images: OwnImages) -> Self {
+        self.data = Some(images);
+        self
+    }
+
+    /// How the run directory is opened: fresh (the default), overwriting one, or resuming the
+    /// run in it.
+    pub fn start(mut self, start: Start) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// Calls `f` after every step (see [`crate::callbacks`]).
+    pub fn on_step(mut self, f: impl FnMut(&StepEvent) -> Result<()> + Send + 'static) -> Self {
+        self.callbacks.on_step(f);
+        self
+    }
+
+    /// Calls `f` at the end of every epoch.
+    pub fn on_epoch(mut self, f: impl FnMut(&EpochEvent) -> Result<()> + Send + 'static) -> Self {
+        self.callbacks.on_epoch(f);
+        self
+    }
+
+    /// Trains in this process, then evaluates: the table's rows (raw inputs, random init, the
+    /// trained encoder) and the run directory.
+    pub fn fit(mut self) -> Result<RunOutcome> {
+        let data = match self.data {
+            Some(images) => setup::own_data(&self.config, images.into_dataset())?,
+            None => setup::data(&self.config)?,
+        };
+        let world: Arc<dyn Comm> = Arc::new(SingleProcess);
+        trainer::fit(&self.config, self.start, &world, data, &mut self.callbacks)
+    }
+}
+
+impl RunOutcome {
+    /// The evaluation as the Markdown table `ssl run` prints.
+    pub fn table(&self, config: &RunConfig) -> String {
+        evaluate::table(&self.evaluation, config)
+    }
+}
+
+/// The encoder a run trained, loaded from its last checkpoint to embed new samples.
+pub struct TrainedEncoder {
+    encoder: Box<dyn ssl_models::Encoder>,
+    shape: Vec<usize>,
+    normalize: ssl_data::Normalization,
+    device: candle_core::Device,
+}
+
+impl TrainedEncoder {
+    /// The encoder of the run in `run_dir` (its `config.yaml` and `checkpoint/`), for samples of
+    /// `shape` (the run's: e.g. `[1, 16, 16]` for the digits at the default size), on the CPU.
+    pub fn load(run_dir: &std::path::Path, shape: &[usize]) -> Result<Self> {
+        let config = RunConfig::load_run(run_dir)?;
+        let device = candle_core::Device::Cpu;
+        let store = ssl_core::ParamStore::new(config.train.seed);
+        let dataset = setup::DataSplit::shape_only(shape, 0).dataset;
+        let encoder = setup::encoder(&config, &dataset, store.var_builder(&device).pp("encoder"))?;
+        let weights = run_dir.join("checkpoint").join(crate::checkpoint::MODEL);
+        crate::export::load_encoder(&store, &crate::checkpoint::load_tensors(&weights)?)?;
+        Ok(Self {
+            encoder,
+            shape: shape.to_vec(),
+            normalize: config.data.normalization(),
+            device,
+        })
+    }
+
+    /// The features `[N, F]` of `samples` (each of the run's shape, values in `[0, 1]` as the
+    /// data set stored them), normalised as the run's evaluation normalised its inputs, in
+    /// evaluation mode.
+    pub fn embed(&self, samples: &[f32]) -> Result<candle_core::Tensor> {
+        let sample_len: usize = self.shape.iter().product();
+        anyhow::ensure!(
+            !samples.is_empty() && samples.len().is_multiple_of(sample_len),
+            "samples of shape {:?} take {sample_len} values each; got {} values",
+            self.shape,
+            samples.len()
+        );
+        let mut values = samples.to_vec();
+        let channels = self.shape[0];
+        values
+            .chunks_mut(sample_len)
+            .for_each(|sample| self.normalize.apply(sample, channels));
+        let mut dims = vec![samples.len() / sample_len];
+        dims.extend(&self.shape);
+        let x = candle_core::Tensor::from_vec(values, dims, &self.device)?;
+        setup::forward_in_chunks(self.encoder.as_ref(), &x, false)
+    }
+
+    /// The width of the features.
+    pub fn output_dim(&self) -> usize {
+        self.encoder.output_dim()
+    }
+}
