@@ -125,8 +125,10 @@ impl Harmonics {
 /// Only the sums `Σ_n cos`, `Σ_n sin` (`[2(K−1), V, M]`) cross workers, the all-reduce of the
 /// official code. The gradient with respect to the local rows,
 /// `∂T_vm/∂x_vnm = 2 Σ_k W_k t_k [S̄_vmk cos(t_k x_vnm) − (C̄_vmk − φ_k) sin(t_k x_vnm)]`, is formed
-/// from the same cosines and sines (recomputed in a second sweep rather than stored) and attached
-/// through a linear surrogate (exact to first order, which is all backpropagation uses).
+/// from the same cosines and sines and attached through a linear surrogate (exact to first
+/// order, which is all backpropagation uses). On one process it is accumulated in the sweep that
+/// computes the means; across workers the means are known only after the gather, so a second
+/// sweep recomputes the cosines and sines rather than storing `K` of them.
 pub fn epps_pulley_views(
     x: &Tensor,
     quadrature: &Quadrature,
@@ -135,40 +137,57 @@ pub fn epps_pulley_views(
     let (v, n, m) = x.dims3()?;
     let knots = quadrature.nonzero_knots();
     let harmonics = Harmonics::new(x, quadrature.step())?;
-    let mut local_sums = Vec::with_capacity(2 * knots.len());
-    harmonics.for_each(knots.len(), |_, cos_k, sin_k| {
-        local_sums.push(cos_k.sum(1)?);
-        local_sums.push(sin_k.sum(1)?);
-        Ok(())
-    })?;
-    let local_sums = Tensor::stack(&local_sums, 0)?;
-    let global_sums = collective
-        .all_gather(&local_sums.unsqueeze(0)?, 0)?
-        .sum(0)?;
     let n_global = (n * collective.world_size()) as f64;
-    let means = (global_sums / n_global)?;
-
     let mut value = Tensor::zeros((v, m), x.dtype(), x.device())?;
-    // Per knot, the coefficients of cos(t_k x) and sin(t_k x) in the gradient, `[V, 1, M]`.
-    let mut coefficients = Vec::with_capacity(knots.len());
-    for (i, &(t, weight, phi)) in knots.iter().enumerate() {
-        let real = (means.get(2 * i)? - phi)?;
-        let imag = means.get(2 * i + 1)?;
-        let error = (real.sqr()? + imag.sqr()?)?;
-        value = (value + (error * (weight * n_global))?)?;
-        let scale = 2.0 * weight * t;
-        coefficients.push((
-            (imag * scale)?.unsqueeze(1)?,
-            (real * -scale)?.unsqueeze(1)?,
-        ));
-    }
     let mut gradient = Tensor::zeros((v, n, m), x.dtype(), x.device())?;
-    harmonics.for_each(knots.len(), |k, cos_k, sin_k| {
-        let (of_cos, of_sin) = &coefficients[k - 1];
-        let term = (cos_k.broadcast_mul(of_cos)? + sin_k.broadcast_mul(of_sin)?)?;
-        gradient = (&gradient + term)?;
-        Ok(())
-    })?;
+    // Knot `k`'s share of the value, and its coefficients of cos(t_k x) and sin(t_k x) in the
+    // gradient (`[V, 1, M]`), from the global means `C̄_k`, `S̄_k` (`[V, M]`).
+    let knot_terms = |k: usize, cos_mean: &Tensor, sin_mean: &Tensor| -> Result<[Tensor; 3]> {
+        let (t, weight, phi) = knots[k - 1];
+        let real = (cos_mean - phi)?;
+        let error = (real.sqr()? + sin_mean.sqr()?)?;
+        let scale = 2.0 * weight * t;
+        Ok([
+            (error * (weight * n_global))?,
+            (sin_mean * scale)?.unsqueeze(1)?,
+            (real * -scale)?.unsqueeze(1)?,
+        ])
+    };
+    let gradient_term = |cos_k: &Tensor, sin_k: &Tensor, of_cos: &Tensor, of_sin: &Tensor| {
+        cos_k.broadcast_mul(of_cos)? + sin_k.broadcast_mul(of_sin)?
+    };
+    if collective.world_size() == 1 {
+        harmonics.for_each(knots.len(), |k, cos_k, sin_k| {
+            let [share, of_cos, of_sin] = knot_terms(k, &cos_k.mean(1)?, &sin_k.mean(1)?)?;
+            value = (&value + share)?;
+            gradient = (&gradient + gradient_term(cos_k, sin_k, &of_cos, &of_sin)?)?;
+            Ok(())
+        })?;
+    } else {
+        let mut local_sums = Vec::with_capacity(2 * knots.len());
+        harmonics.for_each(knots.len(), |_, cos_k, sin_k| {
+            local_sums.push(cos_k.sum(1)?);
+            local_sums.push(sin_k.sum(1)?);
+            Ok(())
+        })?;
+        let local_sums = Tensor::stack(&local_sums, 0)?;
+        let global_sums = collective
+            .all_gather(&local_sums.unsqueeze(0)?, 0)?
+            .sum(0)?;
+        let means = (global_sums / n_global)?;
+        let mut coefficients = Vec::with_capacity(knots.len());
+        for k in 1..=knots.len() {
+            let [share, of_cos, of_sin] =
+                knot_terms(k, &means.get(2 * k - 2)?, &means.get(2 * k - 1)?)?;
+            value = (&value + share)?;
+            coefficients.push((of_cos, of_sin));
+        }
+        harmonics.for_each(knots.len(), |k, cos_k, sin_k| {
+            let (of_cos, of_sin) = &coefficients[k - 1];
+            gradient = (&gradient + gradient_term(cos_k, sin_k, of_cos, of_sin)?)?;
+            Ok(())
+        })?;
+    }
     let linear = (x * gradient)?.sum(1)?;
     (&linear - linear.detach())? + value
 }
