@@ -173,6 +173,35 @@ def main():
             **with_gradients(algorithm2(lambda emb: paper_sigreg(emb, A)), z),
         },
     ]
+    # The spec's small known answer (docs/spec/objectives.md §2.26): 2 global views and 1 local
+    # view of 3 instances in 2 dimensions, two directions.
+    z_spec = torch.tensor(
+        [
+            [[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]],
+            [[0.5, 0.5], [0.0, 2.0], [-1.0, 0.0]],
+            [[2.0, 0.0], [1.0, 1.0], [0.0, -1.0]],
+        ]
+    )
+    A_spec = torch.tensor([[1.0, 0.6], [0.0, 0.8]])
+
+    def spec_kat(zz):
+        a_emb, g_emb = zz.reshape(9, 2), zz[:2].reshape(6, 2)
+        return paper_lejepa(g_emb, a_emb, 3, 2, lamb, lambda emb: sliced_test(package, emb, A_spec))
+
+    cases.append(
+        {
+            "name": "spec_kat",
+            "source": "paper Algorithm 2 with the package's EppsPulley(t_max=3, n_points=17) on "
+            "the spec's inputs",
+            "embeddings": z_spec.tolist(),
+            "directions": A_spec.tolist(),
+            "views": 3,
+            "global_views": 2,
+            "t_max": 3.0,
+            "knots": 17,
+            **with_gradients(spec_kat, z_spec),
+        }
+    )
     golden = {
         "generator": "objectives/lejepa/golden/make_golden.py",
         "torch": torch.__version__,

@@ -44,15 +44,16 @@ fn worst_error(actual: &Tensor, expected: &Tensor) -> Result<f64> {
 #[test]
 fn the_official_code_s_values_and_gradients_to_1e_10() -> Result<()> {
     let golden: serde_json::Value = serde_json::from_str(GOLDEN)?;
-    let embeddings = tensor(&golden["embeddings"])?;
-    let directions = tensor(&golden["directions"])?;
     let lambda = golden["lambda"].as_f64().expect("lambda");
     let cases = golden["cases"].as_array().expect("cases");
-    assert_eq!(cases.len(), 3);
+    assert_eq!(cases.len(), 4);
     for case in cases {
         let name = case["name"].as_str().expect("name");
         let count = |key: &str| case[key].as_u64().expect(key) as usize;
-        let z = embeddings.narrow(0, 0, count("views"))?;
+        // A case's own inputs, else the shared ones.
+        let input = |key: &str| tensor(case.get(key).unwrap_or(&golden[key]));
+        let z = input("embeddings")?.narrow(0, 0, count("views"))?;
+        let directions = input("directions")?;
         let quadrature = Quadrature::new(case["t_max"].as_f64().expect("t_max"), count("knots"))?;
         for term in ["loss", "prediction", "sigreg"] {
             let z = Var::from_tensor(&z)?;
@@ -144,6 +145,29 @@ fn sigreg_is_small_for_gaussian_embeddings_and_large_for_collapsed_ones() -> Res
             "{what} {collapsed}, gaussian {gaussian}"
         );
     }
+    Ok(())
+}
+
+#[test]
+fn a_batch_at_the_origin_scores_the_batch_size_times_the_window_gap() -> Result<()> {
+    // x ≡ 0 makes φ̂ ≡ 1, so T = N Σ_k W_k (1 − φ_k)² on every slice: 0.4020475797 per row
+    // with R = 3 and 17 knots, whatever the directions, and a zero gradient (0 is its minimum
+    // among point masses).
+    let z = Var::from_tensor(&Tensor::zeros((2, 10, 3), DType::F64, &Device::Cpu)?)?;
+    let directions = random_directions(3, 4, &mut first_step().rng(3), &Device::Cpu)?;
+    let value = sigreg(
+        z.as_tensor(),
+        &directions,
+        &Quadrature::LEJEPA,
+        &SingleProcess,
+    )?;
+    close(scalar(&value), 10.0 * 0.40204757973166455, 1e-12);
+    let grad = value
+        .backward()?
+        .get(z.as_tensor())
+        .expect("a gradient")
+        .clone();
+    assert_eq!(grad.abs()?.max_all()?.to_scalar::<f64>()?, 0.0);
     Ok(())
 }
 
