@@ -5,8 +5,9 @@
 //!   `Ẽ: [N, d]`, as **sums** over dimensions (no `1/d`).
 //! * IConE-SIG: the sliced Epps–Pulley test of LeJEPA's SIGReg on the per-dimension standardised
 //!   raw table, `M` fresh unit directions per step. SIGReg comes from LeJEPA and lives in
-//!   `ssl-lejepa` ([`ssl_lejepa::sigreg`]), whose [`sliced_epps_pulley`] is IConE-SIG's form
-//!   (standardised columns, `R = 3`, 17 knots); LeJEPA's own loss tests the raw embeddings.
+//!   `ssl-lejepa` ([`ssl_lejepa::sigreg`](mod@ssl_lejepa::sigreg)), whose [`sliced_epps_pulley`]
+//!   is IConE-SIG's form (standardised columns, `R = 3`, 17 knots); LeJEPA's own loss tests the
+//!   raw embeddings.
 
 use candle_core::{Result, Tensor};
 
