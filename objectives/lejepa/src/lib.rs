@@ -23,9 +23,9 @@
 //!
 //! Defaults: `λ = 0.05` and `M = 1024` slices (the paper's recommendations), `R = 3` with 17
 //! knots (the official code's `EppsPulley` and minimal example; the paper's text suggests
-//! `[−5, 5]`, i.e. `t_max: 5`). The paper's projector is an MLP with batch norm,
-//! `--set model.projector=[2048,2048,128]` in this trainer, and its views are 2 global and 6–8
-//! local crops (`train.views: 2`, `train.local_views: 6`).
+//! `[−5, 5]`, i.e. `t_max: 5`). The official minimal example's projector is an MLP with batch
+//! norm, `--set model.projector=[2048,2048,128]` in this trainer; the paper's views are 2 global
+//! and 6–8 local crops (`train.views: 2`, `train.local_views: 6`).
 //!
 //! Data-parallel runs gather only the characteristic function's sums (`[2(K−1), V, M]` per
 //! worker, the official all-reduce) through [`ssl_core::Collective`]; the prediction term is per
