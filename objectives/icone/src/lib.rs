@@ -452,7 +452,7 @@ const KEYS: &[ConfigKey] = &[
     },
     ConfigKey {
         name: "slices",
-        doc: "random directions per step of the sig regulariser (LeJEPA: 256)",
+        doc: "random directions per step of the sig regulariser (256, as LeJEPA's minimal example)",
     },
     ConfigKey {
         name: "tile",
