@@ -14,5 +14,5 @@ pub fn run(out: &std::path::Path, epochs: usize) -> anyhow::Result<ssl_train::Ru
 
 #[allow(dead_code)]
 fn main() -> anyhow::Result<()> {
-    run("runs/example-vicreg-digits".as_ref(), 20).map(drop)
+    run("runs/example-vicreg-digits".as_ref(), 50).map(drop)
 }

@@ -398,213 +398,248 @@ pub fn main() -> ExitCode {
 /// Runs a parsed command.
 pub fn execute(cli: Cli) -> Result<()> {
     match cli.command.unwrap_or(Command::Run(Box::default())) {
-        Command::Run(args) => {
-            let requested = args.distributed.as_deref().map(str::parse).transpose()?;
-            let comm = ssl_dist::connect(requested)?;
-            let outcome = run_config(&args).and_then(|(cfg, start)| {
-                set_threads(rank_threads(cfg.train.threads, comm.as_ref())?);
-                Ok((trainer::run_on(&cfg, start, &comm)?, cfg))
-            });
-            let (outcome, cfg) = match outcome {
-                // A rank that stops must not leave the others waiting in a collective.
-                Err(e) if comm.world_size() > 1 => {
-                    eprintln!("error (rank {}): {e:#}", comm.rank());
-                    comm.abort(1)
-                }
-                outcome => outcome?,
-            };
-            if comm.rank() != 0 {
-                return Ok(());
-            }
-            if outcome.evaluation.is_empty() {
-                println!("stopped early; run directory {}", outcome.dir.display());
-            } else {
-                println!("\n{}", evaluate::table(&outcome.evaluation, &cfg));
-                println!(
-                    "run directory {} ({:.1} s)",
-                    outcome.dir.display(),
-                    outcome.seconds
-                );
-            }
-            Ok(())
+        Command::Run(args) => train(&args),
+        Command::Compare(args) => compare_grid(&args),
+        Command::Generalise { recipe, threads } => generalise_recipe(&recipe, threads),
+        Command::List => list_objectives(),
+        Command::Describe { name } => describe_objective(&name),
+        Command::Eval(args) => evaluate_offline(&args),
+        Command::Export { run, out } => export_run(&run, out),
+        Command::Push(args) if args.dry_run => stage_push(&args),
+        Command::Push(args) => push(&args),
+        Command::Pull { repo, hub } => pull(&repo, &hub),
+        Command::Data(DataCommand::Download(args)) => download(&args),
+        Command::Data(DataCommand::Sample(args)) => sample(&args),
+    }
+}
+
+/// `ssl run`: trains (as one rank of a data-parallel job under a launcher) and prints the table.
+fn train(args: &RunArgs) -> Result<()> {
+    let requested = args.distributed.as_deref().map(str::parse).transpose()?;
+    let comm = ssl_dist::connect(requested)?;
+    let outcome = run_config(args).and_then(|(cfg, start)| {
+        set_threads(rank_threads(cfg.train.threads, comm.as_ref())?);
+        Ok((trainer::run_on(&cfg, start, &comm)?, cfg))
+    });
+    let (outcome, cfg) = match outcome {
+        // A rank that stops must not leave the others waiting in a collective.
+        Err(e) if comm.world_size() > 1 => {
+            eprintln!("error (rank {}): {e:#}", comm.rank());
+            comm.abort(1)
         }
-        Command::Compare(args) => {
-            set_threads(args.threads.unwrap_or(0));
-            let grid = args.grid()?;
-            let command_line = std::env::args().collect::<Vec<_>>().join(" ");
-            let table = match &grid.halves {
-                Some(halves) => generalise::run_grid(&grid, halves, &command_line)?,
-                None => compare::run(&grid, &command_line)?,
-            };
-            println!("{table}");
-            println!("tables and chart in {}", grid.out.display());
-            Ok(())
-        }
-        Command::Generalise { recipe, threads } => {
-            set_threads(threads.unwrap_or(0));
-            let recipe = generalise::Recipe::from_file(&recipe)?;
-            let command_line = std::env::args().collect::<Vec<_>>().join(" ");
-            let table = generalise::run(&recipe, &command_line)?;
-            println!("{table}");
-            println!("tables in {}", recipe.out.display());
-            Ok(())
-        }
-        Command::List => {
-            let registry = ssl_core::registry();
-            let width = registry.iter().map(|r| r.name.len()).max().unwrap_or(0);
-            for r in registry {
-                println!(
-                    "{:<width$}  {}\n{:<width$}  {}",
-                    r.name, r.summary, "", r.paper
-                );
-            }
-            Ok(())
-        }
-        Command::Describe { name } => {
-            let r = ssl_core::find(&name)?;
-            println!("{} — {}\n{}\n", r.name, r.summary, r.paper);
-            if !r.aliases.is_empty() {
-                println!("aliases: {}\n", r.aliases.join(", "));
-            }
-            let defaults = (r.default_config)();
-            if r.keys.is_empty() {
-                println!("keys: none (nothing to set under objective.params)");
-            } else {
-                println!("keys (objective.params.KEY):");
-                let values: Vec<String> = r
-                    .keys
-                    .iter()
-                    .map(|k| {
-                        let text = serde_yaml::to_string(&defaults[k.name]).unwrap_or_default();
-                        text.trim().to_string()
-                    })
-                    .collect();
-                let key_width = r.keys.iter().map(|k| k.name.len()).max().unwrap_or(0);
-                let value_width = values.iter().map(|v| v.chars().count()).max().unwrap_or(0);
-                for (k, value) in r.keys.iter().zip(&values) {
-                    println!("  {:<key_width$}  {value:<value_width$}  {}", k.name, k.doc);
-                }
-            }
-            let req = describe_requirements(r)?;
-            println!("\n{req}");
-            Ok(())
-        }
-        Command::Eval(args) => {
-            // The probe's flags are checked before anything loads.
-            let (probe, sgd_probe) = args.probe.settings(args.probe_c)?;
-            let mut sources = Vec::new();
-            for path in std::iter::once(&args.path).chain(&args.compare) {
-                sources.push(eval_source(path)?);
-            }
-            let default = ssl_experiments::offline::SuiteConfig::default();
-            let hierarchy = args
-                .hierarchy
-                .as_deref()
-                .map(ssl_eval::ClassHierarchy::load)
-                .transpose()?;
-            let hierarchy_at_hand =
-                hierarchy.is_some() || sources.iter().all(|s| s.cfg.data.name == "digits");
-            let suite = ssl_experiments::offline::SuiteConfig {
-                metrics: match args.metrics.is_empty() {
-                    true if hierarchy_at_hand => default
-                        .metrics
-                        .into_iter()
-                        .chain(["hierarchy".to_string()])
-                        .collect(),
-                    true => default.metrics,
-                    false => args.metrics.clone(),
-                },
-                hierarchy,
-                probe_c: args.probe_c,
-                probe,
-                sgd_probe,
-                lidar_samples: args.lidar_samples,
-                lidar_views: args.lidar_views,
-            };
-            set_threads(sources[0].cfg.train.threads);
-            // RUN/checkpoint/model.safetensors → RUN/eval; anything else → ./ssl-eval.
-            let out = args.out.clone().unwrap_or_else(|| {
-                let checkpoint_dir = sources[0].weights.parent();
-                match checkpoint_dir
-                    .filter(|d| d.ends_with("checkpoint"))
-                    .and_then(Path::parent)
-                {
-                    Some(run) => run.join("eval"),
-                    None => PathBuf::from("ssl-eval"),
-                }
-            });
-            let report = ssl_experiments::offline::evaluate(&sources, &suite, &out)?;
-            println!("{}", ssl_experiments::offline::table(&report));
-            if suite.probe == ssl_experiments::sgd_probe::ProbeKind::Sgd && suite.wants("probe") {
-                println!(
-                    "\n{}",
-                    ssl_experiments::sgd_probe::describe(&suite.sgd_probe)
-                );
-            }
-            println!("\neval.json, knn.csv and pca.png in {}", out.display());
-            Ok(())
-        }
-        Command::Export { run, out } => {
-            let out = out.unwrap_or_else(|| run.join("export").join(ssl_train::export::EXPORTED));
-            let exported = ssl_train::export::export_encoder(&run, &out)?;
-            println!(
-                "wrote {} ({} tensors of the {} encoder)",
-                exported.path.display(),
-                exported.keys.len(),
-                exported.metadata["architecture"]
-            );
-            Ok(())
-        }
-        Command::Push(args) if args.dry_run => {
-            let dir = ssl_hub::publish::stage(&args.run, &args.repo, &args.stage_options())?;
-            println!("staged {} for {} (not uploaded)", dir.display(), args.repo);
-            Ok(())
-        }
-        Command::Push(args) => {
-            let opts = ssl_hub::hub::HubOptions {
-                private: args.private,
-                update: args.update,
-                ..args.hub.options()
-            };
-            let commit =
-                ssl_hub::publish::push(&args.run, &args.repo, &args.stage_options(), &opts)?;
-            println!("pushed {} to {} ({commit})", args.run.display(), args.repo);
-            Ok(())
-        }
-        Command::Pull { repo, hub } => {
-            let dir = pull_repo(&repo, &hub)?;
-            println!("{}", dir.display());
-            Ok(())
-        }
-        Command::Data(DataCommand::Download(args)) => {
-            let got = ssl_hub::download::download_data_set(
-                &args.name,
-                args.size,
-                args.dir.as_deref(),
-                args.url.as_deref(),
-                true,
-            )?;
-            println!("{}", got.summary());
-            Ok(())
-        }
-        Command::Data(DataCommand::Sample(args)) => {
-            let info = ssl_data::medmnist_info(&args.flag)?;
-            info.md5_at(args.size)?;
-            std::fs::create_dir_all(&args.dir)
-                .with_context(|| format!("cannot create {}", args.dir.display()))?;
-            let path = args.dir.join(info.file_name(args.size));
-            ssl_data::write_digits_as_medmnist(&path, info.flag, args.size)?;
-            println!(
-                "wrote {} (digits in {}'s layout); train on it with --data {} --size {} --root {}",
-                path.display(),
-                info.flag,
-                info.flag,
-                args.size,
-                args.dir.display()
-            );
-            Ok(())
+        outcome => outcome?,
+    };
+    if comm.rank() != 0 {
+        return Ok(());
+    }
+    if outcome.evaluation.is_empty() {
+        println!("stopped early; run directory {}", outcome.dir.display());
+    } else {
+        println!("\n{}", evaluate::table(&outcome.evaluation, &cfg));
+        println!(
+            "run directory {} ({:.1} s)",
+            outcome.dir.display(),
+            outcome.seconds
+        );
+    }
+    Ok(())
+}
+
+/// `ssl compare`: runs a grid (a halves grid by the generalisation protocol).
+fn compare_grid(args: &CompareArgs) -> Result<()> {
+    set_threads(args.threads.unwrap_or(0));
+    let grid = args.grid()?;
+    let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+    let table = match &grid.halves {
+        Some(halves) => generalise::run_grid(&grid, halves, &command_line)?,
+        None => compare::run(&grid, &command_line)?,
+    };
+    println!("{table}");
+    println!("tables and chart in {}", grid.out.display());
+    Ok(())
+}
+
+/// `ssl generalise`: the generalisation protocol of a recipe.
+fn generalise_recipe(recipe: &Path, threads: Option<usize>) -> Result<()> {
+    set_threads(threads.unwrap_or(0));
+    let recipe = generalise::Recipe::from_file(recipe)?;
+    let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+    let table = generalise::run(&recipe, &command_line)?;
+    println!("{table}");
+    println!("tables in {}", recipe.out.display());
+    Ok(())
+}
+
+/// `ssl list`: every linked objective.
+fn list_objectives() -> Result<()> {
+    let registry = ssl_core::registry();
+    let width = registry.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    for r in registry {
+        println!(
+            "{:<width$}  {}\n{:<width$}  {}",
+            r.name, r.summary, "", r.paper
+        );
+    }
+    Ok(())
+}
+
+/// `ssl describe`: an objective's keys, defaults and limits.
+fn describe_objective(name: &str) -> Result<()> {
+    let r = ssl_core::find(name)?;
+    println!("{} — {}\n{}\n", r.name, r.summary, r.paper);
+    if !r.aliases.is_empty() {
+        println!("aliases: {}\n", r.aliases.join(", "));
+    }
+    let defaults = (r.default_config)();
+    if r.keys.is_empty() {
+        println!("keys: none (nothing to set under objective.params)");
+    } else {
+        println!("keys (objective.params.KEY):");
+        let values: Vec<String> = r
+            .keys
+            .iter()
+            .map(|k| {
+                let text = serde_yaml::to_string(&defaults[k.name]).unwrap_or_default();
+                text.trim().to_string()
+            })
+            .collect();
+        let key_width = r.keys.iter().map(|k| k.name.len()).max().unwrap_or(0);
+        let value_width = values.iter().map(|v| v.chars().count()).max().unwrap_or(0);
+        for (k, value) in r.keys.iter().zip(&values) {
+            println!("  {:<key_width$}  {value:<value_width$}  {}", k.name, k.doc);
         }
     }
+    let req = describe_requirements(r)?;
+    println!("\n{req}");
+    Ok(())
+}
+
+/// `ssl eval`: the offline suite on checkpoints or exported weights.
+fn evaluate_offline(args: &EvalArgs) -> Result<()> {
+    // The probe's flags are checked before anything loads.
+    let (probe, sgd_probe) = args.probe.settings(args.probe_c)?;
+    let mut sources = Vec::new();
+    for path in std::iter::once(&args.path).chain(&args.compare) {
+        sources.push(eval_source(path)?);
+    }
+    let default = ssl_experiments::offline::SuiteConfig::default();
+    let hierarchy = args
+        .hierarchy
+        .as_deref()
+        .map(ssl_eval::ClassHierarchy::load)
+        .transpose()?;
+    let hierarchy_at_hand =
+        hierarchy.is_some() || sources.iter().all(|s| s.cfg.data.name == "digits");
+    let suite = ssl_experiments::offline::SuiteConfig {
+        metrics: match args.metrics.is_empty() {
+            true if hierarchy_at_hand => default
+                .metrics
+                .into_iter()
+                .chain(["hierarchy".to_string()])
+                .collect(),
+            true => default.metrics,
+            false => args.metrics.clone(),
+        },
+        hierarchy,
+        probe_c: args.probe_c,
+        probe,
+        sgd_probe,
+        lidar_samples: args.lidar_samples,
+        lidar_views: args.lidar_views,
+    };
+    set_threads(sources[0].cfg.train.threads);
+    // RUN/checkpoint/model.safetensors → RUN/eval; anything else → ./ssl-eval.
+    let out = args.out.clone().unwrap_or_else(|| {
+        let checkpoint_dir = sources[0].weights.parent();
+        match checkpoint_dir
+            .filter(|d| d.ends_with("checkpoint"))
+            .and_then(Path::parent)
+        {
+            Some(run) => run.join("eval"),
+            None => PathBuf::from("ssl-eval"),
+        }
+    });
+    let report = ssl_experiments::offline::evaluate(&sources, &suite, &out)?;
+    println!("{}", ssl_experiments::offline::table(&report));
+    if suite.probe == ssl_experiments::sgd_probe::ProbeKind::Sgd && suite.wants("probe") {
+        println!(
+            "\n{}",
+            ssl_experiments::sgd_probe::describe(&suite.sgd_probe)
+        );
+    }
+    println!("\neval.json, knn.csv and pca.png in {}", out.display());
+    Ok(())
+}
+
+/// `ssl export`: the encoder's weights alone.
+fn export_run(run: &Path, out: Option<PathBuf>) -> Result<()> {
+    let out = out.unwrap_or_else(|| run.join("export").join(ssl_train::export::EXPORTED));
+    let exported = ssl_train::export::export_encoder(run, &out)?;
+    println!(
+        "wrote {} ({} tensors of the {} encoder)",
+        exported.path.display(),
+        exported.keys.len(),
+        exported.metadata["architecture"]
+    );
+    Ok(())
+}
+
+/// `ssl push --dry-run`: stages the files without uploading.
+fn stage_push(args: &PushArgs) -> Result<()> {
+    let dir = ssl_hub::publish::stage(&args.run, &args.repo, &args.stage_options())?;
+    println!("staged {} for {} (not uploaded)", dir.display(), args.repo);
+    Ok(())
+}
+
+/// `ssl push`: uploads a run to the Hub.
+fn push(args: &PushArgs) -> Result<()> {
+    let opts = ssl_hub::hub::HubOptions {
+        private: args.private,
+        update: args.update,
+        ..args.hub.options()
+    };
+    let commit = ssl_hub::publish::push(&args.run, &args.repo, &args.stage_options(), &opts)?;
+    println!("pushed {} to {} ({commit})", args.run.display(), args.repo);
+    Ok(())
+}
+
+/// `ssl pull`: downloads a repository and prints where it is.
+fn pull(repo: &str, hub: &HubArgs) -> Result<()> {
+    let dir = pull_repo(repo, hub)?;
+    println!("{}", dir.display());
+    Ok(())
+}
+
+/// `ssl data download`: fetches a data set and checks it.
+fn download(args: &DownloadArgs) -> Result<()> {
+    let got = ssl_hub::download::download_data_set(
+        &args.name,
+        args.size,
+        args.dir.as_deref(),
+        args.url.as_deref(),
+        true,
+    )?;
+    println!("{}", got.summary());
+    Ok(())
+}
+
+/// `ssl data sample`: writes the digits in a MedMNIST file's layout.
+fn sample(args: &SampleArgs) -> Result<()> {
+    let info = ssl_data::medmnist_info(&args.flag)?;
+    info.md5_at(args.size)?;
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let path = args.dir.join(info.file_name(args.size));
+    ssl_data::write_digits_as_medmnist(&path, info.flag, args.size)?;
+    println!(
+        "wrote {} (digits in {}'s layout); train on it with --data {} --size {} --root {}",
+        path.display(),
+        info.flag,
+        info.flag,
+        args.size,
+        args.dir.display()
+    );
+    Ok(())
 }
 
 /// The objective's limits, read from an instance built with its defaults at the main job's

@@ -40,7 +40,8 @@ use ssl_optim::{Optimizer, OptimizerKind, OptimizerSettings};
 use ssl_train::setup::{self, CleanSamples, DataSplit};
 
 /// Which linear probe `ssl eval` fits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum ProbeKind {
     /// Multinomial logistic regression on standardised frozen features of the clean images,
@@ -231,29 +232,30 @@ pub fn describe(cfg: &SgdProbeConfig) -> String {
     )
 }
 
-/// The `--probe*` flags of `ssl eval`.
-#[derive(clap::Args, Debug, Clone, Default)]
+/// The `--probe*` flags of `ssl eval` (command-line arguments with feature `cli`).
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct ProbeArgs {
     /// Linear probe: `lbfgs` (logistic regression on standardised features of the clean images)
     /// or `sgd` (the papers' protocol: a linear layer trained by SGD on frozen features of
     /// randomly resized crops and flips, docs/evaluation.md).
-    #[arg(long, value_enum, default_value_t = ProbeKind::Lbfgs)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value_t = ProbeKind::Lbfgs))]
     pub probe: ProbeKind,
     /// SGD probe: epochs (default 100).
-    #[arg(long, value_name = "N")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub probe_epochs: Option<usize>,
     /// SGD probe: learning rate (default 0.1).
-    #[arg(long, value_name = "LR")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "LR"))]
     pub probe_lr: Option<f64>,
     /// SGD probe: batch size (default 256).
-    #[arg(long, value_name = "B")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "B"))]
     pub probe_batch_size: Option<usize>,
     /// SGD probe: epochs at which the rate drops ×0.1, comma-separated, increasing, below
     /// --probe-epochs (default: 60 % and 80 % of the epochs, i.e. 60,80 of 100).
-    #[arg(long, value_name = "E,E", value_delimiter = ',')]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "E,E", value_delimiter = ','))]
     pub probe_milestones: Option<Vec<usize>>,
     /// SGD probe: weight decay (default 0).
-    #[arg(long, value_name = "WD")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "WD"))]
     pub probe_weight_decay: Option<f64>,
 }
 

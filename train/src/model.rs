@@ -75,8 +75,8 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
     }
     if req.labels && !data.unlabeled.is_empty() {
         bail!(
-            "{} learns from labels, and data.split: train+unlabeled adds {} images without any; \
-             drop data.split",
+            "{} learns from labels, and {} of the pretraining images have none (data.split: \
+             train+unlabeled, or images given without labels); train on labelled images only",
             registration.name,
             data.unlabeled.len()
         );

@@ -64,7 +64,10 @@ impl Trainer {
     /// trained encoder) and the run directory.
     pub fn fit(mut self) -> Result<RunOutcome> {
         let data = match self.data {
-            Some(images) => setup::own_data(&self.config, images.into_dataset())?,
+            Some(images) => {
+                let (dataset, unlabelled) = images.into_parts();
+                setup::own_data(&self.config, dataset, unlabelled)?
+            }
             None => setup::data(&self.config)?,
         };
         let world: Arc<dyn Comm> = Arc::new(SingleProcess);

@@ -158,21 +158,33 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
     split(cfg, None)
 }
 
-/// [`data`] of images given in memory ([`crate::OwnImages`]) in place of `data.name`'s: split
-/// into train and test by `data.test_fraction`, then narrowed as configured.
-pub fn own_data(cfg: &RunConfig, dataset: Dataset) -> Result<DataSplit> {
-    split(cfg, Some(dataset))
+/// [`data`] of samples given in memory ([`crate::OwnImages`]) in place of `data.name`'s: the
+/// labelled ones split into train and test by `data.test_fraction`, then narrowed as
+/// configured; the last `unlabelled` join the pretraining only.
+pub fn own_data(cfg: &RunConfig, dataset: Dataset, unlabelled: usize) -> Result<DataSplit> {
+    ensure!(
+        unlabelled == 0 || cfg.train.probe_lr == 0.0,
+        "{unlabelled} of the images have no label and join the pretraining, which the online \
+         probe cannot learn from; set train.probe_lr=0 (the end-of-run probe and k-NN use the \
+         labelled images)"
+    );
+    split(cfg, Some((dataset, unlabelled)))
 }
 
-fn split(cfg: &RunConfig, own: Option<Dataset>) -> Result<DataSplit> {
+fn split(cfg: &RunConfig, own: Option<(Dataset, usize)>) -> Result<DataSplit> {
     let seed = cfg.data.split_seed.unwrap_or(cfg.train.seed);
     let mut findings = None;
     let mut unlabeled = Vec::new();
     let (dataset, mut train, mut test) = match own {
-        Some(dataset) => {
-            let (train, test) =
-                ssl_data::stratified_split(&dataset.labels, cfg.data.test_fraction, seed)
-                    .context("data.test_fraction")?;
+        Some((dataset, unlabelled_count)) => {
+            let labelled = dataset.len() - unlabelled_count;
+            let (train, test) = ssl_data::stratified_split(
+                &dataset.labels[..labelled],
+                cfg.data.test_fraction,
+                seed,
+            )
+            .context("data.test_fraction")?;
+            unlabeled = (labelled..dataset.len()).collect();
             (dataset, train, test)
         }
         None => load(cfg, seed, &mut unlabeled, &mut findings)?,
