@@ -48,7 +48,7 @@ pub use registry::{
     find_encoder, registered_encoders, EncoderRegistration, EncoderSpec, ModuleEncoder,
 };
 pub use resnet::{ResNet, ResNetConfig, Stem};
-pub use vit::{VisionTransformer, VitConfig};
+pub use vit::{VisionTransformer, VitConfig, VitTokens};
 
 use candle_core::{Result, Tensor};
 

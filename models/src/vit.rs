@@ -4,17 +4,19 @@
 //! LayerNorm), in timm's layout: the keys are those of `timm.create_model(
 //! 'vit_small_patch16_224')` without its `head`, so converted timm weights load unchanged.
 //!
-//! `[N, C, H, W]` → `[N, D]`, the class token after the final norm. The 16×16 stride-16 patch
-//! convolution is a reshape into patches and one matmul. Inputs of another size than
-//! [`VitConfig::img_size`] (multi-crop's local views) get the positional embedding of the patch
-//! grid resampled as timm's `resample_abs_pos_embed` does (PyTorch's antialiased bicubic), as
-//! one differentiable matrix product. Initialisation
-//! as timm: positional embedding N(0, 0.02²) (timm truncates at ±2, i.e. ±100σ: the same
-//! draw), class token N(0, 10⁻¹²), linear weights N(0, 0.02²) with zero biases, the patch
-//! projection PyTorch's default convolution init. No dropout or drop-path (timm's defaults), so
-//! train and eval modes compute the same function.
+//! `[N, C, H, W]` → `[N, D]`, the class token after the final norm.
+//! [`VisionTransformer::forward_tokens`] returns the patch tokens too, and runs the encoder on
+//! a subset of the patches of each image (the masked encoders of MAE and I-JEPA). The 16×16
+//! stride-16 patch convolution is a reshape into patches and one matmul. Inputs of another size
+//! than [`VitConfig::img_size`] (multi-crop's local views) get the positional embedding of the
+//! patch grid resampled as timm's `resample_abs_pos_embed` does (PyTorch's antialiased
+//! bicubic), as one differentiable matrix product. Initialisation as timm: positional
+//! embedding N(0, 0.02²) (timm truncates at ±2, i.e. ±100σ: the same draw), class token
+//! N(0, 10⁻¹²), linear weights N(0, 0.02²) with zero biases, the patch projection PyTorch's
+//! default convolution init. No dropout or drop-path (timm's defaults), so train and eval modes
+//! compute the same function.
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
 use crate::attention::multi_head_attention;
@@ -178,6 +180,53 @@ pub fn resample_matrix(n_in: usize, n_out: usize) -> Vec<f64> {
     m
 }
 
+/// The output tokens of [`VisionTransformer::forward_tokens`], after the final norm.
+#[derive(Debug, Clone)]
+pub struct VitTokens {
+    /// The class token, `[N, D]`.
+    pub cls: Tensor,
+    /// The patch tokens that entered the encoder, `[N, K, D]`, in the order of `keep`.
+    pub patches: Tensor,
+}
+
+/// `patches[n, keep[n, k]]`: `[N, L, D]`, `keep` `[N, K]` u32 with `L = gh·gw` → `[N, K, D]`,
+/// one row gather of the flattened batch (its backward adds the gradients back into the
+/// gathered rows).
+fn gather_patches(patches: &Tensor, keep: &Tensor, (gh, gw): (usize, usize)) -> Result<Tensor> {
+    let (n, l, d) = patches.dims3()?;
+    let fix = "pass [N, K] u32 indices of the patches to keep per image, each below gh·gw";
+    let k = match keep.dims() {
+        &[rows, k] if rows == n && k > 0 => k,
+        dims => candle_core::bail!(
+            "ViT: keep must be [N, K] = [{n}, K] with K ≥ 1 for a batch of {n} images \
+             of {gh}×{gw} patches, got a keep tensor of shape {dims:?}; {fix}"
+        ),
+    };
+    if keep.dtype() != DType::U32 {
+        candle_core::bail!(
+            "ViT: keep must hold u32 patch indices, got {:?}; {fix}",
+            keep.dtype()
+        );
+    }
+    let largest = keep.flatten_all()?.max(0)?.to_scalar::<u32>()? as usize;
+    if largest >= l {
+        candle_core::bail!(
+            "ViT: keep (shape {:?}) names patch {largest}, but the images have {gh}×{gw} = {l} \
+             patches (indices 0..{l}); {fix}",
+            keep.dims()
+        );
+    }
+    // Row `keep[n, k]` of image n is row `n·L + keep[n, k]` of the flattened batch.
+    let offsets: Vec<u32> = (0..n).map(|i| (i * l) as u32).collect();
+    let rows = keep
+        .broadcast_add(&Tensor::from_vec(offsets, (n, 1), keep.device())?)?
+        .flatten_all()?;
+    patches
+        .reshape((n * l, d))?
+        .index_select(&rows, 0)?
+        .reshape((n, k, d))
+}
+
 /// ViT encoder with keys `cls_token`, `pos_embed`, `patch_embed.proj.*`, `blocks.{i}.*`,
 /// `norm.*`.
 #[derive(Debug, Clone)]
@@ -278,12 +327,48 @@ impl VisionTransformer {
         Tensor::cat(&[&cls, &resampled], 1)
     }
 
-    /// `[N, C, H, W]` → `[N, D]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The encoder's input tokens `[N, 1 + K, D]`: the class token, then the patch tokens of
+    /// `x`: `[N, C, H, W]`, each with its positional embedding added before the patches named
+    /// by `keep` (`[N, K]` u32, per sample) are gathered; all `gh·gw` patches in order without
+    /// `keep`.
+    fn input_tokens(&self, x: &Tensor, keep: Option<&Tensor>) -> Result<Tensor> {
         let (tokens, gh, gw) = self.embed_patches(x)?;
-        let n = tokens.dim(0)?;
-        let cls = self.cls_token.broadcast_as((n, 1, self.cfg.embed_dim))?;
-        let mut h = Tensor::cat(&[&cls, &tokens], 1)?.broadcast_add(&self.positions(gh, gw)?)?;
+        let (n, d) = (tokens.dim(0)?, self.cfg.embed_dim);
+        let positions = self.positions(gh, gw)?;
+        let patches = tokens.broadcast_add(&positions.narrow(1, 1, gh * gw)?)?;
+        let patches = match keep {
+            Some(keep) => gather_patches(&patches, keep, (gh, gw))?,
+            None => patches,
+        };
+        let cls = (&self.cls_token + positions.narrow(1, 0, 1)?)?.broadcast_as((n, 1, d))?;
+        Tensor::cat(&[&cls, &patches], 1)
+    }
+
+    /// Every output token: the class token and the patch tokens after the final norm. With
+    /// `keep` (`[N, K]` u32 patch indices per sample, row-major over the `gh × gw` patch grid
+    /// of `x`: `[N, C, H, W]`), only those `K` patches enter the encoder, each with its own
+    /// positional embedding (added before the gather, as MAE's and I-JEPA's encoders do): the
+    /// blocks run on `1 + K` tokens, so the masked patches cost nothing. `patches[n, k]` is
+    /// the output of patch `keep[n, k]`; without `keep`, of patch `k`.
+    ///
+    /// Checking the indices reads `keep` back to the host (a wait on a GPU for its upload).
+    pub fn forward_tokens(&self, x: &Tensor, keep: Option<&Tensor>) -> Result<VitTokens> {
+        let mut h = self.input_tokens(x, keep)?;
+        for block in &self.blocks {
+            h = block.forward(&h)?;
+        }
+        let h = self.norm.forward(&h)?;
+        let patches = h.dim(1)? - 1;
+        Ok(VitTokens {
+            cls: h.narrow(1, 0, 1)?.squeeze(1)?,
+            patches: h.narrow(1, 1, patches)?,
+        })
+    }
+
+    /// `[N, C, H, W]` → `[N, D]`: the class token of [`VisionTransformer::forward_tokens`]
+    /// without a mask.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = self.input_tokens(x, None)?;
         let Some((last, blocks)) = self.blocks.split_last() else {
             return self.norm.forward(&h.narrow(1, 0, 1)?.squeeze(1)?);
         };

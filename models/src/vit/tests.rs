@@ -233,3 +233,222 @@ fn the_class_token_alone_in_the_last_block_equals_the_whole_block() {
         assert!(max_abs_diff(a, b) < 1e-12, "{name}");
     }
 }
+
+/// A small ViT (4×4 px patches on 16 px images: 16 patches, width 16, 2 blocks) with its
+/// class token and positional embedding moved away from ~0, so that tests see them.
+fn masking_vit(seed: u64, dtype: DType) -> (ParamStore, VisionTransformer) {
+    let cfg = VitConfig {
+        patch_size: 4,
+        embed_dim: 16,
+        depth: 2,
+        num_heads: 2,
+        mlp_ratio: 2,
+        in_channels: 1,
+        img_size: 16,
+    };
+    let store = ParamStore::new(seed);
+    let vit =
+        VisionTransformer::new(&cfg, store.var_builder(&Device::Cpu).set_dtype(dtype)).unwrap();
+    for (name, (_, var)) in store.vars().iter().enumerate() {
+        let noise = rand_tensor(seed + 100 + name as u64, var.dims(), dtype);
+        var.set(&(var.as_tensor() + (noise * 0.3).unwrap()).unwrap())
+            .unwrap();
+    }
+    (store, vit)
+}
+
+fn keep_tensor(rows: &[Vec<u32>]) -> Tensor {
+    let width = rows.first().map_or(0, Vec::len);
+    Tensor::from_vec(rows.concat(), (rows.len(), width), &Device::Cpu).unwrap()
+}
+
+#[test]
+fn unmasked_tokens_equal_the_forward_and_keeping_every_patch_in_order() {
+    let (_store, vit) = masking_vit(50, DType::F32);
+    let x = rand_tensor(51, &[3, 1, 16, 16], DType::F32);
+    let all = vit.forward_tokens(&x, None).unwrap();
+    assert_eq!(all.cls.dims(), &[3, 16]);
+    assert_eq!(all.patches.dims(), &[3, 16, 16]);
+    assert!(max_abs_diff(&all.cls, &vit.forward(&x).unwrap()) < 1e-5);
+    let in_order = keep_tensor(&vec![(0..16).collect(); 3]);
+    let kept = vit.forward_tokens(&x, Some(&in_order)).unwrap();
+    assert!(max_abs_diff(&kept.cls, &all.cls) < 1e-5);
+    assert!(max_abs_diff(&kept.patches, &all.patches) < 1e-5);
+}
+
+/// Attention is permutation-equivariant, and each token's positional embedding moves with it:
+/// a permuted `keep` gives the same class token and the permuted patch tokens.
+#[test]
+fn a_permuted_keep_permutes_the_patch_tokens_and_keeps_the_class_token() {
+    let (_store, vit) = masking_vit(52, DType::F32);
+    let x = rand_tensor(53, &[2, 1, 16, 16], DType::F32);
+    let all = vit.forward_tokens(&x, None).unwrap();
+    let orders: Vec<Vec<u32>> = vec![
+        (0..16).rev().collect(),
+        (0..16).map(|i| (i * 5 + 3) % 16).collect(),
+    ];
+    let permuted = vit.forward_tokens(&x, Some(&keep_tensor(&orders))).unwrap();
+    assert!(max_abs_diff(&permuted.cls, &all.cls) < 1e-5);
+    for (n, order) in orders.iter().enumerate() {
+        let expected = all
+            .patches
+            .get(n)
+            .unwrap()
+            .index_select(&Tensor::new(order.as_slice(), &Device::Cpu).unwrap(), 0)
+            .unwrap();
+        let got = permuted.patches.get(n).unwrap();
+        assert!(max_abs_diff(&got, &expected) < 1e-5, "image {n}");
+    }
+}
+
+/// The dropped patches never enter the encoder: changing their pixels changes nothing, and a
+/// subset is not the unmasked output restricted to it (the kept tokens attend to fewer).
+#[test]
+fn masked_patches_do_not_reach_the_output() {
+    let (_store, vit) = masking_vit(54, DType::F32);
+    let x = rand_tensor(55, &[2, 1, 16, 16], DType::F32);
+    let keep = keep_tensor(&[vec![5, 0, 10], vec![15, 3, 6]]);
+    let masked = vit.forward_tokens(&x, Some(&keep)).unwrap();
+    assert_eq!(masked.patches.dims(), &[2, 3, 16]);
+    // Overwrite every pixel outside the kept patches (patch i covers rows 4⌊i/4⌋.., cols 4(i%4)..).
+    let mut pixels: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+    for (n, kept) in [[5, 0, 10], [15, 3, 6]].iter().enumerate() {
+        for (i, pixel) in pixels[n * 256..(n + 1) * 256].iter_mut().enumerate() {
+            let patch = (i / 16 / 4) * 4 + (i % 16) / 4;
+            if !kept.contains(&patch) {
+                *pixel = 7.0;
+            }
+        }
+    }
+    let changed = Tensor::from_vec(pixels, x.shape(), &Device::Cpu).unwrap();
+    let again = vit.forward_tokens(&changed, Some(&keep)).unwrap();
+    assert_eq!(max_abs_diff(&again.cls, &masked.cls), 0.0);
+    assert_eq!(max_abs_diff(&again.patches, &masked.patches), 0.0);
+    let all = vit.forward_tokens(&x, None).unwrap();
+    assert!(max_abs_diff(&all.cls, &masked.cls) > 1e-3);
+}
+
+/// Gradients reach the pixels of the kept patches (and no others), the patch embedding and the
+/// positional embedding through the gather, on the tiny ViT of the unmasked test.
+#[test]
+fn masked_gradients_match_finite_differences() {
+    let cfg = VitConfig {
+        patch_size: 4,
+        embed_dim: 8,
+        depth: 1,
+        num_heads: 2,
+        mlp_ratio: 2,
+        in_channels: 1,
+        img_size: 8,
+    };
+    let store = ParamStore::new(60);
+    let vit = VisionTransformer::new(&cfg, store.var_builder(&Device::Cpu).set_dtype(DType::F64))
+        .unwrap();
+    for (name, (_, var)) in store.vars().iter().enumerate() {
+        let noise = rand_tensor(61 + name as u64, var.dims(), DType::F64);
+        var.set(&(var.as_tensor() + (noise * 0.3).unwrap()).unwrap())
+            .unwrap();
+    }
+    // 2×2 patches; each image keeps two, in a different order.
+    let keep = keep_tensor(&[vec![2, 0], vec![3, 1]]);
+    let x0 = rand_tensor(70, &[2, 1, 8, 8], DType::F64);
+    let (r_cls, r_patches) = (
+        rand_tensor(71, &[2, 8], DType::F64),
+        rand_tensor(72, &[2, 2, 8], DType::F64),
+    );
+    let loss = |x: &Tensor| {
+        let out = vit.forward_tokens(x, Some(&keep)).unwrap();
+        ((out.cls * &r_cls).unwrap().sum_all().unwrap()
+            + (out.patches * &r_patches).unwrap().sum_all().unwrap())
+        .unwrap()
+    };
+    let x = Var::from_tensor(&x0).unwrap();
+    let grads = loss(x.as_tensor()).backward().unwrap();
+    let g: Vec<f64> = grads
+        .get(&x)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let kept = [[2, 0], [3, 1]];
+    for i in (0..g.len()).step_by(3) {
+        let fd = finite_diff_step(&x0, i, 1e-6, &|xp| loss(xp).to_scalar::<f64>().unwrap());
+        assert!(
+            (fd - g[i]).abs() < 1e-7 * (1.0 + fd.abs()),
+            "dx[{i}]: {fd} vs {}",
+            g[i]
+        );
+        let (n, pixel) = (i / 64, i % 64);
+        let patch = (pixel / 8 / 4) * 2 + (pixel % 8) / 4;
+        if !kept[n].contains(&patch) {
+            assert_eq!(g[i], 0.0, "dx[{i}] of a dropped patch");
+        }
+    }
+    for (name, var) in store.vars() {
+        let gv: Vec<f64> = grads
+            .get(&var)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let v0 = var.as_tensor().copy().unwrap();
+        for i in [0, gv.len() / 2, gv.len() - 1] {
+            let fd = finite_diff_step(&v0, i, 1e-6, &|vp| {
+                var.set(vp).unwrap();
+                loss(&x0).to_scalar::<f64>().unwrap()
+            });
+            var.set(&v0).unwrap();
+            assert!(
+                (fd - gv[i]).abs() < 1e-7 * (1.0 + fd.abs()),
+                "{name}[{i}]: {fd} vs {}",
+                gv[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_keep_tensors_are_clear_errors_naming_the_shape() {
+    let (_store, vit) = masking_vit(56, DType::F32);
+    let x = rand_tensor(57, &[2, 1, 16, 16], DType::F32);
+    let error = |keep: Tensor| vit.forward_tokens(&x, Some(&keep)).unwrap_err().to_string();
+    let out_of_range = error(keep_tensor(&[vec![0, 16], vec![1, 2]]));
+    assert!(
+        out_of_range.contains("names patch 16")
+            && out_of_range.contains("4×4 = 16 patches")
+            && out_of_range.contains("[2, 2]"),
+        "{out_of_range}"
+    );
+    let rank = error(Tensor::new(&[0u32, 1, 2], &Device::Cpu).unwrap());
+    assert!(
+        rank.contains("[N, K] = [2, K]") && rank.contains("shape [3]"),
+        "{rank}"
+    );
+    let batch = error(keep_tensor(&[vec![0, 1], vec![1, 2], vec![2, 3]]));
+    assert!(batch.contains("shape [3, 2]"), "{batch}");
+    let empty = error(Tensor::zeros((2, 0), DType::U32, &Device::Cpu).unwrap());
+    assert!(
+        empty.contains("K ≥ 1") && empty.contains("[2, 0]"),
+        "{empty}"
+    );
+    let dtype = error(Tensor::new(&[[0i64, 1], [2, 3]], &Device::Cpu).unwrap());
+    assert!(dtype.contains("u32") && dtype.contains("I64"), "{dtype}");
+    // At another image size the indices are those of its own (resampled) grid: 20 px has 25.
+    let wide = rand_tensor(58, &[2, 1, 20, 20], DType::F32);
+    let keep = keep_tensor(&[vec![24, 0], vec![3, 17]]);
+    assert_eq!(
+        vit.forward_tokens(&wide, Some(&keep))
+            .unwrap()
+            .patches
+            .dims(),
+        &[2, 2, 16]
+    );
+    let keep = keep_tensor(&[vec![25, 0], vec![3, 17]]);
+    let beyond = vit
+        .forward_tokens(&wide, Some(&keep))
+        .unwrap_err()
+        .to_string();
+    assert!(beyond.contains("5×5 = 25 patches"), "{beyond}");
+}
