@@ -1145,16 +1145,20 @@ mod tests {
     fn objective_params_are_resolved_against_the_defaults() -> Result<()> {
         let mut root = serde_yaml::Value::Mapping(Default::default());
         apply_set(&mut root, "objective.params.lambda=1.5")?;
-        apply_set(&mut root, "objective.params.gamma=2")?;
-        let c = RunConfig::from_yaml_value(root)?;
+        let c = RunConfig::from_yaml_value(root.clone())?;
         let p = &c.objective.params;
-        // Given keys win, absent ones take the paper's values, unknown ones stay for the build
-        // to reject by name.
+        // Given keys win, absent ones take the paper's values, and an unknown one is refused by
+        // name before anything is loaded.
         assert_eq!(
             (p["lambda"].as_f64(), p["mu"].as_f64()),
             (Some(1.5), Some(25.0))
         );
-        assert_eq!(p["gamma"].as_i64(), Some(2));
+        apply_set(&mut root, "objective.params.gamma=2")?;
+        let e = format!("{:#}", RunConfig::from_yaml_value(root).unwrap_err());
+        assert!(
+            e.contains("unknown field `gamma`") && e.contains("ssl describe vicreg"),
+            "{e}"
+        );
         let mut root = serde_yaml::Value::Mapping(Default::default());
         apply_set(&mut root, "objective.params=3")?;
         let e = RunConfig::from_yaml_value(root).unwrap_err().to_string();
