@@ -2,12 +2,13 @@
 //!
 //! An objective crate implements [`Objective`], describes itself with a [`Registration`] and
 //! submits it with [`register_objective!`]; the trainer finds every linked objective through
-//! [`registry`]. Nothing here names a particular objective, so adding one never edits this crate.
+//! [`registry`](fn@registry). Nothing here names a particular objective, so adding one never
+//! edits this crate.
 //!
 //! * [`objective`]: the trait, what a loss receives ([`Batch`]) and returns ([`LossOutput`]), the
 //!   limits it declares ([`Requirements`]) and the hook after each optimiser step
 //!   ([`StepContext`]).
-//! * [`registry`]: registration records, lookup by name or alias with "did you mean".
+//! * [`registry`](mod@registry): registration records, lookup by name or alias with "did you mean".
 //! * [`collective`]: the one place batch statistics are gathered across devices.
 //! * [`groups`]: parameter groups, the optimiser settings an objective or a run gives a part
 //!   of the model.

@@ -16,7 +16,8 @@
 //! * [`medmnist`]: the 18 MedMNIST datasets' facts and their `.npz` files as a [`Dataset`].
 //! * [`npy`]: NumPy `.npy` arrays and `.npz` archives.
 //! * [`archive`]: the benchmark sets read from their official archives into an 8-bit cache:
-//!   [`cifar`] (CIFAR-10/100, through [`pickle`]), [`stl10`], [`tiny_imagenet`].
+//!   [`cifar`] (CIFAR-10/100, through a private Python-pickle reader), [`stl10`],
+//!   [`tiny_imagenet`].
 
 pub mod archive;
 pub mod augment;
