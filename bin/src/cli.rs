@@ -164,7 +164,7 @@ pub struct EvalArgs {
 /// Where the Hub is and which revision to use.
 #[derive(clap::Args, Debug, Clone)]
 pub struct HubArgs {
-    /// Hub endpoint (default: HF_ENDPOINT, else https://huggingface.co).
+    /// Hub endpoint (default: HF_ENDPOINT, else <https://huggingface.co>).
     #[arg(long)]
     pub endpoint: Option<String>,
     /// Branch or commit.
@@ -270,13 +270,13 @@ pub struct RunArgs {
     /// Seed of the initialisation, the data order and the augmentations [default: 0]
     #[arg(long, allow_negative_numbers = true, value_parser = whole_number::<u64>("train.seed"))]
     pub seed: Option<u64>,
-    /// Run directory [default: a new runs/<objective>-<time>, linked from runs/latest]
+    /// Run directory [default: a new runs/OBJECTIVE-TIME, linked from runs/latest]
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Replace the run already in --out (its files are removed first)
     #[arg(long, requires = "out", conflicts_with = "resume")]
     pub overwrite: bool,
-    /// Device: cpu, cuda[:N] or metal [default: cpu]
+    /// Device: cpu, `cuda[:N]` or metal [default: cpu]
     #[arg(long)]
     pub device: Option<String>,
     /// CPU threads [default: all cores]
@@ -291,7 +291,7 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', value_name = "KEY", requires = "resume")]
     pub allow_changed: Vec<String>,
     /// Data parallelism: mpi (one process per rank, started by mpirun or srun; needs a build
-    /// with `--features mpi`), nccl (one process per GPU, each on cuda:<local rank>; needs
+    /// with `--features mpi`), nccl (one process per GPU, each on `cuda:<local rank>`; needs
     /// `--features nccl`, and mpi too for more than one process) or none [default: mpi under a
     /// launcher of several processes (OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS),
     /// else none]

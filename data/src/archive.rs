@@ -18,6 +18,7 @@
 //! [`write_synthetic_archive`] holds `<top directory>/SYNTHETIC.txt` declaring its split sizes,
 //! and is checked as strictly against those.
 //!
+//! [`write_synthetic_archive`]: crate::write_synthetic_archive
 //! [`cifar`]: crate::cifar
 //! [`stl10`]: crate::stl10
 //! [`tiny_imagenet`]: crate::tiny_imagenet
@@ -556,8 +557,8 @@ pub(crate) fn write_tar_gz(path: &Path, members: &[(String, Vec<u8>)]) -> Result
     partial.persist()
 }
 
-/// The value the synthetic archives of [`write_synthetic_archive`] give channel `c`, row `y`,
-/// column `x` of image `i` (counted over the train, test and unlabeled splits in order).
+/// The value the synthetic archives of [`crate::write_synthetic_archive`] give channel `c`, row
+/// `y`, column `x` of image `i` (counted over the train, test and unlabeled splits in order).
 pub fn synthetic_pixel(i: usize, c: usize, y: usize, x: usize) -> u8 {
     ((i * 7 + c * 80 + y * 5 + x * 3) % 256) as u8
 }

@@ -16,7 +16,7 @@
 //!   order, decoding and cache): the classes are the 256 numbered categories, so class index =
 //!   sorted order = folder number − 1; `257.clutter` is left out unless asked for (then index
 //!   256), as SAG-VICReg's halves (categories 1–128 and 129–256) leave it out (spec §2.5,
-//!   **[assumption]**). The set has no official split: the caller draws one.
+//!   **\[assumption\]**). The set has no official split: the caller draws one.
 
 use std::fs::{self, File};
 use std::io::{self, BufReader, Read};

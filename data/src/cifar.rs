@@ -4,7 +4,7 @@
 //! `cifar-10-python.tar.gz` holds `cifar-10-batches-py/data_batch_1` … `data_batch_5` (10,000
 //! train images each) and `test_batch` (10,000); `cifar-100-python.tar.gz` holds
 //! `cifar-100-python/train` (50,000) and `test` (10,000). Each is a Python 2 pickle of a dict
-//! (see [`crate::pickle`]): `data`, a `uint8` array `[N, 3072]` whose rows are the red, green and
+//! (see `pickle`): `data`, a `uint8` array `[N, 3072]` whose rows are the red, green and
 //! blue 32×32 planes, row-major (already `[3, 32, 32]`), and `labels` (CIFAR-10) or
 //! `fine_labels` and `coarse_labels` (CIFAR-100, both kept: `cifar100` reads the 100 fine
 //! classes, `cifar100-coarse` the 20 superclasses). Members may come in any order (the official

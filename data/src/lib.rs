@@ -16,7 +16,43 @@
 //! * [`medmnist`]: the 18 MedMNIST datasets' facts and their `.npz` files as a [`Dataset`].
 //! * [`npy`]: NumPy `.npy` arrays and `.npz` archives.
 //! * [`archive`]: the benchmark sets read from their official archives into an 8-bit cache:
-//!   [`cifar`] (CIFAR-10/100, through [`pickle`]), [`stl10`], [`tiny_imagenet`].
+//!   [`cifar`] (CIFAR-10/100, through a private Python-pickle reader), [`stl10`],
+//!   [`tiny_imagenet`].
+//!
+//! # Example
+//!
+//! The embedded digits, a stratified split, and a loader making two noisy views of each training
+//! instance, the same on every run:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use ssl_data::{clean_batch, digits, stratified_split, GaussianJitter, ViewLoader};
+//!
+//! let data = Arc::new(digits(8)?); // the original 8×8 pixels, scaled to [0, 1]
+//! assert_eq!((data.len(), data.num_classes), (1797, 10));
+//! assert_eq!(data.shape, [1, 8, 8]);
+//!
+//! let (train, test) = stratified_split(&data.labels, 0.2, 0)?;
+//! assert_eq!(train.len() + test.len(), data.len());
+//! assert!(train.iter().all(|i| test.binary_search(i).is_err()));
+//!
+//! // Batches of 64 instances × 2 views, the last partial batch dropped, seed 0.
+//! let jitter = Arc::new(GaussianJitter { std: 0.1 });
+//! let loader = ViewLoader::new(data.clone(), train.clone(), 64, 2, true, 0, vec![jitter])?;
+//! assert_eq!(loader.steps_per_epoch(), train.len() / 64);
+//! let batch = loader.epoch(0).next().unwrap();
+//! assert_eq!(batch.views.len(), 2 * 64 * 64); // [V, B, 1, 8, 8]
+//! assert_ne!(batch.view(0), batch.view(1));
+//! assert_eq!(Some(&batch), loader.epoch(0).next().as_ref()); // reproducible
+//!
+//! // Instance ids are positions in `train`; the views are noisy copies of those samples.
+//! let rows: Vec<usize> = batch.instance_ids.iter().map(|&k| train[k as usize]).collect();
+//! let clean = clean_batch(&data, &rows);
+//! let noise = batch.view(0).iter().zip(&clean).map(|(v, c)| (v - c).powi(2)).sum::<f32>();
+//! let std = (noise / clean.len() as f32).sqrt();
+//! assert!((std - 0.1).abs() < 0.01, "{std}");
+//! # Ok::<(), anyhow::Error>(())
+//! ```
 
 pub mod archive;
 pub mod augment;

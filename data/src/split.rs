@@ -94,7 +94,7 @@ fn by_class(labels: &[u32], positions: &[usize]) -> BTreeMap<u32, Vec<usize>> {
 }
 
 /// A stratified subset of `n` of the `positions` (IConE's `N ∈ {500, 1k, 2k, 5k}` subsets,
-/// `docs/spec/data.md` §5.2): class quotas by [`proportional_allocation`], members drawn without
+/// `docs/spec/data.md` §5.2): class quotas by `proportional_allocation`, members drawn without
 /// replacement by a seeded shuffle. Sorted ascending.
 pub fn stratified_subset(
     labels: &[u32],

@@ -13,6 +13,31 @@
 //! one rank needs both features). The default build needs neither MPI nor CUDA. The NCCL back
 //! end is compile-checked only: its tests (`tests/nccl.rs`, world size 1) wait for a session
 //! with a GPU, and no machine this project is tested on has several.
+//!
+//! # Example
+//!
+//! The launcher and core share of a rank read from its environment, and one process's gradient
+//! averaging, which leaves every gradient as it is:
+//!
+//! ```
+//! use candle_core::{Device, Var};
+//! use ssl_dist::{detect_launch, reduce_gradients, Collective, CoreShare, SingleProcess};
+//!
+//! // `mpirun -np 4` gives each process OMPI_COMM_WORLD_SIZE=4.
+//! let env = |name: &str| (name == "OMPI_COMM_WORLD_SIZE").then(|| "4".to_string());
+//! let launch = detect_launch(env)?.expect("a launcher");
+//! assert_eq!((launch.variable, launch.processes), ("OMPI_COMM_WORLD_SIZE", 4));
+//! assert_eq!(detect_launch(|_| None)?, None);
+//! // Four ranks not bound to cores share a 16-core node: 4 threads each.
+//! assert_eq!(CoreShare::of(16, 16, false, Some(4)).threads, 4);
+//!
+//! let w = Var::new(&[1f32, 2., 3.], &Device::Cpu)?;
+//! let mut grads = w.as_tensor().sqr()?.sum_all()?.backward()?; // 2w
+//! reduce_gradients(&SingleProcess, &[("w".into(), w.clone())], &mut grads, 1 << 20)?;
+//! assert_eq!(grads.get(&w).unwrap().to_vec1::<f32>()?, [2., 4., 6.]);
+//! assert_eq!(SingleProcess.world_size(), 1);
+//! # Ok::<(), anyhow::Error>(())
+//! ```
 
 use std::str::FromStr;
 use std::sync::Arc;

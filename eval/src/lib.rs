@@ -18,6 +18,33 @@
 //! plus the per-dimension standardisation of §0. All computations are done in `f64` (except the
 //! k-NN similarity matrix product, which is `f32`), inputs are row-major `f32` feature matrices
 //! ([`Features`]).
+//!
+//! # Example
+//!
+//! RankMe of three orthogonal embeddings and of a collapsed set, a k-NN classifier on two
+//! clusters, and the invariance of CKA to rotation and scale:
+//!
+//! ```
+//! use ssl_eval::{knn_accuracy, linear_cka, rankme, Features, DEFAULT_KNN_T};
+//!
+//! let spread = Features::from_rows(&[[2f32, 0., 0.], [0., 2., 0.], [0., 0., 2.]])?;
+//! assert!((rankme(&spread, 0.0)? - 3.0).abs() < 1e-9);
+//! let collapsed = Features::from_rows(&[[1f32, 1., 1.], [2., 2., 2.], [3., 3., 3.]])?;
+//! assert!((rankme(&collapsed, 0.0)? - 1.0).abs() < 1e-6);
+//!
+//! let train = Features::from_rows(&[[1f32, 0.], [0.9, 0.2], [0., 1.], [0.1, 0.9]])?;
+//! let test = Features::from_rows(&[[0.8f32, 0.1], [0.2, 0.7]])?;
+//! let accuracy = knn_accuracy(&train, &[0, 0, 1, 1], &test, &[0, 1], 2, DEFAULT_KNN_T)?;
+//! assert_eq!(accuracy, 1.0);
+//!
+//! // Swapping the two axes and scaling by 3 is an orthogonal map and an isotropic scale.
+//! let swapped: Vec<[f32; 2]> = (0..train.n)
+//!     .map(|i| [3.0 * train.row(i)[1], 3.0 * train.row(i)[0]])
+//!     .collect();
+//! let cka = linear_cka(&train, &Features::from_rows(&swapped)?)?;
+//! assert!((cka - 1.0).abs() < 1e-9);
+//! # Ok::<(), anyhow::Error>(())
+//! ```
 
 pub mod cka;
 pub mod clustering;

@@ -47,7 +47,7 @@ pub struct Grid {
     #[serde(default = "default_out")]
     pub out: PathBuf,
     /// Table columns, as `results.json` metric keys (default: probe, k-NN, RankMe, effective
-    /// rank); see [`METRICS`].
+    /// rank); see `METRICS`.
     #[serde(default = "default_metrics")]
     pub metrics: Vec<String>,
     /// Published values to print beside a row: label → metric key → value (in the units of

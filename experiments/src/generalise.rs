@@ -112,7 +112,7 @@ pub fn check_halves(halves: &[Vec<u32>; 2]) -> Result<()> {
     Ok(())
 }
 
-/// The reference keys of a halves grid, in [`COLUMNS`] order.
+/// The reference keys of a halves grid, in `COLUMNS` order.
 pub const REFERENCE_KEYS: [&str; 5] = [
     "lca_pearson",
     "lca_spearman",

@@ -2,6 +2,41 @@
 //! `docs/spec/objectives.md` §0's L2 normalisation, batch-axis column standardisation, the Gram
 //! matrix with a symmetric backward, and spec §3's spectral operations — log-determinant, functions
 //! of a symmetric matrix's eigenvalues, the nuclear norm, and Cholesky whitening.
+//!
+//! # Example
+//!
+//! A log-determinant, its gradient `A⁻¹` through autograd, and Cholesky whitening, whose output
+//! has the identity as its covariance:
+//!
+//! ```
+//! use candle_core::{Device, Tensor, Var};
+//! use ssl_linalg::{cholesky::cholesky_whiten, logdet::logdet_spd, normalize_rows};
+//!
+//! let dev = &Device::Cpu;
+//! let a = Var::new(&[[2f64, 1.], [1., 2.]], dev)?;
+//! let logdet = logdet_spd(a.as_tensor())?;
+//! assert!((logdet.to_scalar::<f64>()? - 3f64.ln()).abs() < 1e-12);
+//! let gradient = logdet.backward()?.get(&a).unwrap().to_vec2::<f64>()?;
+//! let inverse = [[2.0 / 3.0, -1.0 / 3.0], [-1.0 / 3.0, 2.0 / 3.0]];
+//! for (row, want) in gradient.iter().zip(inverse) {
+//!     for (got, want) in row.iter().zip(want) {
+//!         assert!((got - want).abs() < 1e-12);
+//!     }
+//! }
+//!
+//! let x = Tensor::new(&[[1f64, 0.], [0., 2.], [3., 1.], [1., 1.], [2., 5.]], dev)?; // [n, d]
+//! let y = cholesky_whiten(&x, 0.0)?;
+//! let covariance = (y.t()?.matmul(&y)? / 4.0)?.to_vec2::<f64>()?; // (n − 1) = 4; y is centred
+//! for (i, row) in covariance.iter().enumerate() {
+//!     for (j, &c) in row.iter().enumerate() {
+//!         assert!((c - if i == j { 1.0 } else { 0.0 }).abs() < 1e-9);
+//!     }
+//! }
+//!
+//! let unit = normalize_rows(&x)?.sqr()?.sum(1)?.to_vec1::<f64>()?;
+//! assert!(unit.iter().all(|n| (n - 1.0).abs() < 1e-12));
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 pub mod cholesky;
 pub mod columns;

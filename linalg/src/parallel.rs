@@ -164,10 +164,10 @@ fn depth_parts(m: usize, n: usize, k: usize) -> usize {
 /// as a rayon-parallel one does.
 ///
 /// The tasks are blocks of `dst`'s rows (or of its columns, when it is wider than tall),
-/// [`BLOCKS_PER_WORKER`] a worker. Each block's GEMM packs its own copy of the operand all
+/// `BLOCKS_PER_WORKER` a worker. Each block's GEMM packs its own copy of the operand all
 /// blocks share, which for a deep product (`Gᵀ X` over the rows of a batch, `k` ≫ `m`, `n`) is
 /// most of its work beyond the multiply-adds. Such a product is instead split along its depth
-/// ([`depth_parts`]): each part multiplies its own rows of both operands into a partial
+/// (`depth_parts`): each part multiplies its own rows of both operands into a partial
 /// `[m, n]`, nothing is packed twice, and the partials are added in part order.
 pub fn matmul_strided<T: WithDType>(
     a: (&[T], (usize, usize)),

@@ -7,7 +7,7 @@
 //! average when `momentum` is `None`. Eval mode uses the running statistics. Under
 //! [`crate::sync_bn`] the train-mode statistics are those of the global batch. On CUDA (feature
 //! `cuda`) the same two ops run our kernels (`cuda.rs`), and the statistics stay on the device;
-//! eval mode is one op there too ([`BnEval`]).
+//! eval mode is one op there too (`BnEval`).
 
 use std::sync::{Arc, Mutex};
 

@@ -10,17 +10,17 @@
 //! forward convolution of `dy` with the flipped kernel (one GEMM of depth `O·kᴿ`); with a
 //! stride it is `dx = col2im(Wᵀ·dy)`. A stride-1 3×3 (3×3×3) convolution of at least 16
 //! channels in and out, over at least 64 tiles, takes Winograd's minimal filtering instead
-//! ([`winograd`]): F(4×4, 3×3) on images, 4× fewer multiply-adds in its GEMMs (F(2×2, 3×3),
+//! (`winograd`): F(4×4, 3×3) on images, 4× fewer multiply-adds in its GEMMs (F(2×2, 3×3),
 //! 2.25×, on the smallest images), and F(2×2×2, 3×3×3) on volumes, 3.4×; for the forward, the
 //! dual convolution of the input gradient and the weight gradient alike. A 2D convolution is
 //! the 3D one with depth 1 and kernel depth 1, so one set of kernels serves both; a 1×1 stride-1
 //! convolution needs no im2col (its input is the column matrix). A stride along the width reads
-//! the input rows phase by phase ([`PhaseRows`]), so im2col copies and col2im adds runs. A
+//! the input rows phase by phase (`PhaseRows`), so im2col copies and col2im adds runs. A
 //! *skinny* convolution, few output positions against a large weight (the 3D ResNet's 2³
-//! layers), computes its three products with `W` read in place, once ([`SKINNY_COLUMNS`]).
+//! layers), computes its three products with `W` read in place, once (`SKINNY_COLUMNS`).
 //! Chunks are fixed by the shapes alone and the weight gradient's partial sums are added in a
 //! fixed order, so results do not depend on the thread count. On CUDA (feature `cuda`) cuDNN
-//! computes the convolution and its two gradients ([`cudnn`]). On other devices the columns
+//! computes the convolution and its two gradients (module `cudnn`). On other devices the columns
 //! are gathered with Candle ops (zero padding and `index_select` per kernel offset), whose
 //! autograd gives the same gradients.
 

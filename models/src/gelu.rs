@@ -8,7 +8,7 @@
 //! Candle's `gelu_erf` differentiates through a dozen elementwise passes over the input (and with
 //! `1/√(2π)` rounded to 0.398942); a ViT-S/16 MLP activation at batch 32 is 39 MB, twelve times
 //! per step. In f32, `Φ` and `φ` are branch-free approximations within 2·10⁻⁷ that vectorise
-//! ([`normal_cdf_f32`](crate::util::normal_cdf_f32)); f64 uses Candle's `erf`. On CUDA (feature
+//! (`normal_cdf_f32`); f64 uses Candle's `erf`. On CUDA (feature
 //! `cuda`) the same two ops run our kernels (`cuda.rs`), `Φ` through CUDA's `erfc`. Other
 //! devices and dtypes use Candle's op.
 

@@ -14,6 +14,30 @@
 //! - [`DigitsCnn`], [`Mlp`], [`ResNet`] (2D/3D), [`VisionTransformer`]: encoders implementing
 //!   [`Encoder`].
 //! - [`Projector`]: Linear–BN–ReLU projection head.
+//!
+//! # Example
+//!
+//! An MLP encoder and a projector, their weights created (seeded) in an `ssl_core::ParamStore`
+//! under PyTorch state-dict keys:
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_core::ParamStore;
+//! use ssl_models::{Encoder, Mlp, Projector};
+//!
+//! let store = ParamStore::new(0);
+//! let vb = store.var_builder(&Device::Cpu);
+//! let encoder = Mlp::new(64, &[32, 16], vb.pp("encoder"))?; // 64 → 32 → 16
+//! let projector = Projector::new(16, &[32, 8], vb.pp("projector"))?; // Linear–BN–ReLU–Linear
+//! let x = (Tensor::arange(0f32, 256., &Device::Cpu)?.reshape((4, 64))? / 256.)?; // [N, 64]
+//! let h = encoder.forward_t(&x, true)?;
+//! assert_eq!(h.dims(), [4, encoder.output_dim()]);
+//! assert_eq!(projector.forward_t(&h, true)?.dims(), [4, 8]);
+//! let keys: Vec<String> = store.vars().into_iter().map(|(key, _)| key).collect();
+//! assert!(keys.contains(&"encoder.layers.1.weight".to_string()));
+//! assert!(keys.contains(&"projector.1.running_mean".to_string()));
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 pub mod attention;
 pub mod autocast;

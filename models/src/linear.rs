@@ -10,7 +10,7 @@
 //! autocast multiply as [`matrix_product`] does (Candle's `Linear` would broadcast the weight
 //! to `[N, D_out, D_in]` for a `[N, T, D_in]` input and sum that gradient back); on CUDA a
 //! layer with a bias keeps for its backward only what the CPU op keeps
-//! ([`Linear::product_then_bias`]).
+//! (`Linear::product_then_bias`).
 
 use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Tensor};
 use candle_nn::{Init, VarBuilder};

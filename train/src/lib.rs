@@ -3,6 +3,34 @@
 //! `config` (typed run configuration) → `setup` (device, data, networks) → `trainer` (the fit
 //! loop, checkpoints, resume) → `evaluate` (the end-of-run table). The built-in objectives are
 //! linked here, so every program using this crate can name them.
+//!
+//! # Example
+//!
+//! A run configured in code, resolved as its YAML recipe would be (nothing is trained here;
+//! `Trainer::new(cfg).start(Start::Fresh).fit()` would train it):
+//!
+//! ```
+//! use ssl_data::Recipe;
+//! use ssl_train::RunConfig;
+//!
+//! let cfg = RunConfig::builder().objective("vicreg").data("gmm").epochs(1).build()?;
+//! assert_eq!((cfg.objective.name.as_str(), cfg.data.name.as_str()), ("vicreg", "gmm"));
+//! assert_eq!(cfg.train.epochs, 1);
+//! assert_eq!(cfg.train.warmup_epochs, 1); // the default 2, cut to the run's length
+//! assert_eq!(cfg.data.augment, Some(Recipe::Noise)); // the mixture's own views
+//! // The objective's paper defaults are filled in, so the run records every hyperparameter.
+//! assert_eq!(cfg.objective.params["lambda"].as_f64(), Some(25.0));
+//!
+//! // A misspelt key, or an objective parameter out of range, is an error naming it.
+//! let err = RunConfig::builder().set("train.epoch", 3).build().unwrap_err();
+//! assert!(format!("{err:#}").contains("epoch"));
+//! let err = RunConfig::builder().objective_param("lambda", -1.0).build().unwrap_err();
+//! assert!(format!("{err:#}").contains("lambda"));
+//!
+//! // Every built-in objective is linked.
+//! assert!(ssl_core::find("dino").is_ok() && ssl_core::find("lejepa").is_ok());
+//! # Ok::<(), anyhow::Error>(())
+//! ```
 
 pub mod atomic;
 pub mod builder;

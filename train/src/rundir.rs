@@ -230,7 +230,7 @@ pub fn resume_target(out: Option<&Path>) -> Result<PathBuf> {
 }
 
 /// Holds the configuration a resume asks for against the one the run recorded, at `step` (the
-/// checkpoint's). Keys in [`FREE_KEYS`] may differ; every other difference must be allowed by
+/// checkpoint's). Keys in `FREE_KEYS` may differ; every other difference must be allowed by
 /// an `allowed` entry (the key, or a section above it such as `objective.params`), else the
 /// resume is refused with the differing keys named. Returns `requested` with the allowed
 /// changes appended to the recorded `history`.

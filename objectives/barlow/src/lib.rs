@@ -14,6 +14,26 @@
 //! the diagonals `C_ii` of all pairs come from one batched `[d, V, N] × [d, N, V]` product. This
 //! keeps memory at `V·B² + d·V²` instead of `V²·d²` (the paper's projector has d = 8192).
 //! [`cross_correlation`] forms `C` explicitly for analysis and tests.
+//!
+//! # Example
+//!
+//! The two views `Z_a`, `Z_b` of spec `docs/spec/objectives.md` §2.3 (`[4, 3]` each, f64)
+//! and the spec's known answers:
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_barlow::{barlow_twins_loss, cross_correlation, BarlowConfig};
+//!
+//! let dev = &Device::Cpu;
+//! let za = Tensor::new(&[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]], dev)?;
+//! let zb = Tensor::new(&[[1f64, 1., 2.], [0., 0., 1.], [2., 2., 1.], [0., 3., 0.]], dev)?;
+//! let z = Tensor::stack(&[&za, &zb], 0)?; // [V = 2, B = 4, d = 3]
+//! let c = cross_correlation(&za, &zb)?.to_vec2::<f64>()?; // [d, d]
+//! assert!((c[0][0] - 0.8527881354).abs() < 1e-9);
+//! let loss = barlow_twins_loss(&z, &BarlowConfig::default())?.to_scalar::<f64>()?;
+//! assert!((loss - 0.3606087145).abs() < 1e-9);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 use anyhow::Result;
 use candle_core::Tensor;

@@ -17,6 +17,26 @@
 //!
 //! Batch size: the losses are defined at `B = 1`, but the predictor's batch norm is not (spec
 //! §0, §5), so a training batch needs `B ≥ 2`.
+//!
+//! # Example
+//!
+//! The known answers of spec §2.18 and §2.19 on two views of two instances. At `V = V_g = 2`
+//! there are `P = 2` pairs, so BYOL's loss `P·(2 − 2c̄)` is `4 − 4c̄`, SimSiam's is `−c̄`.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_byol::{byol_loss, simsiam_loss};
+//!
+//! let dev = &Device::Cpu;
+//! let p = Tensor::new(&[[[1f64, 2.], [0., 1.]], [[2., 1.], [1., 1.]]], dev)?; // [V, B, D]
+//! let z = Tensor::new(&[[[1f64, 1.], [1., 0.]], [[0., 1.], [1., 2.]]], dev)?; // [V_g, B, D]
+//! let byol = byol_loss(&p, &z)?.to_scalar::<f64>()?;
+//! let simsiam = simsiam_loss(&p, &z)?.to_scalar::<f64>()?;
+//! assert!((byol - 0.5553555388).abs() < 1e-9);
+//! assert!((simsiam + 0.8611611153).abs() < 1e-9);
+//! assert!((byol - (4.0 + 4.0 * simsiam)).abs() < 1e-12);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 mod byol;
 mod simsiam;

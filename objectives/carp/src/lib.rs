@@ -41,6 +41,37 @@
 //! when the `(V + V_g)·B` rows are many compared with `N_B`; for small batches the spec
 //! suggests a smaller `block_size`. The loss is defined at `B = 1` (spec §5), but the heads'
 //! batch norm needs at least 2 rows per call.
+//!
+//! # Example
+//!
+//! Spec §2.17's known answer: student and teacher logits of two views of two instances over
+//! `K = 4` prototypes, partitioned into two blocks of `N_B = 2`; and a step's random partition,
+//! a permutation of the prototypes.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_carp::{carp_loss, random_partition};
+//! use ssl_core::Progress;
+//!
+//! let dev = &Device::Cpu;
+//! let student = Tensor::new(
+//!     &[[[1f64, 0., 2., -1.], [0.5, 0.5, 0., 1.]], [[0., 1., 1., 0.], [2., 0., -1., 0.]]],
+//!     dev,
+//! )?; // [V, B, K]
+//! let teacher = Tensor::new(
+//!     &[[[1f64, 0., 1., 0.], [0., 0., 0., 2.]], [[0., 0., 2., 0.], [1., 1., 0., 0.]]],
+//!     dev,
+//! )?; // [V_g, B, K]
+//! let (consistency, kl) = carp_loss(&student, &teacher, &[2, 0, 3, 1], 2)?;
+//! assert!((consistency.to_scalar::<f64>()? - 0.6570656664).abs() < 1e-9);
+//! assert!((kl.to_scalar::<f64>()? - 0.0005849814).abs() < 1e-9);
+//!
+//! let at = Progress { step: 3, epoch: 0, steps_per_epoch: 10, total_steps: 10, seed: 0 };
+//! let mut partition = random_partition(&at, 4, 2)?;
+//! partition.sort_unstable();
+//! assert_eq!(partition, [0, 1, 2, 3]);
+//! # Ok::<(), anyhow::Error>(())
+//! ```
 
 mod head;
 mod kernels;

@@ -26,6 +26,31 @@
 //!
 //! Smallest batch: `B = 1` (spec §5): the running covariance keeps `R_new` definite, but a single
 //! sample gives no batch covariance to speak of; the criterion is meaningful for `B ≥ 2`.
+//!
+//! # Example
+//!
+//! The two views `Z_a`, `Z_b` of spec `docs/spec/objectives.md` §2.3 (`[4, 3]` each, f64)
+//! from the initial state (`μ = 0`, `R = I`) and the spec's known answers:
+//!
+//! ```
+//! use candle_core::{DType, Device, Tensor};
+//! use ssl_corinfomax::{corinfomax_loss, corinfomax_terms, CorInfoMaxConfig};
+//!
+//! let dev = &Device::Cpu;
+//! let za = Tensor::new(&[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]], dev)?;
+//! let zb = Tensor::new(&[[1f64, 1., 2.], [0., 0., 1.], [2., 2., 1.], [0., 3., 0.]], dev)?;
+//! let z = Tensor::stack(&[&za, &zb], 0)?; // [V = 2, B = 4, d = 3]
+//! let mean = Tensor::zeros((2, 3), DType::F64, dev)?; // μ of each branch
+//! let eye = Tensor::eye(3, DType::F64, dev)?;
+//! let cov = Tensor::stack(&[&eye, &eye], 0)?; // R of each branch
+//! let cfg = CorInfoMaxConfig::default();
+//! let terms = corinfomax_terms(&z, &mean, &cov, &cfg)?;
+//! assert!((terms.covariance.to_scalar::<f64>()? - 5.3157861974).abs() < 1e-9);
+//! assert!((terms.invariance.to_scalar::<f64>()? - 0.0968435108).abs() < 1e-9);
+//! assert!((corinfomax_loss(&terms, &cfg)?.to_scalar::<f64>()? - 29.5266639018).abs() < 1e-8);
+//! assert_eq!(terms.cov.dims(), [2, 3, 3]); // R_new, stored for the next step
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};

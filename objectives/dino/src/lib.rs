@@ -35,6 +35,35 @@
 //!
 //! The loss is defined at `B = 1` (spec §5), though the centre then follows single samples; with
 //! `use_bn` the heads' batch norm needs at least 2 rows per call.
+//!
+//! # Example
+//!
+//! Spec §2.22's known answers: the loss of student and teacher logits (two views of two
+//! instances, `K = 3`) at `τ_s = 0.1`, `τ_t = 0.04`, and the centre after the step at `m = 0.9`.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_dino::{dino_loss, updated_center};
+//!
+//! let dev = &Device::Cpu;
+//! let student = Tensor::new(
+//!     &[[[1f64, 0., -1.], [0., 2., 0.]], [[0.5, 0.5, 0.], [1., 1., 1.]]],
+//!     dev,
+//! )?; // [V, B, K]
+//! let teacher = Tensor::new(
+//!     &[[[2f64, 0., 0.], [0., 1., 0.]], [[0., 0., 1.], [1., 0., 0.]]],
+//!     dev,
+//! )?; // [V_g, B, K]
+//! let center = Tensor::new(&[0.1f64, 0., -0.1], dev)?;
+//! let loss = dino_loss(&student, &teacher, &center, 0.1, 0.04)?.to_scalar::<f64>()?;
+//! assert!((loss - 10.4487920455).abs() < 1e-8);
+//! // 0.9·c + 0.1·(the teacher logits' mean [0.75, 0.25, 0.25])
+//! let center = updated_center(&center, &teacher, 0.9)?.to_vec1::<f64>()?;
+//! for (got, want) in center.iter().zip([0.165, 0.025, -0.065]) {
+//!     assert!((got - want).abs() < 1e-12);
+//! }
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 mod head;
 

@@ -42,6 +42,25 @@
 //! `V(V−1)/2` unordered view pairs. The two-view loss is symmetric in its views, so ordered pairs
 //! give the same value; at V = 2 it is the official loss. The cost is quadratic in V (one `B×B`
 //! cross Gram per pair).
+//!
+//! # Example
+//!
+//! Spec §2.2's known answers for `Z = Kᵀ` (`N = 4` embeddings of `M = 3` dimensions), and
+//! the paper's Theorem 3.3: the two criteria differ by the embeddings' and the dimensions'
+//! `Σ‖·‖⁴` (186 and 268).
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_duality::{dimension_contrastive, sample_contrastive};
+//!
+//! let k = Tensor::new(&[[1f64, 2., 0., -1.], [3., -1., 2., 0.], [0., 1., 1., 2.]], &Device::Cpu)?;
+//! let z = k.t()?.contiguous()?; // [N = 4, M = 3]
+//! let l_c = sample_contrastive(&z)?.to_scalar::<f64>()?;
+//! let l_nc = dimension_contrastive(&z)?.to_scalar::<f64>()?;
+//! assert!((l_c - 86.0).abs() < 1e-12 && (l_nc - 4.0).abs() < 1e-12);
+//! assert!((l_c + 186.0 - (l_nc + 268.0)).abs() < 1e-12);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};

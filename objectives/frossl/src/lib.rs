@@ -24,6 +24,24 @@
 //! `L = λ·mse(Ẑ_a, Ẑ_b) + log‖K_a/tr K_a‖_F² + log‖K_b/tr K_b‖_F²`.
 //!
 //! Needs `N ≥ 2`: at `N = 1` column normalisation maps the embedding to a sign vector.
+//!
+//! # Example
+//!
+//! The two views `Z_a`, `Z_b` of spec `docs/spec/objectives.md` §2.3 (`[4, 3]` each, f64)
+//! and the spec's known answer (§2.11):
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_frossl::{frossl_loss, FrosslConfig};
+//!
+//! let dev = &Device::Cpu;
+//! let za = Tensor::new(&[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]], dev)?;
+//! let zb = Tensor::new(&[[1f64, 1., 2.], [0., 0., 1.], [2., 2., 1.], [0., 3., 0.]], dev)?;
+//! let z = Tensor::stack(&[&za, &zb], 0)?; // [V = 2, B = 4, d = 3]
+//! let loss = frossl_loss(&z, &FrosslConfig::default())?.to_scalar::<f64>()?;
+//! assert!((loss + 1.0128998163).abs() < 1e-9);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 use anyhow::Result;
 use candle_core::{Tensor, D};

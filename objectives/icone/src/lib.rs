@@ -19,6 +19,29 @@
 //! Choices the paper leaves open (spec §1.1): the table is in the weight-decayed group (what
 //! `AdamW(model.parameters())` does); Adam's betas, warm-up and minimum learning rate are the
 //! run's.
+//!
+//! # Example
+//!
+//! Spec §2.1's known answer: two views of instances 0 and 2 against a table `E` of three
+//! instance embeddings. Neither the views' nor the table's scale matters.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_icone::icone_loss;
+//!
+//! let dev = &Device::Cpu;
+//! let f = Tensor::new(
+//!     &[[[1f64, 2., 2.], [0., 3., 4.]], [[2., 1., 2.], [0., 4., 3.]]],
+//!     dev,
+//! )?; // [V, B, d]
+//! let e = Tensor::new(&[[1f64, 0., 1.], [0., 1., 0.], [1., 1., 0.]], dev)?; // [N, d]
+//! let ids = Tensor::new(&[0u32, 2], dev)?;
+//! let loss = icone_loss(&f, &e, &ids)?.to_scalar::<f64>()?;
+//! assert!((loss - 0.6655892264).abs() < 1e-9);
+//! let rescaled = icone_loss(&(&f * 3.0)?, &(&e * 0.5)?, &ids)?.to_scalar::<f64>()?;
+//! assert!((rescaled - loss).abs() < 1e-12);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 pub mod diversity;
 pub mod regularizers;

@@ -11,6 +11,26 @@
 //! pairs in general. The entropy's eigendecomposition is `min(N, d)` square
 //! ([`ssl_linalg::spectral::von_neumann_entropy_of_rows_batched`]), all views in one host round
 //! trip. Needs N ≥ 2 (with one instance `ρ` has rank one and the entropy is identically 0).
+//!
+//! # Example
+//!
+//! The two views `Z_a`, `Z_b` of spec `docs/spec/objectives.md` §2.3 (`[4, 3]` each, f64)
+//! and the spec's known answers (§2.12):
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_ivne::{ivne_loss, von_neumann_entropies, IvneConfig};
+//!
+//! let dev = &Device::Cpu;
+//! let za = Tensor::new(&[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]], dev)?;
+//! let zb = Tensor::new(&[[1f64, 1., 2.], [0., 0., 1.], [2., 2., 1.], [0., 3., 0.]], dev)?;
+//! let z = Tensor::stack(&[&za, &zb], 0)?; // [V = 2, B = 4, d = 3]
+//! let entropies = von_neumann_entropies(&z)?.to_vec1::<f64>()?; // one per view
+//! assert!((entropies[0] - 0.8651720274).abs() < 1e-9);
+//! let loss = ivne_loss(&z, &IvneConfig::default())?.to_scalar::<f64>()?;
+//! assert!((loss + 4.3968641176).abs() < 1e-8);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 use anyhow::Result;
 use candle_core::Tensor;

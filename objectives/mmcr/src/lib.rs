@@ -14,6 +14,29 @@
 //! Deviation from spec §5: `min_batch` is 2, not the formal 1. With one instance `‖C‖_*` is the
 //! centroid's norm, a pure invariance term with nothing that spreads the embeddings, and the
 //! batch-norm layers of the MMCR projector are undefined on a single sample.
+//!
+//! # Example
+//!
+//! The two views `Z_a`, `Z_b` of spec `docs/spec/objectives.md` §2.3 (`[4, 3]` each, f64)
+//! and the spec's known answers (§2.13): without the local term the loss is minus the nuclear
+//! norm of the centroids.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_mmcr::{centroid_nuclear_norm, mmcr_loss, MmcrConfig};
+//!
+//! let dev = &Device::Cpu;
+//! let za = Tensor::new(&[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]], dev)?;
+//! let zb = Tensor::new(&[[1f64, 1., 2.], [0., 0., 1.], [2., 2., 1.], [0., 3., 0.]], dev)?;
+//! let z = Tensor::stack(&[&za, &zb], 0)?; // [V = 2, B = 4, d = 3]
+//! let norm = centroid_nuclear_norm(&z)?.to_scalar::<f64>()?;
+//! assert!((norm - 3.0914497265).abs() < 1e-9);
+//! let loss = mmcr_loss(&z, &MmcrConfig::default())?.to_scalar::<f64>()?;
+//! assert!((loss + norm).abs() < 1e-12);
+//! let with_local = mmcr_loss(&z, &MmcrConfig { lambda: 5e-3 })?.to_scalar::<f64>()?;
+//! assert!((with_local + 3.0828043177).abs() < 1e-9);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 use anyhow::Result;
 use candle_core::Tensor;

@@ -43,6 +43,27 @@
 //! ([`ssl_core::Collective::all_gather`]), as the reference does.
 //!
 //! Minimum batch size 1: the negatives come from the queue (spec §5).
+//!
+//! # Example
+//!
+//! Spec §2.20's known answer: two queries, their keys and a queue of three past keys (all unit
+//! rows) at temperature 0.2.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_linalg::normalize_rows;
+//! use ssl_moco::{moco_logits, moco_loss};
+//!
+//! let dev = &Device::Cpu;
+//! let q = normalize_rows(&Tensor::new(&[[1f64, 0.], [0., 1.]], dev)?)?;
+//! let k = normalize_rows(&Tensor::new(&[[1f64, 0.1], [0.2, 1.]], dev)?)?;
+//! let queue = normalize_rows(&Tensor::new(&[[1f64, 1.], [-1., 0.], [0., -1.]], dev)?)?;
+//! let logits = moco_logits(&q, &k, &queue, 0.2)?; // [B, 1 + K]: the positive, then the queue
+//! assert_eq!(logits.dims(), [2, 4]);
+//! let loss = moco_loss(&q, &k, &queue, 0.2)?.to_scalar::<f64>()?;
+//! assert!((loss - 0.2255999584).abs() < 1e-9);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Tensor};

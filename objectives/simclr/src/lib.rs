@@ -17,6 +17,26 @@
 //! library's two-direction form, spec §2.7); DCL-W weights a positive pair of views `(u, v)` with
 //! a softmax over the instances of their cosine, computed from the cosine even when `f ≠ identity`
 //! (the weighting is not defined for `f` in the sources). All objectives need B ≥ 2.
+//!
+//! # Example
+//!
+//! Spec §2.6's known answers: NT-Xent of two views of three instances at `τ = 0.5`, with the
+//! cosine similarity and with its absolute value.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_simclr::{nt_xent, nt_xent_with, Preprocess, Similarity};
+//!
+//! let dev = &Device::Cpu;
+//! let x1 = Tensor::new(&[[1f64, 0.], [0., 1.], [-1., 1.]], dev)?;
+//! let x2 = Tensor::new(&[[1f64, 0.2], [0.1, 1.], [-1., 0.5]], dev)?;
+//! let z = Tensor::stack(&[&x1, &x2], 0)?; // [V = 2, B = 3, d = 2]
+//! let loss = nt_xent(&z, 0.5)?.to_scalar::<f64>()?;
+//! assert!((loss - 0.6129270798).abs() < 1e-9);
+//! let abs = nt_xent_with(&z, 0.5, Similarity::Abs, Preprocess::None)?.to_scalar::<f64>()?;
+//! assert!((abs - 0.9822533591).abs() < 1e-9);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 mod config;
 mod dcl;

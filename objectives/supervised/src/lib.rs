@@ -17,6 +17,28 @@
 //!
 //! The losses are pure functions of tensors ([`soft_cross_entropy`], [`diet_loss`],
 //! [`supcon_out`], [`supcon_in`]) so the known answers of the spec can be checked without a model.
+//!
+//! # Example
+//!
+//! Spec §2.24's known answers: SupCon's `L_out` and `L_in` for two views of three images, two of
+//! them of class 0.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_supervised::{supcon_in, supcon_out};
+//!
+//! let dev = &Device::Cpu;
+//! let z = Tensor::new(
+//!     &[[[1f64, 0.], [0., 1.], [1., 0.2]], [[0.9, 0.1], [0.2, 1.], [1., 0.]]],
+//!     dev,
+//! )?; // [V = 2, B = 3, d = 2]
+//! let labels = Tensor::new(&[0u32, 1, 0], dev)?;
+//! let out = supcon_out(&z, &labels, 0.1, 0.07)?.to_scalar::<f64>()?;
+//! assert!((out - 1.0501244975).abs() < 1e-9);
+//! let inside = supcon_in(&z, &labels, 0.1)?.to_scalar::<f64>()?;
+//! assert!((inside - 0.0011248033).abs() < 1e-9);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 mod cross_entropy;
 mod diet;

@@ -18,6 +18,25 @@
 //! input once it is full and the epoch has reached `queue_start_epoch`.
 //!
 //! Needs `B ≥ 2` without a queue: Sinkhorn on a single sample returns exactly uniform codes.
+//!
+//! # Example
+//!
+//! Spec §2.21's Sinkhorn codes of three instances' scores against two prototypes (`ε = 0.05`,
+//! three iterations): each row is a distribution over the prototypes.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_swav::sinkhorn;
+//!
+//! let scores = Tensor::new(&[[0.9f64, 0.1], [0.8, 0.3], [0.2, 0.7]], &Device::Cpu)?; // [B, K]
+//! let codes = sinkhorn(&scores, 0.05, 3)?.to_vec2::<f64>()?;
+//! assert!((codes[0][0] - 0.99997245602).abs() < 1e-10);
+//! assert!((codes[2][1] - 0.99999981452).abs() < 1e-10);
+//! for row in &codes {
+//!     assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+//! }
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 use anyhow::{ensure, Result};
 use candle_core::{DType, Tensor, Var, D};

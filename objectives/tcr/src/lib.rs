@@ -29,6 +29,24 @@
 //! The smallest batch is `B = 1` (spec §5): `I + c ẐᵀẐ` is always positive definite. With one
 //! instance, however, the coding rate only sees a single direction per view and cannot spread a
 //! batch; it is meaningful for `B ≥ 2`.
+//!
+//! # Example
+//!
+//! Spec §2.10's known answer: the total coding rate of `Z_a` (`[4, 3]`) at `ε = 0.2`. Rows are
+//! normalised inside, so scaling them changes nothing.
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_tcr::total_coding_rate;
+//!
+//! let dev = &Device::Cpu;
+//! let za = Tensor::new(&[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]], dev)?;
+//! let rate = total_coding_rate(&za, 0.2)?.to_scalar::<f64>()?;
+//! assert!((rate + 2.4479065349).abs() < 1e-9);
+//! let scaled = za.broadcast_mul(&Tensor::new(&[[2f64], [0.5], [7.], [1.]], dev)?)?;
+//! assert!((total_coding_rate(&scaled, 0.2)?.to_scalar::<f64>()? - rate).abs() < 1e-12);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 use anyhow::Result;
 use candle_core::{Tensor, D};

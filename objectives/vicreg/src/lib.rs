@@ -14,6 +14,28 @@
 //! `2/V` (the official two-branch sum), VICReg-exp/-ctr average both regularisers over the views
 //! (the pseudocode's `(a + b)/2` at `V = 2`, spec §6.2). Every per-view term is evaluated for all
 //! views at once with batched tensor ops. All need B ≥ 2; VICReg-exp and -ctr also need d ≥ 2.
+//!
+//! # Example
+//!
+//! The two views `Z_a`, `Z_b` of spec `docs/spec/objectives.md` §2.3 (`[4, 3]` each, f64)
+//! and the spec's known answers:
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_vicreg::{vicreg_loss, vicreg_terms, VicregConfig};
+//!
+//! let dev = &Device::Cpu;
+//! let za = Tensor::new(&[[1f64, 0., 2.], [0., 1., 1.], [2., 1., 0.], [1., 3., 1.]], dev)?;
+//! let zb = Tensor::new(&[[1f64, 1., 2.], [0., 0., 1.], [2., 2., 1.], [0., 3., 0.]], dev)?;
+//! let z = Tensor::stack(&[&za, &zb], 0)?; // [V = 2, B = 4, d = 3]
+//! let terms = vicreg_terms(&z)?;
+//! // (Z_a − Z_b)² holds six ones among its twelve entries.
+//! assert!((terms.invariance.to_scalar::<f64>()? - 0.5).abs() < 1e-12);
+//! // The paper's weights λ = μ = 25, ν = 1.
+//! let loss = vicreg_loss(&z, &VicregConfig::default())?.to_scalar::<f64>()?;
+//! assert!((loss - 15.5072337985).abs() < 1e-9);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
 
 pub mod ctr;
 pub mod exp;

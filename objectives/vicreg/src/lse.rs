@@ -45,7 +45,7 @@ pub fn off_diagonal_logsumexp(m: &Tensor, tau: f64) -> Result<Tensor> {
 /// On the CPU one op keeps the `R×R` Gram to itself: the forward is one GEMM and one pass; the
 /// backward, `∂/∂X = S X` with `S_ij = (g_i/τ)·softmax_i(j) + (g_j/τ)·softmax_j(i)` (the two
 /// uses of the symmetric entry), is one pass and one GEMM, with no `R×R` gradient going through
-/// autograd's accumulation. Elsewhere it is [`ssl_linalg::gram`] then
+/// autograd's accumulation. Elsewhere it is [`ssl_linalg::gram`](fn@ssl_linalg::gram) then
 /// [`off_diagonal_logsumexp`].
 pub fn gram_off_diagonal_logsumexp(x: &Tensor, tau: f64) -> Result<Tensor> {
     let r = x.dim(D::Minus2)?;

@@ -15,6 +15,24 @@
 //! `B mod w_size` instances, drawn at random by the permutation, out of that step's loss;
 //! `B < w_size` is an error. With `eps = 0` the sub-batch covariance must be positive definite,
 //! so `w_size ≥ d + 1` (checked at build time against the projection width).
+//!
+//! # Example
+//!
+//! Spec §2.15's known answer: two views of five instances whitened as one sub-batch
+//! (`w_size = 5`, the identity order, no shrinkage).
+//!
+//! ```
+//! use candle_core::{Device, Tensor};
+//! use ssl_wmse::wmse_loss;
+//!
+//! let dev = &Device::Cpu;
+//! let a = Tensor::new(&[[1f64, 0.], [0., 1.], [2., 1.], [1., 3.], [0., 0.]], dev)?;
+//! let b = Tensor::new(&[[1f64, 1.], [0., 0.], [2., 2.], [0., 3.], [1., 0.]], dev)?;
+//! let z = Tensor::stack(&[&a, &b], 0)?; // [V = 2, B = 5, d = 2]
+//! let loss = wmse_loss(&z, &[vec![0, 1, 2, 3, 4]], 5, 0.0)?.to_scalar::<f64>()?;
+//! assert!((loss - 0.7306691862).abs() < 1e-9);
+//! # Ok::<(), anyhow::Error>(())
+//! ```
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::Tensor;
