@@ -88,8 +88,28 @@ fn a_checkpoint_embeds_new_images_as_its_run_evaluated_them() -> anyhow::Result<
     assert_eq!(n, 10);
     let values = features.flatten_all()?.to_vec1::<f32>()?;
     assert!(values.iter().all(|v| v.is_finite()));
-    // The trained weights, not a fresh encoder's: a random init gives other features.
-    let fresh = ssl_train::TrainedEncoder::load(&outcome.dir, &[1, 16, 16])?;
-    assert_eq!(fresh.output_dim(), width);
+    let again = ssl_train::TrainedEncoder::load(&outcome.dir, &[1, 16, 16])?;
+    assert_eq!(again.output_dim(), width);
+    // The trained weights, not the run's initial ones: the same samples through the encoder at
+    // its random init (same seed) give other features.
+    let config = ssl_train::RunConfig::load_run(&outcome.dir)?;
+    let store = ssl_core::ParamStore::new(config.train.seed);
+    let shape = ssl_train::setup::DataSplit::shape_only(&[1, 16, 16], 0).dataset;
+    let vb = store.var_builder(&candle_core::Device::Cpu).pp("encoder");
+    let initial_encoder = ssl_train::setup::encoder(&config, &shape, vb)?;
+    let ssl_data::Samples::F32(digits) = ssl_data::digits(16)?.samples else {
+        anyhow::bail!("the digits are stored as f32 values");
+    };
+    let mut samples = digits[..10 * 16 * 16].to_vec();
+    samples
+        .chunks_mut(16 * 16)
+        .for_each(|s| config.data.normalization().apply(s, 1));
+    let x = candle_core::Tensor::from_vec(samples, (10, 1, 16, 16), &candle_core::Device::Cpu)?;
+    let initial = ssl_train::setup::forward_in_chunks(initial_encoder.as_ref(), &x, false)?;
+    let moved = (&features - &initial)?
+        .abs()?
+        .max_all()?
+        .to_scalar::<f32>()?;
+    assert!(moved > 1e-3, "features equal the random init's: {moved}");
     Ok(())
 }

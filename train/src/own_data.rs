@@ -183,6 +183,15 @@ mod tests {
         let samples = (0..3).map(|i| (vec![i as f32; 2 + i % 2], 0));
         let ragged = OwnImages::from_samples(&[2], samples).err().unwrap();
         assert!(message(ragged).contains("sample 1 has 3 values"));
+        let (pixels, labels) = points(8);
+        let labelled = || OwnImages::new(&[2], pixels.clone(), labels.clone()).unwrap();
+        let odd = labelled().with_unlabelled(vec![0.0; 3]).err().unwrap();
+        assert!(message(odd).contains("take 2 values each, got 3 values"));
+        let inf = labelled()
+            .with_unlabelled(vec![0.0, 0.0, 0.0, f32::INFINITY])
+            .err()
+            .unwrap();
+        assert!(message(inf).contains("sample 9 holds a non-finite value (inf) at position 1"));
     }
 
     #[test]

@@ -99,24 +99,8 @@ fn resampling_weights_equal_timm_resample_abs_pos_embed() {
 
 #[test]
 fn gradients_match_finite_differences() {
-    let cfg = VitConfig {
-        patch_size: 4,
-        embed_dim: 8,
-        depth: 1,
-        num_heads: 2,
-        mlp_ratio: 2,
-        in_channels: 1,
-        img_size: 8,
-    };
-    let store = ParamStore::new(7);
-    let vit = VisionTransformer::new(&cfg, store.var_builder(&Device::Cpu).set_dtype(DType::F64))
-        .unwrap();
     // A class token and positional embedding away from ~0, so the test sees them.
-    for (name, (_, var)) in store.vars().iter().enumerate() {
-        let noise = rand_tensor(name as u64, var.dims(), DType::F64);
-        var.set(&(var.as_tensor() + (noise * 0.3).unwrap()).unwrap())
-            .unwrap();
-    }
+    let (store, vit) = perturbed_vit(&tiny_config(1), 7, 0, DType::F64);
     // 12 px: the 2×2 learned grid resampled to 3×3.
     let x0 = rand_tensor(20, &[2, 1, 12, 12], DType::F64);
     let r = rand_tensor(21, &[2, 8], DType::F64);
@@ -193,23 +177,8 @@ fn train_and_eval_agree_and_bad_sizes_are_clear_errors() {
 /// must equal those of the whole block with the other rows dropped after it.
 #[test]
 fn the_class_token_alone_in_the_last_block_equals_the_whole_block() {
-    let cfg = VitConfig {
-        patch_size: 4,
-        embed_dim: 8,
-        depth: 2,
-        num_heads: 2,
-        mlp_ratio: 2,
-        in_channels: 1,
-        img_size: 8,
-    };
-    let store = ParamStore::new(9);
-    let vit = VisionTransformer::new(&cfg, store.var_builder(&Device::Cpu).set_dtype(DType::F64))
-        .unwrap();
-    for (name, (_, var)) in store.vars().iter().enumerate() {
-        let noise = rand_tensor(40 + name as u64, var.dims(), DType::F64);
-        var.set(&(var.as_tensor() + (noise * 0.3).unwrap()).unwrap())
-            .unwrap();
-    }
+    let cfg = tiny_config(2);
+    let (store, vit) = perturbed_vit(&cfg, 9, 40, DType::F64);
     let x = rand_tensor(30, &[3, 1, 8, 8], DType::F64);
     let whole_blocks = |x: &Tensor| -> Result<Tensor> {
         let (tokens, gh, gw) = vit.embed_patches(x)?;
@@ -246,15 +215,40 @@ fn masking_vit(seed: u64, dtype: DType) -> (ParamStore, VisionTransformer) {
         in_channels: 1,
         img_size: 16,
     };
+    perturbed_vit(&cfg, seed, seed + 100, dtype)
+}
+
+/// A ViT of `cfg` initialised from `seed`, every variable then moved by 0.3 × noise drawn from
+/// `noise_seed` upward (one seed per variable), so that the class token and positional
+/// embedding, initialised near 0, count in what the tests compare.
+fn perturbed_vit(
+    cfg: &VitConfig,
+    seed: u64,
+    noise_seed: u64,
+    dtype: DType,
+) -> (ParamStore, VisionTransformer) {
     let store = ParamStore::new(seed);
     let vit =
-        VisionTransformer::new(&cfg, store.var_builder(&Device::Cpu).set_dtype(dtype)).unwrap();
+        VisionTransformer::new(cfg, store.var_builder(&Device::Cpu).set_dtype(dtype)).unwrap();
     for (name, (_, var)) in store.vars().iter().enumerate() {
-        let noise = rand_tensor(seed + 100 + name as u64, var.dims(), dtype);
+        let noise = rand_tensor(noise_seed + name as u64, var.dims(), dtype);
         var.set(&(var.as_tensor() + (noise * 0.3).unwrap()).unwrap())
             .unwrap();
     }
     (store, vit)
+}
+
+/// A tiny ViT for gradient checks: 4×4 px patches on 8 px images (4 patches), width 8.
+fn tiny_config(depth: usize) -> VitConfig {
+    VitConfig {
+        patch_size: 4,
+        embed_dim: 8,
+        depth,
+        num_heads: 2,
+        mlp_ratio: 2,
+        in_channels: 1,
+        img_size: 8,
+    }
 }
 
 fn keep_tensor(rows: &[Vec<u32>]) -> Tensor {
@@ -332,23 +326,7 @@ fn masked_patches_do_not_reach_the_output() {
 /// positional embedding through the gather, on the tiny ViT of the unmasked test.
 #[test]
 fn masked_gradients_match_finite_differences() {
-    let cfg = VitConfig {
-        patch_size: 4,
-        embed_dim: 8,
-        depth: 1,
-        num_heads: 2,
-        mlp_ratio: 2,
-        in_channels: 1,
-        img_size: 8,
-    };
-    let store = ParamStore::new(60);
-    let vit = VisionTransformer::new(&cfg, store.var_builder(&Device::Cpu).set_dtype(DType::F64))
-        .unwrap();
-    for (name, (_, var)) in store.vars().iter().enumerate() {
-        let noise = rand_tensor(61 + name as u64, var.dims(), DType::F64);
-        var.set(&(var.as_tensor() + (noise * 0.3).unwrap()).unwrap())
-            .unwrap();
-    }
+    let (store, vit) = perturbed_vit(&tiny_config(1), 60, 61, DType::F64);
     // 2×2 patches; each image keeps two, in a different order.
     let keep = keep_tensor(&[vec![2, 0], vec![3, 1]]);
     let x0 = rand_tensor(70, &[2, 1, 8, 8], DType::F64);
