@@ -13,6 +13,7 @@
 //! * [`groups`]: parameter groups, the optimiser settings an objective or a run gives a part
 //!   of the model.
 //! * [`params`]: seeded, name-addressed parameter storage behind a candle `VarBuilder`.
+//! * [`tokens`]: the patch-token encoder that objectives reading pixels run themselves.
 //! * [`testing`]: known-answer inputs, reproducible random tensors and gradient checks for the
 //!   objective crates' tests.
 //!
@@ -99,15 +100,17 @@ pub mod objective;
 pub mod params;
 pub mod registry;
 pub mod testing;
+pub mod tokens;
 
 pub use collective::{Collective, SingleProcess};
 pub use groups::{ParamGroup, Prefixes, Schedule};
 pub use objective::{
     ema_update, paired_parameters, Batch, BuildContext, Ids, LossOutput, Objective,
-    ObjectiveConfig, Progress, Requirements, StepContext, TeacherSpec,
+    ObjectiveConfig, PixelBatch, PixelLoss, Progress, Requirements, StepContext, TeacherSpec,
 };
 pub use params::{ParamStore, StoreInit};
 pub use registry::{find, registry, ConfigKey, Registration};
+pub use tokens::{TokenEncoder, Tokens};
 
 #[doc(hidden)]
 pub use inventory;

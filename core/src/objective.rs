@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{de::DeserializeOwned, Serialize};
 
-use crate::{Collective, ParamGroup};
+use crate::{Collective, ParamGroup, TokenEncoder};
 
 /// Where training stands when a loss is computed or a step has ended.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -143,6 +143,47 @@ impl Batch<'_> {
     }
 }
 
+/// One mini-batch as an objective that encodes the views itself sees it
+/// ([`Requirements::pixels`]): the views' pixels and the encoders, nothing forwarded yet. All
+/// tensors live on the training device.
+pub struct PixelBatch<'a> {
+    /// The views, each `[B, C, H, W]`: the `global_views` full-size crops first, then the local
+    /// crops (at their own size).
+    pub views: &'a [Tensor],
+    pub global_views: usize,
+    /// The student encoder; its gradients are the ones the optimiser applies.
+    pub encoder: &'a dyn TokenEncoder,
+    /// The EMA teacher's encoder (a copy of the student's, updated through
+    /// [`StepContext::ema_update`]), present exactly when [`Requirements::teacher`] asked for
+    /// one. Its outputs carry no gradient to the student; detach them.
+    pub teacher: Option<&'a dyn TokenEncoder>,
+    /// Dataset indices of the `B` instances.
+    pub indices: &'a Ids,
+    /// Class labels of the `B` instances when the data set has them.
+    pub labels: Option<&'a Ids>,
+    pub progress: Progress,
+    pub train: bool,
+    /// Gathers batch statistics across data-parallel workers; see [`Collective`].
+    pub collective: &'a dyn Collective,
+}
+
+impl PixelBatch<'_> {
+    /// Number of instances `B`.
+    pub fn batch_size(&self) -> usize {
+        self.views.first().map_or(0, |v| v.dims()[0])
+    }
+}
+
+/// What [`Objective::pixel_loss`] returns: the loss and an embedding of every global view.
+pub struct PixelLoss {
+    pub output: LossOutput,
+    /// One embedding per global view and instance, `[V_global, B, E]`, as the objective computed
+    /// it on the way to its loss (MAE: the class token of the visible patches; I-JEPA: the
+    /// teacher's pooled patch tokens). The trainer trains the online probe on it (detached)
+    /// and logs its spectrum, as it does the projections of the other objectives.
+    pub embeddings: Tensor,
+}
+
 /// The scalar loss plus its named terms (unweighted values as logged).
 pub struct LossOutput {
     /// Scalar tensor to differentiate.
@@ -195,6 +236,11 @@ pub struct Requirements {
     /// (a constant-rate predictor, a frozen last layer); a run's `train.param_groups` apply
     /// after these.
     pub param_groups: Vec<ParamGroup>,
+    /// The objective encodes the views itself, from their pixels, through the encoder's patch
+    /// tokens (masked-image and predictive objectives: MAE, I-JEPA): the trainer then forwards
+    /// nothing and calls [`Objective::pixel_loss`] instead of [`Objective::loss`]. The encoder
+    /// must be a [`TokenEncoder`] (a ViT).
+    pub pixels: bool,
 }
 
 impl Default for Requirements {
@@ -208,6 +254,7 @@ impl Default for Requirements {
             projector: true,
             teacher: None,
             param_groups: Vec::new(),
+            pixels: false,
         }
     }
 }
@@ -343,13 +390,23 @@ pub fn ema_update(
     Ok(())
 }
 
-/// A self-supervised (or supervised) training objective.
+/// A self-supervised (or supervised) training objective. It implements [`Objective::loss`] on
+/// the trainer's embeddings of the views, or, with [`Requirements::pixels`],
+/// [`Objective::pixel_loss`] on the views' pixels.
 pub trait Objective: Send {
     /// What the trainer must provide; checked before training starts.
     fn requirements(&self) -> Requirements;
 
-    /// The loss for one batch.
-    fn loss(&mut self, batch: &Batch<'_>) -> Result<LossOutput>;
+    /// The loss for one batch of embedded views.
+    fn loss(&mut self, _batch: &Batch<'_>) -> Result<LossOutput> {
+        bail!("this objective encodes the views itself (Requirements::pixels): call pixel_loss")
+    }
+
+    /// The loss for one batch of views the objective encodes itself
+    /// ([`Requirements::pixels`]).
+    fn pixel_loss(&mut self, _batch: &PixelBatch<'_>) -> Result<PixelLoss> {
+        bail!("this objective takes embedded views (Requirements::pixels is false): call loss")
+    }
 
     /// Runs once per optimiser step after the step's gradients are computed and before the
     /// optimiser applies them, so the student weights are still those that produced the loss

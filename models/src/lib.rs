@@ -72,7 +72,7 @@ pub use registry::{
     find_encoder, registered_encoders, EncoderRegistration, EncoderSpec, ModuleEncoder,
 };
 pub use resnet::{ResNet, ResNetConfig, Stem};
-pub use vit::{VisionTransformer, VitConfig, VitTokens};
+pub use vit::{VisionTransformer, VitConfig, VitPool};
 
 use candle_core::{Result, Tensor};
 
@@ -82,4 +82,9 @@ pub trait Encoder: Send + Sync {
     fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor>;
     /// Feature dimension.
     fn output_dim(&self) -> usize;
+    /// The same encoder as a patch-token encoder, for objectives that encode the views
+    /// themselves ([`ssl_core::Requirements::pixels`]); `None` for encoders without patches.
+    fn tokens(&self) -> Option<&dyn ssl_core::TokenEncoder> {
+        None
+    }
 }

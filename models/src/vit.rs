@@ -4,7 +4,8 @@
 //! LayerNorm), in timm's layout: the keys are those of `timm.create_model(
 //! 'vit_small_patch16_224')` without its `head`, so converted timm weights load unchanged.
 //!
-//! `[N, C, H, W]` → `[N, D]`, the class token after the final norm.
+//! `[N, C, H, W]` → `[N, D]`, the class token after the final norm ([`VitPool::Class`]), or the
+//! mean of the patch tokens after it ([`VitPool::Mean`], how I-JEPA evaluates its encoder).
 //! [`VisionTransformer::forward_tokens`] returns the patch tokens too, and runs the encoder on
 //! a subset of the patches of each image (the masked encoders of MAE and I-JEPA). The 16×16
 //! stride-16 patch convolution is a reshape into patches and one matmul. Inputs of another size
@@ -24,6 +25,18 @@ use crate::autocast::matrix_product;
 use crate::gelu::gelu_erf;
 use crate::layer_norm::{layer_norm, LayerNorm};
 use crate::{Encoder, Linear};
+use ssl_core::{TokenEncoder, Tokens};
+
+/// What [`VisionTransformer::forward`] returns of its output tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VitPool {
+    /// The class token (timm's `global_pool='token'`; MAE's linear probe).
+    #[default]
+    Class,
+    /// The mean of the patch tokens after the final norm (I-JEPA's evaluation).
+    Mean,
+}
 
 /// Size of a ViT.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +52,7 @@ pub struct VitConfig {
     pub in_channels: usize,
     /// Side of the images the positional embedding is learned for.
     pub img_size: usize,
+    pub pool: VitPool,
 }
 
 impl VitConfig {
@@ -51,6 +65,7 @@ impl VitConfig {
             mlp_ratio: 4,
             in_channels: 3,
             img_size: 224,
+            pool: VitPool::Class,
         }
     }
 
@@ -88,9 +103,10 @@ fn vit_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear> {
     Ok(Linear::new(w, Some(b)))
 }
 
-/// `blocks.{i}`: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`.
+/// A pre-norm transformer block, `blocks.{i}` of a ViT: `x + attn(norm1(x))`, then
+/// `x + mlp(norm2(x))`; also the blocks of MAE's decoder and I-JEPA's predictor.
 #[derive(Debug, Clone)]
-struct Block {
+pub struct Block {
     norm1: LayerNorm,
     qkv: Linear,
     proj: Linear,
@@ -102,8 +118,16 @@ struct Block {
 
 impl Block {
     fn new(cfg: &VitConfig, vb: VarBuilder) -> Result<Self> {
-        let d = cfg.embed_dim;
-        let hidden = d * cfg.mlp_ratio;
+        Self::with_width(cfg.embed_dim, cfg.num_heads, cfg.mlp_ratio, vb)
+    }
+
+    /// A block of width `d` with `heads` attention heads and an MLP of `mlp_ratio·d` hidden
+    /// units, initialised as timm's ViT blocks.
+    pub fn with_width(d: usize, heads: usize, mlp_ratio: usize, vb: VarBuilder) -> Result<Self> {
+        if d == 0 || !d.is_multiple_of(heads) {
+            candle_core::bail!("transformer block: width {d} must split into {heads} heads");
+        }
+        let hidden = d * mlp_ratio;
         Ok(Self {
             norm1: layer_norm(d, 1e-6, vb.pp("norm1"))?,
             qkv: vit_linear(d, 3 * d, vb.pp("attn").pp("qkv"))?,
@@ -111,7 +135,7 @@ impl Block {
             norm2: layer_norm(d, 1e-6, vb.pp("norm2"))?,
             fc1: vit_linear(d, hidden, vb.pp("mlp").pp("fc1"))?,
             fc2: vit_linear(hidden, d, vb.pp("mlp").pp("fc2"))?,
-            heads: cfg.num_heads,
+            heads,
         })
     }
 
@@ -121,7 +145,8 @@ impl Block {
             .forward(&multi_head_attention(&self.qkv.forward(x)?, self.heads)?)
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `[N, T, D]` → `[N, T, D]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = (x + self.attention(&self.norm1.forward(x)?)?)?;
         self.mlp_residual(&x)
     }
@@ -178,15 +203,6 @@ pub fn resample_matrix(n_in: usize, n_out: usize) -> Vec<f64> {
         row.iter_mut().for_each(|w| *w /= total);
     }
     m
-}
-
-/// The output tokens of [`VisionTransformer::forward_tokens`], after the final norm.
-#[derive(Debug, Clone)]
-pub struct VitTokens {
-    /// The class token, `[N, D]`.
-    pub cls: Tensor,
-    /// The patch tokens that entered the encoder, `[N, K, D]`, in the order of `keep`.
-    pub patches: Tensor,
 }
 
 /// `patches[n, keep[n, k]]`: `[N, L, D]`, `keep` `[N, K]` u32 with `L = gh·gw` → `[N, K, D]`,
@@ -352,22 +368,25 @@ impl VisionTransformer {
     /// the output of patch `keep[n, k]`; without `keep`, of patch `k`.
     ///
     /// Checking the indices reads `keep` back to the host (a wait on a GPU for its upload).
-    pub fn forward_tokens(&self, x: &Tensor, keep: Option<&Tensor>) -> Result<VitTokens> {
+    pub fn forward_tokens(&self, x: &Tensor, keep: Option<&Tensor>) -> Result<Tokens> {
         let mut h = self.input_tokens(x, keep)?;
         for block in &self.blocks {
             h = block.forward(&h)?;
         }
         let h = self.norm.forward(&h)?;
         let patches = h.dim(1)? - 1;
-        Ok(VitTokens {
+        Ok(Tokens {
             cls: h.narrow(1, 0, 1)?.squeeze(1)?,
             patches: h.narrow(1, 1, patches)?,
         })
     }
 
     /// `[N, C, H, W]` → `[N, D]`: the class token of [`VisionTransformer::forward_tokens`]
-    /// without a mask.
+    /// without a mask, or the mean of its patch tokens ([`VitConfig::pool`]).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.cfg.pool == VitPool::Mean {
+            return self.forward_tokens(x, None)?.patches.mean(1);
+        }
         let mut h = self.input_tokens(x, None)?;
         let Some((last, blocks)) = self.blocks.split_last() else {
             return self.norm.forward(&h.narrow(1, 0, 1)?.squeeze(1)?);
@@ -392,6 +411,21 @@ impl Encoder for VisionTransformer {
     }
     fn output_dim(&self) -> usize {
         self.cfg.embed_dim
+    }
+    fn tokens(&self) -> Option<&dyn TokenEncoder> {
+        Some(self)
+    }
+}
+
+impl TokenEncoder for VisionTransformer {
+    fn patch_size(&self) -> usize {
+        self.cfg.patch_size
+    }
+    fn token_dim(&self) -> usize {
+        self.cfg.embed_dim
+    }
+    fn forward_tokens(&self, x: &Tensor, keep: Option<&Tensor>) -> Result<Tokens> {
+        VisionTransformer::forward_tokens(self, x, keep)
     }
 }
 

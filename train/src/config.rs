@@ -11,7 +11,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 use ssl_data::{ImageAugment, Normalization, Recipe, ViewTypes, VolumeAugment};
 use ssl_models::autocast::Precision;
-use ssl_models::{Stem, VitConfig};
+use ssl_models::{Stem, VitConfig, VitPool};
 pub use ssl_optim::OptimizerKind;
 use ssl_optim::OptimizerSettings;
 
@@ -265,6 +265,13 @@ pub struct ModelConfig {
     pub stem: Stem,
     /// Start the last batch norm of every residual block at weight 0 (Goyal et al. 2017).
     pub zero_init_residual: bool,
+    /// ViT patch side in pixels; 0: the encoder's own (16). Another side learns the positional
+    /// embedding for `data.size` (so timm's 224-px weights no longer fit): ViT-T with 4-px
+    /// patches on the 16-px digits is a 4 × 4 grid.
+    pub patch_size: usize,
+    /// What a ViT's features are: `class`, its class token (timm, MAE), or `mean`, the mean of
+    /// its patch tokens (I-JEPA's evaluation).
+    pub pool: VitPool,
     /// Initial encoder weights: a safetensors file with PyTorch state-dict keys, or
     /// `torchvision:resnet50` / `timm:vit_small_patch16_224` for a converted file in the weights
     /// directory (see `ssl run --help`).
@@ -315,6 +322,8 @@ impl Default for ModelConfig {
             mlp: vec![64, 64, 2],
             stem: Stem::Imagenet,
             zero_init_residual: false,
+            patch_size: 0,
+            pool: VitPool::Class,
             init: None,
             projector: vec![512, 512],
             sync_bn: false,
@@ -618,11 +627,8 @@ impl RunConfig {
         if self.data.name == "gmm" {
             return Ok(());
         }
-        let patch = match self.model.encoder.as_str() {
-            "vit_t16" => VitConfig::tiny().patch_size,
-            "vit_s16" => VitConfig::small().patch_size,
-            "vit_b16" => VitConfig::base().patch_size,
-            _ => return Ok(()),
+        let Some(patch) = self.model.vit_config(self.data.size).map(|v| v.patch_size) else {
+            return Ok(());
         };
         let (size, encoder) = (self.data.size, &self.model.encoder);
         ensure!(
@@ -940,7 +946,29 @@ impl DataConfig {
 }
 
 impl ModelConfig {
+    /// The ViT `encoder` names for images of side `image_side`, with `patch_size` and `pool`
+    /// applied; `None` for other encoders.
+    pub fn vit_config(&self, image_side: usize) -> Option<VitConfig> {
+        let mut vit = match self.encoder.as_str() {
+            "vit_t16" => VitConfig::tiny(),
+            "vit_s16" => VitConfig::small(),
+            "vit_b16" => VitConfig::base(),
+            _ => return None,
+        };
+        if self.patch_size > 0 {
+            (vit.patch_size, vit.img_size) = (self.patch_size, image_side);
+        }
+        vit.pool = self.pool;
+        Some(vit)
+    }
+
     fn validate(&self) -> Result<()> {
+        ensure!(
+            self.vit_config(224).is_some() || (self.patch_size == 0 && self.pool == VitPool::Class),
+            "model.patch_size and model.pool apply to ViT encoders (vit_t16, vit_s16, vit_b16), \
+             and model.encoder is `{}`; remove them or use a ViT",
+            self.encoder
+        );
         ensure!(
             ENCODERS.contains(&self.encoder.as_str())
                 || ssl_models::find_encoder(&self.encoder).is_some(),

@@ -81,6 +81,14 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
             data.unlabeled.len()
         );
     }
+    if req.pixels && encoder.tokens().is_none() {
+        bail!(
+            "objective `{}` encodes the views itself from their patches, and model.encoder `{}` has \
+             none; use a ViT (--set model.encoder=vit_t16, with model.patch_size=4 on the 16-px digits)",
+            registration.name,
+            cfg.model.encoder
+        );
+    }
     check_projector_batch(cfg, registration.name, req.projector, pretraining.len())?;
     let projector = if req.projector {
         Some(setup::projector(cfg, feature_dim, vb.pp("projector"))?)

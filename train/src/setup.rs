@@ -9,7 +9,6 @@ use candle_nn::VarBuilder;
 use ssl_data::{Dataset, Normalization};
 use ssl_models::{
     DigitsCnn, Encoder, EncoderSpec, Mlp, Projector, ResNet, ResNetConfig, VisionTransformer,
-    VitConfig,
 };
 
 use crate::config::{RunConfig, TrainingSplit};
@@ -551,10 +550,10 @@ fn encoder_with_bn_momentum(
         rc.bn_momentum = bn_momentum;
         Ok(Box::new(ResNet::new(&rc, vb.clone())?))
     };
-    let vit = |mut vc: VitConfig| -> Result<Box<dyn Encoder>> {
-        vc.in_channels = needs(3, "images [C, H, W]")?;
-        Ok(Box::new(VisionTransformer::new(&vc, vb.clone())?))
-    };
+    if let Some(mut vit) = cfg.model.vit_config(cfg.data.size) {
+        vit.in_channels = needs(3, "images [C, H, W]")?;
+        return Ok(Box::new(VisionTransformer::new(&vit, vb)?));
+    }
     Ok(match name {
         "digits_cnn" => Box::new(DigitsCnn::with_bn_momentum(
             needs(3, "images [C, H, W]")?,
@@ -572,9 +571,6 @@ fn encoder_with_bn_momentum(
             rc.bn_momentum = bn_momentum;
             Box::new(ResNet::new(&rc, vb)?)
         }
-        "vit_t16" => vit(VitConfig::tiny())?,
-        "vit_s16" => vit(VitConfig::small())?,
-        "vit_b16" => vit(VitConfig::base())?,
         other => match ssl_models::find_encoder(other) {
             Some(registered) => (registered.build)(&EncoderSpec { input_shape: shape }, vb)
                 .with_context(|| format!("building the registered encoder `{other}`"))?,

@@ -25,13 +25,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::utils::barrier_pool;
 use candle_core::{Device, Tensor, TensorId, Var};
-use candle_nn::Module;
+use candle_nn::{Linear, Module};
 use serde_json::json;
-use ssl_core::{Batch, Collective, Ids, ParamStore, Progress, SingleProcess, StepContext};
+use ssl_core::{
+    Batch, Collective, Ids, LossOutput, ParamStore, PixelBatch, PixelLoss, Progress, SingleProcess,
+    StepContext,
+};
 use ssl_data::{Interpolation, LocalCrop, ViewLoader, ViewTransform};
 use ssl_dist::{Comm, Complete, GradientAveraging, GradientReduction};
 use ssl_models::autocast::{autocast, Precision};
@@ -1179,6 +1182,9 @@ fn step_on(
     if let Some(local) = &input.local_images {
         student_views.extend(local.chunk(local.dims()[0] / b, 0)?);
     }
+    if model.objective.requirements().pixels {
+        return pixel_step(model, input, &student_views, collective, complete);
+    }
     let all_views = student_views.len();
     let (view_features, view_projections) = forward_views(
         model.encoder.as_ref(),
@@ -1218,18 +1224,10 @@ fn step_on(
         collective,
     };
     let out = model.objective.loss(&batch)?;
-    let scalar = |t: &Tensor| t.detach().to_dtype(candle_core::DType::F64)?.reshape(());
-    let mut values = vec![scalar(&out.loss)?];
-    let mut terms = Vec::with_capacity(out.terms.len());
-    for (name, value) in &out.terms {
-        terms.push(name.clone());
-        values.push(scalar(value)?);
-    }
+    let (mut values, terms) = logged_values(&out)?;
     let mut total = out.loss;
     if let Some(probe) = &model.probe {
-        let logits = probe.forward(&features.narrow(0, 0, v * b)?.detach())?;
-        let targets = Tensor::new(input.labels.repeat(v).as_slice(), device)?;
-        let ce = candle_nn::loss::cross_entropy(&logits, &targets)?;
+        let ce = probe_loss(probe, &features.narrow(0, 0, v * b)?, input.labels, v)?;
         values.push(scalar(&ce)?);
         total = (total + ce)?;
     }
@@ -1262,6 +1260,84 @@ fn step_on(
         projections: projections_v.narrow(0, 0, v)?.detach(),
     };
     Ok((out, grads))
+}
+
+/// [`step_on`] for an objective that encodes the views itself ([`Requirements::pixels`]): it
+/// gets the views and the encoders' patch tokens, returns its loss and an embedding of every
+/// global view, on which the online probe trains. One backward pass through the whole graph.
+///
+/// [`Requirements::pixels`]: ssl_core::Requirements::pixels
+fn pixel_step(
+    model: &mut Model,
+    input: &StepInput<'_>,
+    views: &[Tensor],
+    collective: &dyn Collective,
+    complete: &Complete,
+) -> Result<(StepOutput, GradStore)> {
+    let device = input.images.device();
+    let (v, b) = (input.views, input.instance_ids.len());
+    let no_tokens = || anyhow!("the objective encodes patch tokens and the encoder has none");
+    let encoder = model.encoder.tokens().ok_or_else(no_tokens)?;
+    let teacher = match &model.teacher {
+        Some((enc, _)) => Some(enc.tokens().ok_or_else(no_tokens)?),
+        None => None,
+    };
+    let indices = Ids::new(input.instance_ids, device)?;
+    let labels = Ids::new(input.labels, device)?;
+    let batch = PixelBatch {
+        views,
+        global_views: v,
+        encoder,
+        teacher,
+        indices: &indices,
+        labels: Some(&labels),
+        progress: input.progress,
+        train: true,
+        collective,
+    };
+    let PixelLoss { output, embeddings } = model.objective.pixel_loss(&batch)?;
+    let embeddings = embeddings.detach();
+    let (mut values, terms) = logged_values(&output)?;
+    let mut total = output.loss;
+    if let Some(probe) = &model.probe {
+        let ce = probe_loss(probe, &embeddings.reshape((v * b, ()))?, input.labels, v)?;
+        values.push(scalar(&ce)?);
+        total = (total + ce)?;
+    }
+    let grads = backward_views(Vec::new(), total.backward()?, &model.store, complete)?;
+    let out = StepOutput {
+        logged: Logged {
+            values: Tensor::stack(&values, 0)?,
+            terms,
+            probe: model.probe.is_some(),
+        },
+        projections: embeddings,
+    };
+    Ok((out, grads))
+}
+
+/// A logged scalar: detached, f64, shape `[]`.
+fn scalar(t: &Tensor) -> Result<Tensor> {
+    Ok(t.detach().to_dtype(candle_core::DType::F64)?.reshape(())?)
+}
+
+/// The loss and its terms as logged scalars, and the terms' names.
+fn logged_values(out: &LossOutput) -> Result<(Vec<Tensor>, Vec<String>)> {
+    let mut values = vec![scalar(&out.loss)?];
+    let mut names = Vec::with_capacity(out.terms.len());
+    for (name, value) in &out.terms {
+        names.push(name.clone());
+        values.push(scalar(value)?);
+    }
+    Ok((values, names))
+}
+
+/// The online probe's cross-entropy on detached `features` `[V·B, F]` of `views` views, each
+/// instance's label repeated per view.
+fn probe_loss(probe: &Linear, features: &Tensor, labels: &[u32], views: usize) -> Result<Tensor> {
+    let logits = probe.forward(&features.detach())?;
+    let targets = Tensor::new(labels.repeat(views).as_slice(), features.device())?;
+    Ok(candle_nn::loss::cross_entropy(&logits, &targets)?)
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ fn forward_equals_timm_at_the_learned_and_at_another_size() {
         mlp_ratio: 4,
         in_channels: 3,
         img_size: 32,
+        pool: VitPool::Class,
     };
     let vit = VisionTransformer::new(&cfg, vb).unwrap();
     for side in [32, 48] {
@@ -214,6 +215,7 @@ fn masking_vit(seed: u64, dtype: DType) -> (ParamStore, VisionTransformer) {
         mlp_ratio: 2,
         in_channels: 1,
         img_size: 16,
+        pool: VitPool::Class,
     };
     perturbed_vit(&cfg, seed, seed + 100, dtype)
 }
@@ -248,6 +250,7 @@ fn tiny_config(depth: usize) -> VitConfig {
         mlp_ratio: 2,
         in_channels: 1,
         img_size: 8,
+        pool: VitPool::Class,
     }
 }
 
@@ -429,4 +432,23 @@ fn bad_keep_tensors_are_clear_errors_naming_the_shape() {
         .unwrap_err()
         .to_string();
     assert!(beyond.contains("5×5 = 25 patches"), "{beyond}");
+}
+
+#[test]
+fn mean_pooling_averages_the_normed_patch_tokens_and_class_pooling_takes_the_class_token() {
+    let (_, vit) = masking_vit(7, DType::F64);
+    let x = rand_tensor(3, &[2, 1, 16, 16], DType::F64);
+    let tokens = vit.forward_tokens(&x, None).unwrap();
+    assert!(max_abs_diff(&vit.forward(&x).unwrap(), &tokens.cls) < 1e-12);
+    let mut mean_cfg = vit.cfg.clone();
+    mean_cfg.pool = VitPool::Mean;
+    let mean_vit = VisionTransformer {
+        cfg: mean_cfg,
+        ..vit.clone()
+    };
+    let pooled = mean_vit.forward(&x).unwrap();
+    assert!(max_abs_diff(&pooled, &tokens.patches.mean(1).unwrap()) < 1e-12);
+    assert!(max_abs_diff(&pooled, &tokens.cls) > 1e-3);
+    let as_tokens: &dyn TokenEncoder = Encoder::tokens(&mean_vit).unwrap();
+    assert_eq!((as_tokens.patch_size(), as_tokens.token_dim()), (4, 16));
 }
