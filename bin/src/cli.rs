@@ -651,6 +651,7 @@ fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
     let ctx = ssl_core::BuildContext {
         vb: store.var_builder(&candle_core::Device::Cpu).pp("objective"),
         num_instances: batch_size,
+        patches: None,
         num_classes: Some(2),
         instance_labels: Some(&labels),
         projection_dim: 8,

@@ -78,6 +78,7 @@
 //!         views: 2,
 //!         global_views: 2,
 //!         batch_size: 2,
+//!         patches: None,
 //!     };
 //!     let params = serde_yaml::from_str("scale: 2.0")?;
 //!     let mut objective = (registration.build)(&params, &ctx)?;
@@ -106,7 +107,8 @@ pub use collective::{Collective, SingleProcess};
 pub use groups::{ParamGroup, Prefixes, Schedule};
 pub use objective::{
     ema_update, paired_parameters, Batch, BuildContext, Ids, LossOutput, Objective,
-    ObjectiveConfig, PixelBatch, PixelLoss, Progress, Requirements, StepContext, TeacherSpec,
+    ObjectiveConfig, Patches, PixelBatch, PixelLoss, Progress, Requirements, StepContext,
+    TeacherSpec,
 };
 pub use params::{ParamStore, StoreInit};
 pub use registry::{find, registry, ConfigKey, Registration};

@@ -325,6 +325,25 @@ pub struct BuildContext<'a> {
     pub global_views: usize,
     /// Batch size `B` the run will use.
     pub batch_size: usize,
+    /// How the encoder cuts images into patches, when it is a [`TokenEncoder`]: what a
+    /// pixel decoder (MAE's) predicts per patch.
+    pub patches: Option<Patches>,
+}
+
+/// The patches of a [`TokenEncoder`]'s inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Patches {
+    /// Side of a patch in pixels.
+    pub size: usize,
+    /// Channels of the images.
+    pub channels: usize,
+}
+
+impl Patches {
+    /// Values in one patch, `size²·channels`.
+    pub fn values(&self) -> usize {
+        self.size * self.size * self.channels
+    }
 }
 
 /// Given to [`Objective::before_step`] and [`Objective::after_step`] around every optimiser

@@ -7,7 +7,7 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor, Var, D};
 use candle_nn::{Linear, Module};
-use ssl_core::{BuildContext, Objective, ParamGroup, ParamStore};
+use ssl_core::{BuildContext, Objective, ParamGroup, ParamStore, Patches};
 use ssl_models::autocast::Precision;
 use ssl_models::{Encoder, Projector};
 use ssl_optim::Optimizer;
@@ -54,6 +54,10 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
         views: cfg.train.views + cfg.train.local_views,
         global_views: cfg.train.views,
         batch_size: cfg.train.batch_size,
+        patches: encoder.tokens().map(|t| Patches {
+            size: t.patch_size(),
+            channels: dataset.shape[0],
+        }),
     };
     let objective = (registration.build)(&cfg.objective.params, &ctx)?;
     let req = objective.requirements();

@@ -284,6 +284,7 @@ fn context(store: &ParamStore, feature_dim: usize) -> BuildContext<'static> {
         views: 3,
         global_views: 3,
         batch_size: 4,
+        patches: None,
     }
 }
 

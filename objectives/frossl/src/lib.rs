@@ -543,6 +543,7 @@ mod tests {
             views: 2,
             global_views: 2,
             batch_size: 4,
+            patches: None,
         };
         (reg.build)(&value, &ctx).unwrap()
     }

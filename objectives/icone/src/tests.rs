@@ -138,6 +138,7 @@ fn context<'a>(
         views,
         global_views: views,
         batch_size: 1,
+        patches: None,
     }
 }
 

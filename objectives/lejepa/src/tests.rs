@@ -243,6 +243,7 @@ fn context(store: &ParamStore, views: usize, global_views: usize) -> BuildContex
         views,
         global_views,
         batch_size: 8,
+        patches: None,
     }
 }
 

@@ -203,6 +203,7 @@ fn build_crops(
         views,
         global_views,
         batch_size,
+        patches: None,
     };
     let value: serde_yaml::Value = serde_yaml::from_str(overrides)?;
     let objective = (ssl_core::find(name)?.build)(&value, &ctx)?;

@@ -383,6 +383,7 @@ mod tests {
             views: 3,
             global_views: 3,
             batch_size: 5,
+            patches: None,
         };
         let value: serde_yaml::Value = serde_yaml::from_str(overrides)?;
         (ssl_core::find(name)?.build)(&value, &ctx)

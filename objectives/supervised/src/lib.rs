@@ -110,6 +110,7 @@ pub(crate) mod test_support {
             views: 2,
             global_views: 2,
             batch_size: 4,
+            patches: None,
         };
         let value: serde_yaml::Value = serde_yaml::from_str(overrides)?;
         (ssl_core::find(name)?.build)(&value, &ctx)

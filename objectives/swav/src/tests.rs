@@ -102,6 +102,7 @@ fn build_crops(
         views,
         global_views,
         batch_size: 4,
+        patches: None,
     };
     let value: serde_yaml::Value = serde_yaml::from_str(yaml)?;
     (ssl_core::find("swav")?.build)(&value, &ctx)

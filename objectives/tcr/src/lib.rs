@@ -378,6 +378,7 @@ mod tests {
             views: 2,
             global_views: 2,
             batch_size: 4,
+            patches: None,
         };
         let value: serde_yaml::Value = serde_yaml::from_str(overrides)?;
         (ssl_core::find("tcr")?.build)(&value, &ctx)

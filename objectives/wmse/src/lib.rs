@@ -394,6 +394,7 @@ mod tests {
             views: 2,
             global_views: 2,
             batch_size,
+            patches: None,
         };
         cfg.build(&ctx)?;
         Ok(Wmse(cfg.clone()))

@@ -21,6 +21,7 @@
 //!     views: 2,
 //!     global_views: 2,
 //!     batch_size: 2,
+//!     patches: None,
 //! };
 //! let defaults = (registration.default_config)(); // std_weight: 1.0
 //! let mut objective = (registration.build)(&defaults, &ctx)?;
