@@ -420,6 +420,22 @@ fn byol_on_two_ranks_matches_one_process() {
 
 /// Without `model.sync_bn` each rank normalises its own 64 rows: the one documented difference
 /// from one process, which moves the losses by far more than the equivalence tolerance.
+/// SIGReg's characteristic-function sums are gathered over the ranks, its random slices drawn
+/// from the run's seed and step on every rank alike.
+#[test]
+fn lejepa_on_two_ranks_matches_one_process() {
+    synced_two_ranks_match_one_process(
+        &[
+            "--objective",
+            "lejepa",
+            "--set",
+            "objective.params.slices=64",
+        ],
+        1e-4,
+        true,
+    );
+}
+
 #[test]
 fn per_rank_batch_norm_is_the_one_difference() {
     if mpirun_missing() {

@@ -148,15 +148,18 @@ fn resume_reproduces_an_uninterrupted_run() {
     );
 }
 
-/// An EMA teacher (BYOL) and a teacher with a queue (MoCo v2), killed with SIGKILL mid-run and
-/// resumed, end with the weights, teacher and queue of an uninterrupted run. A 640-image subset,
-/// 10 steps an epoch: the kill lands after the first epoch's checkpoint, two epochs before the end.
+/// An EMA teacher (BYOL), a teacher with a queue (MoCo v2) and LeJEPA's per-step random slices,
+/// killed with SIGKILL mid-run and resumed, end with the weights, teacher and queue of an
+/// uninterrupted run. A 640-image subset, 10 steps an epoch: the kill lands after the first
+/// epoch's checkpoint, two epochs before the end.
 #[test]
 fn killed_teacher_runs_resume_to_the_uninterrupted_weights() {
     let dir = tempfile::tempdir().unwrap();
-    for (objective, extra) in [
-        ("byol", "objective.params.predictor_hidden=64"),
-        ("moco", "objective.params.queue_size=256"),
+    // Each objective, its settings, and a checkpoint tensor (prefix) that only it keeps.
+    for (objective, extra, kept) in [
+        ("byol", "objective.params.predictor_hidden=64", "teacher."),
+        ("moco", "objective.params.queue_size=256", "objective.queue"),
+        ("lejepa", "objective.params.slices=64", "projector."),
     ] {
         let args = |out: &Path| -> Vec<String> {
             [
@@ -227,10 +230,10 @@ fn killed_teacher_runs_resume_to_the_uninterrupted_weights() {
                 .collect::<Vec<_>>()
         };
         let (a, b) = (tensors(&whole), tensors(&killed));
-        assert!(a.iter().any(|(n, _)| n.starts_with("teacher.")));
-        if objective == "moco" {
-            assert!(a.iter().any(|(n, _)| n == "objective.queue"));
-        }
+        assert!(
+            a.iter().any(|(n, _)| n.starts_with(kept)),
+            "{objective}: no {kept}"
+        );
         for ((name, x), (_, y)) in a.iter().zip(&b) {
             assert!(
                 x == y,
