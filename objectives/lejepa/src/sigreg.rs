@@ -129,6 +129,11 @@ impl Harmonics {
 /// order, which is all backpropagation uses). On one process it is accumulated in the sweep that
 /// computes the means; across workers the means are known only after the gather, so a second
 /// sweep recomputes the cosines and sines rather than storing `K` of them.
+///
+/// Across workers the local rows get `world_size ·` that gradient, as a [`Collective`]'s
+/// gather gives them (its backward sums every worker's gradient of the same global statistic):
+/// the trainer's mean of the parameter gradients over the workers then brings it back to the
+/// gradient of one process on the global batch.
 pub fn epps_pulley_views(
     x: &Tensor,
     quadrature: &Quadrature,
@@ -187,6 +192,7 @@ pub fn epps_pulley_views(
             gradient = (&gradient + gradient_term(cos_k, sin_k, of_cos, of_sin)?)?;
             Ok(())
         })?;
+        gradient = (gradient * collective.world_size() as f64)?;
     }
     let linear = (x * gradient)?.sum(1)?;
     (&linear - linear.detach())? + value

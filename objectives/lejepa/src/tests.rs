@@ -216,7 +216,8 @@ fn data_parallel_sigreg_is_that_of_the_global_batch() -> Result<()> {
     // The same as the local batch's with N doubled: the statistic scales with the sample size.
     let alone = sigreg(&z, &directions, &quadrature, &SingleProcess)?;
     assert!((scalar(&gathered) - 2.0 * scalar(&alone)).abs() < 1e-12);
-    // Each worker's rows get the global statistic's gradient.
+    // Each worker's rows get the global statistic's gradient times the 2 workers, as a gather's
+    // backward gives them (the trainer's mean over the workers divides by 2).
     let local_grad = gathered
         .backward()?
         .get(local.as_tensor())
@@ -227,7 +228,7 @@ fn data_parallel_sigreg_is_that_of_the_global_batch() -> Result<()> {
         .get(global.as_tensor())
         .expect("grad")
         .clone();
-    let error = worst_error(&local_grad, &global_grad.narrow(1, 0, 6)?)?;
+    let error = worst_error(&local_grad, &(global_grad.narrow(1, 0, 6)? * 2.0)?)?;
     assert!(error < 1e-12, "{error}");
     Ok(())
 }
