@@ -550,6 +550,12 @@ def check():
        `z = formula(3, 4, 6)` (B < D: FroSSL's B×B Gram) for VICReg and FroSSL;
        IConE with `f = formula(3, 4, 6)`, table `E = formula(5, 6, a=0.53, c=0.2)` and ids
        `[4, 0, 2, 1]`.
+    3. MAE's loss (row 5): images `formula(2, 3, 4, 4)` in 2-px patches (4 patches of 12
+       values), predictions `formula(2, 4, 12, a=0.53, c=0.2)`, removed patches
+       `[[1, 0, 1, 0], [0, 1, 1, 1]]`, with and without `norm_pix_loss`.
+    4. I-JEPA's loss (row 6): target tokens `layer_norm(formula(2, 5, 6))` gathered at the
+       target masks `[[0, 2, 4], [1, 3, 0]]` and `[[4, 4, 1], [2, 0, 3]]` (stacked mask-major),
+       predictions `3·formula(4, 3, 6, a=0.53, c=0.2)`, smooth L1.
     """
     za = torch.tensor([[1, 0, 2], [0, 1, 1], [2, 1, 0], [1, 3, 1]], dtype=torch.float64)
     zb = torch.tensor([[1, 1, 2], [0, 0, 1], [2, 2, 1], [0, 3, 0]], dtype=torch.float64)
@@ -568,6 +574,19 @@ def check():
     ids = torch.tensor([4, 0, 2, 1])
     loss = icone(formula(3, 4, 6), formula(5, 6, a=0.53, c=0.2), ids)
     print("icone formula(3x4x6) table formula(5x6) ids [4,0,2,1]", loss.item())
+    target = patchify(formula(2, 3, 4, 4), 2)
+    pred = formula(2, 4, 12, a=0.53, c=0.2)
+    removed = torch.tensor([[1, 0, 1, 0], [0, 1, 1, 1]], dtype=torch.float64)
+    print("mae norm_pix formula(2x3x4x4) pred formula(2x4x12)",
+          mae_loss(pred, target, removed).item())
+    print("mae raw formula(2x3x4x4) pred formula(2x4x12)",
+          mae_loss(pred, target, removed, norm_pix=False).item())
+    h = formula(2, 5, 6)
+    h = F.layer_norm(h, h.shape[-1:])
+    masks = [torch.tensor([[0, 2, 4], [1, 3, 0]]), torch.tensor([[4, 4, 1], [2, 0, 3]])]
+    goal = torch.cat([gather_rows(h, m) for m in masks], 0)
+    print("ijepa tokens formula(2x5x6) pred 3*formula(4x3x6)",
+          F.smooth_l1_loss(3 * formula(4, 3, 6, a=0.53, c=0.2), goal).item())
 
 
 def main():
