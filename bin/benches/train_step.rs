@@ -1,5 +1,5 @@
 //! One full training step (forward + loss + backward + AdamW) of the seed papers' encoders, the
-//! Rust side of `train_step.py`, which runs the same four steps in PyTorch:
+//! Rust side of `train_step.py`, which runs the same six steps in PyTorch:
 //!
 //! 1. `resnet18_cifar_vicreg`: ResNet-18, CIFAR stem, projector 512-2048-2048, VICReg,
 //!    32×32×3, B = 64 instances × 2 views (lr 1e-3);
@@ -7,14 +7,27 @@
 //! 3. `vit_s16_icone`: ViT-S/16 at 224×224×3, B = 16 × 2 views, IConE on the 384-d class token
 //!    (table of 1024 instances, lr 1e-4);
 //! 4. `resnet3d18_icone`: the IConE paper's 3D ResNet-18 at 64³ × 1 channel, B = 4 × 2 views,
-//!    IConE on its 512-d output (table of 1024 instances, lr 1e-4).
+//!    IConE on its 512-d output (table of 1024 instances, lr 1e-4);
+//! 5. `vit_s16_mae`: ViT-S/16 at 224×224×3, B = 64 × 1 view, MAE with its defaults: 75 % of
+//!    the 196 patches removed per image (the encoder on the class token and 49 patches), a
+//!    decoder of width 512, depth 8 and 16 heads on all 197 tokens, normalised-pixel loss on the
+//!    removed patches (lr 1.5e-4);
+//! 6. `vit_s16_ijepa`: ViT-S/16 at 224×224×3, B = 64 × 1 view, I-JEPA with its defaults: one
+//!    context block and 4 target blocks per image (multi-block masks on the 14×14 grid), the
+//!    EMA target encoder on all 196 patches without gradient, a predictor of width 384 and
+//!    depth 12 on the context and each target block's mask tokens (batch 4·B), smooth L1, the
+//!    target encoder's EMA update (momentum 0.996 at step 0) after the optimiser step (lr 1e-3).
+//!
+//! Rows 5 and 6 need the `mae` and `ijepa` objectives registered in `ssl-train`; a build
+//! without them fails those rows with the registry's unknown-objective error.
 //!
 //! AdamW (betas 0.9/0.999, weight decay 0.05 on weights, none on biases and norm parameters;
 //! the IConE table decayed), no online probe. Inputs are N(0, 1) images drawn once; the step is
-//! the trainer's own (`forward_backward_on`, the gradient average over ranks, the optimiser
-//! step), encoder forwarded view by view in train mode. Each row prints one JSON line: median /
-//! min / max milliseconds over `--steps` steps after `--warmup`, and the process's peak RSS
-//! (MiB). `--row all` runs every row in a fresh process, so each peak RSS is the row's own.
+//! the trainer's own (`forward_backward_on`, the gradient average over ranks, the objective's
+//! `before_step` hook, the optimiser step, its `after_step` hook: I-JEPA's EMA update), encoder
+//! forwarded view by view in train mode (rows 5 and 6: the objective encodes its masked view).
+//! Each row prints one JSON line: median / min / max milliseconds over `--steps` steps after
+//! `--warmup`, and the process's peak RSS (MiB). `--row all` runs every row in a fresh process, so each peak RSS is the row's own.
 //!
 //! `cargo bench -p ssl --bench train_step -- --row all --threads 2 [--steps 10] [--warmup 2]
 //! [--device cuda]` (a GPU run needs `--features cuda`; it adds the peak GPU memory of the
@@ -32,7 +45,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
-use ssl_core::Progress;
+use ssl_core::{ParamStore, Progress, StepContext};
 use ssl_dist::{Comm, GradientAveraging, BUCKET_ELEMENTS};
 use ssl_train::config::{apply_set, RunConfig};
 use ssl_train::model;
@@ -50,7 +63,7 @@ struct Row {
     shape: &'static [usize],
 }
 
-const ROWS: [Row; 4] = [
+const ROWS: [Row; 6] = [
     Row {
         name: "resnet18_cifar_vicreg",
         sets: &[
@@ -99,6 +112,28 @@ const ROWS: [Row; 4] = [
         ],
         shape: &[1, 64, 64, 64],
     },
+    Row {
+        name: "vit_s16_mae",
+        sets: &[
+            "model.encoder=vit_s16",
+            "objective.name=mae",
+            "train.batch_size=64",
+            "train.views=1",
+            "train.lr=1.5e-4",
+        ],
+        shape: &[3, 224, 224],
+    },
+    Row {
+        name: "vit_s16_ijepa",
+        sets: &[
+            "model.encoder=vit_s16",
+            "objective.name=ijepa",
+            "train.batch_size=64",
+            "train.views=1",
+            "train.lr=1e-3",
+        ],
+        shape: &[3, 224, 224],
+    },
 ];
 
 struct Args {
@@ -119,12 +154,14 @@ struct Args {
 const USAGE: &str = "\
 Usage: cargo bench -p ssl --bench train_step -- [OPTIONS]
 
-One training step (forward of every view, loss, backward, AdamW) of the issue's four encoder
-settings; prints one JSON line a row: the median step time and the peak RSS.
+One training step (forward of every view, loss, backward, AdamW, the objective's EMA update)
+of the issue's six encoder settings; prints one JSON line a row: the median step time and the
+peak RSS.
 
 Options:
   --row <N|all>       1 ResNet-18 VICReg, 2 the same with FroSSL at V = 8, 3 ViT-S/16 IConE,
-                      4 3D ResNet-18 IConE, or all [default: all]
+                      4 3D ResNet-18 IConE, 5 ViT-S/16 MAE (B = 64, 75 % masked),
+                      6 ViT-S/16 I-JEPA (B = 64), or all [default: all]
   --device <DEVICE>   cpu, cuda[:N] or metal [default: cpu]
   --threads <N>       CPU threads [default: 2]
   --steps <N>         timed steps [default: 10]
@@ -251,6 +288,25 @@ fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
     let mut model = model::build_model(&cfg, &data, &device)?;
     let mut optimizer = model::optimizer(&cfg, &model)?;
     let trainable = model::trainable(&model.store);
+    // The objective's hooks see what the trainer hands them (`Training::new`): the student's
+    // trainable encoder and projector parameters, and the teacher's under the same names.
+    let student: Vec<_> = model
+        .store
+        .vars()
+        .into_iter()
+        .filter(|(n, _)| {
+            (n.starts_with("encoder.") || n.starts_with("projector.")) && !ParamStore::is_buffer(n)
+        })
+        .collect();
+    let teacher: Option<Vec<_>> = model.teacher.as_ref().map(|_| {
+        model
+            .store
+            .vars_with_prefix("teacher.")
+            .into_iter()
+            .filter(|(n, _)| !ParamStore::is_buffer(n))
+            .map(|(n, v)| (n["teacher.".len()..].to_string(), v))
+            .collect()
+    });
     let (world, rank) = (comm.world_size(), comm.rank());
     let v = cfg.train.views;
     if cfg.train.batch_size % world != 0 {
@@ -293,7 +349,15 @@ fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
                 Ok(trainer::forward_backward_on(&mut model, &input, ranks, complete)?.1)
             })?
             .grads;
+        let hook = StepContext {
+            progress: input.progress,
+            student: &student,
+            teacher: teacher.as_deref(),
+        };
+        model.objective.before_step(&hook)?;
         optimizer.step(&grads, input.lr, &input.progress)?;
+        // I-JEPA's EMA update of its target encoder; nothing for rows 1–5.
+        model.objective.after_step(&hook)?;
         device.synchronize()?;
         if step >= args.warmup {
             times.push(t.elapsed().as_secs_f64() * 1e3);

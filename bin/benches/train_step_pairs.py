@@ -1,4 +1,4 @@
-"""Ours against PyTorch on the four training-step rows, in alternating pairs with the order balanced.
+"""Ours against PyTorch on the training-step rows, in alternating pairs with the order balanced.
 
 Each pair runs `train_step` (this crate's bench binary) and `train_step.py` (PyTorch) once each,
 one fresh process after the other; even pairs run ours first, odd pairs PyTorch first. On a
@@ -9,6 +9,9 @@ reported at the median over all pairs and over each order alone, with its range.
 
     python3 bin/benches/train_step_pairs.py [--rows 1,2,3,4] [--pairs 4] [--threads 2]
         [--steps 5] [--warmup 1] [--ours PATH]
+
+`--rows` takes any of the bench's six rows (default the first four; 5 is ViT-S/16 MAE and 6
+ViT-S/16 I-JEPA, both at B = 64 and several times row 3's step and memory).
 
 Without `--ours` the bench binary is built first (`cargo bench -p ssl --bench train_step
 --no-run`). Prints one line per pair as it goes, then a Markdown table.
@@ -60,7 +63,7 @@ def summary(ratios):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", default="1,2,3,4", help="comma-separated rows of train_step (1–4)")
+    p.add_argument("--rows", default="1,2,3,4", help="comma-separated rows of train_step (1–6)")
     p.add_argument("--pairs", type=int, default=4, help="pairs per row (even), half in each order")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
@@ -68,9 +71,9 @@ def main():
     p.add_argument("--ours", help="a built train_step bench binary (default: build it)")
     a = p.parse_args()
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
-    bad = [r for r in rows if r not in {"1", "2", "3", "4"}]
+    bad = [r for r in rows if r not in {"1", "2", "3", "4", "5", "6"}]
     if bad or a.pairs < 2 or a.pairs % 2:
-        p.error(f"--rows takes rows 1–4 (got {a.rows}) and --pairs an even number ≥ 2, half in "
+        p.error(f"--rows takes rows 1–6 (got {a.rows}) and --pairs an even number ≥ 2, half in "
                 f"each order (got {a.pairs})")
     ours_bin = a.ours or build_bench()
     common = ["--threads", str(a.threads), "--steps", str(a.steps), "--warmup", str(a.warmup)]
