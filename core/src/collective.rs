@@ -11,6 +11,10 @@ use candle_core::{Result, Tensor};
 pub trait Collective: Send + Sync {
     /// Number of workers taking part.
     fn world_size(&self) -> usize;
+    /// This worker's place in the gather order, `0..world_size()`: the rows
+    /// `rank·B..(rank + 1)·B` of a gathered batch are its own. Per-instance random draws (MAE's
+    /// and I-JEPA's masks) made for the global batch and cut to these rows are one process's.
+    fn rank(&self) -> usize;
     /// Concatenates every worker's `t` along `dim` (in rank order). The result must be
     /// differentiable with respect to the local `t`.
     fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor>;
@@ -23,6 +27,9 @@ pub struct SingleProcess;
 impl Collective for SingleProcess {
     fn world_size(&self) -> usize {
         1
+    }
+    fn rank(&self) -> usize {
+        0
     }
     fn all_gather(&self, t: &Tensor, _dim: usize) -> Result<Tensor> {
         Ok(t.clone())

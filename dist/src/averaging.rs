@@ -374,15 +374,15 @@ mod tests {
         fn world_size(&self) -> usize {
             2
         }
+        fn rank(&self) -> usize {
+            0
+        }
         fn all_gather(&self, t: &Tensor, dim: usize) -> candle_core::Result<Tensor> {
             Tensor::cat(&[t, t], dim)
         }
     }
 
     impl Comm for IdenticalPair {
-        fn rank(&self) -> usize {
-            0
-        }
         fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
             buf.iter_mut().for_each(|x| *x *= 2.0);
             Ok(())

@@ -77,9 +77,10 @@ pub enum GradientReduction {
 }
 
 /// A data-parallel communicator: the trainer's view of the ranks.
+///
+/// Its rank ([`Collective::rank`]) is the process's, `0..world_size()`; rank 0 writes logs and
+/// checkpoints.
 pub trait Comm: Collective {
-    /// This process's rank, `0..world_size()`; rank 0 writes logs and checkpoints.
-    fn rank(&self) -> usize;
     /// Replaces `buf` on every rank by its element-wise sum over all ranks.
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()>;
     /// [`Self::all_reduce_sum`] in double precision (logged losses).
@@ -131,9 +132,6 @@ pub trait Comm: Collective {
 }
 
 impl Comm for SingleProcess {
-    fn rank(&self) -> usize {
-        0
-    }
     fn all_reduce_sum(&self, _buf: &mut [f32]) -> Result<()> {
         Ok(())
     }

@@ -313,6 +313,9 @@ impl MpiCollective {
 }
 
 impl Collective for MpiCollective {
+    fn rank(&self) -> usize {
+        self.shared.rank
+    }
     fn world_size(&self) -> usize {
         self.shared.size
     }
@@ -331,9 +334,6 @@ impl Collective for MpiCollective {
 }
 
 impl Comm for MpiCollective {
-    fn rank(&self) -> usize {
-        self.shared.rank
-    }
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
         let sum = self
             .shared

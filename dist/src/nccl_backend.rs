@@ -197,6 +197,9 @@ fn op_error(what: &str, e: impl std::fmt::Debug) -> candle_core::Error {
 }
 
 impl Collective for NcclCollective {
+    fn rank(&self) -> usize {
+        self.shared.rank
+    }
     fn world_size(&self) -> usize {
         self.shared.size
     }
@@ -217,9 +220,6 @@ impl Collective for NcclCollective {
 }
 
 impl Comm for NcclCollective {
-    fn rank(&self) -> usize {
-        self.shared.rank
-    }
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
         self.control.all_reduce_sum(buf)
     }

@@ -187,6 +187,9 @@ mod tests {
         fn world_size(&self) -> usize {
             2
         }
+        fn rank(&self) -> usize {
+            0
+        }
         fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor> {
             Tensor::cat(&[t, &self.0], dim)
         }

@@ -1516,6 +1516,9 @@ mod tests {
         fn world_size(&self) -> usize {
             2
         }
+        fn rank(&self) -> usize {
+            0
+        }
         fn all_gather(&self, t: &Tensor, dim: usize) -> candle_core::Result<Tensor> {
             self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Tensor::cat(&[t, t], dim)
