@@ -28,7 +28,7 @@
 //! Defaults are the paper's (ViT-B/L/H): `mask_ratio` 0.75, `norm_pix_loss` true, a decoder of
 //! width 512, depth 8 and 16 heads (MLP ratio 4, LayerNorm ε 10⁻⁶). That decoder is wider than
 //! a ViT-T (192) or ViT-S (384) encoder; for those a lighter one is the usual choice, e.g.
-//! `--set objective.decoder_dim=256 objective.decoder_depth=4 objective.decoder_heads=8`
+//! `--set objective.params.decoder_dim=256 objective.params.decoder_depth=4 objective.params.decoder_heads=8`
 //! (the paper's ablations, Table 1a–b, find narrower and shallower decoders cost little
 //! fine-tuning accuracy and some linear-probe accuracy). The decoder's width in pixels needs
 //! the patch size and channel count before the encoder is seen: `patch_size` (16) and
@@ -243,14 +243,14 @@ impl Mae {
         let (_, c, h, w) = view.dims4()?;
         ensure!(
             p == self.cfg.patch_size,
-            "objective `mae` predicts the pixels of {0}-px patches (objective.patch_size {0}), \
-             and the encoder's patches are {p} px; use --set objective.patch_size={p}",
+            "objective `mae` predicts the pixels of {0}-px patches (objective.params.patch_size {0}), \
+             and the encoder's patches are {p} px; use --set objective.params.patch_size={p}",
             self.cfg.patch_size
         );
         ensure!(
             c == self.cfg.channels,
-            "objective `mae` predicts {0}-channel pixels (objective.channels {0}), and the \
-             images have {c}; use --set objective.channels={c}",
+            "objective `mae` predicts {0}-channel pixels (objective.params.channels {0}), and the \
+             images have {c}; use --set objective.params.channels={c}",
             self.cfg.channels
         );
         ensure!(

@@ -569,7 +569,7 @@ fn requirements_and_refusals_name_the_fix() -> Result<()> {
     .err()
     .expect("patch size")
     .to_string();
-    assert!(err.contains("--set objective.patch_size=4"), "{err}");
+    assert!(err.contains("--set objective.params.patch_size=4"), "{err}");
     let mut rgb = build(
         &ParamStore::new(0),
         "{decoder_dim: 16, decoder_depth: 1, decoder_heads: 2, patch_size: 4}",
@@ -585,7 +585,7 @@ fn requirements_and_refusals_name_the_fix() -> Result<()> {
     .err()
     .expect("channels")
     .to_string();
-    assert!(err.contains("--set objective.channels=1"), "{err}");
+    assert!(err.contains("--set objective.params.channels=1"), "{err}");
     // Local crops in the batch.
     let ids = Ids::range(2, &Device::Cpu)?;
     let small = randn(0f32, 1.0, (2, 1, 8, 8), &Device::Cpu)?;
