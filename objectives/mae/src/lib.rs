@@ -28,7 +28,8 @@
 //! Defaults are the paper's (ViT-B/L/H): `mask_ratio` 0.75, `norm_pix_loss` true, a decoder of
 //! width 512, depth 8 and 16 heads (MLP ratio 4, LayerNorm ε 10⁻⁶). That decoder is wider than
 //! a ViT-T (192) or ViT-S (384) encoder; for those a lighter one is the usual choice, e.g.
-//! `--set objective.params.decoder_dim=256 objective.params.decoder_depth=4 objective.params.decoder_heads=8`
+//! `--set objective.params.decoder_dim=256 --set objective.params.decoder_depth=4
+//! --set objective.params.decoder_heads=8`
 //! (the paper's ablations, Table 1a–b, find narrower and shallower decoders cost little
 //! fine-tuning accuracy and some linear-probe accuracy). The decoder's width in pixels needs
 //! the patch size and channel count before the encoder is seen: `patch_size` (16) and
