@@ -72,6 +72,7 @@ use ssl_frossl as _;
 use ssl_icone as _;
 use ssl_ivne as _;
 use ssl_lejepa as _;
+use ssl_mae as _;
 use ssl_mmcr as _;
 use ssl_moco as _;
 use ssl_sagvicreg as _;
