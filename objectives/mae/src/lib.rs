@@ -31,10 +31,12 @@
 //! `--set objective.params.decoder_dim=256 --set objective.params.decoder_depth=4
 //! --set objective.params.decoder_heads=8`
 //! (the paper's ablations, Table 1a–b, find narrower and shallower decoders cost little
-//! fine-tuning accuracy and some linear-probe accuracy). The decoder's width in pixels needs
-//! the patch size and channel count before the encoder is seen: `patch_size` (16) and
-//! `channels` (3) must match the run's `model.patch_size` and images (checked at the first
-//! step, with the fix in the error).
+//! fine-tuning accuracy and some linear-probe accuracy). The decoder predicts the pixels of
+//! the encoder's patches, whose side and channels it is built for
+//! ([`ssl_core::BuildContext::patches`]).
+//!
+//! Masks are drawn from the run's seed and step for the global batch, each data-parallel
+//! worker keeping its own instances' rows, so several workers mask as one process does.
 //!
 //! ```
 //! use candle_core::{Device, Tensor};
@@ -70,7 +72,7 @@ use anyhow::{bail, ensure, Result};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
-    register_objective, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
+    register_objective, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig, Patches,
     PixelBatch, PixelLoss, Requirements, TokenEncoder,
 };
 use ssl_masking::{draw_random_masking, RandomMask, RANDOM_MASKING_STREAM};
@@ -141,10 +143,6 @@ pub struct MaeConfig {
     pub decoder_depth: usize,
     /// Decoder attention heads (16).
     pub decoder_heads: usize,
-    /// Side of the encoder's patches in pixels; must equal `model.patch_size` (16).
-    pub patch_size: usize,
-    /// Image channels (3).
-    pub channels: usize,
 }
 
 impl Default for MaeConfig {
@@ -155,8 +153,6 @@ impl Default for MaeConfig {
             decoder_dim: 512,
             decoder_depth: 8,
             decoder_heads: 16,
-            patch_size: 16,
-            channels: 3,
         }
     }
 }
@@ -186,22 +182,22 @@ impl ObjectiveConfig for MaeConfig {
             self.decoder_depth >= 1,
             "`decoder_depth` must be at least 1 transformer block (MAE uses 8), got 0"
         );
-        ensure!(
-            self.patch_size >= 1 && self.channels >= 1,
-            "`patch_size` and `channels` must be at least 1 (the encoder's patch side and the \
-             images' channels, e.g. 16 and 3), got {} and {}",
-            self.patch_size,
-            self.channels
-        );
-        ensure!(
-            !self.norm_pix_loss || self.patch_size * self.patch_size * self.channels >= 2,
-            "`norm_pix_loss` normalises each patch by its variance, and a 1-px single-channel \
-             patch has none; use norm_pix_loss: false or larger patches"
-        );
         Ok(())
     }
 
     fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>> {
+        let Some(patches) = ctx.patches else {
+            bail!(
+                "objective `mae` reconstructs the pixels of the encoder's patches, and the encoder \
+                 has none; use a ViT (--set model.encoder=vit_t16, with model.patch_size=4 on the \
+                 16-px digits)"
+            );
+        };
+        ensure!(
+            !self.norm_pix_loss || patches.values() >= 2,
+            "`norm_pix_loss` normalises each patch by its variance, and a 1-px single-channel \
+             patch has none; use norm_pix_loss: false or larger patches (model.patch_size)"
+        );
         if ctx.views > ctx.global_views {
             bail!(
                 "objective `mae` masks and reconstructs full-size views and takes no local crops; \
@@ -216,12 +212,13 @@ impl ObjectiveConfig for MaeConfig {
                 dim: self.decoder_dim,
                 depth: self.decoder_depth,
                 heads: self.decoder_heads,
-                patch_values: self.patch_size * self.patch_size * self.channels,
+                patch_values: patches.values(),
             },
             ctx.vb.clone(),
         )?;
         Ok(Box::new(Mae {
             cfg: self.clone(),
+            patches,
             decoder,
         }))
     }
@@ -230,6 +227,8 @@ impl ObjectiveConfig for MaeConfig {
 /// The MAE objective: its decoder and configuration.
 pub struct Mae {
     cfg: MaeConfig,
+    /// The encoder's patches, whose pixels the decoder predicts.
+    patches: Patches,
     decoder: MaeDecoder,
 }
 
@@ -239,20 +238,16 @@ impl Mae {
         &self.decoder
     }
 
-    /// Checks view `v` against the configuration, naming the key to change.
+    /// Checks a view and the encoder against the patches the decoder was built for; returns the
+    /// view's patch grid.
     fn check_view(&self, view: &Tensor, p: usize) -> Result<(usize, usize)> {
         let (_, c, h, w) = view.dims4()?;
+        let Patches { size, channels } = self.patches;
         ensure!(
-            p == self.cfg.patch_size,
-            "objective `mae` predicts the pixels of {0}-px patches (objective.params.patch_size {0}), \
-             and the encoder's patches are {p} px; use --set objective.params.patch_size={p}",
-            self.cfg.patch_size
-        );
-        ensure!(
-            c == self.cfg.channels,
-            "objective `mae` predicts {0}-channel pixels (objective.params.channels {0}), and the \
-             images have {c}; use --set objective.params.channels={c}",
-            self.cfg.channels
+            (p, c) == (size, channels),
+            "objective `mae` was built to predict {size}-px patches of {channels} channels, and \
+             is given an encoder of {p}-px patches on {c}-channel views; build it for the run's \
+             encoder and images"
         );
         ensure!(
             h % p == 0 && w % p == 0,
@@ -287,8 +282,18 @@ impl Objective for Mae {
         for (v, view) in batch.views.iter().enumerate() {
             let (gh, gw) = self.check_view(view, p)?;
             let len = gh * gw;
+            // Drawn for the global batch and cut to this worker's rows, so that every worker
+            // masks its instances as one process would.
+            let n = view.dim(0)?;
+            let collective = batch.collective;
             let mut rng = batch.progress.rng(mask_stream(v));
-            let mask = draw_random_masking(view.dim(0)?, len, self.cfg.mask_ratio, &mut rng)?;
+            let mask = draw_random_masking(
+                n * collective.world_size(),
+                len,
+                self.cfg.mask_ratio,
+                &mut rng,
+            )?
+            .rows(collective.rank() * n, n);
             ensure!(
                 mask.keep.per_image() < len,
                 "objective `mae`: mask_ratio {} removes none of the {len} patches of a {} × {} \
@@ -327,8 +332,6 @@ register_objective! {
         ConfigKey { name: "decoder_dim", doc: "decoder width, a multiple of 4 and of decoder_heads (512, the paper's for ViT-B/L/H; e.g. 256 for ViT-T/S)" },
         ConfigKey { name: "decoder_depth", doc: "decoder transformer blocks (8; e.g. 4 for ViT-T/S)" },
         ConfigKey { name: "decoder_heads", doc: "decoder attention heads (16; e.g. 8 for ViT-T/S)" },
-        ConfigKey { name: "patch_size", doc: "the encoder's patch side in pixels, = model.patch_size (16)" },
-        ConfigKey { name: "channels", doc: "image channels the decoder predicts (3; 1 for grey images)" },
     ],
     config: MaeConfig,
 }

@@ -354,10 +354,20 @@ fn tiny_vit(store: &ParamStore, depth: usize) -> Result<VisionTransformer> {
     )?)
 }
 
-const TINY: &str =
-    "{decoder_dim: 16, decoder_depth: 1, decoder_heads: 2, patch_size: 4, channels: 1}";
+const TINY: &str = "{decoder_dim: 16, decoder_depth: 1, decoder_heads: 2}";
 
-fn context(store: &ParamStore, views: usize, global_views: usize) -> BuildContext<'_> {
+/// The patches of [`tiny_vit`]: 4 px, grey.
+const GREY_4PX: Patches = Patches {
+    size: 4,
+    channels: 1,
+};
+
+fn context(
+    store: &ParamStore,
+    views: usize,
+    global_views: usize,
+    patches: Option<Patches>,
+) -> BuildContext<'_> {
     BuildContext {
         vb: store.var_builder(&Device::Cpu).pp("objective"),
         num_instances: 16,
@@ -368,6 +378,7 @@ fn context(store: &ParamStore, views: usize, global_views: usize) -> BuildContex
         views,
         global_views,
         batch_size: 4,
+        patches,
     }
 }
 
@@ -377,8 +388,18 @@ fn build(
     views: usize,
     global: usize,
 ) -> Result<Box<dyn Objective>> {
+    build_for(store, params, views, global, Some(GREY_4PX))
+}
+
+fn build_for(
+    store: &ParamStore,
+    params: &str,
+    views: usize,
+    global: usize,
+    patches: Option<Patches>,
+) -> Result<Box<dyn Objective>> {
     let value: serde_yaml::Value = serde_yaml::from_str(params)?;
-    (ssl_core::find("mae")?.build)(&value, &context(store, views, global))
+    (ssl_core::find("mae")?.build)(&value, &context(store, views, global, patches))
 }
 
 fn step(step: usize) -> Progress {
@@ -553,13 +574,32 @@ fn requirements_and_refusals_name_the_fix() -> Result<()> {
     assert!(err.contains("--local-views 0"), "{err}");
     let encoder = tiny_vit(&store, 1)?;
     let grey = randn(0f32, 1.0, (2, 1, 16, 16), &Device::Cpu)?;
-    // A decoder built for other patches or channels than the run's.
-    let mut wrong = build(
-        &ParamStore::new(0),
-        "{decoder_dim: 16, decoder_depth: 1, decoder_heads: 2}",
-        1,
-        1,
-    )?;
+    // An encoder without patches.
+    let err = format!(
+        "{:#}",
+        build_for(&ParamStore::new(0), TINY, 1, 1, None)
+            .err()
+            .expect("no patches")
+    );
+    assert!(err.contains("--set model.encoder=vit_t16"), "{err}");
+    // 1-px grey patches have no variance to normalise by.
+    let one_px = Patches {
+        size: 1,
+        channels: 1,
+    };
+    let err = format!(
+        "{:#}",
+        build_for(&ParamStore::new(0), TINY, 1, 1, Some(one_px))
+            .err()
+            .expect("1-px patches")
+    );
+    assert!(err.contains("`norm_pix_loss`"), "{err}");
+    // A decoder built for other channels than the views'.
+    let rgb = Patches {
+        size: 4,
+        channels: 3,
+    };
+    let mut wrong = build_for(&ParamStore::new(0), TINY, 1, 1, Some(rgb))?;
     let err = pixel_loss(
         wrong.as_mut(),
         &encoder,
@@ -567,25 +607,12 @@ fn requirements_and_refusals_name_the_fix() -> Result<()> {
         first_step(),
     )
     .err()
-    .expect("patch size")
-    .to_string();
-    assert!(err.contains("--set objective.params.patch_size=4"), "{err}");
-    let mut rgb = build(
-        &ParamStore::new(0),
-        "{decoder_dim: 16, decoder_depth: 1, decoder_heads: 2, patch_size: 4}",
-        1,
-        1,
-    )?;
-    let err = pixel_loss(
-        rgb.as_mut(),
-        &encoder,
-        std::slice::from_ref(&grey),
-        first_step(),
-    )
-    .err()
     .expect("channels")
     .to_string();
-    assert!(err.contains("--set objective.params.channels=1"), "{err}");
+    assert!(
+        err.contains("built to predict 4-px patches of 3 channels"),
+        "{err}"
+    );
     // Local crops in the batch.
     let ids = Ids::range(2, &Device::Cpu)?;
     let small = randn(0f32, 1.0, (2, 1, 8, 8), &Device::Cpu)?;
@@ -629,12 +656,14 @@ fn registered_with_the_paper_defaults() -> Result<()> {
     assert_eq!(defaults["decoder_dim"].as_u64(), Some(512));
     assert_eq!(defaults["decoder_depth"].as_u64(), Some(8));
     assert_eq!(defaults["decoder_heads"].as_u64(), Some(16));
-    assert_eq!(defaults["patch_size"].as_u64(), Some(16));
-    assert_eq!(defaults["channels"].as_u64(), Some(3));
     assert_eq!(ssl_core::find("masked-autoencoder")?.name, "mae");
     // The default decoder's parameters, under the official state dict's names.
     let store = ParamStore::new(0);
-    build(&store, "{}", 1, 1)?;
+    let rgb_16px = Patches {
+        size: 16,
+        channels: 3,
+    };
+    build_for(&store, "{}", 1, 1, Some(rgb_16px))?;
     let vars = store.vars();
     let shape = |name: &str| {
         vars.iter()
@@ -671,8 +700,6 @@ fn bad_configurations_name_the_key() {
         ("{decoder_dim: 24, decoder_heads: 16}", "`decoder_dim`"),
         ("{decoder_heads: 0}", "`decoder_heads`"),
         ("{decoder_depth: 0}", "`decoder_depth`"),
-        ("{patch_size: 0}", "`patch_size`"),
-        ("{patch_size: 1, channels: 1}", "`norm_pix_loss`"),
         ("{mask_ration: 0.5}", "unknown field `mask_ration`"),
     ] {
         let err = format!(

@@ -45,6 +45,20 @@ impl RandomMask {
         self.len
     }
 
+    /// Images `first..first + count` of the batch, as a batch of their own.
+    ///
+    /// Panics if the batch has fewer than `first + count` images.
+    pub fn rows(&self, first: usize, count: usize) -> RandomMask {
+        let (k, l) = (self.keep.per_image(), self.len);
+        let range = |per: usize| first * per..(first + count) * per;
+        RandomMask {
+            keep: PatchIndices::new(count, k, self.keep.as_slice()[range(k)].to_vec()),
+            mask: self.mask[range(l)].to_vec(),
+            restore: self.restore[range(l)].to_vec(),
+            len: l,
+        }
+    }
+
     /// The mask as `[N, L]` f32 (1 = removed) on `device`.
     pub fn mask_tensor(&self, device: &Device) -> candle_core::Result<Tensor> {
         Tensor::from_slice(&self.mask, (self.keep.images(), self.len), device)

@@ -526,3 +526,15 @@ fn multiblock_config_reads_yaml_with_defaults_and_rejects_bad_values() -> Result
     );
     Ok(())
 }
+
+#[test]
+fn rows_of_a_batch_mask_are_the_masks_of_those_images_alone() {
+    let noise = [
+        0.9, 0.1, 0.5, 0.3, 0.2, 0.8, 0.4, 0.6, 0.7, 0.05, 0.35, 0.15,
+    ];
+    let batch = random_masking(&noise, 4, 0.5).unwrap();
+    let tail = batch.rows(1, 2);
+    assert_eq!(tail, random_masking(&noise[4..], 4, 0.5).unwrap());
+    assert_eq!(tail.keep.row(1), &[1, 3]);
+    assert_eq!(batch.rows(0, 3), batch);
+}
