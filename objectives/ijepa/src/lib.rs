@@ -234,14 +234,29 @@ impl Ijepa {
     fn check_grid(&self, grid: (usize, usize), view: (usize, usize), patch: usize) -> Result<()> {
         let (gh, gw) = grid;
         let blocks = [
-            ("target", "target_scale", self.cfg.target_scale, self.cfg.aspect_ratio),
-            ("context", "context_scale", self.cfg.context_scale, (1.0, 1.0)),
+            (
+                "target",
+                "target_scale",
+                self.cfg.target_scale,
+                self.cfg.aspect_ratio,
+            ),
+            (
+                "context",
+                "context_scale",
+                self.cfg.context_scale,
+                (1.0, 1.0),
+            ),
         ];
         for (kind, key, scale, ratio) in blocks {
             let smallest = (0..SIZE_SWEEP)
-                .map(|i| MultiBlockConfig::block_size(i as f64 / SIZE_SWEEP as f64, scale, ratio, grid))
+                .map(|i| {
+                    MultiBlockConfig::block_size(i as f64 / SIZE_SWEEP as f64, scale, ratio, grid)
+                })
                 .min_by_key(|b| b.height * b.width)
-                .unwrap_or(BlockSize { height: 0, width: 0 });
+                .unwrap_or(BlockSize {
+                    height: 0,
+                    width: 0,
+                });
             let area = smallest.height * smallest.width;
             if area <= self.cfg.min_keep {
                 let fix = match area {
@@ -286,9 +301,7 @@ impl Ijepa {
         );
         let grid = (height / patch, width / patch);
         self.check_grid(grid, (height, width), patch)?;
-        let mut rng = batch
-            .progress
-            .rng(MULTIBLOCK_STREAM.wrapping_add(v as u64));
+        let mut rng = batch.progress.rng(MULTIBLOCK_STREAM.wrapping_add(v as u64));
         let masks = self.masks.sample(b, grid, &mut rng).with_context(|| {
             "objective `ijepa`: the masks could not be drawn (keys `min_keep`, `target_scale`, \
              `context_scale`, `aspect_ratio`)"
@@ -300,7 +313,8 @@ impl Ijepa {
                 .map(|m| m.to_tensor(device))
                 .collect::<candle_core::Result<_>>()?)
         };
-        let (context_masks, target_masks) = (to_tensors(&masks.context)?, to_tensors(&masks.targets)?);
+        let (context_masks, target_masks) =
+            (to_tensors(&masks.context)?, to_tensors(&masks.targets)?);
 
         let tokens = teacher.forward_tokens(view, None)?.patches.detach(); // [B, L, E]
         let embedding = tokens.mean(1)?;

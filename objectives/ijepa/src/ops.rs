@@ -17,7 +17,10 @@ pub fn apply_masks(x: &Tensor, masks: &[Tensor]) -> Result<Tensor> {
     let (b, l, d) = x.dims3()?;
     let fix = "pass [B, K] u32 patch indices, the same K in every mask, each index below L";
     let Some(first) = masks.first() else {
-        bail!("apply_masks: no masks given for tokens {:?}; {fix}", x.dims());
+        bail!(
+            "apply_masks: no masks given for tokens {:?}; {fix}",
+            x.dims()
+        );
     };
     let k = first.dims().get(1).copied().unwrap_or(0);
     for (i, mask) in masks.iter().enumerate() {

@@ -119,16 +119,15 @@ impl Predictor {
 
     /// The fixed positional embedding of a `gh × gw` grid, `[B, gh·gw, P]` (every image the
     /// same) in `dtype`, computed in double precision.
-    fn positions(
-        &self,
-        batch: usize,
-        (gh, gw): (usize, usize),
-        like: &Tensor,
-    ) -> Result<Tensor> {
-        Tensor::from_vec(sincos_2d(self.dim, gh, gw), (1, gh * gw, self.dim), like.device())?
-            .to_dtype(like.dtype())?
-            .broadcast_as((batch, gh * gw, self.dim))?
-            .contiguous()
+    fn positions(&self, batch: usize, (gh, gw): (usize, usize), like: &Tensor) -> Result<Tensor> {
+        Tensor::from_vec(
+            sincos_2d(self.dim, gh, gw),
+            (1, gh * gw, self.dim),
+            like.device(),
+        )?
+        .to_dtype(like.dtype())?
+        .broadcast_as((batch, gh * gw, self.dim))?
+        .contiguous()
     }
 
     /// Predictions of the target tokens, `[T·C·B, K_t, E]`, row `(t·C + c)·B + b` predicting
@@ -152,7 +151,10 @@ impl Predictor {
     ) -> Result<Tensor> {
         let (rows, k_context, width) = context.dims3()?;
         let (contexts, targets) = (context_masks.len(), target_masks.len());
-        if contexts == 0 || targets == 0 || !rows.is_multiple_of(contexts) || width != self.embed_dim
+        if contexts == 0
+            || targets == 0
+            || !rows.is_multiple_of(contexts)
+            || width != self.embed_dim
         {
             bail!(
                 "I-JEPA predictor: expected context tokens [C·B, K, {}] for C = {contexts} \
@@ -163,7 +165,10 @@ impl Predictor {
             );
         }
         let batch = rows / contexts;
-        if let Some(mask) = context_masks.iter().find(|m| m.dims() != [batch, k_context]) {
+        if let Some(mask) = context_masks
+            .iter()
+            .find(|m| m.dims() != [batch, k_context])
+        {
             bail!(
                 "I-JEPA predictor: each context mask must be [B, K] = [{batch}, {k_context}] like \
                  the context tokens {:?}, got {:?}",
@@ -176,11 +181,8 @@ impl Predictor {
             .embed
             .forward(context)?
             .add(&apply_masks(&positions, context_masks)?)?;
-        let target_positions = repeat_interleave_batch(
-            &apply_masks(&positions, target_masks)?,
-            batch,
-            contexts,
-        )?; // [T·C·B, K_t, P]
+        let target_positions =
+            repeat_interleave_batch(&apply_masks(&positions, target_masks)?, batch, contexts)?; // [T·C·B, K_t, P]
         let k_target = target_positions.dim(1)?;
         let queries = self
             .mask_token
