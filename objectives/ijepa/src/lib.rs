@@ -233,6 +233,14 @@ impl Ijepa {
     /// `min_keep` patches (the mask sampler could never place it), naming the key to change.
     fn check_grid(&self, grid: (usize, usize), view: (usize, usize), patch: usize) -> Result<()> {
         let (gh, gw) = grid;
+        ensure!(
+            gh >= 2 && gw >= 2,
+            "objective `ijepa`: {}×{} views cut into {patch}-pixel patches give a {gh}×{gw} patch \
+             grid, and the mask blocks need at least 2×2; use a smaller model.patch_size or a \
+             larger data.size",
+            view.0,
+            view.1
+        );
         let blocks = [
             (
                 "target",

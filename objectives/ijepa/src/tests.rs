@@ -534,6 +534,16 @@ fn grids_too_small_for_the_blocks_are_refused_with_the_key_to_change() -> Result
         err.contains("4×4 patch grid") && err.contains("`min_keep`") && err.contains("target"),
         "{err}"
     );
+    let tiny = [randn(0f32, 1.0, (2, 3, 16, 4), dev)?];
+    let err = objective
+        .pixel_loss(&pixel_batch(&tiny, &encoders, &ids, first_step()))
+        .err()
+        .expect("a 4×1 grid")
+        .to_string();
+    assert!(
+        err.contains("4×1 patch grid") && err.contains("2×2"),
+        "{err}"
+    );
     // The documented small-grid settings draw masks at every step, on 4 × 4 and on 8 × 8.
     for (grid, params) in [((4, 4), SMALL_GRID), ((8, 8), "{min_keep: 4}")] {
         let config: IjepaConfig = serde_yaml::from_str(params)?;
