@@ -270,7 +270,7 @@ impl Ijepa {
                 let fix = match area {
                     0 => format!("raise `{key}`"),
                     _ => format!(
-                        "set `min_keep` to {} or less (--set objective.min_keep={}), raise `{key}`",
+                        "set `min_keep` to {} or less (--set objective.params.min_keep={}), raise `{key}`",
                         area - 1,
                         area - 1
                     ),
