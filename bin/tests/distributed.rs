@@ -100,8 +100,7 @@ fn ssl(launcher: Option<usize>, out: &Path, args: &[&str], batch: usize) -> Stri
         }
         None => Command::new(env!("CARGO_BIN_EXE_ssl")),
     };
-    // 1400 training instances: 10 steps of 128 per epoch.
-    cmd.args(["run", "--data", "gmm", "--encoder", "mlp"])
+    cmd.arg("run")
         .args(args)
         .args([
             "--batch-size",
@@ -157,9 +156,33 @@ fn mpirun_missing() -> bool {
     missing
 }
 
-/// One process with batch 128 and two ranks with 64 each: the run directories and the second
-/// run's log.
+/// The MLP on the Gaussian mixture's 1400 training instances: 10 steps of 128 per epoch.
+const GMM_MLP: [&str; 4] = ["--data", "gmm", "--encoder", "mlp"];
+
+/// ViT-T with 4-px patches on 1280 of the 16-px digits (10 steps of 128 per epoch), one view.
+const VIT_DIGITS: [&str; 10] = [
+    "--data",
+    "digits",
+    "--encoder",
+    "vit_t16",
+    "--set",
+    "model.patch_size=4",
+    "--set",
+    "data.train_size=1280",
+    "--views",
+    "1",
+];
+
+/// One process with batch 128 and two ranks with 64 each, on the GMM study's data and MLP
+/// unless `args` name others: the run directories and the second run's log.
 fn one_and_two_ranks(dir: &Path, args: &[&str]) -> (PathBuf, PathBuf, String) {
+    one_and_two_ranks_on(dir, &GMM_MLP, args)
+}
+
+/// [`one_and_two_ranks`] on the data and encoder of `data`.
+fn one_and_two_ranks_on(dir: &Path, data: &[&str], args: &[&str]) -> (PathBuf, PathBuf, String) {
+    let args = [data, args].concat();
+    let args = args.as_slice();
     let (one, two) = (dir.join("one"), dir.join("two"));
     ssl(None, &one, args, 128);
     let log = ssl(Some(2), &two, args, 64);
@@ -188,12 +211,17 @@ const TOLERANCE: f64 = 1e-5;
 /// [`two_ranks_match_one_process`] at `tolerance`; `lowers` whether 20 steps lower the loss
 /// (MoCo's rises while its queue fills with negatives, DINO's while its centre and teacher move).
 fn two_ranks_match_one_process_within(args: &[&str], tolerance: f64, lowers: bool) {
+    two_ranks_match_one_process_on(&GMM_MLP, args, tolerance, lowers);
+}
+
+/// [`two_ranks_match_one_process_within`] on the data and encoder of `data`.
+fn two_ranks_match_one_process_on(data: &[&str], args: &[&str], tolerance: f64, lowers: bool) {
     let objective = args.join(" ");
     if mpirun_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (one, two, _) = one_and_two_ranks(dir.path(), args);
+    let (one, two, _) = one_and_two_ranks_on(dir.path(), data, args);
 
     let (a, b) = (losses(&one), losses(&two));
     assert_eq!(a.len(), STEPS, "{a:?}");
@@ -432,6 +460,40 @@ fn lejepa_on_two_ranks_matches_one_process() {
             "objective.params.slices=64",
         ],
         1e-4,
+        true,
+    );
+}
+
+/// MAE draws its masks for the global batch and each rank keeps its own rows; a light decoder
+/// keeps the runs to seconds.
+#[test]
+fn mae_on_two_ranks_matches_one_process() {
+    two_ranks_match_one_process_on(
+        &VIT_DIGITS,
+        &[
+            "--objective",
+            "mae",
+            "--set",
+            "objective.params={decoder_dim: 32, decoder_depth: 1, decoder_heads: 2}",
+        ],
+        TOLERANCE,
+        true,
+    );
+}
+
+/// I-JEPA's multi-block masks are drawn for the global batch (and truncated over it) and cut
+/// to each rank's rows; its EMA target encoder moves alike on every rank.
+#[test]
+fn ijepa_on_two_ranks_matches_one_process() {
+    two_ranks_match_one_process_on(
+        &VIT_DIGITS,
+        &[
+            "--objective",
+            "ijepa",
+            "--set",
+            "objective.params={predictor_dim: 32, predictor_depth: 1, predictor_heads: 2, target_scale: [0.25, 0.35], targets: 2, min_keep: 1}",
+        ],
+        TOLERANCE,
         true,
     );
 }

@@ -70,6 +70,7 @@ use ssl_dino as _;
 use ssl_duality as _;
 use ssl_frossl as _;
 use ssl_icone as _;
+use ssl_ijepa as _;
 use ssl_ivne as _;
 use ssl_lejepa as _;
 use ssl_mae as _;

@@ -83,6 +83,18 @@ impl PatchIndices {
         self.per_image
     }
 
+    /// Images `first..first + count`, as indices of their own.
+    ///
+    /// Panics if there are fewer than `first + count` images.
+    pub fn rows(&self, first: usize, count: usize) -> PatchIndices {
+        let k = self.per_image;
+        PatchIndices::new(
+            count,
+            k,
+            self.values[first * k..(first + count) * k].to_vec(),
+        )
+    }
+
     /// The indices of image `n`.
     pub fn row(&self, n: usize) -> &[u32] {
         &self.values[n * self.per_image..(n + 1) * self.per_image]

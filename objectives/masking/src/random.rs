@@ -49,10 +49,10 @@ impl RandomMask {
     ///
     /// Panics if the batch has fewer than `first + count` images.
     pub fn rows(&self, first: usize, count: usize) -> RandomMask {
-        let (k, l) = (self.keep.per_image(), self.len);
+        let l = self.len;
         let range = |per: usize| first * per..(first + count) * per;
         RandomMask {
-            keep: PatchIndices::new(count, k, self.keep.as_slice()[range(k)].to_vec()),
+            keep: self.keep.rows(first, count),
             mask: self.mask[range(l)].to_vec(),
             restore: self.restore[range(l)].to_vec(),
             len: l,

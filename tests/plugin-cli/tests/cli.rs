@@ -148,18 +148,45 @@ fn resume_reproduces_an_uninterrupted_run() {
     );
 }
 
-/// An EMA teacher (BYOL), a teacher with a queue (MoCo v2) and LeJEPA's per-step random slices,
+/// An EMA teacher (BYOL), a teacher with a queue (MoCo v2), LeJEPA's per-step random slices,
+/// MAE's per-step masks and decoder, and I-JEPA's masks, predictor and EMA target encoder,
 /// killed with SIGKILL mid-run and resumed, end with the weights, teacher and queue of an
 /// uninterrupted run. A 640-image subset, 10 steps an epoch: the kill lands after the first
-/// epoch's checkpoint, two epochs before the end.
+/// epoch's checkpoint, two epochs before the end. MAE and I-JEPA train a ViT-T with 4-px
+/// patches on one view, with a light decoder and predictor.
 #[test]
 fn killed_teacher_runs_resume_to_the_uninterrupted_weights() {
     let dir = tempfile::tempdir().unwrap();
+    const VIT: [&str; 3] = [
+        "model.encoder=vit_t16",
+        "model.patch_size=4",
+        "train.views=1",
+    ];
     // Each objective, its settings, and a checkpoint tensor (prefix) that only it keeps.
     for (objective, extra, kept) in [
-        ("byol", "objective.params.predictor_hidden=64", "teacher."),
-        ("moco", "objective.params.queue_size=256", "objective.queue"),
-        ("lejepa", "objective.params.slices=64", "projector."),
+        ("byol", &["objective.params.predictor_hidden=64"][..], "teacher."),
+        ("moco", &["objective.params.queue_size=256"], "objective.queue"),
+        ("lejepa", &["objective.params.slices=64"], "projector."),
+        (
+            "mae",
+            &[
+                VIT[0],
+                VIT[1],
+                VIT[2],
+                "objective.params={decoder_dim: 32, decoder_depth: 1, decoder_heads: 2}",
+            ],
+            "objective.decoder_pred.",
+        ),
+        (
+            "ijepa",
+            &[
+                VIT[0],
+                VIT[1],
+                VIT[2],
+                "objective.params={predictor_dim: 32, predictor_depth: 1, predictor_heads: 2, target_scale: [0.25, 0.35], targets: 2, min_keep: 1}",
+            ],
+            "teacher.encoder.blocks.",
+        ),
     ] {
         let args = |out: &Path| -> Vec<String> {
             [
@@ -178,11 +205,11 @@ fn killed_teacher_runs_resume_to_the_uninterrupted_weights() {
                 "model.projector=[64, 32]",
                 "--set",
                 "train.checkpoint_every=1",
-                "--set",
-                extra,
             ]
+            .into_iter()
+            .chain(extra.iter().flat_map(|set| ["--set", set]))
             .map(String::from)
-            .to_vec()
+            .collect()
         };
         let run = |out: &Path, more: &[&str]| {
             let mut a = args(out);
