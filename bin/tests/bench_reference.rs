@@ -5,6 +5,8 @@
 use candle_core::{DType, Device, Tensor};
 use ssl_frossl::{frossl_loss, FrosslConfig};
 use ssl_icone::icone_loss;
+use ssl_ijepa::{apply_masks, ijepa_loss, target_layer_norm};
+use ssl_mae::{mae_loss, patchify};
 use ssl_vicreg::{vicreg_loss, VicregConfig};
 
 /// `x[k] = sin(a·k + c)` over the row-major flat index `k` of `shape` (the script's `formula`).
@@ -54,4 +56,34 @@ fn icone_equals_the_pytorch_bench_for_three_views() {
     let table = formula(&[5, 6], 0.53, 0.2);
     let ids = Tensor::new(&[4u32, 0, 2, 1], &Device::Cpu).unwrap();
     close(&icone_loss(&f, &table, &ids).unwrap(), 2.8977042202323453);
+}
+
+#[test]
+fn mae_equals_the_pytorch_bench_with_and_without_normalised_pixels() {
+    let target = patchify(&formula(&[2, 3, 4, 4], 0.37, 0.1), 2).unwrap();
+    let pred = formula(&[2, 4, 12], 0.53, 0.2);
+    let mask = Tensor::new(&[[1f64, 0., 1., 0.], [0., 1., 1., 1.]], &Device::Cpu).unwrap();
+    close(
+        &mae_loss(&pred, &target, &mask, true).unwrap(),
+        1.230779168779599,
+    );
+    close(
+        &mae_loss(&pred, &target, &mask, false).unwrap(),
+        0.848405355320728,
+    );
+}
+
+#[test]
+fn ijepa_equals_the_pytorch_bench_for_two_target_blocks() {
+    let device = Device::Cpu;
+    let h = target_layer_norm(&formula(&[2, 5, 6], 0.37, 0.1)).unwrap();
+    let masks = [
+        Tensor::new(&[[0u32, 2, 4], [1, 3, 0]], &device).unwrap(),
+        Tensor::new(&[[4u32, 4, 1], [2, 0, 3]], &device).unwrap(),
+    ];
+    let pred = (formula(&[4, 3, 6], 0.53, 0.2) * 3.0).unwrap();
+    close(
+        &ijepa_loss(&pred, &apply_masks(&h, &masks).unwrap()).unwrap(),
+        1.623150564074204,
+    );
 }

@@ -155,3 +155,36 @@ fn oversized_config_files_are_refused() {
     fails_with(&["compare", path], &expected);
     fails_with(&["generalise", path], &expected);
 }
+
+/// The objectives that encode the views' patches themselves (MAE, I-JEPA) refuse an encoder
+/// without patches and local crops, and I-JEPA's official blocks on a 4 × 4 grid, naming the
+/// fix; the ViT-only keys are refused on another encoder.
+#[test]
+fn masked_objectives_name_what_they_need() {
+    fails_with(
+        &["run", "--objective", "mae"],
+        &["objective `mae`", "--set model.encoder=vit_t16"],
+    );
+    fails_with(
+        &["run", "--objective", "ijepa"],
+        &["objective `ijepa`", "model.encoder `digits_cnn` has none"],
+    );
+    let vit = ["--encoder", "vit_t16", "--set", "model.patch_size=4"];
+    fails_with(
+        &[
+            &["run", "--objective", "mae", "--local-views", "2"][..],
+            &vit,
+            &["--set", "train.local_size=8"],
+        ]
+        .concat(),
+        &["--local-views 0"],
+    );
+    fails_with(
+        &[&["run", "--objective", "ijepa", "--views", "1"][..], &vit].concat(),
+        &["objective.params.min_keep"],
+    );
+    fails_with(
+        &["run", "--set", "model.pool=mean"],
+        &["model.patch_size and model.pool apply to ViT encoders"],
+    );
+}
