@@ -45,7 +45,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
-use ssl_core::{ParamStore, Progress, StepContext};
+use ssl_core::{Progress, StepContext};
 use ssl_dist::{Comm, GradientAveraging, BUCKET_ELEMENTS};
 use ssl_train::config::{apply_set, RunConfig};
 use ssl_train::model;
@@ -288,25 +288,8 @@ fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
     let mut model = model::build_model(&cfg, &data, &device)?;
     let mut optimizer = model::optimizer(&cfg, &model)?;
     let trainable = model::trainable(&model.store);
-    // The objective's hooks see what the trainer hands them (`Training::new`): the student's
-    // trainable encoder and projector parameters, and the teacher's under the same names.
-    let student: Vec<_> = model
-        .store
-        .vars()
-        .into_iter()
-        .filter(|(n, _)| {
-            (n.starts_with("encoder.") || n.starts_with("projector.")) && !ParamStore::is_buffer(n)
-        })
-        .collect();
-    let teacher: Option<Vec<_>> = model.teacher.as_ref().map(|_| {
-        model
-            .store
-            .vars_with_prefix("teacher.")
-            .into_iter()
-            .filter(|(n, _)| !ParamStore::is_buffer(n))
-            .map(|(n, v)| (n["teacher.".len()..].to_string(), v))
-            .collect()
-    });
+    // The objective's hooks see what the trainer hands them.
+    let (student, teacher) = model.hook_parameters();
     let (world, rank) = (comm.world_size(), comm.rank());
     let v = cfg.train.views;
     if cfg.train.batch_size % world != 0 {

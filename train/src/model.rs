@@ -15,6 +15,9 @@ use ssl_optim::Optimizer;
 use crate::config::RunConfig;
 use crate::setup::{self, DataSplit};
 
+/// Variables with their names, as a [`ParamStore`] lists them.
+pub type NamedVars = Vec<(String, Var)>;
+
 /// A model being trained: student networks, optional teacher, objective, probe.
 pub struct Model {
     pub store: ParamStore,
@@ -237,6 +240,30 @@ fn check_projector_batch(
 }
 
 impl Model {
+    /// What an objective's step hooks ([`ssl_core::StepContext`]) see: the student's trainable
+    /// encoder and projector parameters, sorted by name, and the teacher's (when there is one)
+    /// under the same names.
+    pub fn hook_parameters(&self) -> (NamedVars, Option<NamedVars>) {
+        let student = self
+            .store
+            .vars()
+            .into_iter()
+            .filter(|(n, _)| {
+                (n.starts_with("encoder.") || n.starts_with("projector."))
+                    && !ParamStore::is_buffer(n)
+            })
+            .collect();
+        let teacher = self.teacher.as_ref().map(|_| {
+            self.store
+                .vars_with_prefix("teacher.")
+                .into_iter()
+                .filter(|(n, _)| !ParamStore::is_buffer(n))
+                .map(|(n, v)| (n["teacher.".len()..].to_string(), v))
+                .collect()
+        });
+        (student, teacher)
+    }
+
     /// Backbone features in eval mode, `[n, F]`, computed in chunks.
     pub fn features(&self, x: &Tensor) -> Result<Tensor> {
         setup::forward_in_chunks(self.encoder.as_ref(), x, false)

@@ -53,17 +53,6 @@ use crate::setup::{self, DataSplit};
 use crate::staging::{StagedBatch, Stager};
 use ssl_optim::{learning_rate, Optimizer};
 
-/// Names of the trainable student parameters (encoder + projector), sorted.
-fn student_params(store: &ParamStore) -> Vec<(String, candle_core::Var)> {
-    store
-        .vars()
-        .into_iter()
-        .filter(|(n, _)| {
-            (n.starts_with("encoder.") || n.starts_with("projector.")) && !ParamStore::is_buffer(n)
-        })
-        .collect()
-}
-
 /// Result of a finished run.
 pub struct RunOutcome {
     pub dir: PathBuf,
@@ -394,8 +383,8 @@ struct Training<'a> {
     total_steps: usize,
     /// The student's trainable parameters, and the teacher's under the same names (the EMA
     /// hook pairs them by position).
-    student: Vec<(String, Var)>,
-    teacher: Option<Vec<(String, Var)>>,
+    student: model::NamedVars,
+    teacher: Option<model::NamedVars>,
     /// The last epoch's monitor features, which the final evaluation reuses.
     final_features: Option<evaluate::Embeddings>,
     /// Steps taken whose logged values are still on the device.
@@ -440,16 +429,7 @@ impl<'a> Training<'a> {
         resumed: Option<TrainerState>,
     ) -> Self {
         let steps_per_epoch = loader.steps_per_epoch() / cfg.train.accumulate;
-        let student = student_params(&model.store);
-        let teacher = model.teacher.as_ref().map(|_| {
-            model
-                .store
-                .vars_with_prefix("teacher.")
-                .into_iter()
-                .filter(|(n, _)| !ParamStore::is_buffer(n))
-                .map(|(n, v)| (n["teacher.".len()..].to_string(), v))
-                .collect()
-        });
+        let (student, teacher) = model.hook_parameters();
         Self {
             cfg,
             trainable: model::trainable(&model.store),
