@@ -44,8 +44,25 @@ impl ParamStore {
 
     /// A `VarBuilder` (f32) creating and reading variables in this store.
     pub fn var_builder(&self, device: &Device) -> VarBuilder<'static> {
+        self.builder(device, false)
+    }
+
+    /// A `VarBuilder` (f32) over the same variables whose parameters it hands out detached:
+    /// views of the variables' storage, so an EMA step or a checkpoint load that sets the
+    /// variables in place updates them, but a forward pass through them records nothing for
+    /// backward (PyTorch's `no_grad` EMA teacher: no graph kept alive while it runs, no
+    /// gradients computed for it). Buffers (batch-norm running statistics) stay variables, as
+    /// the batch norm sets them in place through its own handle.
+    pub fn frozen_var_builder(&self, device: &Device) -> VarBuilder<'static> {
+        self.builder(device, true)
+    }
+
+    fn builder(&self, device: &Device, frozen: bool) -> VarBuilder<'static> {
         VarBuilder::from_backend(
-            Box::new(StoreInit(self.clone())),
+            Box::new(StoreInit {
+                store: self.clone(),
+                frozen,
+            }),
             DType::F32,
             device.clone(),
         )
@@ -161,12 +178,25 @@ impl ParamStore {
     }
 }
 
-/// The `VarBuilder` backend of a [`ParamStore`].
-pub struct StoreInit(ParamStore);
+/// The `VarBuilder` backend of a [`ParamStore`]; `frozen`: parameters are handed out detached
+/// ([`ParamStore::frozen_var_builder`]).
+pub struct StoreInit {
+    store: ParamStore,
+    frozen: bool,
+}
+
+impl StoreInit {
+    fn hand_out(&self, name: &str, var: &Var) -> Tensor {
+        match self.frozen && !ParamStore::is_buffer(name) {
+            true => var.as_tensor().detach(),
+            false => var.as_tensor().clone(),
+        }
+    }
+}
 
 impl SimpleBackend for StoreInit {
     fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> Result<Tensor> {
-        let store = &self.0.inner;
+        let store = &self.store.inner;
         let mut map = store
             .vars
             .data()
@@ -180,32 +210,32 @@ impl SimpleBackend for StoreInit {
                     s.dims()
                 );
             }
-            return Ok(var.as_tensor().clone());
+            return Ok(self.hand_out(name, var));
         }
-        let values = self.0.init_values(name, &s, h);
+        let values = self.store.init_values(name, &s, h);
         let var = Var::from_tensor(&Tensor::from_vec(values, s, dev)?.to_dtype(dtype)?)?;
-        let t = var.as_tensor().clone();
+        let t = self.hand_out(name, &var);
         map.insert(name.to_string(), var);
         Ok(t)
     }
 
     fn get_unchecked(&self, name: &str, _dtype: DType, _dev: &Device) -> Result<Tensor> {
         let map = self
-            .0
+            .store
             .inner
             .vars
             .data()
             .lock()
             .expect("parameter store lock poisoned");
         match map.get(name) {
-            Some(v) => Ok(v.as_tensor().clone()),
+            Some(v) => Ok(self.hand_out(name, v)),
             None => candle_core::bail!("no parameter named `{name}`"),
         }
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
         let map = self
-            .0
+            .store
             .inner
             .vars
             .data()
@@ -247,6 +277,33 @@ mod tests {
             .var_builder(&dev)
             .get_with_hints((3, 4), "x", init)?;
         assert_ne!(x1.to_vec2::<f32>()?, c.to_vec2::<f32>()?);
+        Ok(())
+    }
+
+    #[test]
+    fn frozen_parameters_follow_their_variables_and_take_no_gradient() -> Result<()> {
+        let dev = Device::Cpu;
+        let store = ParamStore::new(3);
+        let frozen = store.frozen_var_builder(&dev);
+        let w = frozen.get_with_hints(3, "teacher.w", Init::Const(1.0))?;
+        let running = frozen.get_with_hints(3, "teacher.bn.running_mean", Init::Const(0.0))?;
+        assert!(!w.is_variable() && running.is_variable());
+        // A forward pass through frozen parameters records no graph; through live ones it does.
+        let input = Tensor::new(&[1f32, 2., 3.], &dev)?;
+        let live = store
+            .var_builder(&dev)
+            .get_with_hints(3, "w", Init::Const(2.0))?;
+        assert!(!w.mul(&input)?.sum_all()?.track_op());
+        assert!(live.mul(&input)?.sum_all()?.track_op());
+        // An EMA step or a checkpoint load sets the variable in place: the frozen view sees it.
+        let vars = store.vars_with_prefix("teacher.w");
+        vars[0].1.set(&Tensor::new(&[5f32, 6., 7.], &dev)?)?;
+        assert_eq!(w.to_vec1::<f32>()?, [5., 6., 7.]);
+        // The same name read again through either builder is the same variable.
+        let again = store
+            .var_builder(&dev)
+            .get_with_hints(3, "teacher.w", Init::Const(0.0))?;
+        assert!(again.is_variable() && again.to_vec1::<f32>()? == [5., 6., 7.]);
         Ok(())
     }
 

@@ -104,7 +104,8 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
     };
     let teacher = match req.teacher {
         Some(_) => {
-            let tvb = vb.pp("teacher");
+            // Detached parameters: the teacher's forward records no graph (it gets no gradient).
+            let tvb = store.frozen_var_builder(device).pp("teacher");
             let enc = setup::encoder(cfg, dataset, tvb.pp("encoder"))?;
             let proj = match req.projector {
                 true => Some(setup::projector(cfg, feature_dim, tvb.pp("projector"))?),
