@@ -965,6 +965,74 @@ fn the_online_probe_leaves_the_encoder_untouched() {
     assert_ne!(slow_probe, fast_probe);
 }
 
+/// MAE and I-JEPA train in bf16 (finite losses every step), and their export holds the ViT
+/// encoder alone: exactly the checkpoint's `encoder.*` tensors, none of the decoder's, the
+/// predictor's or the EMA target encoder's.
+#[test]
+fn masked_objectives_train_in_bf16_and_export_the_encoder_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    for (objective, params) in [
+        ("mae", "{decoder_dim: 32, decoder_depth: 1, decoder_heads: 2}"),
+        (
+            "ijepa",
+            "{predictor_dim: 32, predictor_depth: 1, predictor_heads: 2, target_scale: [0.25, 0.35], targets: 2, min_keep: 1}",
+        ),
+    ] {
+        let run = dir.path().join(objective);
+        let params = format!("objective.params={params}");
+        let o = quick(
+            &run,
+            objective,
+            &[
+                "--encoder",
+                "vit_t16",
+                "--views",
+                "1",
+                "--set",
+                "model.patch_size=4",
+                "--set",
+                "train.precision=bf16",
+                "--set",
+                &params,
+                "--set",
+                "train.epochs=1",
+            ],
+        );
+        assert!(o.status.success(), "{objective}: {}", stderr(&o));
+        let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+        let losses: Vec<f64> = metrics
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+            .collect();
+        assert!(!losses.is_empty(), "{objective}: no step logged");
+        assert!(losses.iter().all(|l| l.is_finite()), "{objective}: {losses:?}");
+
+        let o = ssl(&["export", run.to_str().unwrap()]);
+        assert!(o.status.success(), "{objective}: {}", stderr(&o));
+        let exported = std::fs::read(run.join("export/model.safetensors")).unwrap();
+        let exported = safetensors::SafeTensors::deserialize(&exported).unwrap();
+        let mut keys: Vec<&str> = exported.names();
+        keys.sort_unstable();
+        let checkpoint = std::fs::read(run.join("checkpoint/model.safetensors")).unwrap();
+        let checkpoint = safetensors::SafeTensors::deserialize(&checkpoint).unwrap();
+        let mut encoder: Vec<&str> = checkpoint
+            .names()
+            .into_iter()
+            .filter_map(|k| k.strip_prefix("encoder."))
+            .collect();
+        encoder.sort_unstable();
+        assert_eq!(keys, encoder, "{objective}");
+        assert!(keys.iter().any(|k| k.starts_with("blocks.")), "{keys:?}");
+        assert!(
+            checkpoint
+                .names()
+                .iter()
+                .any(|k| k.starts_with("objective.") || k.starts_with("teacher.")),
+            "{objective}: the checkpoint should hold the decoder / predictor and teacher"
+        );
+    }
+}
+
 #[test]
 fn export_writes_the_encoder_alone_with_pytorch_keys_and_a_staged_repo_evaluates_the_same() {
     let dir = tempfile::tempdir().unwrap();
