@@ -651,7 +651,11 @@ fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
     let ctx = ssl_core::BuildContext {
         vb: store.var_builder(&candle_core::Device::Cpu).pp("objective"),
         num_instances: batch_size,
-        patches: None,
+        // A ViT/16 on RGB images: an objective that decodes pixels (MAE) builds for its patches.
+        patches: Some(ssl_core::Patches {
+            size: 16,
+            channels: 3,
+        }),
         num_classes: Some(2),
         instance_labels: Some(&labels),
         projection_dim: 8,
@@ -668,7 +672,7 @@ fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
         .map(|g| format!("\nparameter group {}", g.summary()))
         .collect();
     Ok(format!(
-        "limits: views {}..{max}, batch size ≥ {}{}{}{}",
+        "limits: views {}..{max}, batch size ≥ {}{}{}{}{}",
         req.min_views,
         req.min_batch,
         if req.min_batch_reason.is_empty() {
@@ -679,6 +683,11 @@ fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
         if req.labels { ", needs labels" } else { "" },
         if req.teacher.is_some() {
             ", EMA teacher"
+        } else {
+            ""
+        },
+        if req.pixels {
+            ", encodes the views itself (a ViT's patch tokens)"
         } else {
             ""
         },

@@ -87,6 +87,11 @@ fn describe_shows_keys_defaults_and_limits() {
         assert!(o.status.success(), "describe {name}: {}", stderr(&o));
         assert!(stdout(&o).contains("limits: views"), "{name}");
     }
+    // The pixel objectives say they need a ViT's patches.
+    for name in ["mae", "ijepa"] {
+        let s = stdout(&ssl(&["describe", name]));
+        assert!(s.contains("encodes the views itself"), "{name}: {s}");
+    }
 }
 
 #[test]
