@@ -76,6 +76,10 @@ pub const SMOKE_BATCH: usize = 4;
 pub const SMOKE_TRAIN_SIZE: usize = 16;
 /// Side a smoke run shrinks an image folder's images to (a multiple of a ViT's 16-px patches).
 pub const SMOKE_SIZE: usize = 32;
+/// Classes a smoke run keeps of each half of a halves grid (the first listed): the protocol's
+/// training, pairs and trees run on 4 classes as on 50, and the evaluation embeds a tenth of
+/// the images (a ViT-B cell's evaluation was most of its smoke run).
+pub const SMOKE_HALF_CLASSES: usize = 4;
 /// Widest projector layer a smoke run keeps: the papers' 8192-wide expanders (about 150 M
 /// parameters behind a ResNet-50) are most of a smoke run's time and none of what it checks.
 pub const SMOKE_WIDTH: usize = 256;
@@ -189,7 +193,8 @@ impl Grid {
     /// encoder and objective is exercised in seconds. Pretraining sees a stratified subset of
     /// [`SMOKE_TRAIN_SIZE`] images; where the reader takes any size, images are shrunk to
     /// [`SMOKE_SIZE`] px (MedMNIST 2D: its 64-px files; volumes keep theirs); projector layers
-    /// wider than [`SMOKE_WIDTH`] are cut to it; the encoder, the projector's depth and the
+    /// wider than [`SMOKE_WIDTH`] are cut to it; each half of a halves grid keeps its first
+    /// [`SMOKE_HALF_CLASSES`] classes; the encoder, the projector's depth and the
     /// objective stay the recipe's. These overrides go after every entry's own `set`. `OUT`
     /// defaults to `runs/smoke/NAME`. Every cell must then finish.
     pub fn smoke(&mut self, out: Option<&Path>) -> Result<()> {
@@ -205,6 +210,11 @@ impl Grid {
             None => PathBuf::from("runs/smoke").join(self.stem()),
         };
         self.seeds.truncate(1);
+        if let Some(halves) = &mut self.halves {
+            for half in halves {
+                half.truncate(SMOKE_HALF_CLASSES);
+            }
+        }
         // One batch size per entry and view count: the smallest it lists, capped (so that
         // IConE's B = 1 path runs).
         let cap = |list: &mut Vec<usize>| {
@@ -1203,11 +1213,12 @@ mod tests {
             };
             assert_eq!(c.config.model.projector, widths, "{}", c.label);
         }
-        let mut halves = grid("objectives: [vicreg]\nhalves: [[0, 1], [2, 3]]")?;
+        let mut halves = grid("objectives: [vicreg]\nhalves: [[0, 1, 2, 3, 4, 5], [6, 7, 8]]")?;
         halves.smoke(Some(dir.path()))?;
         let [a, b] = halves.halves.clone().expect("halves");
+        assert_eq!((a.len(), b.len()), (SMOKE_HALF_CLASSES, 3));
         let a = halves.half(&[a, b], 0).cells()?;
-        assert_eq!(a[0].config.data.classes, [0, 1]);
+        assert_eq!(a[0].config.data.classes, [0, 1, 2, 3]);
         assert!(a[0].config.out.starts_with(dir.path().join("half-a")));
         Ok(())
     }
