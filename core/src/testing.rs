@@ -1,5 +1,6 @@
 //! Test support shared by objective crates: the spec's common known-answer inputs, reproducible
-//! random inputs, scalar comparison, and gradient checks against finite differences.
+//! random inputs, golden arrays read from JSON, scalar and tensor comparison, and gradient
+//! checks against finite differences.
 
 use std::cell::RefCell;
 
@@ -159,6 +160,38 @@ pub fn max_gradient_error(x: &Tensor, loss: impl Fn(&Tensor) -> Result<Tensor>) 
         worst = worst.max((fd - g).abs() / (1.0 + fd.abs()));
     }
     Ok(worst)
+}
+
+/// A nested JSON array of numbers (a golden file's array, as the official code's scripts write
+/// them) as an f64 tensor of its shape.
+pub fn json_tensor(value: &serde_json::Value) -> Result<Tensor> {
+    let mut shape = Vec::new();
+    let mut level = value;
+    while let Some(items) = level.as_array() {
+        shape.push(items.len());
+        level = &items[0];
+    }
+    let mut flat = Vec::new();
+    fn collect(value: &serde_json::Value, flat: &mut Vec<f64>) {
+        match value {
+            serde_json::Value::Array(items) => items.iter().for_each(|v| collect(v, flat)),
+            number => flat.push(number.as_f64().expect("a golden array holds numbers")),
+        }
+    }
+    collect(value, &mut flat);
+    Tensor::from_vec(flat, shape, &Device::Cpu)
+}
+
+/// The largest `|a − e| / max(1, |e|)` over the entries, compared in f64, after checking the
+/// shapes agree.
+pub fn worst_relative_error(actual: &Tensor, expected: &Tensor) -> Result<f64> {
+    assert_eq!(actual.dims(), expected.dims());
+    let values = |t: &Tensor| t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>();
+    let (a, e) = (values(actual)?, values(expected)?);
+    Ok(a.iter()
+        .zip(&e)
+        .map(|(a, e)| (a - e).abs() / e.abs().max(1.0))
+        .fold(0.0, f64::max))
 }
 
 #[cfg(test)]

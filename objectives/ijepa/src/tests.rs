@@ -9,7 +9,7 @@ use super::*;
 use candle_core::{DType, Device, Var};
 use candle_nn::{Optimizer, VarBuilder, VarMap};
 use ssl_core::testing::{
-    close, documented_defaults, first_step, max_gradient_error, randn, scalar,
+    close, documented_defaults, first_step, max_gradient_error, randn, scalar, worst_relative_error,
 };
 use ssl_core::{Ids, ParamStore, Progress, SingleProcess};
 use ssl_masking::sincos_2d;
@@ -46,6 +46,11 @@ fn tensor(value: &serde_json::Value) -> Tensor {
     Tensor::from_vec(flat, shape, &Device::Cpu).expect("a tensor")
 }
 
+/// [`worst_relative_error`] of tensors of the same shape.
+fn worst_error(actual: &Tensor, expected: &Tensor) -> f64 {
+    worst_relative_error(actual, expected).expect("f64-convertible tensors")
+}
+
 /// A list of `[B, K]` index arrays as u32 masks.
 fn masks(value: &serde_json::Value) -> Vec<Tensor> {
     value
@@ -58,17 +63,6 @@ fn masks(value: &serde_json::Value) -> Vec<Tensor> {
             Tensor::from_vec(flat, shape, &Device::Cpu).expect("a mask")
         })
         .collect()
-}
-
-/// The largest `|a − e| / max(1, |e|)` over the entries (shapes must agree).
-fn worst_error(actual: &Tensor, expected: &Tensor) -> f64 {
-    assert_eq!(actual.dims(), expected.dims());
-    let a = actual.flatten_all().unwrap().to_vec1::<f64>().unwrap();
-    let e = expected.flatten_all().unwrap().to_vec1::<f64>().unwrap();
-    a.iter()
-        .zip(&e)
-        .map(|(a, e)| (a - e).abs() / e.abs().max(1.0))
-        .fold(0.0, f64::max)
 }
 
 fn count(value: &serde_json::Value, key: &str) -> usize {

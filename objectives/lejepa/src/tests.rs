@@ -5,41 +5,12 @@
 use super::*;
 use candle_core::{Device, Var};
 use ssl_core::testing::{
-    close, documented_defaults, first_step, max_gradient_error, randn, scalar,
+    close, documented_defaults, first_step, json_tensor, max_gradient_error, randn, scalar,
+    worst_relative_error,
 };
 use ssl_core::{Ids, ParamStore, Progress, SingleProcess};
 
 const GOLDEN: &str = include_str!("../golden/golden.json");
-
-/// A nested JSON array of numbers as an f64 tensor of its shape.
-fn tensor(value: &serde_json::Value) -> Result<Tensor> {
-    let mut shape = Vec::new();
-    let mut level = value;
-    while let Some(items) = level.as_array() {
-        shape.push(items.len());
-        level = &items[0];
-    }
-    let mut flat = Vec::new();
-    fn collect(value: &serde_json::Value, flat: &mut Vec<f64>) {
-        match value {
-            serde_json::Value::Array(items) => items.iter().for_each(|v| collect(v, flat)),
-            number => flat.push(number.as_f64().expect("golden.json holds numbers")),
-        }
-    }
-    collect(value, &mut flat);
-    Ok(Tensor::from_vec(flat, shape, &Device::Cpu)?)
-}
-
-/// The largest `|a − e| / max(1, |e|)` over the entries.
-fn worst_error(actual: &Tensor, expected: &Tensor) -> Result<f64> {
-    let a = actual.flatten_all()?.to_vec1::<f64>()?;
-    let e = expected.flatten_all()?.to_vec1::<f64>()?;
-    assert_eq!(a.len(), e.len());
-    Ok(a.iter()
-        .zip(&e)
-        .map(|(a, e)| (a - e).abs() / e.abs().max(1.0))
-        .fold(0.0, f64::max))
-}
 
 #[test]
 fn the_official_code_s_values_and_gradients_to_1e_10() -> Result<()> {
@@ -51,7 +22,7 @@ fn the_official_code_s_values_and_gradients_to_1e_10() -> Result<()> {
         let name = case["name"].as_str().expect("name");
         let count = |key: &str| case[key].as_u64().expect(key) as usize;
         // A case's own inputs, else the shared ones.
-        let input = |key: &str| tensor(case.get(key).unwrap_or(&golden[key]));
+        let input = |key: &str| json_tensor(case.get(key).unwrap_or(&golden[key]));
         let z = input("embeddings")?.narrow(0, 0, count("views"))?;
         let directions = input("directions")?;
         let quadrature = Quadrature::new(case["t_max"].as_f64().expect("t_max"), count("knots"))?;
@@ -77,7 +48,7 @@ fn the_official_code_s_values_and_gradients_to_1e_10() -> Result<()> {
                 .get(z.as_tensor())
                 .expect("a gradient")
                 .clone();
-            let error = worst_error(&grad, &tensor(&case[format!("grad_{term}")])?)?;
+            let error = worst_relative_error(&grad, &json_tensor(&case[format!("grad_{term}")])?)?;
             assert!(
                 error <= 1e-10,
                 "{name}: gradient of {term} off by {error:e}"
@@ -231,7 +202,7 @@ fn data_parallel_sigreg_is_that_of_the_global_batch() -> Result<()> {
         .get(global.as_tensor())
         .expect("grad")
         .clone();
-    let error = worst_error(&local_grad, &(global_grad.narrow(1, 0, 6)? * 2.0)?)?;
+    let error = worst_relative_error(&local_grad, &(global_grad.narrow(1, 0, 6)? * 2.0)?)?;
     assert!(error < 1e-12, "{error}");
     Ok(())
 }

@@ -8,7 +8,8 @@ use super::*;
 use candle_core::{DType, Device, Var};
 use candle_nn::{Optimizer, VarBuilder};
 use ssl_core::testing::{
-    close, documented_defaults, first_step, max_gradient_error, randn, scalar,
+    close, documented_defaults, first_step, json_tensor, max_gradient_error, randn, scalar,
+    worst_relative_error,
 };
 use ssl_core::{Ids, ParamStore, Progress, SingleProcess};
 use ssl_masking::random_masking;
@@ -18,42 +19,6 @@ const GOLDEN: &str = include_str!("../golden/golden.json");
 
 fn golden() -> serde_json::Value {
     serde_json::from_str(GOLDEN).expect("golden.json parses")
-}
-
-/// A nested JSON array of numbers as an f64 tensor of its shape.
-fn tensor(value: &serde_json::Value) -> Result<Tensor> {
-    let mut shape = Vec::new();
-    let mut level = value;
-    while let Some(items) = level.as_array() {
-        shape.push(items.len());
-        level = &items[0];
-    }
-    let mut flat = Vec::new();
-    fn collect(value: &serde_json::Value, flat: &mut Vec<f64>) {
-        match value {
-            serde_json::Value::Array(items) => items.iter().for_each(|v| collect(v, flat)),
-            number => flat.push(number.as_f64().expect("golden.json holds numbers")),
-        }
-    }
-    collect(value, &mut flat);
-    Ok(Tensor::from_vec(flat, shape, &Device::Cpu)?)
-}
-
-/// The largest `|a − e| / max(1, |e|)` over the entries, after checking the shapes agree.
-fn worst_error(actual: &Tensor, expected: &Tensor) -> Result<f64> {
-    assert_eq!(actual.dims(), expected.dims());
-    let a = actual
-        .to_dtype(DType::F64)?
-        .flatten_all()?
-        .to_vec1::<f64>()?;
-    let e = expected
-        .to_dtype(DType::F64)?
-        .flatten_all()?
-        .to_vec1::<f64>()?;
-    Ok(a.iter()
-        .zip(&e)
-        .map(|(a, e)| (a - e).abs() / e.abs().max(1.0))
-        .fold(0.0, f64::max))
 }
 
 fn usize_of(value: &serde_json::Value) -> usize {
@@ -67,16 +32,16 @@ fn patchify_follows_the_official_order_and_unpatchify_inverts_it() -> Result<()>
     assert_eq!(cases.len(), 3);
     for case in cases {
         let p = usize_of(&case["p"]);
-        let imgs = tensor(&case["imgs"])?;
+        let imgs = json_tensor(&case["imgs"])?;
         let patches = patchify(&imgs, p)?;
         assert_eq!(
-            worst_error(&patches, &tensor(&case["patches"])?)?,
+            worst_relative_error(&patches, &json_tensor(&case["patches"])?)?,
             0.0,
             "p = {p}"
         );
         let side = imgs.dim(2)? / p;
         assert_eq!(
-            worst_error(&unpatchify(&patches, p, 3, (side, side))?, &imgs)?,
+            worst_relative_error(&unpatchify(&patches, p, 3, (side, side))?, &imgs)?,
             0.0
         );
     }
@@ -99,7 +64,7 @@ fn patchify_follows_the_official_order_and_unpatchify_inverts_it() -> Result<()>
         ]
     );
     assert_eq!(
-        worst_error(&unpatchify(&patches, 3, 2, (2, 3))?, &imgs)?,
+        worst_relative_error(&unpatchify(&patches, 3, 2, (2, 3))?, &imgs)?,
         0.0
     );
     let err = patchify(&imgs, 4).unwrap_err().to_string();
@@ -114,16 +79,21 @@ fn the_official_loss_and_its_gradient_to_1e_10() -> Result<()> {
     assert_eq!(cases.len(), 2);
     for case in cases {
         let norm_pix = case["norm_pix_loss"].as_bool().expect("flag");
-        let target = patchify(&tensor(&case["imgs"])?, usize_of(&case["p"]))?;
-        let pred = Var::from_tensor(&tensor(&case["pred"])?)?;
-        let loss = mae_loss(pred.as_tensor(), &target, &tensor(&case["mask"])?, norm_pix)?;
+        let target = patchify(&json_tensor(&case["imgs"])?, usize_of(&case["p"]))?;
+        let pred = Var::from_tensor(&json_tensor(&case["pred"])?)?;
+        let loss = mae_loss(
+            pred.as_tensor(),
+            &target,
+            &json_tensor(&case["mask"])?,
+            norm_pix,
+        )?;
         close(scalar(&loss), case["loss"].as_f64().expect("loss"), 1e-10);
         let grad = loss
             .backward()?
             .get(pred.as_tensor())
             .expect("a gradient")
             .clone();
-        let error = worst_error(&grad, &tensor(&case["grad_pred"])?)?;
+        let error = worst_relative_error(&grad, &json_tensor(&case["grad_pred"])?)?;
         assert!(
             error <= 1e-10,
             "norm_pix {norm_pix}: gradient off by {error:e}"
@@ -152,7 +122,7 @@ fn normalised_patches_have_zero_mean_and_unbiased_unit_variance() -> Result<()> 
     let var = (centred.sqr()?.sum_keepdim(2)? / 11.0)?;
     let expected = (&var / (&var + NORM_PIX_EPS)?)?;
     let actual = (normalised.sqr()?.sum_keepdim(2)? / 11.0)?;
-    assert!(worst_error(&actual, &expected)? < 1e-14);
+    assert!(worst_relative_error(&actual, &expected)? < 1e-14);
     let one_value = Tensor::ones((1, 2, 1), DType::F64, &Device::Cpu)?;
     let err = normalize_pixels(&one_value).unwrap_err().to_string();
     assert!(err.contains("norm_pix_loss: false"), "{err}");
@@ -177,7 +147,7 @@ fn official_model() -> Result<OfficialModel> {
     let size = |key: &str| usize_of(&config[key]);
     let mut vars = HashMap::new();
     for (name, value) in case["state_dict"].as_object().expect("state dict") {
-        vars.insert(name.clone(), Var::from_tensor(&tensor(value)?)?);
+        vars.insert(name.clone(), Var::from_tensor(&json_tensor(value)?)?);
     }
     let tensors = vars
         .iter()
@@ -208,7 +178,7 @@ fn official_model() -> Result<OfficialModel> {
         },
         vb,
     )?;
-    let noise = tensor(&case["noise"])?;
+    let noise = json_tensor(&case["noise"])?;
     let len = noise.dim(1)?;
     let noise: Vec<f32> = noise.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
     let mask = random_masking(&noise, len, case["mask_ratio"].as_f64().expect("ratio"))?;
@@ -216,7 +186,7 @@ fn official_model() -> Result<OfficialModel> {
         vars,
         encoder,
         decoder,
-        imgs: tensor(&case["imgs"])?,
+        imgs: json_tensor(&case["imgs"])?,
         mask,
         case,
     })
@@ -228,9 +198,9 @@ fn the_official_model_s_encoder_decoder_loss_and_gradients_to_1e_10() -> Result<
     let case = &model.case;
     // The same mask and unshuffling as the official random_masking on the recorded noise.
     assert_eq!(
-        worst_error(
+        worst_relative_error(
             &model.mask.mask_tensor(&Device::Cpu)?,
-            &tensor(&case["mask"])?
+            &json_tensor(&case["mask"])?
         )?,
         0.0
     );
@@ -238,19 +208,22 @@ fn the_official_model_s_encoder_decoder_loss_and_gradients_to_1e_10() -> Result<
         .mask
         .restore_tensor(&Device::Cpu)?
         .to_dtype(DType::F64)?;
-    assert_eq!(worst_error(&restore, &tensor(&case["ids_restore"])?)?, 0.0);
+    assert_eq!(
+        worst_relative_error(&restore, &json_tensor(&case["ids_restore"])?)?,
+        0.0
+    );
     // Our fixed decoder positions are the official get_2d_sincos_pos_embed's.
     let positions = decoder_positions(8, (4, 4), DType::F64, &Device::Cpu)?;
-    let official = tensor(&case["state_dict"]["decoder_pos_embed"])?;
-    assert!(worst_error(&positions, &official)? < 1e-15);
+    let official = json_tensor(&case["state_dict"]["decoder_pos_embed"])?;
+    assert!(worst_relative_error(&positions, &official)? < 1e-15);
     for (key, norm_pix) in [("norm_pix", true), ("raw_pix", false)] {
         let out = reconstruct(&model.encoder, &model.decoder, &model.imgs, &model.mask)?;
         let tokens = model
             .encoder
             .forward_tokens(&model.imgs, Some(&model.mask.keep.to_tensor(&Device::Cpu)?))?;
         let latent = Tensor::cat(&[&tokens.cls.unsqueeze(1)?, &tokens.patches], 1)?;
-        assert!(worst_error(&latent, &tensor(&case["latent"])?)? <= 1e-10);
-        assert!(worst_error(&out.pred, &tensor(&case["pred"])?)? <= 1e-10);
+        assert!(worst_relative_error(&latent, &json_tensor(&case["latent"])?)? <= 1e-10);
+        assert!(worst_relative_error(&out.pred, &json_tensor(&case["pred"])?)? <= 1e-10);
         let loss = mae_loss(&out.pred, &patchify(&model.imgs, 2)?, &out.mask, norm_pix)?;
         close(
             scalar(&loss),
@@ -262,7 +235,7 @@ fn the_official_model_s_encoder_decoder_loss_and_gradients_to_1e_10() -> Result<
         assert_eq!(expected.len(), 7);
         for (name, value) in expected {
             let grad = grads.get(model.vars[name].as_tensor()).expect(name);
-            let error = worst_error(grad, &tensor(value)?)?;
+            let error = worst_relative_error(grad, &json_tensor(value)?)?;
             assert!(error <= 1e-10, "{key}: gradient of {name} off by {error:e}");
         }
     }
@@ -303,11 +276,11 @@ fn removed_patches_reach_the_loss_only_through_their_targets() -> Result<()> {
     let run = |imgs: &Tensor| reconstruct(&model.encoder, &model.decoder, imgs, &model.mask);
     let (before, after) = (run(&model.imgs)?, run(&changed)?);
     // The encoder and the decoder never see them: bit-identical outputs.
-    assert_eq!(worst_error(&after.pred, &before.pred)?, 0.0);
-    assert_eq!(worst_error(&after.cls, &before.cls)?, 0.0);
+    assert_eq!(worst_relative_error(&after.pred, &before.pred)?, 0.0);
+    assert_eq!(worst_relative_error(&after.cls, &before.cls)?, 0.0);
     // A visible patch's pixels do reach the prediction.
     let visible = (&model.imgs + noise.broadcast_mul(&(1.0 - &pixels)?)?)?;
-    assert!(worst_error(&run(&visible)?.pred, &before.pred)? > 1e-3);
+    assert!(worst_relative_error(&run(&visible)?.pred, &before.pred)? > 1e-3);
     // The targets of the removed patches move the loss, unless norm_pix removes the change:
     // per patch x → 2.5·x + 0.7 leaves (t − μ)/√(σ² + ε) unchanged up to ε.
     let affine = (&model.imgs + (model.imgs.affine(1.5, 0.7)?.broadcast_mul(&pixels))?)?;
@@ -463,7 +436,7 @@ fn each_view_has_its_own_reproducible_mask_and_the_loss_averages_the_views() -> 
         assert_eq!(mask.keep.per_image(), 4);
         let r = reconstruct(&encoder, &decoder, &images, &mask)?;
         expected += scalar(&mae_loss(&r.pred, &patchify(&images, 4)?, &r.mask, true)?) / 2.0;
-        let cls_error = worst_error(&r.cls, &out.embeddings.get(v)?)?;
+        let cls_error = worst_relative_error(&r.cls, &out.embeddings.get(v)?)?;
         assert_eq!(cls_error, 0.0);
     }
     close(scalar(&out.output.loss), expected, 1e-6);
