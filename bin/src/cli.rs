@@ -499,10 +499,7 @@ fn describe_objective(name: &str) -> Result<()> {
         let values: Vec<String> = r
             .keys
             .iter()
-            .map(|k| {
-                let text = serde_yaml::to_string(&defaults[k.name]).unwrap_or_default();
-                text.trim().to_string()
-            })
+            .map(|k| inline_yaml(&defaults[k.name]))
             .collect();
         let key_width = r.keys.iter().map(|k| k.name.len()).max().unwrap_or(0);
         let value_width = values.iter().map(|v| v.chars().count()).max().unwrap_or(0);
@@ -513,6 +510,29 @@ fn describe_objective(name: &str) -> Result<()> {
     let req = describe_requirements(r)?;
     println!("\n{req}");
     Ok(())
+}
+
+/// A default value on one line, as it is written after `--set KEY=`: YAML's flow style for
+/// lists and maps (`[0.85, 1.0]`), whose block style would break the table's rows.
+fn inline_yaml(value: &serde_yaml::Value) -> String {
+    use serde_yaml::Value;
+    match value {
+        Value::Sequence(items) => {
+            let items: Vec<String> = items.iter().map(inline_yaml).collect();
+            format!("[{}]", items.join(", "))
+        }
+        Value::Mapping(map) => {
+            let entries: Vec<String> = map
+                .iter()
+                .map(|(k, v)| format!("{}: {}", inline_yaml(k), inline_yaml(v)))
+                .collect();
+            format!("{{{}}}", entries.join(", "))
+        }
+        scalar => serde_yaml::to_string(scalar)
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+    }
 }
 
 /// `ssl eval`: the offline suite on checkpoints or exported weights.
@@ -1017,6 +1037,17 @@ mod tests {
         };
         more(&mut args);
         args
+    }
+
+    /// List and map defaults print on one line, as `--set` takes them, not as YAML blocks.
+    #[test]
+    fn describe_prints_list_defaults_inline() -> Result<()> {
+        let ijepa = (ssl_core::find("ijepa")?.default_config)();
+        assert_eq!(inline_yaml(&ijepa["target_scale"]), "[0.15, 0.2]");
+        assert_eq!(inline_yaml(&ijepa["targets"]), "4");
+        let map: serde_yaml::Value = serde_yaml::from_str("{a: [1, 2], b: x}")?;
+        assert_eq!(inline_yaml(&map), "{a: [1, 2], b: x}");
+        Ok(())
     }
 
     /// `ssl describe` lists the parameter groups an objective declares, one line each.
