@@ -303,7 +303,8 @@ pub struct RunArgs {
 pub struct CompareArgs {
     /// Grid file (see `configs/compare-*.yaml`); flags below override its entries.
     pub grid: Option<PathBuf>,
-    /// Objectives, comma-separated (e.g. `vicreg,simclr,frossl`).
+    /// Objectives, comma-separated (e.g. `vicreg,simclr,frossl`); with a grid file, its entries
+    /// for these objectives (their params and overrides kept), the others with their defaults.
     #[arg(long, value_delimiter = ',')]
     pub objectives: Vec<String>,
     /// Views per instance, comma-separated (e.g. `2,4,8`).
@@ -350,7 +351,7 @@ impl CompareArgs {
             }
         };
         if !self.objectives.is_empty() {
-            grid.objectives = self.objectives.iter().map(|o| o.as_str().into()).collect();
+            grid.select_objectives(&self.objectives)?;
         }
         if !self.views.is_empty() {
             grid.views = self.views.clone();

@@ -71,8 +71,7 @@ pub struct Grid {
 
 /// Largest batch a smoke run trains with (`ssl compare --smoke`).
 pub const SMOKE_BATCH: usize = 4;
-/// Instances a smoke run pretrains on (a stratified subset) when the data set is read from
-/// files.
+/// Instances a smoke run pretrains on (a stratified subset of any data set).
 pub const SMOKE_TRAIN_SIZE: usize = 16;
 /// Side a smoke run shrinks an image folder's images to (a multiple of a ViT's 16-px patches).
 pub const SMOKE_SIZE: usize = 32;
@@ -186,6 +185,39 @@ impl Grid {
         Ok(grid)
     }
 
+    /// Keeps the objectives named in `names` (`ssl compare GRID --objectives a,b`), in that
+    /// order: every grid entry whose label or objective (aliases resolved) is the name, with its
+    /// parameters, overrides, views and batch sizes; a name the grid lacks runs with its
+    /// defaults.
+    pub fn select_objectives(&mut self, names: &[String]) -> Result<()> {
+        let mut selected = Vec::new();
+        for name in names {
+            let by_label: Vec<_> = self
+                .objectives
+                .iter()
+                .filter(|v| ObjectiveEntry::parse(v).is_ok_and(|e| e.label() == name))
+                .cloned()
+                .collect();
+            if !by_label.is_empty() {
+                selected.extend(by_label);
+                continue;
+            }
+            let wanted = ssl_core::find(name)?.name;
+            let mut by_name = Vec::new();
+            for value in &self.objectives {
+                if ssl_core::find(&ObjectiveEntry::parse(value)?.name)?.name == wanted {
+                    by_name.push(value.clone());
+                }
+            }
+            match by_name.is_empty() {
+                true => selected.push(name.as_str().into()),
+                false => selected.extend(by_name),
+            }
+        }
+        self.objectives = selected;
+        Ok(())
+    }
+
     /// Turns the grid into its smoke test (`ssl compare --smoke`): every objective entry and view
     /// count at one batch size (the smallest listed, at most [`SMOKE_BATCH`]), the first seed
     /// only, one epoch (the last partial batch kept; all warm-up where the recipe warms up), no
@@ -293,7 +325,6 @@ impl Grid {
         std::fs::create_dir_all(&data)
             .with_context(|| format!("cannot create {}", data.display()))?;
         let mut root = data.clone();
-        let mut classes = 0;
         if let Some(info) = ssl_data::archive_info(&name) {
             let path = data.join(info.file);
             if !path.exists() {
@@ -313,7 +344,6 @@ impl Grid {
                 let counts = [2 * info.classes, test, unlabeled];
                 ssl_data::write_synthetic_archive(&name, &path, counts)?;
             }
-            classes = info.classes;
         } else if name == "folder" {
             // The recipe's class directories (`data.folder_classes`, `imagenet100`: CMC's list),
             // else ImageNet-like synset names, as many as the recipe's `data.classes` reach.
@@ -331,7 +361,7 @@ impl Grid {
                 }
                 names => names.to_vec(),
             };
-            classes = names.len();
+            let classes = names.len();
             root = data.join("folder");
             if !root.exists() {
                 // Non-square JPEGs, so that the resize of the shorter side and the centre crop
@@ -351,7 +381,6 @@ impl Grid {
         } else if name == ssl_data::caltech256::NAME {
             // The 257 official category directories, ten JPEGs each: a 0.2 test fraction (the
             // recipes') holds out two of every class, the evaluation's pairs.
-            classes = ssl_data::caltech256::CATEGORIES;
             root = data.join("caltech256");
             if !root.exists() {
                 ssl_data::caltech256::write_synthetic(&root, 10)?;
@@ -377,13 +406,12 @@ impl Grid {
             if !path.exists() {
                 ssl_data::write_digits_as_medmnist(&path, info.flag, size)?;
             }
-            classes = info.classes;
         }
-        // digits and gmm are built in: nothing to write, no subset. (The probe learns the
-        // classes the subset has; the others score 0, which a smoke run does not look at.)
-        if classes > 0 {
-            self.set.push(format!("data.train_size={SMOKE_TRAIN_SIZE}"));
-        }
+        // digits and gmm are built in: nothing to write. Every data set pretrains on the
+        // subset, the built-in ones too: their 1,437 or so instances would leave a last batch
+        // of one, which a batch-normed projector refuses. (The probe learns the classes the
+        // subset has; the others score 0, which a smoke run does not look at.)
+        self.set.push(format!("data.train_size={SMOKE_TRAIN_SIZE}"));
         self.set.push(format!("data.root='{}'", root.display()));
         for value in &mut self.objectives {
             let label = ObjectiveEntry::parse(value)?.label().to_string();
@@ -1180,8 +1208,9 @@ mod tests {
         Ok(serde_yaml::from_str(yaml)?)
     }
 
-    /// `--smoke` keeps every entry and view count at one small batch, the first seed and one
-    /// epoch, even where an entry's own `set` asks for more; a halves grid checks both halves.
+    /// `--smoke` keeps every entry and view count at one small batch, the first seed, one
+    /// epoch and a small pretraining subset, even where an entry's own `set` asks for more; a
+    /// halves grid checks both halves.
     #[test]
     fn a_smoke_run_keeps_every_entry_and_view_at_one_small_cheap_cell() -> Result<()> {
         let dir = tempfile::tempdir()?;
@@ -1208,6 +1237,8 @@ mod tests {
         for c in &cells {
             assert_eq!((c.seed, c.config.train.epochs), (3, 1));
             assert_eq!(c.config.train.accumulate, 1);
+            // The built-in digits too: their 1,437 instances at B = 4 would end on a batch of 1.
+            assert_eq!(c.config.data.train_size, SMOKE_TRAIN_SIZE);
             assert!(c.config.out.starts_with(dir.path()));
             // Projector layers cut to SMOKE_WIDTH, the grid's and an entry's own alike.
             let widths = match c.label.as_str() {
@@ -1282,6 +1313,27 @@ mod tests {
             c.config.out,
             PathBuf::from("/tmp/x/runs/simclr-t02/v4-b64-s0")
         );
+        Ok(())
+    }
+
+    /// `--objectives` over a grid keeps the grid's entries for those objectives (by label or
+    /// by name, aliases resolved), in the order asked, and adds the others with defaults.
+    #[test]
+    fn selecting_objectives_keeps_their_grid_entries() -> Result<()> {
+        let mut g = grid(
+            "objectives: [vicreg, {name: simclr, label: simclr-t02, params: {temperature: 0.2}}, {name: mae, set: ['train.epochs=5']}]\nseeds: [0]",
+        )?;
+        let names = ["masked-autoencoder", "simclr-t02", "barlow-twins"].map(String::from);
+        g.select_objectives(&names)?;
+        let cells = g.cells()?;
+        let labels: Vec<&str> = cells.iter().map(|c| c.label.as_str()).collect();
+        assert_eq!(labels, ["mae", "simclr-t02", "barlow-twins"]);
+        assert_eq!(cells[0].config.train.epochs, 5);
+        assert_eq!(
+            cells[1].config.objective.params["temperature"].as_f64(),
+            Some(0.2)
+        );
+        assert!(g.select_objectives(&["vicregg".into()]).is_err());
         Ok(())
     }
 
