@@ -673,10 +673,12 @@ fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
     let ctx = ssl_core::BuildContext {
         vb: store.var_builder(&candle_core::Device::Cpu).pp("objective"),
         num_instances: batch_size,
-        // A ViT/16 on RGB images: an objective that decodes pixels (MAE) builds for its patches.
+        // A ViT/16 on RGB images of 224 px: an objective that decodes pixels (MAE) builds for
+        // its patches, one that masks blocks (I-JEPA) checks them on its 14 × 14 grid.
         patches: Some(ssl_core::Patches {
             size: 16,
             channels: 3,
+            image: (224, 224),
         }),
         num_classes: Some(2),
         instance_labels: Some(&labels),

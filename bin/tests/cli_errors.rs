@@ -1,12 +1,10 @@
 //! The `ssl` binary on bad input: every case ends with exit code 1 and a message naming the key
-//! and what it may be, before anything trains (I-JEPA's mask blocks are checked against the
-//! patch grid at the first step, before its update); a closed stdout ends it quietly.
+//! and what it may be, before anything trains; a closed stdout ends it quietly.
 
 use std::process::{Command, Output, Stdio};
 
-/// Runs `ssl args` in a fresh directory: a refusal that comes only at the first step (I-JEPA's
-/// blocks on a small grid) has made its run directory by then, and the default one is
-/// `./runs`.
+/// Runs `ssl args` in a fresh directory, so that a run directory made before a refusal (the
+/// default is `./runs`) is not left in the source tree.
 fn ssl(args: &[&str]) -> Output {
     let cwd = tempfile::tempdir().expect("a temporary directory");
     Command::new(env!("CARGO_BIN_EXE_ssl"))

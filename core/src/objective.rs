@@ -337,6 +337,9 @@ pub struct Patches {
     pub size: usize,
     /// Channels of the images.
     pub channels: usize,
+    /// Height and width of the global views in pixels (a mask generator's patch grid is these
+    /// over `size`).
+    pub image: (usize, usize),
 }
 
 impl Patches {

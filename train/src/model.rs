@@ -57,9 +57,14 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
         views: cfg.train.views + cfg.train.local_views,
         global_views: cfg.train.views,
         batch_size: cfg.train.batch_size,
+        // A token encoder takes 2D images, [C, H, W], and the global views keep that shape.
         patches: encoder.tokens().map(|t| Patches {
             size: t.patch_size(),
             channels: dataset.shape[0],
+            image: match dataset.shape[..] {
+                [_, height, width] => (height, width),
+                _ => (0, 0),
+            },
         }),
     };
     let objective = (registration.build)(&cfg.objective.params, &ctx)?;

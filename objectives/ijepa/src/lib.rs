@@ -149,6 +149,64 @@ impl IjepaConfig {
             allow_overlap: self.allow_overlap,
         }
     }
+
+    /// Refuses a patch grid on which some block size the scales can produce keeps no more than
+    /// `min_keep` patches (the mask sampler could never place it), naming the key to change.
+    fn check_grid(&self, grid: (usize, usize), view: (usize, usize), patch: usize) -> Result<()> {
+        let (gh, gw) = grid;
+        ensure!(
+            gh >= 2 && gw >= 2,
+            "objective `ijepa`: {}×{} views cut into {patch}-pixel patches give a {gh}×{gw} patch \
+             grid, and the mask blocks need at least 2×2; use a smaller model.patch_size or a \
+             larger data.size",
+            view.0,
+            view.1
+        );
+        let blocks = [
+            (
+                "target",
+                "target_scale",
+                self.target_scale,
+                self.aspect_ratio,
+            ),
+            ("context", "context_scale", self.context_scale, (1.0, 1.0)),
+        ];
+        for (kind, key, scale, ratio) in blocks {
+            let smallest = (0..SIZE_SWEEP)
+                .map(|i| {
+                    MultiBlockConfig::block_size(i as f64 / SIZE_SWEEP as f64, scale, ratio, grid)
+                })
+                .min_by_key(|b| b.height * b.width)
+                .unwrap_or(BlockSize {
+                    height: 0,
+                    width: 0,
+                });
+            let area = smallest.height * smallest.width;
+            if area <= self.min_keep {
+                let fix = match area {
+                    0 => format!("raise `{key}`"),
+                    _ => format!(
+                        "set `min_keep` to {} or less (--set objective.params.min_keep={}), raise `{key}`",
+                        area - 1,
+                        area - 1
+                    ),
+                };
+                bail!(
+                    "objective `ijepa`: on the {gh}×{gw} patch grid of {}×{} views (patch {patch}) \
+                     a {kind} block can be {}×{} = {area} patches, but every block must keep more \
+                     than `min_keep` = {} patches; {fix}, or use a finer grid (smaller \
+                     model.patch_size or larger data.size). For 4×4 grids: target_scale [0.25, \
+                     0.35], targets 2, min_keep 1; for 8×8: min_keep 4",
+                    view.0,
+                    view.1,
+                    smallest.height,
+                    smallest.width,
+                    self.min_keep
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 impl ObjectiveConfig for IjepaConfig {
@@ -197,6 +255,12 @@ impl ObjectiveConfig for IjepaConfig {
              local views; set train.local_views: 0",
             ctx.views - ctx.global_views
         );
+        // The views' patch grid, known before the run starts: a mask that can never be drawn
+        // is refused here rather than at the first step.
+        if let Some(p) = ctx.patches.filter(|p| p.size > 0) {
+            let (height, width) = p.image;
+            self.check_grid((height / p.size, width / p.size), p.image, p.size)?;
+        }
         let predictor = Predictor::new(
             ctx.feature_dim,
             self.predictor_dim,
@@ -212,7 +276,7 @@ impl ObjectiveConfig for IjepaConfig {
     }
 }
 
-/// Steps of the block-size sweep of [`Ijepa::check_grid`].
+/// Steps of the block-size sweep of [`IjepaConfig::check_grid`].
 const SIZE_SWEEP: usize = 1000;
 
 /// The I-JEPA objective: owns the predictor, asks the trainer for an EMA teacher and the views'
@@ -227,69 +291,6 @@ impl Ijepa {
     /// The predictor.
     pub fn predictor(&self) -> &Predictor {
         &self.predictor
-    }
-
-    /// Refuses a patch grid on which some block size the scales can produce keeps no more than
-    /// `min_keep` patches (the mask sampler could never place it), naming the key to change.
-    fn check_grid(&self, grid: (usize, usize), view: (usize, usize), patch: usize) -> Result<()> {
-        let (gh, gw) = grid;
-        ensure!(
-            gh >= 2 && gw >= 2,
-            "objective `ijepa`: {}×{} views cut into {patch}-pixel patches give a {gh}×{gw} patch \
-             grid, and the mask blocks need at least 2×2; use a smaller model.patch_size or a \
-             larger data.size",
-            view.0,
-            view.1
-        );
-        let blocks = [
-            (
-                "target",
-                "target_scale",
-                self.cfg.target_scale,
-                self.cfg.aspect_ratio,
-            ),
-            (
-                "context",
-                "context_scale",
-                self.cfg.context_scale,
-                (1.0, 1.0),
-            ),
-        ];
-        for (kind, key, scale, ratio) in blocks {
-            let smallest = (0..SIZE_SWEEP)
-                .map(|i| {
-                    MultiBlockConfig::block_size(i as f64 / SIZE_SWEEP as f64, scale, ratio, grid)
-                })
-                .min_by_key(|b| b.height * b.width)
-                .unwrap_or(BlockSize {
-                    height: 0,
-                    width: 0,
-                });
-            let area = smallest.height * smallest.width;
-            if area <= self.cfg.min_keep {
-                let fix = match area {
-                    0 => format!("raise `{key}`"),
-                    _ => format!(
-                        "set `min_keep` to {} or less (--set objective.params.min_keep={}), raise `{key}`",
-                        area - 1,
-                        area - 1
-                    ),
-                };
-                bail!(
-                    "objective `ijepa`: on the {gh}×{gw} patch grid of {}×{} views (patch {patch}) \
-                     a {kind} block can be {}×{} = {area} patches, but every block must keep more \
-                     than `min_keep` = {} patches; {fix}, or use a finer grid (smaller \
-                     model.patch_size or larger data.size). For 4×4 grids: target_scale [0.25, \
-                     0.35], targets 2, min_keep 1; for 8×8: min_keep 4",
-                    view.0,
-                    view.1,
-                    smallest.height,
-                    smallest.width,
-                    self.cfg.min_keep
-                );
-            }
-        }
-        Ok(())
     }
 
     /// The loss of one global view `v` and its embedding `[B, E]`.
@@ -308,7 +309,7 @@ impl Ijepa {
              {patch}-pixel patches; set data.size to a multiple of model.patch_size"
         );
         let grid = (height / patch, width / patch);
-        self.check_grid(grid, (height, width), patch)?;
+        self.cfg.check_grid(grid, (height, width), patch)?;
         // Drawn (and truncated) for the global batch and cut to this worker's rows, so that
         // every worker masks its instances as one process would.
         let (world, rank) = (batch.collective.world_size(), batch.collective.rank());

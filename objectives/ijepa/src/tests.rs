@@ -354,6 +354,7 @@ fn build_context(store: &ParamStore, views: usize, global_views: usize) -> Build
         patches: Some(ssl_core::Patches {
             size: 4,
             channels: 1,
+            image: (16, 16),
         }),
     }
 }
@@ -518,20 +519,20 @@ fn grids_too_small_for_the_blocks_are_refused_with_the_key_to_change() -> Result
     let dev = &Device::Cpu;
     let encoders = encoders(1)?;
     let ids = Ids::range(2, dev)?;
-    let views = [randn(0f32, 1.0, (2, 3, 16, 16), dev)?];
-    let mut objective = build(
+    // At build, from the views' size the context gives (16 px in 4-px patches).
+    let err = build(
         "{predictor_dim: 16, predictor_depth: 1, predictor_heads: 2}",
         &ParamStore::new(0),
-    )?;
-    let err = objective
-        .pixel_loss(&pixel_batch(&views, &encoders, &ids, first_step()))
-        .err()
-        .expect("min_keep 10 on a 4×4 grid")
-        .to_string();
+    )
+    .err()
+    .expect("min_keep 10 on a 4×4 grid")
+    .to_string();
     assert!(
         err.contains("4×4 patch grid") && err.contains("`min_keep`") && err.contains("target"),
         "{err}"
     );
+    // At the step, from the views themselves.
+    let mut objective = build(SMALL_GRID, &ParamStore::new(0))?;
     let tiny = [randn(0f32, 1.0, (2, 3, 16, 4), dev)?];
     let err = objective
         .pixel_loss(&pixel_batch(&tiny, &encoders, &ids, first_step()))
@@ -741,9 +742,18 @@ fn registered_with_the_official_defaults() -> Result<()> {
     assert_eq!(reg.name, "ijepa");
     assert!(reg.paper.contains("CVPR 2023") && reg.paper.contains("Assran"));
 
-    // The predictor's parameters carry the official keys, initialised as the released code.
+    // The predictor's parameters carry the official keys, initialised as the released code
+    // (the default blocks on the 14 × 14 grid of a ViT/16 at 224 px).
     let store = ParamStore::new(0);
-    build("{}", &store)?;
+    let vit16 = BuildContext {
+        patches: Some(ssl_core::Patches {
+            size: 16,
+            channels: 1,
+            image: (224, 224),
+        }),
+        ..build_context(&store, 1, 1)
+    };
+    (ssl_core::find("ijepa")?.build)(&serde_yaml::Value::Null, &vit16)?;
     let tensors = store.tensors();
     assert_eq!(
         tensors["objective.predictor_embed.weight"].dims(),

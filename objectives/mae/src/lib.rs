@@ -242,7 +242,7 @@ impl Mae {
     /// view's patch grid.
     fn check_view(&self, view: &Tensor, p: usize) -> Result<(usize, usize)> {
         let (_, c, h, w) = view.dims4()?;
-        let Patches { size, channels } = self.patches;
+        let Patches { size, channels, .. } = self.patches;
         ensure!(
             (p, c) == (size, channels),
             "objective `mae` was built to predict {size}-px patches of {channels} channels, and \

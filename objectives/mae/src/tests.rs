@@ -333,6 +333,7 @@ const TINY: &str = "{decoder_dim: 16, decoder_depth: 1, decoder_heads: 2}";
 const GREY_4PX: Patches = Patches {
     size: 4,
     channels: 1,
+    image: (16, 16),
 };
 
 fn context(
@@ -559,6 +560,7 @@ fn requirements_and_refusals_name_the_fix() -> Result<()> {
     let one_px = Patches {
         size: 1,
         channels: 1,
+        image: (16, 16),
     };
     let err = format!(
         "{:#}",
@@ -571,6 +573,7 @@ fn requirements_and_refusals_name_the_fix() -> Result<()> {
     let rgb = Patches {
         size: 4,
         channels: 3,
+        image: (16, 16),
     };
     let mut wrong = build_for(&ParamStore::new(0), TINY, 1, 1, Some(rgb))?;
     let err = pixel_loss(
@@ -635,6 +638,7 @@ fn registered_with_the_paper_defaults() -> Result<()> {
     let rgb_16px = Patches {
         size: 16,
         channels: 3,
+        image: (224, 224),
     };
     build_for(&store, "{}", 1, 1, Some(rgb_16px))?;
     let vars = store.vars();
