@@ -192,26 +192,19 @@ impl Grid {
     pub fn select_objectives(&mut self, names: &[String]) -> Result<()> {
         let mut selected = Vec::new();
         for name in names {
-            let by_label: Vec<_> = self
-                .objectives
-                .iter()
-                .filter(|v| ObjectiveEntry::parse(v).is_ok_and(|e| e.label() == name))
-                .cloned()
-                .collect();
-            if !by_label.is_empty() {
-                selected.extend(by_label);
-                continue;
-            }
-            let wanted = ssl_core::find(name)?.name;
-            let mut by_name = Vec::new();
+            // A label need not name an objective; an unmatched name must.
+            let wanted = ssl_core::find(name).map(|r| r.name);
+            let before = selected.len();
             for value in &self.objectives {
-                if ssl_core::find(&ObjectiveEntry::parse(value)?.name)?.name == wanted {
-                    by_name.push(value.clone());
+                let entry = ObjectiveEntry::parse(value)?;
+                let objective = ssl_core::find(&entry.name)?.name;
+                if entry.label() == name || wanted.as_ref().is_ok_and(|w| *w == objective) {
+                    selected.push(value.clone());
                 }
             }
-            match by_name.is_empty() {
-                true => selected.push(name.as_str().into()),
-                false => selected.extend(by_name),
+            if selected.len() == before {
+                wanted?;
+                selected.push(name.as_str().into());
             }
         }
         self.objectives = selected;
@@ -1334,6 +1327,11 @@ mod tests {
             Some(0.2)
         );
         assert!(g.select_objectives(&["vicregg".into()]).is_err());
+        // By objective, a labelled entry is selected too.
+        let mut g = grid("objectives: [vicreg, {name: simclr, label: simclr-t02}]")?;
+        g.select_objectives(&["simclr".into()])?;
+        let labels: Vec<String> = g.cells()?.into_iter().map(|c| c.label).collect();
+        assert_eq!(labels, ["simclr-t02"; 3]);
         Ok(())
     }
 

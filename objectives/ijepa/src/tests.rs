@@ -9,7 +9,8 @@ use super::*;
 use candle_core::{DType, Device, Var};
 use candle_nn::{Optimizer, VarBuilder, VarMap};
 use ssl_core::testing::{
-    close, documented_defaults, first_step, max_gradient_error, randn, scalar, worst_relative_error,
+    close, documented_defaults, first_step, json_tensor, max_gradient_error, randn, scalar,
+    worst_relative_error,
 };
 use ssl_core::{Ids, ParamStore, Progress, SingleProcess};
 use ssl_masking::sincos_2d;
@@ -21,29 +22,9 @@ fn golden() -> serde_json::Value {
     serde_json::from_str(GOLDEN).expect("golden.json parses")
 }
 
-/// Shape and values of a nested JSON array of numbers.
-fn nested(value: &serde_json::Value) -> (Vec<usize>, Vec<f64>) {
-    let mut shape = Vec::new();
-    let mut level = value;
-    while let Some(items) = level.as_array() {
-        shape.push(items.len());
-        level = &items[0];
-    }
-    fn collect(value: &serde_json::Value, flat: &mut Vec<f64>) {
-        match value {
-            serde_json::Value::Array(items) => items.iter().for_each(|v| collect(v, flat)),
-            number => flat.push(number.as_f64().expect("golden.json holds numbers")),
-        }
-    }
-    let mut flat = Vec::new();
-    collect(value, &mut flat);
-    (shape, flat)
-}
-
-/// A nested JSON array of numbers as an f64 tensor of its shape.
+/// A golden array as an f64 tensor of its shape ([`json_tensor`]).
 fn tensor(value: &serde_json::Value) -> Tensor {
-    let (shape, flat) = nested(value);
-    Tensor::from_vec(flat, shape, &Device::Cpu).expect("a tensor")
+    json_tensor(value).expect("a golden array of numbers")
 }
 
 /// [`worst_relative_error`] of tensors of the same shape.
@@ -57,11 +38,7 @@ fn masks(value: &serde_json::Value) -> Vec<Tensor> {
         .as_array()
         .expect("a list of masks")
         .iter()
-        .map(|m| {
-            let (shape, flat) = nested(m);
-            let flat: Vec<u32> = flat.iter().map(|&v| v as u32).collect();
-            Tensor::from_vec(flat, shape, &Device::Cpu).expect("a mask")
-        })
+        .map(|m| tensor(m).to_dtype(DType::U32).expect("a mask"))
         .collect()
 }
 
