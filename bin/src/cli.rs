@@ -665,30 +665,9 @@ fn sample(args: &SampleArgs) -> Result<()> {
 }
 
 /// The objective's limits, read from an instance built with its defaults at the main job's
-/// batch size (small widths: some objectives bound the width by the batch, e.g. W-MSE).
+/// batch size.
 fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
-    let store = ssl_core::ParamStore::new(0);
-    let batch_size = TrainConfig::default().batch_size;
-    let labels: Vec<u32> = (0..batch_size as u32).map(|i| i % 2).collect();
-    let ctx = ssl_core::BuildContext {
-        vb: store.var_builder(&candle_core::Device::Cpu).pp("objective"),
-        num_instances: batch_size,
-        // A ViT/16 on RGB images of 224 px: an objective that decodes pixels (MAE) builds for
-        // its patches, one that masks blocks (I-JEPA) checks them on its 14 × 14 grid.
-        patches: Some(ssl_core::Patches {
-            size: 16,
-            channels: 3,
-            image: (224, 224),
-        }),
-        num_classes: Some(2),
-        instance_labels: Some(&labels),
-        projection_dim: 8,
-        feature_dim: 8,
-        views: 2,
-        global_views: 2,
-        batch_size,
-    };
-    let req = (r.build)(&serde_yaml::Value::Null, &ctx)?.requirements();
+    let req = r.requirements(&serde_yaml::Value::Null, TrainConfig::default().batch_size)?;
     let max = req.max_views.map_or("any".to_string(), |m| m.to_string());
     let groups: String = req
         .param_groups

@@ -1,8 +1,8 @@
-//! Every paper recipe in `configs/papers/` passes `ssl compare --smoke`: each objective entry and
-//! view count trains for one epoch on data synthesised in its data set's official format (the
-//! directory is listed, so a new recipe is covered without touching this file), and the table is
-//! written with one row per entry. A recipe with a broken cell is refused before anything
-//! trains, naming it.
+//! Every grid in `configs/` and every paper recipe in `configs/papers/` passes `ssl compare
+//! --smoke`: each objective entry and view count trains for one epoch on data synthesised in its
+//! data set's official format (the directories are listed, so a new grid is covered without
+//! touching this file), and the table is written with one row per entry. A recipe with a broken
+//! cell is refused before anything trains, naming it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -17,12 +17,21 @@ fn ssl(args: &[&str], cache: &Path) -> Output {
         .expect("the ssl binary runs")
 }
 
-fn recipes() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/papers");
+/// The grids in `configs/DIR` (YAML files that list `objectives`; the others there are run
+/// configurations and hierarchies).
+fn grids(dir: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../configs")
+        .join(dir);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.expect("a directory entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .filter(|p| {
+            let text = std::fs::read_to_string(p).unwrap();
+            let yaml: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+            yaml.get("objectives").is_some()
+        })
         .collect();
     files.sort();
     files
@@ -154,8 +163,17 @@ fn smoke_all(files: &[PathBuf]) {
 /// Every recipe in `configs/papers/`, a new one included without touching this file.
 #[test]
 fn every_paper_recipe_passes_its_smoke_run() {
-    let files = recipes();
+    let files = grids("papers");
     assert!(files.len() >= 15, "configs/papers/ lists {files:?}");
+    smoke_all(&files);
+}
+
+/// Every grid in `configs/`: the digits and mixture studies, W-MSE's batch of `w_size` and
+/// IConE's batch-size sweep down to 1 included.
+#[test]
+fn every_grid_passes_its_smoke_run() {
+    let files = grids("");
+    assert!(files.len() >= 9, "configs/ lists {files:?}");
     smoke_all(&files);
 }
 

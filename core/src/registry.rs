@@ -2,7 +2,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::{BuildContext, Objective, ObjectiveConfig};
+use crate::{BuildContext, Objective, ObjectiveConfig, ParamStore, Patches, Requirements};
 
 /// One documented configuration key of an objective (shown by `ssl describe`).
 #[derive(Debug, Clone, Copy)]
@@ -10,6 +10,10 @@ pub struct ConfigKey {
     pub name: &'static str,
     pub doc: &'static str,
 }
+
+/// Training instances of the reference run that [`Registration::requirements`] builds for
+/// (about the digits' training set).
+pub const REFERENCE_INSTANCES: usize = 1_000;
 
 /// How an objective makes itself known. Submit one with [`crate::register_objective!`].
 pub struct Registration {
@@ -39,6 +43,40 @@ impl Registration {
     pub fn answers_to(&self, name: &str) -> bool {
         self.name.eq_ignore_ascii_case(name)
             || self.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
+    }
+
+    /// The objective's limits with `params` (its views, smallest batch, labels, teacher, …),
+    /// read from an instance built for a reference run: batches of `batch_size` from a data set
+    /// of [`REFERENCE_INSTANCES`] (or one batch, if more) in 2 classes, on 2 views of 8-wide
+    /// projections (narrow, since some objectives bound the width by a batch: W-MSE) and
+    /// a ViT/16 on 224-px RGB images (an objective that decodes pixels builds for its patches,
+    /// one that masks blocks checks them on its 14 × 14 grid), on the CPU. `ssl describe`
+    /// prints them; `ssl compare --smoke` sizes its batches by them.
+    pub fn requirements(
+        &self,
+        params: &serde_yaml::Value,
+        batch_size: usize,
+    ) -> Result<Requirements> {
+        let store = ParamStore::new(0);
+        let num_instances = batch_size.max(REFERENCE_INSTANCES);
+        let labels: Vec<u32> = (0..num_instances as u32).map(|i| i % 2).collect();
+        let ctx = BuildContext {
+            vb: store.var_builder(&candle_core::Device::Cpu).pp("objective"),
+            num_instances,
+            patches: Some(Patches {
+                size: 16,
+                channels: 3,
+                image: (224, 224),
+            }),
+            num_classes: Some(2),
+            instance_labels: Some(&labels),
+            projection_dim: 8,
+            feature_dim: 8,
+            views: 2,
+            global_views: 2,
+            batch_size,
+        };
+        Ok((self.build)(params, &ctx)?.requirements())
     }
 }
 

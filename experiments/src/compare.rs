@@ -86,17 +86,22 @@ const _: () = assert!(2 * SMOKE_HALF_CLASSES >= SMOKE_TRAIN_SIZE);
 /// parameters behind a ResNet-50) are most of a smoke run's time and none of what it checks.
 pub const SMOKE_WIDTH: usize = 256;
 
-/// The `set` list of an objective entry (a name, or a mapping with `name`), made where absent.
-fn entry_set(value: &mut serde_yaml::Value) -> Result<&mut serde_yaml::Sequence> {
+/// An objective entry as a mapping (a bare name becomes `{name: NAME}`).
+fn entry_map(value: &mut serde_yaml::Value) -> Result<&mut serde_yaml::Mapping> {
     if let serde_yaml::Value::String(name) = value {
         let mut entry = serde_yaml::Mapping::new();
         entry.insert("name".into(), name.clone().into());
         *value = serde_yaml::Value::Mapping(entry);
     }
-    let serde_yaml::Value::Mapping(entry) = value else {
-        bail!("an objective entry is a name or a mapping with `name`, got {value:?}");
-    };
-    match entry
+    match value {
+        serde_yaml::Value::Mapping(entry) => Ok(entry),
+        other => bail!("an objective entry is a name or a mapping with `name`, got {other:?}"),
+    }
+}
+
+/// The `set` list of an objective entry (a name, or a mapping with `name`), made where absent.
+fn entry_set(value: &mut serde_yaml::Value) -> Result<&mut serde_yaml::Sequence> {
+    match entry_map(value)?
         .entry("set".into())
         .or_insert_with(|| serde_yaml::Value::Sequence(Vec::new()))
     {
@@ -212,7 +217,8 @@ impl Grid {
     }
 
     /// Turns the grid into its smoke test (`ssl compare --smoke`): every objective entry and view
-    /// count at one batch size (the smallest listed, at most [`SMOKE_BATCH`]), the first seed
+    /// count at one batch size (the smallest listed, at most [`SMOKE_BATCH`], at least the
+    /// objective's smallest, on as many images where that is more), the first seed
     /// only, one epoch (the last partial batch kept; all warm-up where the recipe warms up), no
     /// accumulation, on the CPU, on data synthesised under `OUT/data` in the exact format of the
     /// recipe's data set — MedMNIST `.npz` of digits, CIFAR/STL-10/Tiny ImageNet archives in
@@ -229,8 +235,8 @@ impl Grid {
         self.smoke = true;
         // The one epoch is the warm-up where the recipe has one (its first steps then run at a
         // small learning rate, as the real run's do), else none.
-        let warmup = self
-            .cells()?
+        let recipe_cells = self.cells()?;
+        let warmup = recipe_cells
             .iter()
             .any(|c| c.config.train.warmup_epochs > 0);
         self.out = match out {
@@ -425,6 +431,29 @@ impl Grid {
         for entry in &mut self.objectives {
             if let Some(serde_yaml::Value::Sequence(list)) = entry.get_mut("set") {
                 list.extend(forced.iter().map(|s| s.as_str().into()));
+            }
+        }
+        // An entry that needs a larger batch than the smoke's (W-MSE whitens sub-batches of
+        // `w_size`; a batch-normed projector needs 2 where IConE's grids go down to 1) trains
+        // one batch of its smallest, on as many images: the built-in sets hold them; a
+        // synthesised file holds [`SMOKE_TRAIN_SIZE`], and the run says so. The limit is read
+        // from the recipe's largest batch of the entry, as the real run builds it.
+        for value in &mut self.objectives {
+            let label = ObjectiveEntry::parse(value)?.label().to_string();
+            let smoke = cells.iter().find(|c| c.label == label);
+            let recipe = recipe_cells
+                .iter()
+                .filter(|c| c.label == label)
+                .max_by_key(|c| c.batch_size);
+            let (Some(smoke), Some(recipe)) = (smoke, recipe) else {
+                continue;
+            };
+            let need = ssl_train::model::smallest_batch(&recipe.config)
+                .with_context(|| format!("objective entry `{label}`"))?;
+            if need > smoke.batch_size {
+                entry_map(value)?.insert("batch_sizes".into(), vec![need as u64].into());
+                let set = format!("data.train_size={}", need.max(SMOKE_TRAIN_SIZE));
+                entry_set(value)?.push(set.into());
             }
         }
         Ok(())
@@ -1201,16 +1230,17 @@ mod tests {
         Ok(serde_yaml::from_str(yaml)?)
     }
 
-    /// `--smoke` keeps every entry and view count at one small batch, the first seed, one
-    /// epoch and a small pretraining subset, even where an entry's own `set` asks for more; a
-    /// halves grid checks both halves.
+    /// `--smoke` keeps every entry and view count at one small batch (but not below what the
+    /// entry trains at), the first seed, one epoch and a small pretraining subset, even where an
+    /// entry's own `set` asks for more; a halves grid checks both halves.
     #[test]
     fn a_smoke_run_keeps_every_entry_and_view_at_one_small_cheap_cell() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let mut g = grid(
             "objectives:\n  - vicreg\n  - {name: simclr, label: long, set: [train.epochs=400, \
-             train.accumulate=16, 'model.projector=[8192,8192,64]'], batch_sizes: [128, 64]}\n\
-             views: [2, 4]\nbatch_sizes: [32, 1]\nseeds: [3, 4]\nset: ['model.projector=[512,300]']",
+             train.accumulate=16, 'model.projector=[8192,8192,64]'], batch_sizes: [128, 64]}\n  \
+             - {name: wmse, set: ['model.projector=[64,32]']}\n\
+             views: [2, 4]\nbatch_sizes: [256, 1]\nseeds: [3, 4]\nset: ['model.projector=[512,300]']",
         )?;
         g.smoke(Some(dir.path()))?;
         let cells = g.cells()?;
@@ -1221,21 +1251,30 @@ mod tests {
         assert_eq!(
             shape,
             [
-                ("vicreg", 2, 1),
-                ("vicreg", 4, 1),
+                // The grid's smallest, 1, is one instance in the projector's batch norm.
+                ("vicreg", 2, 2),
+                ("vicreg", 4, 2),
                 ("long", 2, 4),
-                ("long", 4, 4)
+                ("long", 4, 4),
+                // W-MSE whitens sub-batches of w_size = 128.
+                ("wmse", 2, 128),
+                ("wmse", 4, 128)
             ]
         );
         for c in &cells {
             assert_eq!((c.seed, c.config.train.epochs), (3, 1));
             assert_eq!(c.config.train.accumulate, 1);
             // The built-in digits too: their 1,437 instances at B = 4 would end on a batch of 1.
-            assert_eq!(c.config.data.train_size, SMOKE_TRAIN_SIZE);
+            let train_size = match c.label.as_str() {
+                "wmse" => 128,
+                _ => SMOKE_TRAIN_SIZE,
+            };
+            assert_eq!(c.config.data.train_size, train_size, "{}", c.label);
             assert!(c.config.out.starts_with(dir.path()));
             // Projector layers cut to SMOKE_WIDTH, the grid's and an entry's own alike.
             let widths = match c.label.as_str() {
                 "vicreg" => [256, 256].as_slice(),
+                "wmse" => &[64, 32],
                 _ => &[256, 256, 64],
             };
             assert_eq!(c.config.model.projector, widths, "{}", c.label);

@@ -215,6 +215,24 @@ pub fn apply_init(cfg: &RunConfig, model: &Model) -> Result<()> {
     Ok(())
 }
 
+/// The smallest batch size `cfg` trains at: its objective's own limit
+/// ([`ssl_core::Requirements::min_batch`], read as [`ssl_core::Registration::requirements`]
+/// builds it at `cfg`'s batch size), and 2 where the views reach the projector's batch norm.
+pub fn smallest_batch(cfg: &RunConfig) -> Result<usize> {
+    let objective = &cfg.objective;
+    let req =
+        ssl_core::find(&objective.name)?.requirements(&objective.params, cfg.train.batch_size)?;
+    Ok(match batch_normed_projector(cfg, req.projector) {
+        true => req.min_batch.max(2),
+        false => req.min_batch,
+    })
+}
+
+/// Whether the views reach batch norm in the projector (its hidden layers have it).
+fn batch_normed_projector(cfg: &RunConfig, uses_projector: bool) -> bool {
+    uses_projector && cfg.model.projector.len() >= 2
+}
+
 /// The projector's hidden layers use batch norm, which is undefined on one sample (spec
 /// `docs/spec/objectives.md` §0): refuse, before training, a run whose views would reach it one
 /// instance at a time.
@@ -224,7 +242,7 @@ fn check_projector_batch(
     uses_projector: bool,
     instances: usize,
 ) -> Result<()> {
-    if !uses_projector || cfg.model.projector.len() < 2 {
+    if !batch_normed_projector(cfg, uses_projector) {
         return Ok(());
     }
     let b = cfg.train.batch_size;
