@@ -179,8 +179,9 @@ pub struct PixelLoss {
     pub output: LossOutput,
     /// One embedding per global view and instance, `[V_global, B, E]`, as the objective computed
     /// it on the way to its loss (MAE: the class token of the visible patches; I-JEPA: the
-    /// teacher's pooled patch tokens). The trainer trains the online probe on it (detached)
-    /// and logs its spectrum, as it does the projections of the other objectives.
+    /// teacher's pooled patch tokens). The trainer logs its spectrum, as it does the
+    /// projections of the other objectives (the online probe reads the encoder's output on the
+    /// whole views instead).
     pub embeddings: Tensor,
 }
 

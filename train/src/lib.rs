@@ -43,6 +43,7 @@ pub mod export;
 #[cfg(feature = "plots")]
 pub mod figures;
 pub mod model;
+pub mod online_probe;
 pub mod own_data;
 pub mod pretrained;
 pub mod progress;

@@ -5,14 +5,14 @@
 //! `teacher.…`, `objective.…`, `probe.…`).
 
 use anyhow::{bail, Context, Result};
-use candle_core::{Device, Tensor, Var, D};
-use candle_nn::{Linear, Module};
+use candle_core::{Device, Tensor, Var};
 use ssl_core::{BuildContext, Objective, ParamGroup, ParamStore, Patches};
 use ssl_models::autocast::Precision;
 use ssl_models::{Encoder, Projector};
 use ssl_optim::Optimizer;
 
 use crate::config::RunConfig;
+use crate::online_probe::OnlineProbe;
 use crate::setup::{self, DataSplit};
 
 /// Variables with their names, as a [`ParamStore`] lists them.
@@ -24,7 +24,7 @@ pub struct Model {
     pub encoder: Box<dyn Encoder>,
     pub projector: Option<Projector>,
     pub teacher: Option<(Box<dyn Encoder>, Option<Projector>)>,
-    pub probe: Option<Linear>,
+    pub probe: Option<OnlineProbe>,
     pub objective: Box<dyn Objective>,
     /// Precision of the training step's matrix products (evaluation is f32).
     pub precision: Precision,
@@ -122,7 +122,7 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
         None => None,
     };
     let probe = match cfg.train.probe_lr > 0.0 {
-        true => Some(candle_nn::linear(
+        true => Some(OnlineProbe::new(
             feature_dim,
             dataset.num_classes,
             vb.pp("probe"),
@@ -300,11 +300,6 @@ impl Model {
 
     /// Online-probe predictions for eval-mode features.
     pub fn probe_predictions(&self, features: &Tensor) -> Result<Option<Vec<u32>>> {
-        match &self.probe {
-            Some(p) => Ok(Some(
-                p.forward(features)?.argmax(D::Minus1)?.to_vec1::<u32>()?,
-            )),
-            None => Ok(None),
-        }
+        self.probe.as_ref().map(|p| p.predict(features)).transpose()
     }
 }

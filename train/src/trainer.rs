@@ -29,7 +29,6 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::utils::barrier_pool;
 use candle_core::{Device, Tensor, TensorId, Var};
-use candle_nn::{Linear, Module};
 use serde_json::json;
 use ssl_core::{
     Batch, Collective, Ids, LossOutput, ParamStore, PixelBatch, PixelLoss, Progress, SingleProcess,
@@ -1207,7 +1206,7 @@ fn step_on(
     let (mut values, terms) = logged_values(&out)?;
     let mut total = out.loss;
     if let Some(probe) = &model.probe {
-        let ce = probe_loss(probe, &features.narrow(0, 0, v * b)?, input.labels, v)?;
+        let ce = probe.loss(&features.narrow(0, 0, v * b)?, input.labels, v, collective)?;
         values.push(scalar(&ce)?);
         total = (total + ce)?;
     }
@@ -1244,7 +1243,8 @@ fn step_on(
 
 /// [`step_on`] for an objective that encodes the views itself ([`Requirements::pixels`]): it
 /// gets the views and the encoders' patch tokens, returns its loss and an embedding of every
-/// global view, on which the online probe trains. One backward pass through the whole graph.
+/// global view (for the spectrum); the online probe trains on the encoder's detached output for
+/// the whole global views. One backward pass through the whole graph.
 ///
 /// [`Requirements::pixels`]: ssl_core::Requirements::pixels
 fn pixel_step(
@@ -1255,7 +1255,7 @@ fn pixel_step(
     complete: &Complete,
 ) -> Result<(StepOutput, GradStore)> {
     let device = input.images.device();
-    let (v, b) = (input.views, input.instance_ids.len());
+    let v = input.views;
     let no_tokens = || anyhow!("the objective encodes patch tokens and the encoder has none");
     let encoder = model.encoder.tokens().ok_or_else(no_tokens)?;
     let teacher = match &model.teacher {
@@ -1280,7 +1280,12 @@ fn pixel_step(
     let (mut values, terms) = logged_values(&output)?;
     let mut total = output.loss;
     if let Some(probe) = &model.probe {
-        let ce = probe_loss(probe, &embeddings.reshape((v * b, ()))?, input.labels, v)?;
+        // The probe reads the encoder's output on the whole global views, as it does with the
+        // other objectives and is evaluated on, not the objective's embedding of a masked view
+        // or of the teacher (on which it stayed at chance).
+        let global = Tensor::cat(&views[..v], 0)?;
+        let features = model.encoder.forward_t(&global, true)?.detach();
+        let ce = probe.loss(&features, input.labels, v, collective)?;
         values.push(scalar(&ce)?);
         total = (total + ce)?;
     }
@@ -1310,14 +1315,6 @@ fn logged_values(out: &LossOutput) -> Result<(Vec<Tensor>, Vec<String>)> {
         values.push(scalar(value)?);
     }
     Ok((values, names))
-}
-
-/// The online probe's cross-entropy on detached `features` `[V·B, F]` of `views` views, each
-/// instance's label repeated per view.
-fn probe_loss(probe: &Linear, features: &Tensor, labels: &[u32], views: usize) -> Result<Tensor> {
-    let logits = probe.forward(&features.detach())?;
-    let targets = Tensor::new(labels.repeat(views).as_slice(), features.device())?;
-    Ok(candle_nn::loss::cross_entropy(&logits, &targets)?)
 }
 
 #[cfg(test)]
@@ -1589,9 +1586,7 @@ mod tests {
         };
         let loss = model.objective.loss(&batch).unwrap().loss;
         let probe = model.probe.as_ref().unwrap();
-        let logits = probe.forward(&features.detach()).unwrap();
-        let targets = Tensor::new(labels.repeat(v).as_slice(), &Device::Cpu).unwrap();
-        let ce = candle_nn::loss::cross_entropy(&logits, &targets).unwrap();
+        let ce = probe.loss(&features, &labels, v, &SingleProcess).unwrap();
         let whole = (loss + ce).unwrap().backward().unwrap();
 
         let mut compared = 0;
