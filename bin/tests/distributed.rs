@@ -263,23 +263,39 @@ fn assert_losses_match(a: &[f64], b: &[f64], tolerance: f64, objective: &str) {
     }
 }
 
-/// The final weights of runs `one` and `two` agree to `tolerance` of the largest weight.
+/// Relative tolerance of the online probe's weights (at least): the probe standardises each
+/// feature by its batch spread, which grows the ranks' rounding in a nearly constant feature
+/// (measured: SwAV's encoder within 2.5e-6 of the largest weight, its probe 4.6e-5; BYOL's
+/// probe 4.6e-5, FroSSL's 3.2e-5; the others' under 1e-5). A wrong gather
+/// of the probe's statistics is caught exactly by `ssl_train::online_probe`'s tests.
+const PROBE_TOLERANCE: f64 = 1e-4;
+
+/// The final weights of runs `one` and `two` agree to `tolerance` of the largest weight (the
+/// online probe's to [`PROBE_TOLERANCE`] where that is looser).
 fn assert_weights_match(one: &Path, two: &Path, tolerance: f64, objective: &str) {
     let (wa, wb) = (weights(one), weights(two));
     assert_eq!(wa.len(), wb.len());
     let scale = wa.values().map(max_abs).fold(0.0f32, f32::max);
-    let (mut worst, mut at) = (0.0f32, "");
-    for (name, t) in &wa {
-        let diff = max_abs(&(t - &wb[name]).unwrap());
-        if diff >= worst {
-            (worst, at) = (diff, name);
+    for probe in [false, true] {
+        let (mut worst, mut at) = (0.0f32, "");
+        for (name, t) in wa.iter().filter(|(n, _)| n.starts_with("probe.") == probe) {
+            let diff = max_abs(&(t - &wb[name]).unwrap());
+            if diff >= worst {
+                (worst, at) = (diff, name);
+            }
         }
+        let tolerance = match probe {
+            true => tolerance.max(PROBE_TOLERANCE),
+            false => tolerance,
+        };
+        eprintln!(
+            "{objective}: largest weight difference {worst:e} in {at} (largest weight {scale})"
+        );
+        assert!(
+            worst <= tolerance as f32 * scale,
+            "{objective}: weights differ by {worst} in {at} (largest {scale})"
+        );
     }
-    eprintln!("{objective}: largest weight difference {worst:e} in {at} (largest weight {scale})");
-    assert!(
-        worst <= tolerance as f32 * scale,
-        "{objective}: weights differ by {worst} in {at} (largest {scale})"
-    );
 }
 
 /// A one-layer projector: no batch norm anywhere.
