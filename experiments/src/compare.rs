@@ -890,9 +890,10 @@ impl Summary {
         let metrics = metrics(&grid.metrics)?;
         let columns = metrics.len() + 1;
         let mut rows: Vec<Row> = Vec::new();
-        // Baselines depend only on the data (split, subset, imbalance): one group per distinct
-        // data section, keyed by (role, group), seeds within.
-        let data_labels = data_labels(cells);
+        // One group of baseline rows per distinct setting they depend on (the raw inputs: the
+        // data and the evaluation; the random-init encoder: the encoder's configuration too),
+        // keyed by (role, group), seeds within.
+        let groups = [false, true].map(|random| section_labels(cells, random));
         let mut baselines: BTreeMap<(bool, usize, String), BTreeMap<u64, Vec<f64>>> =
             BTreeMap::new();
         for (cell, outcome) in cells.iter().zip(outcomes) {
@@ -925,15 +926,16 @@ impl Summary {
                         }
                     }
                     row.values[metrics.len()].push(*seconds);
-                    for role in ["raw inputs", "random init"] {
+                    for (random, role) in [(false, "raw inputs"), (true, "random init")] {
                         if let Some(e) = by_encoder.get(role) {
                             let values = metrics
                                 .iter()
                                 .map(|m| e.get(m.key).copied().unwrap_or(f64::NAN))
                                 .collect();
-                            let (group, suffix) = &data_labels[&data_key(cell)];
+                            let section = baseline_section(cell, random);
+                            let (group, suffix) = &groups[random as usize][&section_key(&section)];
                             baselines
-                                .entry((role != "raw inputs", *group, format!("{role}{suffix}")))
+                                .entry((random, *group, format!("{role}{suffix}")))
                                 .or_default()
                                 .insert(cell.seed, values);
                         }
@@ -1137,23 +1139,55 @@ impl Summary {
     }
 }
 
-/// The data section of a cell's configuration, as text.
-fn data_key(cell: &Cell) -> String {
-    serde_yaml::to_string(&cell.config.data).unwrap_or_default()
+/// The settings a cell's baseline row depends on besides its seed, as one flat mapping: the
+/// data section (its keys bare: ` (imbalance=2)`), the evaluation settings (`eval.…`) and the
+/// device and precision; for the random-init encoder also the model section without the
+/// projector, which it does not use (`model.…`: ` (model.pool=mean)`).
+fn baseline_section(cell: &Cell, random_init: bool) -> serde_yaml::Mapping {
+    let config = &cell.config;
+    let mapping = |value: serde_yaml::Result<serde_yaml::Value>| match value {
+        Ok(serde_yaml::Value::Mapping(m)) => m,
+        _ => serde_yaml::Mapping::new(),
+    };
+    let mut section = mapping(serde_yaml::to_value(&config.data));
+    let mut add = |prefix: &str, map: serde_yaml::Mapping, skip: &[&str]| {
+        for (k, v) in map {
+            let name = k.as_str().unwrap_or_default();
+            if !skip.contains(&name) {
+                section.insert(format!("{prefix}.{name}").into(), v);
+            }
+        }
+    };
+    add("eval", mapping(serde_yaml::to_value(&config.eval)), &[]);
+    let mut train = serde_yaml::Mapping::new();
+    train.insert("device".into(), config.train.device.clone().into());
+    train.insert(
+        "precision".into(),
+        serde_yaml::to_value(config.train.precision).unwrap_or_default(),
+    );
+    add("train", train, &[]);
+    if random_init {
+        let model = mapping(serde_yaml::to_value(&config.model));
+        add("model", model, &["projector", "sync_bn"]);
+    }
+    section
 }
 
-/// For each distinct data section among `cells`: its order of first appearance and a label
-/// suffix naming the data keys that differ between sections (` (imbalance=2)`), empty when all
-/// cells share one data section. A key a section omits is at its default.
-fn data_labels(cells: &[Cell]) -> BTreeMap<String, (usize, String)> {
+/// A baseline section as text, the key of its group.
+fn section_key(section: &serde_yaml::Mapping) -> String {
+    serde_yaml::to_string(section).unwrap_or_default()
+}
+
+/// For each distinct [`baseline_section`] among `cells` (of the random-init rows, or of the
+/// raw-input rows): its order of first appearance and a label suffix naming the keys that
+/// differ between sections (` (imbalance=2)`), empty when all cells share one. A key a section
+/// omits is at its default.
+fn section_labels(cells: &[Cell], random_init: bool) -> BTreeMap<String, (usize, String)> {
     let mut sections: Vec<(String, serde_yaml::Mapping)> = Vec::new();
     for cell in cells {
-        let key = data_key(cell);
+        let map = baseline_section(cell, random_init);
+        let key = section_key(&map);
         if !sections.iter().any(|(k, _)| *k == key) {
-            let map = match serde_yaml::to_value(&cell.config.data) {
-                Ok(serde_yaml::Value::Mapping(m)) => m,
-                _ => serde_yaml::Mapping::new(),
-            };
             sections.push((key, map));
         }
     }
@@ -1442,6 +1476,55 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| random init (imbalance=5) |"), "{md}");
+    }
+
+    /// The random-init rows follow the encoder's configuration (not its projector), the
+    /// raw-input rows do not: a grid whose entries pool a ViT two ways has one raw-input row
+    /// and a random-init row per pooling, each from its own cells (before, the last cell of a
+    /// seed stood for every encoder).
+    #[test]
+    fn random_init_rows_are_reported_per_encoder_configuration() {
+        use ssl_models::VitPool::{self, Class, Mean};
+        let cell = |label: &str, pool: VitPool, projector: usize| {
+            let mut config = RunConfig::default();
+            config.model.pool = pool;
+            config.model.projector = vec![projector];
+            Cell {
+                label: label.into(),
+                views: 2,
+                batch_size: 64,
+                seed: 0,
+                config,
+            }
+        };
+        let done = |raw: f64, random: f64| {
+            let row = |v: f64| BTreeMap::from([("probe_balanced_accuracy".to_string(), v)]);
+            let rows = BTreeMap::from([
+                ("ours".to_string(), row(0.5)),
+                ("raw inputs".to_string(), row(raw)),
+                ("random init".to_string(), row(random)),
+            ]);
+            Outcome::Done { rows, seconds: 1.0 }
+        };
+        let cells = [
+            cell("a", Class, 8),
+            cell("b", Class, 16),
+            cell("c", Mean, 8),
+        ];
+        let outcomes = [done(0.9, 0.7), done(0.9, 0.7), done(0.9, 0.8)];
+        let g = grid("objectives: [vicreg]").unwrap();
+        let md = Summary::new(&g, &cells, &outcomes)
+            .unwrap()
+            .markdown("ssl compare");
+        assert!(
+            md.contains("| raw inputs | — | — | 1 | 90.0 ± 0.0 |"),
+            "{md}"
+        );
+        for (pool, acc) in [("class", "70.0"), ("mean", "80.0")] {
+            let row = format!("| random init (model.pool={pool}) | — | — | 1 | {acc} ± 0.0 |");
+            assert!(md.contains(&row), "{row} not in\n{md}");
+        }
+        assert_eq!(md.matches("| random init").count(), 2, "{md}");
     }
 
     #[test]
