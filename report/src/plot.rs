@@ -168,8 +168,11 @@ pub struct BarPanel {
     pub references: Vec<(String, f64)>,
 }
 
-/// Colours of a bar chart's reference lines, in order, with the names the axis gives them.
-const REFERENCE_COLOURS: [(RGBColor, &str); 3] = [(RED, "red"), (BLUE, "blue"), (GREEN, "green")];
+/// Colours of a bar chart's reference lines, in order.
+const REFERENCE_COLOURS: [RGBColor; 3] = [RED, BLUE, GREEN];
+
+/// Height in pixels of one line of a bar chart's key to its reference lines.
+const KEY_LINE_HEIGHT: u32 = 18;
 
 /// Draws `panels` side by side into a PNG at `path`.
 pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
@@ -180,7 +183,10 @@ pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
         .max()
         .unwrap_or(1)
         .max(1);
-    let height = (120 + 26 * n) as u32;
+    // The reference lines are named in a key under the axis, one line each: a legend box would
+    // cover the bars, and names set along the axis label run into the next panel.
+    let key_lines = panels.iter().map(|p| p.references.len()).max().unwrap_or(0) as u32;
+    let height = (120 + 26 * n) as u32 + KEY_LINE_HEIGHT * key_lines;
     let root =
         BitMapBackend::new(path, (620 * panels.len().max(1) as u32, height)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error(path))?;
@@ -189,6 +195,26 @@ pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
         .iter()
         .zip(panels)
     {
+        let (area, key) = area.split_vertically(height - KEY_LINE_HEIGHT * key_lines);
+        for (line, ((name, _), colour)) in panel
+            .references
+            .iter()
+            .zip(REFERENCE_COLOURS.iter().cycle())
+            .enumerate()
+        {
+            let y = (KEY_LINE_HEIGHT * line as u32 + KEY_LINE_HEIGHT / 2) as i32;
+            key.draw(&PathElement::new(
+                vec![(24, y), (48, y)],
+                colour.stroke_width(2),
+            ))
+            .map_err(plot_error(path))?;
+            key.draw(&Text::new(
+                name.as_str(),
+                (56, y - 7),
+                (FONT_FAMILY, 13).into_font(),
+            ))
+            .map_err(plot_error(path))?;
+        }
         let values = panel
             .bars
             .iter()
@@ -200,18 +226,7 @@ pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
         let pad = ((hi - lo) * 0.08).max(1e-3);
         let labels: Vec<String> = panel.bars.iter().map(|b| b.label.clone()).collect();
         let label_width = labels.iter().map(|l| l.len()).max().unwrap_or(4) as u32 * 8 + 12;
-        // The reference lines are named under the axis: a legend box would cover the bars.
-        let x_desc = std::iter::once(panel.x_label.clone())
-            .chain(
-                panel
-                    .references
-                    .iter()
-                    .zip(REFERENCE_COLOURS.iter().cycle())
-                    .map(|((name, _), (_, colour))| format!("{colour}: {name}")),
-            )
-            .collect::<Vec<_>>()
-            .join("   ");
-        let mut chart = ChartBuilder::on(area)
+        let mut chart = ChartBuilder::on(&area)
             .caption(&panel.title, (FONT_FAMILY, 20))
             .margin(12)
             .x_label_area_size(40)
@@ -224,7 +239,7 @@ pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
         chart
             .configure_mesh()
             .disable_y_mesh()
-            .x_desc(x_desc.as_str())
+            .x_desc(panel.x_label.as_str())
             .y_labels(panel.bars.len().max(1))
             .y_label_formatter(&|y| {
                 let k = y.round();
@@ -256,7 +271,7 @@ pub fn bar_panels(path: &Path, panels: &[BarPanel]) -> Result<()> {
                 )
             }))
             .map_err(plot_error(path))?;
-        for ((_, x), (colour, _)) in panel
+        for ((_, x), colour) in panel
             .references
             .iter()
             .zip(REFERENCE_COLOURS.iter().cycle())
