@@ -1,12 +1,12 @@
 //! The composed Candle ops that a GPU runs (im2col by gathering, batch norm, pooling and
 //! residual joins from Candle's ops), run on the CPU through whole networks and checked against
 //! the fused CPU kernels: the GPU's code path, tested where CI has no GPU. `tests/cuda.rs` runs
-//! the same comparison on a GPU, over all four rows.
+//! the same comparison on a GPU, over all four rows and the masked objectives.
 
 mod parity;
 
 use candle_core::Device;
-use parity::{check_encoder_row, ENCODER_ROWS};
+use parity::{check_encoder_row, ENCODER_ROWS, MASKED_ROWS};
 
 /// ResNet-18 (CIFAR stem, VICReg) and the 3D ResNet-18 (IConE); the ViT's composed path is
 /// Candle's own layer norm, softmax and GELU, checked op by op in `ssl-models`.
@@ -14,6 +14,18 @@ use parity::{check_encoder_row, ENCODER_ROWS};
 fn resnets_on_the_composed_ops_train_as_on_the_fused_kernels() -> anyhow::Result<()> {
     let mut report = Vec::new();
     for row in [&ENCODER_ROWS[0], &ENCODER_ROWS[3]] {
+        report.extend(check_encoder_row(row, &Device::Cpu, true)?);
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+    Ok(())
+}
+
+/// MAE, I-JEPA and LeJEPA on a ViT-T: the per-sample token gathers, mask tokens and EMA target
+/// through the composed ops, as a GPU runs them.
+#[test]
+fn masked_objectives_on_the_composed_ops_train_as_on_the_fused_kernels() -> anyhow::Result<()> {
+    let mut report = Vec::new();
+    for row in &MASKED_ROWS {
         report.extend(check_encoder_row(row, &Device::Cpu, true)?);
     }
     assert!(report.is_empty(), "{}", report.join("\n"));

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with DIR/cuda-bins.txz from build.sh, in one
 # call: the CUDA parity tests, the NCCL tests at world size 1 (dist/tests/nccl.rs, then
-# bin/tests/nccl.rs with ssl_nccl), the four train_step rows in f32 — ours, (rows 1 and 3) ours with cudarc's per-buffer events on as
-# before, ours through the composed ops (the GPU path before cuDNN and our kernels), PyTorch
-# with its defaults and with cudnn.benchmark, in that order, row by row — then the rows in bf16
-# (ours against PyTorch autocast), kernel profiles of the step (CUPTI, libkernel_profile.so:
-# ours, PyTorch, composed) with the check that a step copies nothing from the device to the
-# host (copies_per_step.log), and the main job on the GPU. Logs and JSON go to OUT (default
-# DIR), packed after each phase into ARCHIVE (a .tgz) if given, so a run cut short still
-# returns what it finished.
+# bin/tests/nccl.rs with ssl_nccl), the six train_step rows in f32 — ours, (rows 1 and 3) ours
+# with cudarc's per-buffer events on as before, ours through the composed ops (the GPU path
+# before cuDNN and our kernels), PyTorch with its defaults and with cudnn.benchmark, in that
+# order, row by row (rows 5 and 6, MAE and I-JEPA on a ViT-S/16: ours and PyTorch's defaults
+# only, a ViT's one convolution being its patch embedding) — then the rows in bf16 (ours
+# against PyTorch autocast), kernel profiles of the step (CUPTI, libkernel_profile.so: ours,
+# PyTorch, composed) with the check that a step copies nothing from the device to the host
+# (copies_per_step.log), and the main job on the GPU. Logs and JSON go to OUT (default DIR),
+# packed after each phase into ARCHIVE (a .tgz) if given, so a run cut short still returns what
+# it finished.
 #
 #   bin/benches/cuda/device.sh DIR [OUT [ARCHIVE]]
 set -u
@@ -45,15 +47,15 @@ echo "nccl_run_test exit $?" | tee -a "$out/nccl_test.log"
 stamp nccl
 
 bench="--device cuda --steps 10 --warmup 3"
-for r in 1 2 3 4; do
+for r in 1 2 3 4 5 6; do
   timeout 60 "$dir/train_step" --row $r $bench
   case $r in 1 | 3) timeout 60 "$dir/train_step" --row $r $bench --event-tracking ;; esac
-  timeout 90 "$dir/train_step" --row $r $bench --composed
+  case $r in [1-4]) timeout 90 "$dir/train_step" --row $r $bench --composed ;; esac
   timeout 90 python3 bin/benches/train_step.py --row $r $bench
-  timeout 90 python3 bin/benches/train_step.py --row $r $bench --cudnn-benchmark
+  case $r in [1-4]) timeout 90 python3 bin/benches/train_step.py --row $r $bench --cudnn-benchmark ;; esac
 done > "$out/train_step.jsonl" 2> "$out/train_step.err"
 stamp f32 rows
-for r in 1 2 3 4; do
+for r in 1 2 3 4 5 6; do
   timeout 60 "$dir/train_step" --row $r $bench --precision bf16
   timeout 90 python3 bin/benches/train_step.py --row $r $bench --bf16
 done > "$out/train_step_bf16.jsonl" 2> "$out/train_step_bf16.err"

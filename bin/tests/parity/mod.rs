@@ -265,6 +265,53 @@ pub const ENCODER_ROWS: [EncoderRow; 4] = [
     },
 ];
 
+/// The masked and predictive objectives on the compare-masked-vit grid's encoder (ViT-T, 4-px
+/// patches on 16-px one-channel images) with a light decoder or predictor: MAE's random
+/// masking and I-JEPA's blocks gather the kept tokens per sample, and their masks, like
+/// LeJEPA's random slices, are drawn on the host from the seed and step, so every device sees
+/// the same ones.
+pub const MASKED_ROWS: [EncoderRow; 3] = [
+    EncoderRow {
+        name: "ViT-T/4 at 16², MAE",
+        sets: &[
+            "model.encoder=vit_t16",
+            "model.patch_size=4",
+            "objective.name=mae",
+            "objective.params={decoder_dim: 64, decoder_depth: 1, decoder_heads: 2}",
+            "train.batch_size=8",
+            "train.views=1",
+            "train.lr=1e-4",
+        ],
+        shape: &[1, 16, 16],
+    },
+    EncoderRow {
+        name: "ViT-T/4 at 16², I-JEPA",
+        sets: &[
+            "model.encoder=vit_t16",
+            "model.patch_size=4",
+            "objective.name=ijepa",
+            "objective.params={predictor_dim: 64, predictor_depth: 2, predictor_heads: 2, target_scale: [0.25, 0.35], targets: 2, min_keep: 1}",
+            "train.batch_size=8",
+            "train.views=1",
+            "train.lr=1e-4",
+        ],
+        shape: &[1, 16, 16],
+    },
+    EncoderRow {
+        name: "ViT-T/4 at 16², LeJEPA",
+        sets: &[
+            "model.encoder=vit_t16",
+            "model.patch_size=4",
+            "objective.name=lejepa",
+            "objective.params.slices=64",
+            "train.batch_size=8",
+            "train.views=2",
+            "train.lr=1e-4",
+        ],
+        shape: &[1, 16, 16],
+    },
+];
+
 /// `row` on `device` (with `composed`, through the composed ops) against the fused CPU
 /// kernels: the first step's loss and gradients, then three steps, with tolerances scaled by
 /// the reference's own sensitivity. Prints the comparison; returns its disagreements.
