@@ -8,9 +8,9 @@
 # only, a ViT's one convolution being its patch embedding) — then the rows in bf16 (ours
 # against PyTorch autocast), kernel profiles of the step (CUPTI, libkernel_profile.so: ours,
 # PyTorch, composed) with the check that a step copies nothing from the device to the host
-# (copies_per_step.log), and the main job on the GPU. Logs and JSON go to OUT (default DIR),
-# packed after each phase into ARCHIVE (a .tgz) if given, so a run cut short still returns what
-# it finished.
+# (copies_per_step.log); the main job on the GPU runs after the f32 rows. Logs and JSON go to
+# OUT (default DIR), packed after each phase into ARCHIVE (a .tgz) if given, so a run cut short
+# still returns what it finished, the profiles coming last.
 #
 #   bin/benches/cuda/device.sh DIR [OUT [ARCHIVE]]
 set -u
@@ -55,6 +55,11 @@ for r in 1 2 3 4 5 6; do
   case $r in [1-4]) timeout 90 python3 bin/benches/train_step.py --row $r $bench --cudnn-benchmark ;; esac
 done > "$out/train_step.jsonl" 2> "$out/train_step.err"
 stamp f32 rows
+start=$SECONDS
+timeout 150 "$dir/ssl" run --device cuda --out /tmp/ssl-cuda-run > "$out/ssl_run.log" 2>&1
+echo "exit $?, wall $((SECONDS - start)) s" >> "$out/ssl_run.log"
+tail -3 /tmp/ssl-cuda-run/metrics.jsonl >> "$out/ssl_run.log"
+stamp main job
 for r in 1 2 3 4 5 6; do
   timeout 60 "$dir/train_step" --row $r $bench --precision bf16
   timeout 90 python3 bin/benches/train_step.py --row $r $bench --bf16
@@ -99,10 +104,5 @@ if [ -n "$kp" ]; then
 fi
 stamp profiles
 
-start=$SECONDS
-timeout 150 "$dir/ssl" run --device cuda --out /tmp/ssl-cuda-run > "$out/ssl_run.log" 2>&1
-echo "exit $?, wall $((SECONDS - start)) s" >> "$out/ssl_run.log"
-tail -3 /tmp/ssl-cuda-run/metrics.jsonl >> "$out/ssl_run.log"
-stamp main job
 tail -12 "$out/ssl_run.log"
 cat "$out/train_step.jsonl" "$out/train_step_bf16.jsonl"
