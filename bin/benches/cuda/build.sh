@@ -52,7 +52,7 @@ cd "$repo"
 mkdir -p "$out" && staging=$(mktemp -d)
 # The NCCL builds first: the CUDA-only build below relinks release/ssl. A test binary's path is
 # the one cargo prints as `Executable`.
-executable() { tee /dev/stderr | sed -n 's/^ *Executable .*(\(.*\))$/\1/p'; }
+executable() { tee -a /dev/stderr | sed -n 's/^ *Executable .*(\(.*\))$/\1/p'; }
 cp "$(cargo test --release -p ssl-dist --features nccl --test nccl --no-run 2>&1 | executable)" \
   "$staging/nccl_dist_test"
 cp "$(cargo test --release -p ssl --features nccl --test nccl --no-run 2>&1 | executable)" \
