@@ -38,7 +38,12 @@ fn values(n: usize, shift: f32) -> Vec<f32> {
 
 /// The largest absolute difference of two tensors of one float dtype (f32 or f64), in f64.
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
-    let on_cpu = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F64).unwrap();
+    let on_cpu = |t: &Tensor| {
+        t.to_device(&Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+    };
     (on_cpu(a) - on_cpu(b))
         .unwrap()
         .abs()
@@ -149,7 +154,11 @@ fn reduce_gradients_over_nccl_leaves_gradients_equal() {
             let new = grads.get(v.as_tensor()).unwrap();
             assert!(new.device().same_device(&gpu), "the mean stays on the GPU");
             assert_eq!(new.dtype(), v.dtype());
-            let sent = old.to_dtype(DType::F32).unwrap().to_dtype(old.dtype()).unwrap();
+            let sent = old
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_dtype(old.dtype())
+                .unwrap();
             assert_eq!(max_abs_diff(new, &sent), 0.0, "bucket {bucket}");
         }
         assert!(grads.get(never.as_tensor()).is_none());
