@@ -6,28 +6,18 @@
 mod parity;
 
 use candle_core::Device;
-use parity::{check_encoder_row, ENCODER_ROWS, MASKED_ROWS};
+use parity::{assert_rows_match, ENCODER_ROWS, MASKED_ROWS};
 
 /// ResNet-18 (CIFAR stem, VICReg) and the 3D ResNet-18 (IConE); the ViT's composed path is
 /// Candle's own layer norm, softmax and GELU, checked op by op in `ssl-models`.
 #[test]
 fn resnets_on_the_composed_ops_train_as_on_the_fused_kernels() -> anyhow::Result<()> {
-    let mut report = Vec::new();
-    for row in [&ENCODER_ROWS[0], &ENCODER_ROWS[3]] {
-        report.extend(check_encoder_row(row, &Device::Cpu, true)?);
-    }
-    assert!(report.is_empty(), "{}", report.join("\n"));
-    Ok(())
+    assert_rows_match([&ENCODER_ROWS[0], &ENCODER_ROWS[3]], &Device::Cpu, true)
 }
 
 /// MAE, I-JEPA and LeJEPA on a ViT-T: the per-sample token gathers, mask tokens and EMA target
 /// through the composed ops, as a GPU runs them.
 #[test]
 fn masked_objectives_on_the_composed_ops_train_as_on_the_fused_kernels() -> anyhow::Result<()> {
-    let mut report = Vec::new();
-    for row in &MASKED_ROWS {
-        report.extend(check_encoder_row(row, &Device::Cpu, true)?);
-    }
-    assert!(report.is_empty(), "{}", report.join("\n"));
-    Ok(())
+    assert_rows_match(&MASKED_ROWS, &Device::Cpu, true)
 }

@@ -13,7 +13,7 @@ mod parity;
 use anyhow::Result;
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
-use parity::{check_encoder_row, compare, config, trace, ENCODER_ROWS, MASKED_ROWS};
+use parity::{assert_rows_match, compare, config, trace, ENCODER_ROWS, MASKED_ROWS};
 use ssl_models::attention::multi_head_attention;
 use ssl_models::autocast::{autocast, Precision};
 use ssl_models::gelu::gelu_erf;
@@ -402,26 +402,14 @@ fn cudnn_convolutions_match_the_cpu_kernels() -> Result<()> {
 /// The four rows of the `train_step` bench at test size.
 #[test]
 fn every_encoder_trains_on_cuda_as_on_the_cpu() -> Result<()> {
-    let device = gpu();
-    let mut report = Vec::new();
-    for row in &ENCODER_ROWS {
-        report.extend(check_encoder_row(row, &device, false)?);
-    }
-    assert!(report.is_empty(), "{}", report.join("\n"));
-    Ok(())
+    assert_rows_match(&ENCODER_ROWS, &gpu(), false)
 }
 
 /// MAE, I-JEPA and LeJEPA on a ViT-T with 4-px patches (the registered objectives' test below
 /// runs the digits CNN, which these refuse).
 #[test]
 fn masked_objectives_train_on_cuda_as_on_the_cpu() -> Result<()> {
-    let device = gpu();
-    let mut report = Vec::new();
-    for row in &MASKED_ROWS {
-        report.extend(check_encoder_row(row, &device, false)?);
-    }
-    assert!(report.is_empty(), "{}", report.join("\n"));
-    Ok(())
+    assert_rows_match(&MASKED_ROWS, &gpu(), false)
 }
 
 /// Every registered objective on the main job's encoder (digits CNN, projector 512-512), B = 16

@@ -1440,18 +1440,23 @@ mod tests {
         assert!(err("objective: [vicreg]").contains("unknown field `objective`"));
     }
 
+    /// A cell of seed 0 at V = 2, B = 64 running `config`.
+    fn cell_of(label: &str, config: RunConfig) -> Cell {
+        Cell {
+            label: label.into(),
+            views: 2,
+            batch_size: 64,
+            seed: 0,
+            config,
+        }
+    }
+
     #[test]
     fn baselines_are_reported_per_data_set() {
         let cell = |label: &str, imbalance: usize| {
             let mut config = RunConfig::default();
             config.data.imbalance = imbalance;
-            Cell {
-                label: label.into(),
-                views: 2,
-                batch_size: 64,
-                seed: 0,
-                config,
-            }
+            cell_of(label, config)
         };
         let done = |acc: f64| {
             let mut m = BTreeMap::new();
@@ -1489,13 +1494,7 @@ mod tests {
             let mut config = RunConfig::default();
             config.model.pool = pool;
             config.model.projector = vec![projector];
-            Cell {
-                label: label.into(),
-                views: 2,
-                batch_size: 64,
-                seed: 0,
-                config,
-            }
+            cell_of(label, config)
         };
         let done = |raw: f64, random: f64| {
             let row = |v: f64| BTreeMap::from([("probe_balanced_accuracy".to_string(), v)]);

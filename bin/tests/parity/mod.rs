@@ -315,7 +315,7 @@ pub const MASKED_ROWS: [EncoderRow; 3] = [
 /// `row` on `device` (with `composed`, through the composed ops) against the fused CPU
 /// kernels: the first step's loss and gradients, then three steps, with tolerances scaled by
 /// the reference's own sensitivity. Prints the comparison; returns its disagreements.
-pub fn check_encoder_row(row: &EncoderRow, device: &Device, composed: bool) -> Result<Vec<String>> {
+fn check_encoder_row(row: &EncoderRow, device: &Device, composed: bool) -> Result<Vec<String>> {
     let cfg = config(row.sets)?;
     let data = DataSplit::shape_only(row.shape, 64);
     let (b, v) = (cfg.train.batch_size, cfg.train.views);
@@ -341,4 +341,18 @@ pub fn check_encoder_row(row: &EncoderRow, device: &Device, composed: bool) -> R
         .into_iter()
         .map(|p| format!("{name}: {p}"))
         .collect())
+}
+
+/// Panics listing every disagreement of [`check_encoder_row`] over `rows`.
+pub fn assert_rows_match<'a>(
+    rows: impl IntoIterator<Item = &'a EncoderRow>,
+    device: &Device,
+    composed: bool,
+) -> Result<()> {
+    let mut report = Vec::new();
+    for row in rows {
+        report.extend(check_encoder_row(row, device, composed)?);
+    }
+    assert!(report.is_empty(), "{}", report.join("\n"));
+    Ok(())
 }
