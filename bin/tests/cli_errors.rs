@@ -187,8 +187,14 @@ fn masked_objectives_name_what_they_need() {
         &[&["run", "--objective", "ijepa", "--views", "1"][..], &vit].concat(),
         &["objective.params.min_keep"],
     );
+    for key in ["model.pool=mean", "model.pos_embed=sincos"] {
+        fails_with(
+            &["run", "--set", key],
+            &["model.pos_embed apply to ViT encoders", "`digits_cnn`"],
+        );
+    }
     fails_with(
-        &["run", "--set", "model.pool=mean"],
-        &["model.patch_size and model.pool apply to ViT encoders"],
+        &["run", "--set", "model.pos_embed=fixed"],
+        &["unknown variant `fixed`", "learned", "sincos"],
     );
 }

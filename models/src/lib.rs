@@ -72,7 +72,7 @@ pub use registry::{
     find_encoder, registered_encoders, EncoderRegistration, EncoderSpec, ModuleEncoder,
 };
 pub use resnet::{ResNet, ResNetConfig, Stem};
-pub use vit::{VisionTransformer, VitConfig, VitPool};
+pub use vit::{PosEmbed, VisionTransformer, VitConfig, VitPool};
 
 use candle_core::{Result, Tensor};
 

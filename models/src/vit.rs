@@ -14,7 +14,8 @@
 //! bicubic), as one differentiable matrix product. Initialisation as timm: positional
 //! embedding N(0, 0.02²) (timm truncates at ±2, i.e. ±100σ: the same draw), class token
 //! N(0, 10⁻¹²), linear weights N(0, 0.02²) with zero biases, the patch projection PyTorch's
-//! default convolution init. No dropout or drop-path (timm's defaults), so train and eval modes
+//! default convolution init. [`PosEmbed::Sincos`] replaces the learned positional embedding by
+//! the fixed 2D sine–cosine one of MAE's and I-JEPA's encoders. No dropout or drop-path (timm's defaults), so train and eval modes
 //! compute the same function.
 
 use candle_core::{DType, Module, Result, Tensor};
@@ -27,6 +28,10 @@ use crate::layer_norm::{layer_norm, LayerNorm};
 use crate::{Encoder, Linear};
 use ssl_core::{TokenEncoder, Tokens};
 
+pub mod positions;
+
+pub use positions::{sincos_2d, sincos_positions};
+
 /// What [`VisionTransformer::forward`] returns of its output tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -36,6 +41,20 @@ pub enum VitPool {
     Class,
     /// The mean of the patch tokens after the final norm (I-JEPA's evaluation).
     Mean,
+}
+
+/// Where a ViT's tokens get their positions from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PosEmbed {
+    /// A learned `pos_embed` `[1, 1 + L, D]`, initialised N(0, 0.02²) (ViT, timm), resampled
+    /// for other grids.
+    #[default]
+    Learned,
+    /// The fixed 2D sine–cosine embedding of MAE's and I-JEPA's encoders, with a zero row for
+    /// the class token ([`sincos_positions`]): computed for each grid, not trained, not among
+    /// the weights.
+    Sincos,
 }
 
 /// Size of a ViT.
@@ -53,6 +72,7 @@ pub struct VitConfig {
     /// Side of the images the positional embedding is learned for.
     pub img_size: usize,
     pub pool: VitPool,
+    pub pos_embed: PosEmbed,
 }
 
 impl VitConfig {
@@ -66,6 +86,7 @@ impl VitConfig {
             in_channels: 3,
             img_size: 224,
             pool: VitPool::Class,
+            pos_embed: PosEmbed::Learned,
         }
     }
 
@@ -243,8 +264,8 @@ fn gather_patches(patches: &Tensor, keep: &Tensor, (gh, gw): (usize, usize)) -> 
         .reshape((n, k, d))
 }
 
-/// ViT encoder with keys `cls_token`, `pos_embed`, `patch_embed.proj.*`, `blocks.{i}.*`,
-/// `norm.*`.
+/// ViT encoder with keys `cls_token`, `pos_embed` (learned positions only),
+/// `patch_embed.proj.*`, `blocks.{i}.*`, `norm.*`.
 #[derive(Debug, Clone)]
 pub struct VisionTransformer {
     cfg: VitConfig,
@@ -252,6 +273,7 @@ pub struct VisionTransformer {
     patch_weight: Tensor,
     patch_bias: Tensor,
     cls_token: Tensor,
+    /// The positions of the configured grid, `[1, 1 + L, D]` (a parameter when learned).
     pos_embed: Tensor,
     blocks: Vec<Block>,
     norm: LayerNorm,
@@ -259,6 +281,13 @@ pub struct VisionTransformer {
 
 impl VisionTransformer {
     pub fn new(cfg: &VitConfig, vb: VarBuilder) -> Result<Self> {
+        if cfg.pos_embed == PosEmbed::Sincos && !cfg.embed_dim.is_multiple_of(4) {
+            candle_core::bail!(
+                "ViT: fixed sine-cosine positions need a width that is a multiple of 4, got {}; \
+                 use learned positions (model.pos_embed: learned)",
+                cfg.embed_dim
+            );
+        }
         if !cfg.embed_dim.is_multiple_of(cfg.num_heads) || cfg.patch_size == 0 || cfg.grid() == 0 {
             candle_core::bail!(
                 "ViT: width {} must split into {} heads, and the image side {} hold a patch of {}",
@@ -280,10 +309,14 @@ impl VisionTransformer {
             .get_with_hints((d, c, p, p), "weight", uniform)?
             .reshape((d, c * p * p))?;
         let patch_bias = pe.get_with_hints(d, "bias", uniform)?;
-        let tokens = 1 + cfg.grid() * cfg.grid();
+        let g = cfg.grid();
+        let pos_embed = match cfg.pos_embed {
+            PosEmbed::Learned => vb.get_with_hints((1, 1 + g * g, d), "pos_embed", normal(0.02))?,
+            PosEmbed::Sincos => sincos_positions(d, (g, g), vb.dtype(), vb.device())?,
+        };
         Ok(Self {
             cls_token: vb.get_with_hints((1, 1, d), "cls_token", normal(1e-6))?,
-            pos_embed: vb.get_with_hints((1, tokens, d), "pos_embed", normal(0.02))?,
+            pos_embed,
             blocks: (0..cfg.depth)
                 .map(|i| Block::new(cfg, vb.pp("blocks").pp(i.to_string())))
                 .collect::<Result<_>>()?,
@@ -320,13 +353,17 @@ impl VisionTransformer {
         Ok((tokens, gh, gw))
     }
 
-    /// The positional embedding for a `gh × gw` patch grid: `[1, 1 + gh·gw, D]`.
+    /// The positional embedding for a `gh × gw` patch grid: `[1, 1 + gh·gw, D]`, the learned
+    /// one resampled or the fixed one computed for it.
     fn positions(&self, gh: usize, gw: usize) -> Result<Tensor> {
         let g = self.cfg.grid();
         if (gh, gw) == (g, g) {
             return Ok(self.pos_embed.clone());
         }
         let d = self.cfg.embed_dim;
+        if self.cfg.pos_embed == PosEmbed::Sincos {
+            return sincos_positions(d, (gh, gw), self.pos_embed.dtype(), self.pos_embed.device());
+        }
         let cls = self.pos_embed.narrow(1, 0, 1)?;
         let grid = self.pos_embed.narrow(1, 1, g * g)?.reshape((g * g, d))?;
         // Separable resampling as one Kronecker-product matrix [gh·gw, g·g].

@@ -11,7 +11,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 use ssl_data::{ImageAugment, Normalization, Recipe, ViewTypes, VolumeAugment};
 use ssl_models::autocast::Precision;
-use ssl_models::{Stem, VitConfig, VitPool};
+use ssl_models::{PosEmbed, Stem, VitConfig, VitPool};
 pub use ssl_optim::OptimizerKind;
 use ssl_optim::OptimizerSettings;
 
@@ -272,6 +272,9 @@ pub struct ModelConfig {
     /// What a ViT's features are: `class`, its class token (timm, MAE), or `mean`, the mean of
     /// its patch tokens (I-JEPA's evaluation).
     pub pool: VitPool,
+    /// A ViT's positions: `learned` (ViT, timm) or `sincos`, the fixed 2D sine–cosine
+    /// embedding the official MAE and I-JEPA encoders use (not trained, not in the weights).
+    pub pos_embed: PosEmbed,
     /// Initial encoder weights: a safetensors file with PyTorch state-dict keys, or
     /// `torchvision:resnet50` / `timm:vit_small_patch16_224` for a converted file in the weights
     /// directory (see `ssl run --help`).
@@ -324,6 +327,7 @@ impl Default for ModelConfig {
             zero_init_residual: false,
             patch_size: 0,
             pool: VitPool::Class,
+            pos_embed: PosEmbed::Learned,
             init: None,
             projector: vec![512, 512],
             sync_bn: false,
@@ -948,8 +952,8 @@ impl DataConfig {
 }
 
 impl ModelConfig {
-    /// The ViT `encoder` names for images of side `image_side`, with `patch_size` and `pool`
-    /// applied; `None` for other encoders.
+    /// The ViT `encoder` names for images of side `image_side`, with `patch_size`, `pool` and
+    /// `pos_embed` applied; `None` for other encoders.
     pub fn vit_config(&self, image_side: usize) -> Option<VitConfig> {
         let mut vit = match self.encoder.as_str() {
             "vit_t16" => VitConfig::tiny(),
@@ -960,14 +964,18 @@ impl ModelConfig {
         if self.patch_size > 0 {
             (vit.patch_size, vit.img_size) = (self.patch_size, image_side);
         }
-        vit.pool = self.pool;
+        (vit.pool, vit.pos_embed) = (self.pool, self.pos_embed);
         Some(vit)
     }
 
     fn validate(&self) -> Result<()> {
         ensure!(
-            self.vit_config(224).is_some() || (self.patch_size == 0 && self.pool == VitPool::Class),
-            "model.patch_size and model.pool apply to ViT encoders (vit_t16, vit_s16, vit_b16), \
+            self.vit_config(224).is_some()
+                || (self.patch_size == 0
+                    && self.pool == VitPool::Class
+                    && self.pos_embed == PosEmbed::Learned),
+            "model.patch_size, model.pool and model.pos_embed apply to ViT encoders (vit_t16, \
+             vit_s16, vit_b16), \
              and model.encoder is `{}`; remove them or use a ViT",
             self.encoder
         );

@@ -50,6 +50,7 @@ fn forward_equals_timm_at_the_learned_and_at_another_size() {
         in_channels: 3,
         img_size: 32,
         pool: VitPool::Class,
+        pos_embed: PosEmbed::Learned,
     };
     let vit = VisionTransformer::new(&cfg, vb).unwrap();
     for side in [32, 48] {
@@ -216,6 +217,7 @@ fn masking_vit(seed: u64, dtype: DType) -> (ParamStore, VisionTransformer) {
         in_channels: 1,
         img_size: 16,
         pool: VitPool::Class,
+        pos_embed: PosEmbed::Learned,
     };
     perturbed_vit(&cfg, seed, seed + 100, dtype)
 }
@@ -251,6 +253,7 @@ fn tiny_config(depth: usize) -> VitConfig {
         in_channels: 1,
         img_size: 8,
         pool: VitPool::Class,
+        pos_embed: PosEmbed::Learned,
     }
 }
 
@@ -451,4 +454,58 @@ fn mean_pooling_averages_the_normed_patch_tokens_and_class_pooling_takes_the_cla
     assert!(max_abs_diff(&pooled, &tokens.cls) > 1e-3);
     let as_tokens: &dyn TokenEncoder = Encoder::tokens(&mean_vit).unwrap();
     assert_eq!((as_tokens.patch_size(), as_tokens.token_dim()), (4, 16));
+}
+
+/// Fixed sine–cosine positions: no `pos_embed` weight, and on any grid the function of a learned
+/// ViT built for that grid whose `pos_embed` holds [`sincos_positions`] (so local views get the
+/// embedding of their own grid, not a resampled one).
+#[test]
+fn sincos_positions_are_no_weight_and_equal_a_learned_embedding_set_to_them() {
+    let sincos = VitConfig {
+        pos_embed: PosEmbed::Sincos,
+        ..tiny_config(2)
+    };
+    let store = ParamStore::new(60);
+    let vit = VisionTransformer::new(&sincos, store.var_builder(&Device::Cpu)).unwrap();
+    let mut weights: HashMap<String, Tensor> = store
+        .vars()
+        .into_iter()
+        .map(|(name, var)| (name, var.as_tensor().clone()))
+        .collect();
+    assert!(!weights.contains_key("pos_embed") && weights.contains_key("cls_token"));
+    for side in [8, 12] {
+        let grid = side / 4;
+        weights.insert(
+            "pos_embed".into(),
+            sincos_positions(8, (grid, grid), DType::F32, &Device::Cpu).unwrap(),
+        );
+        let learned = VitConfig {
+            img_size: side,
+            ..tiny_config(2)
+        };
+        let vb = VarBuilder::from_tensors(weights.clone(), DType::F32, &Device::Cpu);
+        let reference = VisionTransformer::new(&learned, vb).unwrap();
+        let x = rand_tensor(61, &[2, 1, side, side], DType::F32);
+        let (got, expected) = (
+            vit.forward_tokens(&x, None).unwrap(),
+            reference.forward_tokens(&x, None).unwrap(),
+        );
+        assert!(
+            max_abs_diff(&got.patches, &expected.patches) < 1e-6,
+            "{side} px"
+        );
+        assert!(max_abs_diff(&got.cls, &expected.cls) < 1e-6, "{side} px");
+    }
+    let odd = VitConfig {
+        embed_dim: 6,
+        num_heads: 2,
+        ..sincos
+    };
+    let err = VisionTransformer::new(&odd, ParamStore::new(0).var_builder(&Device::Cpu))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("multiple of 4") && err.contains("model.pos_embed: learned"),
+        "{err}"
+    );
 }

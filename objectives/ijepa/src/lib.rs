@@ -25,13 +25,16 @@
 //! 6. After each optimiser step, `ξ ← m_k ξ + (1 − m_k) θ` with the official linear schedule
 //!    `m_k = 0.996 + k·0.004/(K·ipe_scale)` ([`momentum`]).
 //!
-//! The trainer's online probe reads the teacher's patch tokens (before the layer norm)
-//! averaged over the patches, how I-JEPA evaluates its target encoder.
+//! The objective's embedding of a view (what the trainer's spectrum of the training batches
+//! reads) is the teacher's patch tokens before the layer norm, averaged over the patches, as
+//! I-JEPA evaluates its target encoder. The online probe and the run's final evaluation read
+//! the student's features, as for every objective.
 //!
 //! Deviations from the official code: the encoder is the project's one ViT
 //! (`ssl_models::VisionTransformer`, timm's layout, shared by every objective for a fair
-//! comparison), with a class token (ignored here) and a *learned* positional embedding, where
-//! I-JEPA's ViT has no class token and a fixed sine–cosine embedding; the predictor's fixed
+//! comparison), with a class token (ignored here) and by default a *learned* positional
+//! embedding, where I-JEPA's ViT has no class token and a fixed sine–cosine embedding
+//! (`model.pos_embed: sincos` gives the encoder the fixed one); the predictor's fixed
 //! embedding is computed for each view's grid (the official one is built for the square
 //! training grid only).
 //!

@@ -5,8 +5,8 @@
 
 use candle_core::{bail, Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
-use ssl_masking::sincos_2d;
 use ssl_models::layer_norm::{layer_norm, LayerNorm};
+use ssl_models::vit::sincos_2d;
 use ssl_models::vit::Block;
 use ssl_models::Linear;
 

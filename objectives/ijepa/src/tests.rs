@@ -13,8 +13,8 @@ use ssl_core::testing::{
     worst_relative_error,
 };
 use ssl_core::{Ids, ParamStore, Progress, SingleProcess};
-use ssl_masking::sincos_2d;
-use ssl_models::{VisionTransformer, VitConfig, VitPool};
+use ssl_models::vit::sincos_2d;
+use ssl_models::{PosEmbed, VisionTransformer, VitConfig, VitPool};
 
 const GOLDEN: &str = include_str!("../golden/golden.json");
 
@@ -310,6 +310,7 @@ fn tiny_vit_config(depth: usize) -> VitConfig {
         in_channels: 3,
         img_size: 16,
         pool: VitPool::Mean,
+        pos_embed: PosEmbed::Learned,
     }
 }
 

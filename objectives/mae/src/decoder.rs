@@ -3,11 +3,10 @@
 //! patch, the sequence is put back in patch order, the fixed sine–cosine positions are added,
 //! and a few transformer blocks, a LayerNorm and a linear layer predict every patch's pixels.
 
-use candle_core::{bail, DType, Device, Module, Result, Tensor};
+use candle_core::{bail, Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
-use ssl_masking::sincos_2d;
 use ssl_models::layer_norm::{layer_norm, LayerNorm};
-use ssl_models::vit::Block;
+use ssl_models::vit::{sincos_positions, Block};
 use ssl_models::Linear;
 
 /// The decoder's MLP width over its token width (the official decoders use the encoder's, 4).
@@ -41,20 +40,6 @@ fn xavier_linear(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Linear
     )?;
     let bias = vb.get_with_hints(out_dim, "bias", Init::Const(0.0))?;
     Ok(Linear::new(weight, Some(bias)))
-}
-
-/// The decoder's fixed positions for a `gh × gw` patch grid, `[1, 1 + gh·gw, dim]`: a zero row
-/// for the class token, then [`sincos_2d`] (computed in f64, then cast to `dtype`). Not a
-/// parameter: nothing trains it and checkpoints do not hold it.
-pub fn decoder_positions(
-    dim: usize,
-    (gh, gw): (usize, usize),
-    dtype: DType,
-    device: &Device,
-) -> Result<Tensor> {
-    let mut values = vec![0f64; dim];
-    values.extend(sincos_2d(dim, gh, gw));
-    Tensor::from_vec(values, (1, 1 + gh * gw, dim), device)?.to_dtype(dtype)
 }
 
 /// MAE's decoder, keyed as the official state dict under the objective's prefix:
@@ -164,7 +149,7 @@ impl MaeDecoder {
             .contiguous()?;
         let patches = patches.contiguous()?.gather(&index, 1)?;
         let x = Tensor::cat(&[&x.narrow(1, 0, 1)?, &patches], 1)?;
-        let mut x = x.broadcast_add(&decoder_positions(d, grid, x.dtype(), x.device())?)?;
+        let mut x = x.broadcast_add(&sincos_positions(d, grid, x.dtype(), x.device())?)?;
         for block in &self.blocks {
             x = block.forward(&x)?;
         }

@@ -23,7 +23,10 @@
 //!   `(t − μ)/√(σ² + 10⁻⁶)`; the per-patch mean squared error is averaged over the removed
 //!   patches only. The objective's loss is the mean over the views, logged as `reconstruction`.
 //!
-//! The embedding the trainer's online probe reads is the class token of the visible patches.
+//! The objective's embedding of a view (the trainer's spectrum of the training batches) is the
+//! class token of the visible patches; the online probe and the final evaluation read the
+//! encoder on whole views. The official encoder's positions are the fixed 2D sine–cosine ones
+//! (`model.pos_embed: sincos`); the project's ViT learns them by default.
 //!
 //! Defaults are the paper's (ViT-B/L/H): `mask_ratio` 0.75, `norm_pix_loss` true, a decoder of
 //! width 512, depth 8 and 16 heads (MLP ratio 4, LayerNorm ε 10⁻⁶). That decoder is wider than
@@ -65,7 +68,7 @@ pub mod pixels;
 #[cfg(test)]
 mod tests;
 
-pub use decoder::{decoder_positions, DecoderConfig, MaeDecoder, DECODER_MLP_RATIO};
+pub use decoder::{DecoderConfig, MaeDecoder, DECODER_MLP_RATIO};
 pub use pixels::{mae_loss, normalize_pixels, patchify, unpatchify, NORM_PIX_EPS};
 
 use anyhow::{bail, ensure, Result};

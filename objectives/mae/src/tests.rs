@@ -13,7 +13,8 @@ use ssl_core::testing::{
 };
 use ssl_core::{Ids, ParamStore, Progress, SingleProcess};
 use ssl_masking::random_masking;
-use ssl_models::{VisionTransformer, VitConfig, VitPool};
+use ssl_models::vit::sincos_positions;
+use ssl_models::{PosEmbed, VisionTransformer, VitConfig, VitPool};
 
 const GOLDEN: &str = include_str!("../golden/golden.json");
 
@@ -164,6 +165,7 @@ fn official_model() -> Result<OfficialModel> {
             in_channels: size("in_chans"),
             img_size: size("img_size"),
             pool: VitPool::Class,
+            pos_embed: PosEmbed::Sincos,
         },
         vb.clone(),
     )?;
@@ -212,10 +214,21 @@ fn the_official_model_s_encoder_decoder_loss_and_gradients_to_1e_10() -> Result<
         worst_relative_error(&restore, &json_tensor(&case["ids_restore"])?)?,
         0.0
     );
-    // Our fixed decoder positions are the official get_2d_sincos_pos_embed's.
-    let positions = decoder_positions(8, (4, 4), DType::F64, &Device::Cpu)?;
-    let official = json_tensor(&case["state_dict"]["decoder_pos_embed"])?;
-    assert!(worst_relative_error(&positions, &official)? < 1e-15);
+    // Our fixed encoder and decoder positions are the official get_2d_sincos_pos_embed's (the
+    // encoder's are computed, not read from the state dict).
+    for (key, width) in [
+        ("pos_embed", "embed_dim"),
+        ("decoder_pos_embed", "decoder_embed_dim"),
+    ] {
+        let grid = usize_of(&case["config"]["img_size"]) / usize_of(&case["config"]["patch_size"]);
+        let dim = usize_of(&case["config"][width]);
+        let positions = sincos_positions(dim, (grid, grid), DType::F64, &Device::Cpu)?;
+        let official = json_tensor(&case["state_dict"][key])?;
+        assert!(
+            worst_relative_error(&positions, &official)? < 1e-15,
+            "{key}"
+        );
+    }
     for (key, norm_pix) in [("norm_pix", true), ("raw_pix", false)] {
         let out = reconstruct(&model.encoder, &model.decoder, &model.imgs, &model.mask)?;
         let tokens = model
@@ -320,6 +333,7 @@ fn tiny_vit(store: &ParamStore, depth: usize) -> Result<VisionTransformer> {
         in_channels: 1,
         img_size: 16,
         pool: VitPool::Class,
+        pos_embed: PosEmbed::Learned,
     };
     Ok(VisionTransformer::new(
         &cfg,

@@ -9,8 +9,6 @@
 //!   Joint-Embedding Predictive Architecture", CVPR 2023): per batch, 4 target blocks of 15–20 %
 //!   of the patches and aspect ratio 0.75–1.5, and one context block of 85–100 % with the
 //!   targets taken out, every image's masks truncated to the batch's shortest.
-//! * [`sincos_2d`]: the fixed 2D sine–cosine positional embedding of MAE's decoder and
-//!   I-JEPA's predictor.
 //!
 //! Both masks follow the official code draw for draw: given the same random numbers they give the
 //! same masks (the golden tests replay numbers recorded from it). In training the numbers come
@@ -42,11 +40,9 @@
 //! ```
 
 pub mod multiblock;
-pub mod positions;
 pub mod random;
 
 pub use multiblock::{BlockSize, MultiBlockConfig, MultiBlockMasks, MULTIBLOCK_STREAM};
-pub use positions::{sincos_2d, sincos_2d_tensor};
 pub use random::{
     draw_random_masking, kept_patches, random_masking, random_masking_for_step, RandomMask,
     RANDOM_MASKING_STREAM,

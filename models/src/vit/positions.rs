@@ -1,8 +1,9 @@
-//! Fixed 2D sine–cosine positional embeddings, as MAE's decoder and I-JEPA's predictor (and
-//! both papers' encoders) use them: `util/pos_embed.py` of the official MAE code, from
-//! MoCo v3 and the Transformer's 1D embedding.
+//! Fixed 2D sine–cosine positional embeddings, as the encoders of MAE and I-JEPA
+//! ([`super::PosEmbed::SinCos`]), MAE's decoder and I-JEPA's predictor use them:
+//! `util/pos_embed.py` of the official MAE code, from MoCo v3 and the Transformer's 1D
+//! embedding.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 /// The embedding of every cell of a `gh × gw` patch grid, row-major, `[gh·gw, dim]` as a
 /// row-major `Vec`. Cell `(i, j)` (row `i`, column `j`) gets `[e(j), e(i)]`: the first half of
@@ -33,14 +34,20 @@ pub fn sincos_2d(dim: usize, gh: usize, gw: usize) -> Vec<f64> {
     out
 }
 
-/// [`sincos_2d`] as a `[1, gh·gw, dim]` f32 tensor on `device` (a fixed buffer, not trained).
-pub fn sincos_2d_tensor(
+/// The fixed positions of a ViT with a class token on a `gh × gw` patch grid,
+/// `[1, 1 + gh·gw, dim]`: a zero row for the class token, then [`sincos_2d`] (computed in f64,
+/// then cast to `dtype`), as MAE's `get_2d_sincos_pos_embed(..., cls_token=True)` builds them
+/// for its encoder and decoder. Not a parameter: nothing trains it and checkpoints do not hold
+/// it.
+pub fn sincos_positions(
     dim: usize,
     (gh, gw): (usize, usize),
+    dtype: DType,
     device: &Device,
-) -> candle_core::Result<Tensor> {
-    let values: Vec<f32> = sincos_2d(dim, gh, gw).iter().map(|&v| v as f32).collect();
-    Tensor::from_vec(values, (1, gh * gw, dim), device)
+) -> Result<Tensor> {
+    let mut values = vec![0f64; dim];
+    values.extend(sincos_2d(dim, gh, gw));
+    Tensor::from_vec(values, (1, 1 + gh * gw, dim), device)?.to_dtype(dtype)
 }
 
 #[cfg(test)]
