@@ -631,12 +631,14 @@ impl BatchNorm {
             self.forward_train_rows(&x2, relu)?
         } else {
             let dt = x.dtype();
-            let inv = (self.running_var.as_tensor().to_dtype(dt)? + self.eps)?
+            // The buffers get no gradient: detached, a network of detached weights records no
+            // graph in evaluation.
+            let inv = (self.running_var.as_tensor().detach().to_dtype(dt)? + self.eps)?
                 .sqrt()?
                 .recip()?;
             let scale = (self.weight.to_dtype(dt)? * &inv)?;
             let shift = (self.bias.to_dtype(dt)?
-                - (self.running_mean.as_tensor().to_dtype(dt)? * &scale)?)?;
+                - (self.running_mean.as_tensor().detach().to_dtype(dt)? * &scale)?)?;
             let y = x2
                 .broadcast_mul(&scale.reshape((c, 1))?)?
                 .broadcast_add(&shift.reshape((c, 1))?)?;

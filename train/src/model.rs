@@ -22,6 +22,9 @@ pub type NamedVars = Vec<(String, Var)>;
 pub struct Model {
     pub store: ParamStore,
     pub encoder: Box<dyn Encoder>,
+    /// The same encoder for evaluation ([`setup::eval_encoder`]): its weights detached, so its
+    /// forward records no graph.
+    pub eval_encoder: Box<dyn Encoder>,
     pub projector: Option<Projector>,
     pub teacher: Option<(Box<dyn Encoder>, Option<Projector>)>,
     pub probe: Option<OnlineProbe>,
@@ -130,6 +133,7 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
         false => None,
     };
     Ok(Model {
+        eval_encoder: setup::eval_encoder(cfg, dataset, &store, device)?,
         store,
         encoder,
         projector,
@@ -288,14 +292,15 @@ impl Model {
         (student, teacher)
     }
 
-    /// Backbone features in eval mode, `[n, F]`, computed in chunks.
+    /// Backbone features in eval mode, `[n, F]`, computed in chunks by the eval encoder.
     pub fn features(&self, x: &Tensor) -> Result<Tensor> {
-        setup::forward_in_chunks(self.encoder.as_ref(), x, false)
+        setup::forward_in_chunks(self.eval_encoder.as_ref(), x, false)
     }
 
-    /// Backbone features in eval mode of clean samples, `[n, F]`, read and encoded in chunks.
+    /// Backbone features in eval mode of clean samples, `[n, F]`, read and encoded in chunks
+    /// by the eval encoder.
     pub fn embed(&self, x: &setup::CleanSamples) -> Result<Tensor> {
-        x.encode(self.encoder.as_ref(), false)
+        x.encode(self.eval_encoder.as_ref(), false)
     }
 
     /// Online-probe predictions for eval-mode features.

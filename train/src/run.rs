@@ -98,7 +98,7 @@ impl TrainedEncoder {
         let device = candle_core::Device::Cpu;
         let store = ssl_core::ParamStore::new(config.train.seed);
         let dataset = setup::DataSplit::shape_only(shape, 0).dataset;
-        let encoder = setup::encoder(&config, &dataset, store.var_builder(&device).pp("encoder"))?;
+        let encoder = setup::eval_encoder(&config, &dataset, &store, &device)?;
         let weights = run_dir.join("checkpoint").join(crate::checkpoint::MODEL);
         crate::export::load_encoder(&store, &crate::checkpoint::load_tensors(&weights)?)?;
         Ok(Self {

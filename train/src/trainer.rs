@@ -1539,6 +1539,39 @@ mod tests {
         assert_eq!(gathers(), in_step, "work after the step gathers nothing");
     }
 
+    /// The eval encoder records no graph (so each activation is freed once read) and computes
+    /// what the training encoder computes in eval mode, with the weights and batch-norm
+    /// statistics as training leaves them: the digits CNN (batch norm) and a ViT.
+    #[test]
+    fn the_eval_encoder_records_no_graph_and_follows_the_training_encoder() {
+        for encoder in [&[][..], &["model.encoder=vit_t16", "model.patch_size=4"]] {
+            let mut root = serde_yaml::Value::Mapping(Default::default());
+            for s in encoder {
+                crate::config::apply_set(&mut root, s).unwrap();
+            }
+            let cfg = RunConfig::from_yaml_value(root).unwrap();
+            let data = setup::data(&cfg).unwrap();
+            let (x, ..) = first_instances(&data, 8);
+            let model = model::build_model(&cfg, &data, &Device::Cpu).unwrap();
+            // As an optimiser step and a train-mode pass leave them: every weight moved in place,
+            // the running statistics updated.
+            for (_, var) in model.store.vars_with_prefix("encoder.") {
+                var.set(&((var.as_tensor() * 1.1).unwrap() + 0.01).unwrap())
+                    .unwrap();
+            }
+            model.encoder.forward_t(&(&x * 0.5).unwrap(), true).unwrap();
+            let trained = model.encoder.forward_t(&x, false).unwrap();
+            let eval = model.eval_encoder.forward_t(&x, false).unwrap();
+            assert!(trained.track_op() && !eval.track_op(), "{encoder:?}");
+            let diff = (trained - &eval).unwrap().abs().unwrap().max_all().unwrap();
+            assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0, "{encoder:?}");
+            assert_eq!(
+                model.features(&x).unwrap().to_vec2::<f32>().unwrap(),
+                eval.to_vec2::<f32>().unwrap()
+            );
+        }
+    }
+
     /// `forward_backward` takes each view's graph back on its own from the loss's gradients at
     /// the views' outputs; the gradients must be those of one backward through the whole graph
     /// (three views, so that the views outnumber two threads, and an online probe).
