@@ -1282,9 +1282,10 @@ fn pixel_step(
     if let Some(probe) = &model.probe {
         // The probe reads the encoder's output on the whole global views, as it does with the
         // other objectives and is evaluated on, not the objective's embedding of a masked view
-        // or of the teacher (on which it stayed at chance).
+        // or of the teacher (on which it stayed at chance). Through the eval encoder: the same
+        // function (a token encoder has no batch norm), and no graph held beside the step's.
         let global = Tensor::cat(&views[..v], 0)?;
-        let features = model.encoder.forward_t(&global, true)?.detach();
+        let features = model.eval_encoder.forward_t(&global, true)?;
         let ce = probe.loss(&features, input.labels, v, collective)?;
         values.push(scalar(&ce)?);
         total = (total + ce)?;
