@@ -15,8 +15,8 @@
 //! embedding N(0, 0.02²) (timm truncates at ±2, i.e. ±100σ: the same draw), class token
 //! N(0, 10⁻¹²), linear weights N(0, 0.02²) with zero biases, the patch projection PyTorch's
 //! default convolution init. [`PosEmbed::Sincos`] replaces the learned positional embedding by
-//! the fixed 2D sine–cosine one of MAE's and I-JEPA's encoders. No dropout or drop-path (timm's defaults), so train and eval modes
-//! compute the same function.
+//! the fixed 2D sine–cosine one of MAE's and I-JEPA's encoders. No dropout or drop-path
+//! (timm's defaults), so train and eval modes compute the same function.
 
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};

@@ -424,10 +424,10 @@ pub fn encoder(cfg: &RunConfig, dataset: &Dataset, vb: VarBuilder) -> Result<Box
 
 /// The encoder of `store` for evaluation (`encoder.…`): its parameters handed out detached
 /// ([`ssl_core::ParamStore::frozen_var_builder`]), so that a forward pass records no graph, as
-/// under PyTorch's `no_grad`, and frees each activation once the next layer has read it (a
-/// ViT-T on the 8 × 8 patches of 1,437 digits held 14.7 GB through the chunk's graph, and
-/// 2.4 GB without it). Views of the variables' storage: it computes what the training encoder
-/// computes, with its weights as they are now.
+/// under PyTorch's `no_grad`, and frees each activation once the next layer has read it (an
+/// I-JEPA run on a ViT-T with 8 × 8 patches peaked at 17.6 GB with the graph kept, 6.9 GB
+/// without: docs/performance.md). Views of the variables' storage: it computes what the
+/// training encoder computes, with its weights as they are now.
 pub fn eval_encoder(
     cfg: &RunConfig,
     dataset: &Dataset,

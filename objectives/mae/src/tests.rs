@@ -216,11 +216,11 @@ fn the_official_model_s_encoder_decoder_loss_and_gradients_to_1e_10() -> Result<
     );
     // Our fixed encoder and decoder positions are the official get_2d_sincos_pos_embed's (the
     // encoder's are computed, not read from the state dict).
+    let grid = usize_of(&case["config"]["img_size"]) / usize_of(&case["config"]["patch_size"]);
     for (key, width) in [
         ("pos_embed", "embed_dim"),
         ("decoder_pos_embed", "decoder_embed_dim"),
     ] {
-        let grid = usize_of(&case["config"]["img_size"]) / usize_of(&case["config"]["patch_size"]);
         let dim = usize_of(&case["config"][width]);
         let positions = sincos_positions(dim, (grid, grid), DType::F64, &Device::Cpu)?;
         let official = json_tensor(&case["state_dict"][key])?;
