@@ -9,8 +9,9 @@
 //! the back end's [`Comm::gradient_reduction`] says — on a thread of its own while the backward
 //! goes on (MPI), enqueued from the backward's thread as it completes (NCCL, on a stream of its
 //! own), or after the backward — and every rank reduces the buckets in the same order, a bucket
-//! complete before an earlier one waiting for it. A bucket is the `f32`
-//! concatenation of its gradients, built and reduced on their device
+//! complete before an earlier one waiting for it. A bucket is the concatenation of its
+//! gradients in the back end's [`Comm::bucket_dtype`] (`f64` for `f64` parameters, `f32`
+//! otherwise), built and reduced on their device
 //! ([`Comm::all_reduce_gradients`]). Once the backward has returned, one more (host) all-reduce
 //! counts the ranks on which each parameter had a gradient: none anywhere leaves it without one
 //! (the optimiser skips it, as in one process); some counts zero on the others, as in DDP.
@@ -41,6 +42,8 @@ pub struct GradientAveraging<'a> {
     /// Parameter indices, bucket by bucket: `order[buckets[b]]`.
     order: Vec<usize>,
     buckets: Vec<Range<usize>>,
+    /// Per bucket: the dtype its gradients travel in.
+    bucket_dtypes: Vec<DType>,
     bucket_of: Vec<usize>,
     progress: Mutex<Progress>,
     changed: Condvar,
@@ -94,6 +97,16 @@ impl<'a> GradientAveraging<'a> {
             buckets.push(start..end);
             start = end;
         }
+        // A bucket of f32 and f64 parameters (a rare model) travels in the wider dtype.
+        let bucket_dtypes = buckets
+            .iter()
+            .map(|b: &Range<usize>| {
+                let f64 = order[b.clone()]
+                    .iter()
+                    .any(|&p| params[p].1.dtype() == DType::F64);
+                comm.bucket_dtype(if f64 { DType::F64 } else { DType::F32 })
+            })
+            .collect();
         let progress = Progress {
             grads: vec![None; params.len()],
             missing: buckets.iter().map(|b| b.len()).collect(),
@@ -113,6 +126,7 @@ impl<'a> GradientAveraging<'a> {
                 .collect(),
             order,
             buckets,
+            bucket_dtypes,
             bucket_of,
             progress: Mutex::new(progress),
             changed: Condvar::new(),
@@ -261,7 +275,7 @@ impl<'a> GradientAveraging<'a> {
             };
             let sum = self
                 .comm
-                .all_reduce_gradients(&self.bucket(&self.buckets[b], &grads)?)
+                .all_reduce_gradients(&self.bucket(b, &grads)?)
                 .with_context(|| format!("all-reducing gradient bucket {b}"))?;
             let mut progress = self.lock();
             progress.sums[b] = Some(sum);
@@ -269,18 +283,19 @@ impl<'a> GradientAveraging<'a> {
         }
     }
 
-    /// The `f32` message of the bucket `range` whose parameters have gradients `grads`: the
-    /// gradients flattened, zeros where there is none.
-    fn bucket(&self, range: &Range<usize>, grads: &[Option<Tensor>]) -> Result<Tensor> {
+    /// The message of bucket `b` whose parameters have gradients `grads`: the gradients
+    /// flattened in the bucket's dtype, zeros where there is none.
+    fn bucket(&self, b: usize, grads: &[Option<Tensor>]) -> Result<Tensor> {
+        let dtype = self.bucket_dtypes[b];
         let mut parts = Vec::with_capacity(grads.len());
-        for (&p, grad) in self.order[range.clone()].iter().zip(grads) {
+        for (&p, grad) in self.order[self.buckets[b].clone()].iter().zip(grads) {
             let (name, var) = &self.params[p];
             parts.push(match grad {
                 Some(g) => g
-                    .to_dtype(DType::F32)
+                    .to_dtype(dtype)
                     .and_then(|g| g.flatten_all())
                     .with_context(|| format!("the gradient of {name}"))?,
-                None => Tensor::zeros(var.elem_count(), DType::F32, var.device())?,
+                None => Tensor::zeros(var.elem_count(), dtype, var.device())?,
             });
         }
         Ok(Tensor::cat(&parts, 0)?)
@@ -571,6 +586,45 @@ mod tests {
             twice.to_string().contains("p4 was handed over twice"),
             "{twice}"
         );
+    }
+
+    /// `f64` parameters' gradients travel in `f64`: the mean over two ranks with the same
+    /// gradients `1 + k·1e-12` is those gradients exactly (an `f32` message rounds each to 1).
+    /// A bucket mixing `f32` and `f64` parameters travels in `f64` too; the `f32` parameter's
+    /// gradient comes back in `f32`.
+    #[test]
+    fn double_precision_gradients_are_averaged_in_double_precision() {
+        let dev = Device::Cpu;
+        let params: Vec<(String, Var)> = [("single", DType::F32), ("double", DType::F64)]
+            .into_iter()
+            .map(|(name, dtype)| (name.to_string(), Var::zeros(4, dtype, &dev).unwrap()))
+            .collect();
+        let fine: Vec<f64> = (0..4).map(|k| 1.0 + k as f64 * 1e-12).collect();
+        let gradients = || {
+            let mut grads = GradStore::default();
+            let single = Tensor::new(&[0.5f32, 1.5, 2.5, 3.5], &dev).unwrap();
+            grads.insert(params[0].1.as_tensor(), single);
+            grads.insert(
+                params[1].1.as_tensor(),
+                Tensor::new(fine.as_slice(), &dev).unwrap(),
+            );
+            grads
+        };
+        for (bucket_elements, buckets) in [(4, 2), (8, 1)] {
+            let comm = IdenticalPair::new(GradientReduction::AfterBackward);
+            let averaged = GradientAveraging::new(&comm, &params, bucket_elements)
+                .run(|_| Ok(gradients()))
+                .unwrap();
+            assert_eq!(averaged.buckets, buckets);
+            let double = averaged.grads.get(params[1].1.as_tensor()).unwrap();
+            assert_eq!(
+                double.to_vec1::<f64>().unwrap(),
+                fine,
+                "{buckets} bucket(s)"
+            );
+            let single = averaged.grads.get(params[0].1.as_tensor()).unwrap();
+            assert_eq!(single.to_vec1::<f32>().unwrap(), [0.5, 1.5, 2.5, 3.5]);
+        }
     }
 
     /// One process: the gradients are left exactly as they are, and nothing is reduced.

@@ -89,14 +89,30 @@ pub trait Comm: Collective {
     /// device; not differentiable. By default through the host in `f32`
     /// ([`Self::all_reduce_sum`]); NCCL keeps it on the GPU.
     fn all_reduce_sum_tensor(&self, t: &Tensor) -> Result<Tensor> {
+        if t.dtype() == DType::F64 {
+            let mut buf = t.flatten_all()?.to_vec1::<f64>()?;
+            self.all_reduce_sum_f64(&mut buf)?;
+            return Ok(Tensor::from_vec(buf, t.shape(), t.device())?);
+        }
         let mut buf = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         self.all_reduce_sum(&mut buf)?;
         Ok(Tensor::from_vec(buf, t.shape(), t.device())?.to_dtype(t.dtype())?)
     }
-    /// [`Self::all_reduce_sum_tensor`] of a gradient bucket; every rank reduces its buckets in
-    /// the same order, when and where [`Self::gradient_reduction`] says.
+    /// [`Self::all_reduce_sum_tensor`] of a gradient bucket, in [`Self::bucket_dtype`]; every
+    /// rank reduces its buckets in the same order, when and where [`Self::gradient_reduction`]
+    /// says.
     fn all_reduce_gradients(&self, bucket: &Tensor) -> Result<Tensor> {
         self.all_reduce_sum_tensor(bucket)
+    }
+    /// The dtype in which the gradients of parameters of dtype `params` travel and are summed:
+    /// `f64` for `f64` parameters, so that double-precision training over several ranks equals
+    /// one process to double precision; `f32` for every other (bf16 and f16 gradients are
+    /// summed in `f32`, not rounded to their own precision at each rank's addition).
+    fn bucket_dtype(&self, params: DType) -> DType {
+        match params {
+            DType::F64 => DType::F64,
+            _ => DType::F32,
+        }
     }
     /// When gradient buckets are all-reduced ([`GradientAveraging`]).
     fn gradient_reduction(&self) -> GradientReduction {

@@ -348,19 +348,29 @@ impl Comm for MpiCollective {
         buf.copy_from_slice(&sum);
         Ok(())
     }
-    /// On the host in `f32`, over the gradients' own communicator where there is one.
+    /// On the host in the bucket's dtype (f32 or f64), over the gradients' own communicator
+    /// where there is one.
     fn all_reduce_gradients(&self, bucket: &Tensor) -> Result<Tensor> {
         let Some(gradients) = &self.shared.gradients else {
             return self.all_reduce_sum_tensor(bucket);
         };
-        let local = bucket
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
         // Polled with pauses (`completes`): a blocking all-reduce would spin on a core the
         // backward pass is using while it waits for the other ranks.
-        let sum = self.shared.all_reduce_sum(gradients, local)?;
-        Ok(Tensor::from_vec(sum, bucket.shape(), bucket.device())?.to_dtype(bucket.dtype())?)
+        let (shape, device) = (bucket.shape(), bucket.device());
+        Ok(match bucket.dtype() {
+            DType::F64 => {
+                let local = bucket.flatten_all()?.to_vec1::<f64>()?;
+                Tensor::from_vec(self.shared.all_reduce_sum(gradients, local)?, shape, device)?
+            }
+            dtype => {
+                let local = bucket
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                let sum = self.shared.all_reduce_sum(gradients, local)?;
+                Tensor::from_vec(sum, shape, device)?.to_dtype(dtype)?
+            }
+        })
     }
     fn gradient_reduction(&self) -> GradientReduction {
         match self.shared.gradients {

@@ -257,6 +257,11 @@ impl Comm for NcclCollective {
     fn gradient_reduction(&self) -> GradientReduction {
         GradientReduction::Enqueued
     }
+    /// `f32` always: the enqueued all-reduce takes f32 buckets only (an f64 model's gradients
+    /// are averaged in f32 on the GPUs).
+    fn bucket_dtype(&self, _params: DType) -> DType {
+        DType::F32
+    }
     fn gradients_reduced(&self) -> Result<()> {
         let mut gradients = self.shared.gradients();
         if let Some(last) = gradients.last.take() {

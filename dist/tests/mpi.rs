@@ -296,6 +296,46 @@ fn mean_gradients_over_ranks_equal_one_process_on_the_global_batch() {
     );
 }
 
+/// Double-precision gradients are averaged in double precision, during the backward and after
+/// it: rank r's gradient `1 + (r + 1)(k + 1)·1e-12` averages to the mean computed in f64 by
+/// each rank, bit for bit (in f32 each would round to 1).
+#[test]
+fn double_precision_gradients_average_in_double_precision() {
+    if launched("double_precision_gradients_average_in_double_precision") {
+        return;
+    }
+    let comm = MpiCollective::init().unwrap();
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let dev = Device::Cpu;
+    let w = Var::zeros(5, candle_core::DType::F64, &dev).unwrap();
+    let params = vec![("w".to_string(), w.clone())];
+    let gradient = |r: usize| -> Vec<f64> {
+        (0..5)
+            .map(|k| 1.0 + ((r + 1) * (k + 1)) as f64 * 1e-12)
+            .collect()
+    };
+    let mean: Vec<f64> = (0..5)
+        .map(|k| (0..world).map(|r| gradient(r)[k]).sum::<f64>() * (1.0 / world as f64))
+        .collect();
+    assert!(mean.iter().all(|&m| m as f32 as f64 != m), "exact in f32");
+    // d/dw of sum(w · g) is g.
+    let g = Tensor::new(gradient(rank).as_slice(), &dev).unwrap();
+    let loss = w.as_tensor().mul(&g).unwrap().sum_all().unwrap();
+    let mut grads = loss.backward().unwrap();
+    reduce_gradients(&comm, &params, &mut grads, 16).unwrap();
+    let during = GradientAveraging::new(&comm, &params, 16)
+        .run(|complete| {
+            Ok(loss.backward_with(|var, grad| {
+                complete(var.id(), grad).map_err(candle_core::Error::msg)
+            })?)
+        })
+        .unwrap();
+    for (when, store) in [("after", &grads), ("during", &during.grads)] {
+        let ours = store.get(w.as_tensor()).unwrap().to_vec1::<f64>().unwrap();
+        assert_eq!(ours, mean, "rank {rank}, averaged {when} the backward");
+    }
+}
+
 /// A rank with fewer rows than the others makes the all-gather fail on every rank, with the
 /// same message naming both shapes, instead of reading past a buffer or waiting forever; the
 /// ranks then gather again as usual.

@@ -108,9 +108,10 @@ fn all_gather_and_all_reduce_are_identities_with_the_right_backward() {
 
 /// The gradient mean over NCCL at world size 1 leaves every gradient as it was, on the GPU and
 /// in its variable's dtype, whether the variables share one bucket or each travels alone: an
-/// `f32` gradient exactly, an `f64` one rounded to `f32`, since a bucket is the `f32`
-/// concatenation of its gradients (`averaging.rs`; on an H200 the `f64` gradient came back
-/// 4.1e-7 from its value, one `f32` rounding). A variable without a gradient stays without.
+/// `f32` gradient exactly, an `f64` one rounded to `f32`, since NCCL's buckets are `f32`
+/// whatever the parameters' dtype (`NcclCollective::bucket_dtype`; on an H200 the `f64` gradient
+/// came back 4.1e-7 from its value, one `f32` rounding). A variable without a gradient stays
+/// without.
 #[test]
 fn reduce_gradients_over_nccl_leaves_gradients_equal() {
     let Some(comm) = nccl() else { return };
