@@ -159,6 +159,11 @@ pub struct EvalArgs {
     /// ./ssl-eval).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The network of each run checkpoint to evaluate, instead of the one its config names
+    /// (eval.encoder): `student`, or the EMA `teacher` of an objective that keeps one (which
+    /// DINO's and I-JEPA's papers evaluate).
+    #[arg(long, value_parser = ["student", "teacher"])]
+    pub encoder: Option<String>,
 }
 
 /// Where the Hub is and which revision to use.
@@ -542,7 +547,11 @@ fn evaluate_offline(args: &EvalArgs) -> Result<()> {
     let (probe, sgd_probe) = args.probe.settings(args.probe_c)?;
     let mut sources = Vec::new();
     for path in std::iter::once(&args.path).chain(&args.compare) {
-        sources.push(eval_source(path)?);
+        let mut source = eval_source(path)?;
+        if let Some(network) = &args.encoder {
+            choose_network(&mut source, path, network)?;
+        }
+        sources.push(source);
     }
     let default = ssl_experiments::offline::SuiteConfig::default();
     let hierarchy = args
@@ -590,6 +599,37 @@ fn evaluate_offline(args: &EvalArgs) -> Result<()> {
         );
     }
     println!("\neval.json, knn.csv and pca.png in {}", out.display());
+    Ok(())
+}
+
+/// `ssl eval --encoder NETWORK`: evaluates that network of a run checkpoint. The run's online
+/// probe learnt the student's features, so a teacher is evaluated without it.
+fn choose_network(
+    source: &mut ssl_experiments::offline::Source,
+    path: &Path,
+    network: &str,
+) -> Result<()> {
+    if !source
+        .weights
+        .parent()
+        .is_some_and(|d| d.ends_with("checkpoint"))
+    {
+        bail!(
+            "--encoder {network}: {} is an exported encoder, which holds one network (the one its \
+             config.yaml's eval.encoder names); give the run directory, whose checkpoint holds \
+             the student and any EMA teacher",
+            path.display()
+        );
+    }
+    source.cfg.eval.encoder = match network {
+        "teacher" => ssl_train::config::EvaluatedEncoder::Teacher,
+        _ => ssl_train::config::EvaluatedEncoder::Student,
+    };
+    if network == "teacher" {
+        source.cfg.train.probe_lr = 0.0;
+        source.online_probe = None;
+    }
+    source.label = format!("{} {network}", source.label);
     Ok(())
 }
 

@@ -198,3 +198,46 @@ fn masked_objectives_name_what_they_need() {
         &["unknown variant `fixed`", "learned", "sincos"],
     );
 }
+
+/// `eval.encoder: teacher` needs an objective with an EMA teacher and no online probe (which
+/// learns the student's features); `ssl eval --encoder` picks a network of a run checkpoint,
+/// not of an export.
+#[test]
+fn evaluating_the_teacher_names_what_it_needs() {
+    fails_with(
+        &[
+            "run",
+            "--objective",
+            "byol",
+            "--set",
+            "eval.encoder=teacher",
+        ],
+        &[
+            "eval.encoder: teacher",
+            "train.probe_lr 0.1",
+            "--set train.probe_lr=0",
+        ],
+    );
+    fails_with(
+        &[
+            "run",
+            "--set",
+            "eval.encoder=teacher",
+            "--set",
+            "train.probe_lr=0",
+        ],
+        &["objective `vicreg` keeps none", "byol", "dino", "ijepa"],
+    );
+    fails_with(
+        &["run", "--set", "eval.encoder=ema"],
+        &["unknown variant `ema`", "student", "teacher"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("model.safetensors");
+    std::fs::write(dir.path().join("config.yaml"), "objective:\n  name: byol\n").unwrap();
+    std::fs::write(&export, b"").unwrap();
+    fails_with(
+        &["eval", export.to_str().unwrap(), "--encoder", "teacher"],
+        &["is an exported encoder", "give the run directory"],
+    );
+}

@@ -25,7 +25,7 @@ use ssl_eval::Features;
 use crate::sgd_probe::{ProbeKind, SgdProbeConfig, SgdProbeRecord};
 use ssl_report::plot::{scatter_panels, ScatterPanel};
 use ssl_train::atomic;
-use ssl_train::config::RunConfig;
+use ssl_train::config::{EvaluatedEncoder, RunConfig};
 use ssl_train::evaluate::to_features;
 use ssl_train::model::{self, Model};
 use ssl_train::setup::{self, DataSplit, Findings};
@@ -534,7 +534,7 @@ fn cached_features(
 }
 
 /// `DIR/features/<key>.safetensors` beside the weights; the key mixes the weights file's size and
-/// modification time with the data settings.
+/// modification time with the data settings and the evaluated encoder (`eval.encoder`).
 fn cache_path(source: &Source) -> Result<PathBuf> {
     let meta = std::fs::metadata(&source.weights)
         .with_context(|| format!("cannot read {}", source.weights.display()))?;
@@ -546,6 +546,10 @@ fn cache_path(source: &Source) -> Result<PathBuf> {
     let data = serde_yaml::to_string(&source.cfg.data)?;
     let mut words = vec![meta.len(), modified];
     words.extend(data.bytes().map(u64::from));
+    // The student's key is the one it had before a run could evaluate its teacher.
+    if source.cfg.eval.encoder != EvaluatedEncoder::Student {
+        words.extend(source.cfg.eval.encoder.name().bytes().map(u64::from));
+    }
     let key = ssl_data::mix_seed(&words);
     let dir = source.weights.parent().unwrap_or(Path::new("."));
     Ok(dir.join("features").join(format!("{key:016x}.safetensors")))

@@ -514,6 +514,44 @@ pub struct EvalConfig {
     pub spectrum_every: usize,
     /// How many of the largest eigenvalues to log (the FroSSL paper tracks 20).
     pub spectrum_top: usize,
+    /// The network that is evaluated (k-NN monitor, the end-of-run table, `ssl eval`) and
+    /// exported: the trained student (default) or, for an objective that keeps an EMA teacher,
+    /// the teacher's encoder, which DINO's and I-JEPA's papers evaluate.
+    #[serde(skip_serializing_if = "EvaluatedEncoder::is_student")]
+    pub encoder: EvaluatedEncoder,
+}
+
+/// Which encoder of a run is evaluated and exported (`eval.encoder`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EvaluatedEncoder {
+    /// The encoder the optimiser trains (`encoder.*` in a checkpoint).
+    #[default]
+    Student,
+    /// The EMA teacher's encoder (`teacher.encoder.*`), for objectives that keep one.
+    Teacher,
+}
+
+impl EvaluatedEncoder {
+    fn is_student(&self) -> bool {
+        *self == Self::Student
+    }
+
+    /// `student` or `teacher`, as configured.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Student => "student",
+            Self::Teacher => "teacher",
+        }
+    }
+
+    /// The prefix of this encoder's variables in a run's store and checkpoint.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Self::Student => "encoder",
+            Self::Teacher => "teacher.encoder",
+        }
+    }
 }
 
 impl Default for EvalConfig {
@@ -525,6 +563,7 @@ impl Default for EvalConfig {
             monitor_every: 5,
             spectrum_every: 5,
             spectrum_top: 20,
+            encoder: EvaluatedEncoder::Student,
         }
     }
 }
@@ -622,6 +661,13 @@ impl RunConfig {
             "data.split: train+unlabeled pretrains on images without labels, which the online \
              probe cannot learn from; add --set train.probe_lr=0 (the end-of-run linear probe and \
              k-NN still use the labelled train split)"
+        );
+        ensure!(
+            self.eval.encoder == EvaluatedEncoder::Student || self.train.probe_lr == 0.0,
+            "eval.encoder: teacher evaluates the EMA teacher, and the online probe learns from the \
+             student's features (train.probe_lr {}); add --set train.probe_lr=0 (the end-of-run \
+             linear probe and k-NN read the teacher)",
+            self.train.probe_lr
         );
         self.check_patches()
     }

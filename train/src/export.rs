@@ -19,6 +19,8 @@ use ssl_core::ParamStore;
 
 /// Prefix of the encoder's tensors in a run's checkpoint.
 pub const ENCODER_PREFIX: &str = "encoder.";
+/// Prefix of the EMA teacher's encoder tensors in a run's checkpoint.
+pub const TEACHER_PREFIX: &str = "teacher.encoder.";
 /// File name of an exported encoder.
 pub const EXPORTED: &str = "model.safetensors";
 
@@ -34,13 +36,15 @@ pub struct Exported {
 }
 
 /// The metadata an export carries: `format` (`pt`, as PyTorch-converted files say), the
-/// encoder's `architecture`, the `objective`, the `dataset` and the source `commit`.
+/// encoder's `architecture`, the `objective`, the `network` whose weights these are (`student`
+/// or the EMA `teacher`, as `eval.encoder` says), the `dataset` and the source `commit`.
 pub fn metadata(cfg: &RunConfig) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("format".into(), "pt".into()),
         ("library".into(), "candle-ssl".into()),
         ("architecture".into(), cfg.model.encoder.clone()),
         ("objective".into(), cfg.objective.name.clone()),
+        ("network".into(), cfg.eval.encoder.name().into()),
         ("dataset".into(), cfg.data.name.clone()),
         ("commit".into(), env!("SSL_GIT_COMMIT").into()),
     ])
@@ -52,9 +56,10 @@ pub fn export_encoder(run_dir: &Path, out: &Path) -> Result<Exported> {
     let cfg = RunConfig::load_run(run_dir)?;
     let weights = run_dir.join("checkpoint").join(checkpoint::MODEL);
     let tensors = checkpoint::load_tensors(&weights)?;
+    let prefix = format!("{}.", cfg.eval.encoder.prefix());
     let mut encoder: BTreeMap<String, Tensor> = tensors
         .into_iter()
-        .filter_map(|(name, t)| Some((name.strip_prefix(ENCODER_PREFIX)?.to_string(), t)))
+        .filter_map(|(name, t)| Some((name.strip_prefix(&prefix)?.to_string(), t)))
         .collect();
     // PyTorch's batch norm also keeps `num_batches_tracked` (an int64 scalar; it only matters
     // with momentum None), and a strict `load_state_dict` wants it: the train-mode forwards the
@@ -72,7 +77,7 @@ pub fn export_encoder(run_dir: &Path, out: &Path) -> Result<Exported> {
     }
     anyhow::ensure!(
         !encoder.is_empty(),
-        "{} holds no `{ENCODER_PREFIX}*` tensors; is it a candle-ssl run checkpoint?",
+        "{} holds no `{prefix}*` tensors; is it a candle-ssl run checkpoint?",
         weights.display()
     );
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -92,18 +97,33 @@ pub fn export_encoder(run_dir: &Path, out: &Path) -> Result<Exported> {
     })
 }
 
-/// Loads encoder weights into the `encoder.*` variables of `store`: a run checkpoint (keys
-/// `encoder.*`, other tensors ignored) or an export (keys without the prefix). Every encoder tensor
-/// of the model must be present with its shape.
+/// Loads encoder weights into every encoder of `store`: the student's `encoder.*` variables
+/// and, where the objective keeps one, the EMA teacher's `teacher.encoder.*`. From a run
+/// checkpoint (keys `encoder.*`, other tensors ignored) each from its own keys; weights that hold
+/// one encoder (an export, whose keys have no prefix, or a checkpoint without a teacher) set both.
+/// Every encoder tensor of the model must be present with its shape.
 pub fn load_encoder(store: &ParamStore, tensors: &HashMap<String, Tensor>) -> Result<()> {
     let exported = !tensors.keys().any(|k| k.starts_with(ENCODER_PREFIX));
-    for (name, var) in store.vars_with_prefix(ENCODER_PREFIX) {
-        let key = &name[ENCODER_PREFIX.len()..];
-        let source = if exported { key } else { name.as_str() };
-        let t = tensors.get(source).with_context(|| {
+    let with_teacher = tensors.keys().any(|k| k.starts_with(TEACHER_PREFIX));
+    let encoders = [ENCODER_PREFIX, TEACHER_PREFIX]
+        .into_iter()
+        .flat_map(|prefix| {
+            store
+                .vars_with_prefix(prefix)
+                .into_iter()
+                .map(move |v| (prefix, v))
+        });
+    for (prefix, (name, var)) in encoders {
+        let key = &name[prefix.len()..];
+        let source = match (exported, prefix == TEACHER_PREFIX && with_teacher) {
+            (_, true) => name.clone(),
+            (true, false) => key.to_string(),
+            (false, false) => format!("{ENCODER_PREFIX}{key}"),
+        };
+        let t = tensors.get(&source).with_context(|| {
             format!("the weights lack `{source}`: they were written for another encoder")
         })?;
-        assign(&var, t, source)?;
+        assign(&var, t, &source)?;
     }
     Ok(())
 }
@@ -119,4 +139,133 @@ pub fn assign(var: &candle_core::Var, t: &Tensor, name: &str) -> Result<()> {
     );
     var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{RunConfig, Start, TrainedEncoder, Trainer};
+    use candle_core::Device;
+
+    fn tensor(values: &[f32]) -> Tensor {
+        Tensor::new(values, &Device::Cpu).unwrap()
+    }
+
+    /// A store with a student `encoder.w` and a teacher `teacher.encoder.w`.
+    fn student_and_teacher() -> ParamStore {
+        let store = ParamStore::new(0);
+        let vb = store.var_builder(&Device::Cpu);
+        for prefix in ["encoder", "teacher.encoder"] {
+            vb.pp(prefix).get(2, "w").unwrap();
+        }
+        store
+    }
+
+    fn value(store: &ParamStore, name: &str) -> Vec<f32> {
+        let vars = store.vars_with_prefix(name);
+        vars[0].1.as_tensor().to_vec1().unwrap()
+    }
+
+    /// A checkpoint with a teacher sets each encoder from its own keys; one without, or an
+    /// export (keys without a prefix), sets both from its one encoder; a missing key is named.
+    #[test]
+    fn every_encoder_of_the_store_is_loaded_from_its_own_keys_or_the_one_encoder() {
+        let store = student_and_teacher();
+        let both = HashMap::from([
+            ("encoder.w".to_string(), tensor(&[1., 2.])),
+            ("teacher.encoder.w".to_string(), tensor(&[3., 4.])),
+        ]);
+        load_encoder(&store, &both).unwrap();
+        assert_eq!(value(&store, "encoder.w"), [1., 2.]);
+        assert_eq!(value(&store, "teacher.encoder.w"), [3., 4.]);
+        let one_encoder = [
+            HashMap::from([("encoder.w".to_string(), tensor(&[5., 6.]))]),
+            HashMap::from([("w".to_string(), tensor(&[5., 6.]))]),
+        ];
+        for tensors in one_encoder {
+            load_encoder(&store, &tensors).unwrap();
+            assert_eq!(value(&store, "encoder.w"), [5., 6.]);
+            assert_eq!(value(&store, "teacher.encoder.w"), [5., 6.]);
+        }
+        let other = HashMap::from([("v".to_string(), tensor(&[0., 0.]))]);
+        let e = load_encoder(&store, &other).unwrap_err().to_string();
+        assert!(e.contains("lack `w`"), "{e}");
+    }
+
+    /// `eval.encoder: teacher` on BYOL: the run's table, `TrainedEncoder` and the export read
+    /// the EMA teacher's weights (`teacher.encoder.*` of the checkpoint), which one epoch has
+    /// moved apart from the student's; the export says so in its metadata.
+    #[test]
+    fn a_run_that_evaluates_its_teacher_embeds_and_exports_the_teacher() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = RunConfig::builder()
+            .objective("byol")
+            .epochs(1)
+            .set("eval.encoder", "teacher")
+            .set("train.probe_lr", 0.0)
+            .out(dir.path())
+            .build()
+            .unwrap();
+        let outcome = Trainer::new(cfg.clone())
+            .start(Start::Overwrite)
+            .fit()
+            .unwrap();
+        let checkpoint =
+            checkpoint::load_tensors(&outcome.dir.join("checkpoint").join(checkpoint::MODEL))
+                .unwrap();
+        let exported =
+            export_encoder(&outcome.dir, &dir.path().join("teacher.safetensors")).unwrap();
+        assert_eq!(exported.metadata["network"], "teacher");
+        let weights = checkpoint::load_tensors(&exported.path).unwrap();
+        let max_diff = |a: &Tensor, b: &Tensor| -> f32 {
+            (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar()
+                .unwrap()
+        };
+        let mut moved = 0f32;
+        for (name, t) in &checkpoint {
+            let Some(key) = name.strip_prefix(TEACHER_PREFIX) else {
+                continue;
+            };
+            assert_eq!(max_diff(&weights[key], t), 0.0, "{key}");
+            moved = moved.max(max_diff(&checkpoint[&format!("{ENCODER_PREFIX}{key}")], t));
+        }
+        assert!(moved > 1e-4, "the teacher is the student: {moved}");
+
+        // The teacher's features: the export loaded into a model that evaluates its student.
+        let data = crate::setup::data(&cfg).unwrap();
+        let shape = data.dataset.shape.clone();
+        let len: usize = shape.iter().product();
+        let ssl_data::Samples::F32(images) = &data.dataset.samples else {
+            panic!("the digits are stored as f32 values");
+        };
+        let raw = &images[..16 * len];
+        let teacher = TrainedEncoder::load(&outcome.dir, &shape)
+            .unwrap()
+            .embed(raw)
+            .unwrap();
+        let mut normalised = raw.to_vec();
+        normalised
+            .chunks_mut(len)
+            .for_each(|s| cfg.data.normalization().apply(s, shape[0]));
+        let x = Tensor::from_vec(normalised, [&[16][..], &shape].concat(), &Device::Cpu).unwrap();
+        let features = |weights: &HashMap<String, Tensor>| {
+            let mut student = cfg.clone();
+            student.eval.encoder = crate::config::EvaluatedEncoder::Student;
+            let model = crate::model::build_model(&student, &data, &Device::Cpu).unwrap();
+            load_encoder(&model.store, weights).unwrap();
+            model.features(&x).unwrap()
+        };
+        assert_eq!(max_diff(&teacher, &features(&weights)), 0.0);
+        let student: HashMap<String, Tensor> = checkpoint
+            .into_iter()
+            .filter(|(name, _)| name.starts_with(ENCODER_PREFIX))
+            .collect();
+        assert!(max_diff(&teacher, &features(&student)) > 1e-4);
+    }
 }

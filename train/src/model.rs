@@ -11,9 +11,21 @@ use ssl_models::autocast::Precision;
 use ssl_models::{Encoder, Projector};
 use ssl_optim::Optimizer;
 
-use crate::config::RunConfig;
+use crate::config::{EvaluatedEncoder, RunConfig};
 use crate::online_probe::OnlineProbe;
 use crate::setup::{self, DataSplit};
+
+/// The registered objectives that keep an EMA teacher with their default parameters.
+fn objectives_with_a_teacher() -> Vec<&'static str> {
+    ssl_core::registry()
+        .into_iter()
+        .filter(|r| {
+            r.requirements(&serde_yaml::Value::Null, 64)
+                .is_ok_and(|req| req.teacher.is_some())
+        })
+        .map(|r| r.name)
+        .collect()
+}
 
 /// Variables with their names, as a [`ParamStore`] lists them.
 pub type NamedVars = Vec<(String, Var)>;
@@ -87,6 +99,14 @@ pub fn build_model(cfg: &RunConfig, data: &DataSplit, device: &Device) -> Result
                 global + m
             )
         })?,
+    }
+    if cfg.eval.encoder == EvaluatedEncoder::Teacher && req.teacher.is_none() {
+        bail!(
+            "eval.encoder: teacher reads the EMA teacher, and objective `{}` keeps none; \
+             evaluate the student (eval.encoder: student) or train one that keeps a teacher: {}",
+            registration.name,
+            objectives_with_a_teacher().join(", ")
+        );
     }
     if req.labels && !data.unlabeled.is_empty() {
         bail!(

@@ -422,7 +422,8 @@ pub fn encoder(cfg: &RunConfig, dataset: &Dataset, vb: VarBuilder) -> Result<Box
     encoder_with_bn_momentum(cfg, dataset, Some(0.1), vb)
 }
 
-/// The encoder of `store` for evaluation (`encoder.…`): its parameters handed out detached
+/// The encoder of `store` that `eval.encoder` names, for evaluation (the student's `encoder.…`
+/// or the EMA teacher's `teacher.encoder.…`): its parameters handed out detached
 /// ([`ssl_core::ParamStore::frozen_var_builder`]), so that a forward pass records no graph, as
 /// under PyTorch's `no_grad`, and frees each activation once the next layer has read it (an
 /// I-JEPA run on a ViT-T with 8 × 8 patches peaked at 17.6 GB with the graph kept, 6.9 GB
@@ -434,7 +435,10 @@ pub fn eval_encoder(
     store: &ssl_core::ParamStore,
     device: &Device,
 ) -> Result<Box<dyn Encoder>> {
-    encoder(cfg, dataset, store.frozen_var_builder(device).pp("encoder"))
+    let vb = store
+        .frozen_var_builder(device)
+        .pp(cfg.eval.encoder.prefix());
+    encoder(cfg, dataset, vb)
 }
 
 /// The random-init baseline: the run's initial encoder (same seed, so the same weights, frozen

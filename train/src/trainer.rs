@@ -1573,6 +1573,41 @@ mod tests {
         }
     }
 
+    /// With `eval.encoder: teacher` the eval encoder (the monitor's and the table's features)
+    /// is the EMA teacher's, weights and batch-norm statistics, not the student's.
+    #[test]
+    fn the_eval_encoder_reads_the_teacher_when_told() {
+        let mut root = serde_yaml::Value::Mapping(Default::default());
+        for s in [
+            "objective.name=byol",
+            "eval.encoder=teacher",
+            "train.probe_lr=0",
+        ] {
+            crate::config::apply_set(&mut root, s).unwrap();
+        }
+        let cfg = RunConfig::from_yaml_value(root).unwrap();
+        let data = setup::data(&cfg).unwrap();
+        let (x, ..) = first_instances(&data, 8);
+        let model = model::build_model(&cfg, &data, &Device::Cpu).unwrap();
+        let (teacher, _) = model.teacher.as_ref().unwrap();
+        for (_, var) in model.store.vars_with_prefix("teacher.encoder.") {
+            var.set(&((var.as_tensor() * 0.9).unwrap() - 0.01).unwrap())
+                .unwrap();
+        }
+        teacher.forward_t(&(&x * 0.5).unwrap(), true).unwrap();
+        let expected = teacher
+            .forward_t(&x, false)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        assert_eq!(
+            model.features(&x).unwrap().to_vec2::<f32>().unwrap(),
+            expected
+        );
+        let student = model.encoder.forward_t(&x, false).unwrap();
+        assert_ne!(student.to_vec2::<f32>().unwrap(), expected);
+    }
+
     /// `forward_backward` takes each view's graph back on its own from the loss's gradients at
     /// the views' outputs; the gradients must be those of one backward through the whole graph
     /// (three views, so that the views outnumber two threads, and an online probe).
