@@ -725,9 +725,9 @@ fn load_online_probe(model: &Model, weights: &HashMap<String, Tensor>) -> Result
 /// Top-1 accuracy of the checkpoint's own online probe on the frozen test features: what the
 /// run logged at its last evaluation, recomputed from the weights.
 fn online_probe_accuracy_of(model: &Model, f: &Embedded, device: &Device) -> Result<f64> {
-    let test = Tensor::from_slice(&f.test.data, (f.test.n, f.test.d), device)?;
+    let matrix = |f: &Features| Tensor::from_slice(&f.data, (f.n, f.d), device);
     let predictions = model
-        .probe_predictions(&test)?
+        .probe_predictions(&matrix(&f.test)?, &matrix(&f.train)?)?
         .context("the model has no online probe")?;
     let correct = predictions
         .iter()

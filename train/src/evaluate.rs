@@ -202,7 +202,7 @@ pub fn monitor(
         cfg.eval.knn_k,
         cfg.eval.knn_t,
     )?;
-    let probe = model.probe_predictions(&f_test)?.map(|pred| {
+    let probe = model.probe_predictions(&f_test, &f_train)?.map(|pred| {
         pred.iter().zip(&test.y).filter(|(p, y)| p == y).count() as f64 / test.y.len() as f64
     });
     let features = Embeddings {

@@ -217,14 +217,9 @@ mod tests {
             export_encoder(&outcome.dir, &dir.path().join("teacher.safetensors")).unwrap();
         assert_eq!(exported.metadata["network"], "teacher");
         let weights = checkpoint::load_tensors(&exported.path).unwrap();
-        let max_diff = |a: &Tensor, b: &Tensor| -> f32 {
+        let max_diff = |a: &Tensor, b: &Tensor| {
             (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar()
+                .and_then(|d| d.abs()?.max_all()?.to_scalar::<f32>())
                 .unwrap()
         };
         let mut moved = 0f32;

@@ -323,8 +323,16 @@ impl Model {
         x.encode(self.eval_encoder.as_ref(), false)
     }
 
-    /// Online-probe predictions for eval-mode features.
-    pub fn probe_predictions(&self, features: &Tensor) -> Result<Option<Vec<u32>>> {
-        self.probe.as_ref().map(|p| p.predict(features)).transpose()
+    /// Online-probe predictions for eval-mode `features`, standardised with the statistics of
+    /// `train_features`, the clean train images' ([`crate::online_probe`]).
+    pub fn probe_predictions(
+        &self,
+        features: &Tensor,
+        train_features: &Tensor,
+    ) -> Result<Option<Vec<u32>>> {
+        self.probe
+            .as_ref()
+            .map(|p| p.predict(features, train_features))
+            .transpose()
     }
 }
