@@ -7,7 +7,7 @@
 //! `torch.nn.Module.load_state_dict` (strict) or Candle's `VarBuilder` read them directly. The
 //! safetensors header's metadata records the architecture, objective, data set and source commit.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -101,8 +101,11 @@ pub fn export_encoder(run_dir: &Path, out: &Path) -> Result<Exported> {
 /// and, where the objective keeps one, the EMA teacher's `teacher.encoder.*`. From a run
 /// checkpoint (keys `encoder.*`, other tensors ignored) each from its own keys; weights that hold
 /// one encoder (an export, whose keys have no prefix, or a checkpoint without a teacher) set both.
-/// Every encoder tensor of the model must be present with its shape.
-pub fn load_encoder(store: &ParamStore, tensors: &HashMap<String, Tensor>) -> Result<()> {
+/// Every encoder tensor of the model must be present with its shape. Returns the keys read.
+pub fn load_encoder(
+    store: &ParamStore,
+    tensors: &HashMap<String, Tensor>,
+) -> Result<BTreeSet<String>> {
     let exported = !tensors.keys().any(|k| k.starts_with(ENCODER_PREFIX));
     let with_teacher = tensors.keys().any(|k| k.starts_with(TEACHER_PREFIX));
     let encoders = [ENCODER_PREFIX, TEACHER_PREFIX]
@@ -113,6 +116,7 @@ pub fn load_encoder(store: &ParamStore, tensors: &HashMap<String, Tensor>) -> Re
                 .into_iter()
                 .map(move |v| (prefix, v))
         });
+    let mut read = BTreeSet::new();
     for (prefix, (name, var)) in encoders {
         let key = &name[prefix.len()..];
         let source = match (exported, prefix == TEACHER_PREFIX && with_teacher) {
@@ -124,8 +128,9 @@ pub fn load_encoder(store: &ParamStore, tensors: &HashMap<String, Tensor>) -> Re
             format!("the weights lack `{source}`: they were written for another encoder")
         })?;
         assign(&var, t, &source)?;
+        read.insert(source);
     }
-    Ok(())
+    Ok(read)
 }
 
 /// Sets `var` to the stored tensor `t` (named `name` in the errors), which must have its shape;

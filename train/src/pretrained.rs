@@ -97,8 +97,7 @@ pub fn load(store: &ParamStore, spec: &str, encoder: &str) -> Result<Loaded> {
     let path = resolve(spec, encoder)?;
     let tensors: HashMap<String, Tensor> = candle_core::safetensors::load(&path, &Device::Cpu)
         .with_context(|| format!("--init: cannot read {} as safetensors", path.display()))?;
-    let ours = store.vars_with_prefix(ENCODER_PREFIX);
-    load_encoder(store, &tensors).with_context(|| {
+    let read = load_encoder(store, &tensors).with_context(|| {
         format!(
             "--init {spec}: {} does not fit the {encoder} encoder",
             path.display()
@@ -106,17 +105,13 @@ pub fn load(store: &ParamStore, spec: &str, encoder: &str) -> Result<Loaded> {
     })?;
     let mut skipped: Vec<String> = tensors
         .keys()
-        .filter(|k| {
-            !ours
-                .iter()
-                .any(|(n, _)| &n[ENCODER_PREFIX.len()..] == k.as_str())
-        })
+        .filter(|k| !read.contains(k.as_str()))
         .cloned()
         .collect();
     skipped.sort();
     Ok(Loaded {
         path,
-        tensors: ours.len(),
+        tensors: store.vars_with_prefix(ENCODER_PREFIX).len(),
         skipped,
     })
 }
@@ -139,5 +134,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("no such file"), "{err}");
+    }
+
+    /// What a file holds beyond the encoder is listed as skipped, whether its keys carry a run
+    /// checkpoint's `encoder.` prefix or an export's none; what was loaded is not.
+    #[test]
+    fn only_what_the_encoder_lacks_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ParamStore::new(0);
+        store
+            .var_builder(&Device::Cpu)
+            .pp("encoder")
+            .get(2, "w")
+            .unwrap();
+        let w = Tensor::new(&[1f32, 2.], &Device::Cpu).unwrap();
+        for (file, encoder_key, extra) in [
+            ("checkpoint.safetensors", "encoder.w", "projector.v"),
+            ("export.safetensors", "w", "fc.weight"),
+        ] {
+            let path = dir.path().join(file);
+            let tensors = HashMap::from([
+                (encoder_key.to_string(), w.clone()),
+                (extra.to_string(), w.clone()),
+            ]);
+            candle_core::safetensors::save(&tensors, &path).unwrap();
+            let loaded = load(&store, path.to_str().unwrap(), "digits_cnn").unwrap();
+            assert_eq!(
+                (loaded.tensors, loaded.skipped),
+                (1, vec![extra.to_string()])
+            );
+        }
     }
 }
