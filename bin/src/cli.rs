@@ -621,11 +621,12 @@ fn choose_network(
             path.display()
         );
     }
+    use ssl_train::config::EvaluatedEncoder;
     source.cfg.eval.encoder = match network {
-        "teacher" => ssl_train::config::EvaluatedEncoder::Teacher,
-        _ => ssl_train::config::EvaluatedEncoder::Student,
+        "teacher" => EvaluatedEncoder::Teacher,
+        _ => EvaluatedEncoder::Student,
     };
-    if network == "teacher" {
+    if source.cfg.eval.encoder == EvaluatedEncoder::Teacher {
         source.cfg.train.probe_lr = 0.0;
         source.online_probe = None;
     }

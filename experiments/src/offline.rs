@@ -750,6 +750,58 @@ pub fn online_probe_accuracy(run_dir: &Path) -> Option<f64> {
 mod tests {
     use super::*;
 
+    /// A run's student and EMA teacher are embedded and cached apart: BYOL after one epoch,
+    /// the student evaluated first, then the teacher through `eval.encoder`, whose features
+    /// must not come from the student's cache; read again, the teacher's come from its own.
+    #[test]
+    fn the_teacher_s_features_are_cached_apart_from_the_student_s() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = RunConfig::builder()
+            .objective("byol")
+            .epochs(1)
+            .set("train.probe_lr", 0.0)
+            .out(dir.path())
+            .build()
+            .unwrap();
+        let outcome = ssl_train::Trainer::new(cfg.clone())
+            .start(ssl_train::Start::Overwrite)
+            .fit()
+            .unwrap();
+        let source = |encoder| {
+            let mut cfg = cfg.clone();
+            cfg.eval.encoder = encoder;
+            Source {
+                label: String::new(),
+                cfg,
+                weights: outcome
+                    .dir
+                    .join("checkpoint")
+                    .join(ssl_train::checkpoint::MODEL),
+                online_probe: None,
+            }
+        };
+        let data = setup::data(&cfg).unwrap();
+        let embedded = |source: &Source| {
+            let model = model::build_model(&source.cfg, &data, &Device::Cpu).unwrap();
+            let weights = ssl_train::checkpoint::load_tensors(&source.weights).unwrap();
+            ssl_train::export::load_encoder(&model.store, &weights).unwrap();
+            cached_features(source, &data, &model, &Device::Cpu)
+                .unwrap()
+                .test
+                .data
+        };
+        let (student, teacher) = (
+            source(EvaluatedEncoder::Student),
+            source(EvaluatedEncoder::Teacher),
+        );
+        let student_features = embedded(&student);
+        let teacher_features = embedded(&teacher);
+        assert_ne!(cache_path(&student).unwrap(), cache_path(&teacher).unwrap());
+        assert!(cache_path(&teacher).unwrap().exists());
+        assert_ne!(student_features, teacher_features);
+        assert_eq!(embedded(&teacher), teacher_features);
+    }
+
     #[test]
     fn suite_settings_are_checked_before_anything_is_embedded() {
         let refused = |suite: SuiteConfig| format!("{:#}", suite.validate().unwrap_err());

@@ -1283,7 +1283,8 @@ fn pixel_step(
         // The probe reads the encoder's output on the whole global views, as it does with the
         // other objectives and is evaluated on, not the objective's embedding of a masked view
         // or of the teacher (on which it stayed at chance). Through the eval encoder: the same
-        // function (a token encoder has no batch norm), and no graph held beside the step's.
+        // function (a token encoder has no batch norm), and no graph held beside the step's. It
+        // is the student's: `eval.encoder: teacher` runs without the probe (config validation).
         let global = Tensor::cat(&views[..v], 0)?;
         let features = model.eval_encoder.forward_t(&global, true)?;
         let ce = probe.loss(&features, input.labels, v, collective)?;
