@@ -545,11 +545,12 @@ impl EvaluatedEncoder {
         }
     }
 
-    /// The prefix of this encoder's variables in a run's store and checkpoint.
-    pub fn prefix(self) -> &'static str {
+    /// The prefix of this encoder's tensor names in a run's store and checkpoint, with its
+    /// trailing dot (`encoder.`, `teacher.encoder.`).
+    pub const fn prefix(self) -> &'static str {
         match self {
-            Self::Student => "encoder",
-            Self::Teacher => "teacher.encoder",
+            Self::Student => "encoder.",
+            Self::Teacher => "teacher.encoder.",
         }
     }
 }

@@ -13,14 +13,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use candle_core::Tensor;
 
-use crate::config::RunConfig;
+use crate::config::{EvaluatedEncoder, RunConfig};
 use crate::{atomic, checkpoint};
 use ssl_core::ParamStore;
 
 /// Prefix of the encoder's tensors in a run's checkpoint.
-pub const ENCODER_PREFIX: &str = "encoder.";
+pub const ENCODER_PREFIX: &str = EvaluatedEncoder::Student.prefix();
 /// Prefix of the EMA teacher's encoder tensors in a run's checkpoint.
-pub const TEACHER_PREFIX: &str = "teacher.encoder.";
+pub const TEACHER_PREFIX: &str = EvaluatedEncoder::Teacher.prefix();
 /// File name of an exported encoder.
 pub const EXPORTED: &str = "model.safetensors";
 
@@ -56,10 +56,10 @@ pub fn export_encoder(run_dir: &Path, out: &Path) -> Result<Exported> {
     let cfg = RunConfig::load_run(run_dir)?;
     let weights = run_dir.join("checkpoint").join(checkpoint::MODEL);
     let tensors = checkpoint::load_tensors(&weights)?;
-    let prefix = format!("{}.", cfg.eval.encoder.prefix());
+    let prefix = cfg.eval.encoder.prefix();
     let mut encoder: BTreeMap<String, Tensor> = tensors
         .into_iter()
-        .filter_map(|(name, t)| Some((name.strip_prefix(&prefix)?.to_string(), t)))
+        .filter_map(|(name, t)| Some((name.strip_prefix(prefix)?.to_string(), t)))
         .collect();
     // PyTorch's batch norm also keeps `num_batches_tracked` (an int64 scalar; it only matters
     // with momentum None), and a strict `load_state_dict` wants it: the train-mode forwards the

@@ -437,7 +437,7 @@ pub fn eval_encoder(
 ) -> Result<Box<dyn Encoder>> {
     let vb = store
         .frozen_var_builder(device)
-        .pp(cfg.eval.encoder.prefix());
+        .pp(cfg.eval.encoder.prefix().trim_end_matches('.'));
     encoder(cfg, dataset, vb)
 }
 
