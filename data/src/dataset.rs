@@ -27,6 +27,10 @@ pub enum Samples {
         bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
         channels_last: Option<usize>,
     },
+    /// 16-bit values, `2 · sample_len()` bytes per sample (little-endian `u16`), stored in the
+    /// dataset's own channels-first layout and read as `v / 65535`: scans mapped to `[0, 1]`
+    /// with 65,536 levels ([`crate::scans`]), so a 16-bit source keeps its precision.
+    U16(Arc<dyn AsRef<[u8]> + Send + Sync>),
     /// 8-bit images of their own sizes, each stored HWC (`[H, W, C]`, `C` = `shape[0]`) at
     /// `images[i].offset` in `bytes`: a folder kept at full resolution (`data.keep_side`). Sample
     /// `i` reads as the dataset's `[C, S, S]` evaluation view of image `i` (torchvision's
@@ -58,6 +62,7 @@ impl std::fmt::Debug for Samples {
                 "U8({} bytes, channels_last {channels_last:?})",
                 (**bytes).as_ref().len()
             ),
+            Samples::U16(bytes) => write!(f, "U16({} bytes)", (**bytes).as_ref().len()),
             Samples::Images { bytes, images } => write!(
                 f,
                 "Images({} images, {} bytes)",
@@ -105,7 +110,7 @@ impl Dataset {
         let n = self.sample_len();
         match &self.samples {
             Samples::F32(values) => Cow::Borrowed(&values[i * n..(i + 1) * n]),
-            Samples::U8 { .. } | Samples::Images { .. } => {
+            Samples::U8 { .. } | Samples::U16(_) | Samples::Images { .. } => {
                 let mut out = vec![0f32; n];
                 self.sample_into(i, &mut out);
                 Cow::Owned(out)
@@ -137,6 +142,12 @@ impl Dataset {
                             }
                         }
                     }
+                }
+            }
+            Samples::U16(bytes) => {
+                let stored = &(**bytes).as_ref()[2 * i * n..2 * (i + 1) * n];
+                for (o, v) in out.iter_mut().zip(stored.chunks_exact(2)) {
+                    *o = f32::from(u16::from_le_bytes([v[0], v[1]])) / 65535.0;
                 }
             }
             Samples::Images { bytes, images } => {
@@ -232,5 +243,15 @@ mod tests {
         let mut out = vec![0f32; 6];
         flat.sample_into(0, &mut out);
         assert_eq!(out[1], 10.0 / 255.0);
+    }
+
+    #[test]
+    fn sixteen_bit_samples_keep_their_levels() {
+        let levels: [u16; 4] = [0, 1, 40_000, 65_535];
+        let bytes: Vec<u8> = levels.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let d = toy(Samples::U16(Arc::new(bytes)), vec![1]);
+        let read: Vec<f32> = (0..4).map(|i| d.sample(i)[0]).collect();
+        assert_eq!(read, levels.map(|v| f32::from(v) / 65535.0));
+        assert_ne!(read[0], read[1], "one level apart, unlike 8 bits");
     }
 }

@@ -401,7 +401,7 @@ const KEY_SPAN: usize = 4096;
 
 /// The length of the file at `path` and the CRC-32 of its first and last [`KEY_SPAN`] bytes
 /// (of all of it when it is no longer than both).
-fn fingerprint(path: &Path) -> Result<(u64, u32)> {
+pub(crate) fn fingerprint(path: &Path) -> Result<(u64, u32)> {
     let read = || -> std::io::Result<(u64, u32)> {
         let mut file = File::open(path)?;
         let len = file.metadata()?.len();
@@ -474,7 +474,7 @@ pub fn kept_cache_path(key: &str, side: usize, dir: &Path) -> PathBuf {
     dir.join(format!("folder-keep{side}px-{}.u8", md5_hex(key)))
 }
 
-fn md5_hex(key: &str) -> String {
+pub(crate) fn md5_hex(key: &str) -> String {
     Md5::digest(key)
         .iter()
         .map(|b| format!("{b:02x}"))

@@ -73,6 +73,7 @@ pub mod npy;
 mod pickle;
 pub mod pipeline;
 pub mod resample;
+pub mod scans;
 pub mod split;
 pub mod stl10;
 pub mod stored;
