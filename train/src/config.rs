@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
+use ssl_data::scans::Intensity;
 use ssl_data::{ImageAugment, Normalization, Recipe, ViewTypes, VolumeAugment};
 use ssl_models::autocast::Precision;
 use ssl_models::{PosEmbed, Stem, VitConfig, VitPool};
@@ -58,6 +59,10 @@ impl Default for RunConfig {
         }
     }
 }
+
+/// The side of a folder of scans' images (and volumes) unless `data.size` is given:
+/// MedMNIST+'s 64, small enough for a CPU, large enough for a 3D ResNet-18's five strides.
+pub const SCAN_SIZE: usize = 64;
 
 /// `data.name` of a file of your own in MedMNIST's layout.
 pub const NPZ: &str = "npz";
@@ -144,6 +149,28 @@ pub struct DataConfig {
     /// pretrains; the evaluation still uses the labelled train and test splits).
     #[serde(skip_serializing_if = "TrainingSplit::is_train")]
     pub split: TrainingSplit,
+    /// For `folder`: read every file at full precision as a scan (DICOM, NIfTI, 16-bit or
+    /// multi-channel images; docs/data.md, "Your own scans"), its values mapped to `[0, 1]` by
+    /// this: `range` (the stored integer type's), `minmax`, `{window: [lo, hi]}` (in the
+    /// modality's units, e.g. CT lung `[-1000, 400]` HU) or `{percentile: [lo, hi]}` (per
+    /// image and channel). Absent: by the folder's first file — none for 8-bit photos (read as
+    /// RGB), `range` for 16-bit PNG and TIFF, `{percentile: [0.5, 99.5]}` for DICOM, NIfTI and
+    /// float TIFF; the run's `config.yaml` records the choice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intensity: Option<Intensity>,
+    /// For a folder of scans: whether its samples are volumes (NIfTI files, DICOM series and
+    /// multi-frame DICOM files, brought to `size`³) or images. Absent: by the first file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<bool>,
+    /// For volumes: resample to this voxel spacing in mm (`[slice, row, column]`, e.g.
+    /// `[1.5, 1.5, 1.5]`) from each header's, then centre-crop or zero-pad to `size`. Absent:
+    /// each axis resized to `size`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spacing: Option<[f64; 3]>,
+    /// For a folder of scans: train without the files that cannot be read, saying how many
+    /// and which, rather than stop at the first.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub skip_bad: bool,
     /// For `npz`: the MedMNIST task its labels pose (`multi-class`, `binary-class`, `multi-label,
     /// binary-class` or `ordinal-regression`), which `ssl eval` then scores with MedMNIST's
     /// official ACC and AUC. Absent: no ACC/AUC rows (an official file's task is its table's).
@@ -170,6 +197,36 @@ impl TrainingSplit {
 }
 
 impl DataConfig {
+    /// For `folder`: fills `intensity` and `volumes` from its first file where not given
+    /// ([`ssl_data::scans::probe`]), and for scans the side (64 unless `size_given`).
+    fn resolve_scans(&mut self, size_given: bool) {
+        let Some(root) = self.root.as_deref() else {
+            return;
+        };
+        let manifest = ssl_data::scans::is_manifest(root);
+        if self.intensity.is_none() || self.volumes.is_none() {
+            // A manifest is read as scans even when its first file cannot be looked at: the
+            // loading then names the row.
+            let probe = ssl_data::scans::probe(root);
+            if self.intensity.is_none() {
+                self.intensity = (probe.and_then(|probe| probe.intensity))
+                    .or(manifest.then_some(Intensity::Range));
+            }
+            if self.intensity.is_some() {
+                self.volumes
+                    .get_or_insert(probe.is_some_and(|probe| probe.volumes));
+            }
+        }
+        if self.intensity.is_some() && !size_given {
+            self.size = SCAN_SIZE;
+        }
+    }
+
+    /// Whether the data are a folder of scans read as volumes.
+    pub fn scan_volumes(&self) -> bool {
+        self.name == "folder" && self.intensity.is_some() && self.volumes == Some(true)
+    }
+
     /// Fills `augment` and `normalize` with the data set's defaults, so the run's
     /// `config.yaml` names the recipe it trained with.
     pub fn resolve(&mut self) {
@@ -182,6 +239,10 @@ impl DataConfig {
         self.augment.unwrap_or(match self.name.as_str() {
             "digits" => Recipe::Digits,
             "gmm" => Recipe::Noise,
+            "folder" if self.intensity.is_some() => match self.volumes {
+                Some(true) => Recipe::Icone3d,
+                _ => Recipe::Icone,
+            },
             "folder" | ssl_data::caltech256::NAME => Recipe::Simclr,
             NPZ => match self.npz_geometry() {
                 Some((_, true)) => Recipe::Icone3d,
@@ -247,6 +308,10 @@ impl Default for DataConfig {
             augment_views: Vec::new(),
             augment_volume: None,
             split: TrainingSplit::Train,
+            intensity: None,
+            volumes: None,
+            spacing: None,
+            skip_bad: false,
             task: None,
         }
     }
@@ -607,6 +672,10 @@ impl RunConfig {
                 config.model.encoder = "resnet18".into();
             }
         }
+        // A folder of scans: full precision, 64 px (or 64³) and the 3D encoder unless given.
+        if config.data.name == "folder" {
+            config.data.resolve_scans(given("data", "size"));
+        }
         // A file of your own has the side of its images.
         let npz = (config.data.name == NPZ)
             .then(|| config.data.npz_geometry())
@@ -617,7 +686,8 @@ impl RunConfig {
         config.data.resolve();
         // Volumes get IConE's 3D ResNet-18 unless an encoder is named (the digits CNN is 2D).
         let volumes = ssl_data::medmnist_info(&config.data.name).is_ok_and(|i| i.volumetric)
-            || npz.is_some_and(|(_, volumes)| volumes);
+            || npz.is_some_and(|(_, volumes)| volumes)
+            || config.data.scan_volumes();
         if !encoder_given && volumes {
             config.model.encoder = "resnet18_3d".into();
         }
@@ -985,6 +1055,7 @@ impl DataConfig {
              (`{}` has none); drop it",
             self.name
         );
+        self.validate_scans()?;
         let mut classes = self.classes.clone();
         classes.sort_unstable();
         classes.dedup();
@@ -993,6 +1064,49 @@ impl DataConfig {
             "data.classes keeps the single class {:?}; the evaluation's linear probe and \
              silhouette need at least 2 (empty: all classes)",
             classes
+        );
+        Ok(())
+    }
+}
+
+impl DataConfig {
+    /// The scan settings apply to a folder read as scans, `spacing` to its volumes.
+    fn validate_scans(&self) -> Result<()> {
+        let scans = self.name == "folder" && self.intensity.is_some();
+        for (key, set) in [
+            ("data.intensity", self.intensity.is_some()),
+            ("data.volumes", self.volumes.is_some()),
+            ("data.skip_bad", self.skip_bad),
+            ("data.spacing", self.spacing.is_some()),
+        ] {
+            ensure!(
+                !set || self.name == "folder",
+                "{key} is for a folder of scans (data.name=folder); `{}` is not one, so drop it",
+                self.name
+            );
+        }
+        if let Some(intensity) = &self.intensity {
+            intensity.validate()?;
+        }
+        ensure!(
+            scans || (self.volumes.is_none() && self.spacing.is_none() && !self.skip_bad),
+            "data.volumes, data.spacing and data.skip_bad apply to scans, and this folder is \
+             read as 8-bit photos; set data.intensity (e.g. range) to read it as scans"
+        );
+        if let Some(spacing) = self.spacing {
+            ensure!(
+                self.volumes == Some(true),
+                "data.spacing resamples volumes, and this folder's samples are 2D images; drop it"
+            );
+            ensure!(
+                spacing.iter().all(|s| s.is_finite() && *s > 0.0),
+                "data.spacing {spacing:?} must be positive millimetres, e.g. [1.5, 1.5, 1.5]"
+            );
+        }
+        ensure!(
+            self.keep_side == 0 || !scans,
+            "data.keep_side keeps photos at full resolution; scans are stored at data.size, so \
+             drop it"
         );
         Ok(())
     }

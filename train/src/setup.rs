@@ -94,6 +94,9 @@ pub struct DataSplit {
     pub unlabeled: Vec<usize>,
     /// Classes subsampled by `data.imbalance` (empty when balanced).
     pub minority_classes: Vec<u32>,
+    /// Files of a folder of scans left out under `data.skip_bad`, each with the reason.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
     /// Normalisation of the encoder's inputs (the training views get it from their recipe).
     pub normalize: Normalization,
     /// A multi-label data set's flags (ChestMNIST's 14 findings), whose `dataset.labels` say
@@ -126,6 +129,7 @@ impl DataSplit {
             test: Vec::new(),
             unlabeled: Vec::new(),
             minority_classes: Vec::new(),
+            skipped: Vec::new(),
             normalize: Normalization::None,
             findings: None,
         }
@@ -174,6 +178,7 @@ fn split(cfg: &RunConfig, own: Option<(Dataset, usize)>) -> Result<DataSplit> {
     let seed = cfg.data.split_seed.unwrap_or(cfg.train.seed);
     let mut findings = None;
     let mut unlabeled = Vec::new();
+    let mut skipped = Vec::new();
     let (dataset, mut train, mut test) = match own {
         Some((dataset, unlabelled_count)) => {
             let labelled = dataset.len() - unlabelled_count;
@@ -186,7 +191,12 @@ fn split(cfg: &RunConfig, own: Option<(Dataset, usize)>) -> Result<DataSplit> {
             unlabeled = (labelled..dataset.len()).collect();
             (dataset, train, test)
         }
-        None => load(cfg, seed, &mut unlabeled, &mut findings)?,
+        None => match cfg.data.intensity {
+            Some(intensity) if cfg.data.name == "folder" => {
+                scan_folder(cfg, intensity, seed, &mut unlabeled, &mut skipped)?
+            }
+            _ => load(cfg, seed, &mut unlabeled, &mut findings)?,
+        },
     };
     if !cfg.data.classes.is_empty() {
         let keep = |part: &mut Vec<usize>| {
@@ -229,6 +239,7 @@ fn split(cfg: &RunConfig, own: Option<(Dataset, usize)>) -> Result<DataSplit> {
         test,
         unlabeled,
         minority_classes,
+        skipped,
         normalize: cfg.data.normalization(),
         findings,
     })
@@ -334,6 +345,76 @@ fn load(
             medmnist_split(m, findings)
         }
     })
+}
+
+/// The folder or manifest of scans at `data.root`, read at full precision through `intensity`
+/// (docs/data.md, "Your own scans"), decoded into the cache on first use: its samples, their
+/// train and test positions (as the manifest or `train/` and `val/` name them, else drawn by
+/// `data.test_fraction`), its unlabelled ones and the files left out.
+fn scan_folder(
+    cfg: &RunConfig,
+    intensity: ssl_data::scans::Intensity,
+    seed: u64,
+    unlabeled: &mut Vec<usize>,
+    skipped: &mut Vec<String>,
+) -> Result<(Dataset, Vec<usize>, Vec<usize>)> {
+    let Some(root) = &cfg.data.root else {
+        bail!("data set `folder` needs its directory or manifest: set data.root (or --root PATH)");
+    };
+    let _loading = crate::progress::spinner(format!(
+        "reading the scans of {} (decoded into the cache on first use)",
+        root.display()
+    ));
+    let volumes = cfg.data.volumes.unwrap_or(false);
+    let collection = ssl_data::scans::scan(root, volumes).context("data.root")?;
+    let options = ssl_data::scans::ScanOptions {
+        size: cfg.data.size,
+        intensity,
+        spacing: cfg.data.spacing,
+        skip_bad: cfg.data.skip_bad,
+    };
+    let set = ssl_data::scans::load_scans(&collection, &options, Some(&cache_dir().join("scans")))
+        .context("data.root")?;
+    if !set.skipped.is_empty() {
+        eprintln!(
+            "warning: data.skip_bad: {} files left out (listed in split.json):",
+            set.skipped.len()
+        );
+        for refused in &set.skipped {
+            eprintln!("  {refused}");
+        }
+    }
+    *skipped = set.skipped.iter().map(ToString::to_string).collect();
+    ensure!(
+        set.unlabelled.is_empty() || cfg.train.probe_lr == 0.0,
+        "{} of the scans have no label and join the pretraining, which the online probe cannot \
+         learn from; set train.probe_lr=0 (the end-of-run probe and k-NN use the labelled scans)",
+        set.unlabelled.len()
+    );
+    let labelled: Vec<usize> = (0..set.dataset.len())
+        .filter(|i| set.unlabelled.binary_search(i).is_err())
+        .collect();
+    let (train, test): (Vec<usize>, Vec<usize>) = match set.splits.iter().any(Option::is_some) {
+        true => labelled
+            .iter()
+            .partition(|&&i| set.splits[i] == Some(ssl_data::scans::Split::Train)),
+        false => {
+            let labels: Vec<u32> = labelled.iter().map(|&i| set.dataset.labels[i]).collect();
+            let (train, test) = ssl_data::stratified_split(&labels, cfg.data.test_fraction, seed)
+                .context("data.test_fraction")?;
+            (
+                train.iter().map(|&k| labelled[k]).collect(),
+                test.iter().map(|&k| labelled[k]).collect(),
+            )
+        }
+    };
+    ensure!(
+        !test.is_empty(),
+        "no labelled scan is held out for the evaluation; give some manifest rows the split \
+         `test` (or none, to draw data.test_fraction of them)"
+    );
+    *unlabeled = set.unlabelled;
+    Ok((set.dataset, train, test))
 }
 
 /// A MedMNIST-layout file's data set with its official train and test splits (val unused), and
