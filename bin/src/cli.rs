@@ -90,6 +90,25 @@ pub enum DataCommand {
     /// Write the embedded digits in a MedMNIST file's exact layout and split sizes (upsampled,
     /// tinted for RGB, stacked for 3D), to try a pipeline without the official files.
     Sample(SampleArgs),
+    /// Read every file of a folder or manifest of scans (DICOM, NIfTI, 16-bit or multi-channel
+    /// images) as `ssl run --data folder --root ROOT` would, and print what a run would see:
+    /// formats, classes per split, shapes, spacing, value range, the mapping chosen, and every
+    /// file it would refuse with the reason. Nothing is trained or cached.
+    Inspect(InspectArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    /// A folder (ROOT/<class>/…, or ROOT/train and ROOT/val) or a manifest (.csv or .tsv of
+    /// path,label[,split] rows).
+    pub root: PathBuf,
+    /// The side the samples would be made (default 64, or 64³ for volumes).
+    #[arg(long)]
+    pub size: Option<usize>,
+    /// A data setting as `ssl run` takes it, e.g. `--set data.intensity={window: [-1000, 400]}`
+    /// or `--set data.volumes=false`.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -417,6 +436,7 @@ pub fn execute(cli: Cli) -> Result<()> {
         Command::Pull { repo, hub } => pull(&repo, &hub),
         Command::Data(DataCommand::Download(args)) => download(&args),
         Command::Data(DataCommand::Sample(args)) => sample(&args),
+        Command::Data(DataCommand::Inspect(args)) => inspect_data(&args),
     }
 }
 
@@ -701,6 +721,62 @@ fn sample(args: &SampleArgs) -> Result<()> {
         info.flag,
         args.size,
         args.dir.display()
+    );
+    Ok(())
+}
+
+/// `ssl data inspect`: the collection at `args.root` read as a run would, without training.
+fn inspect_data(args: &InspectArgs) -> Result<()> {
+    let mut root = serde_yaml::Value::Mapping(Default::default());
+    for s in &args.set {
+        apply_set(&mut root, s)?;
+    }
+    let mut data = root
+        .get("data")
+        .cloned()
+        .unwrap_or_else(|| serde_yaml::Value::Mapping(Default::default()));
+    let text = |s: &str| serde_yaml::Value::String(s.into());
+    data["name"] = text("folder");
+    data["root"] = text(&args.root.to_string_lossy());
+    if let Some(size) = args.size {
+        data["size"] = serde_yaml::Value::Number(size.into());
+    }
+    root["data"] = data;
+    let cfg = RunConfig::from_yaml_value(root)?;
+    let Some(intensity) = cfg.data.intensity else {
+        // A missing or empty folder says so; a folder of photos is not what this command reads.
+        ssl_data::scans::scan(&args.root, false)?;
+        bail!(
+            "{} starts with an 8-bit photo, so a run reads it as an ImageNet-style folder of RGB \
+             images, not as scans; add --set data.intensity=range to read every file at full \
+             precision",
+            args.root.display()
+        );
+    };
+    let volumes = cfg.data.volumes.unwrap_or(false);
+    let collection = ssl_data::scans::scan(&args.root, volumes)?;
+    let options = ssl_data::scans::ScanOptions {
+        size: cfg.data.size,
+        intensity,
+        spacing: cfg.data.spacing,
+        skip_bad: cfg.data.skip_bad,
+    };
+    let report = {
+        let _reading = ssl_train::progress::spinner(format!(
+            "reading the {} files of {}",
+            collection.entries.len(),
+            args.root.display()
+        ));
+        ssl_data::scans::inspect(&collection, &options)
+    };
+    println!("{}\n{report}", args.root.display());
+    println!(
+        "\na run would train {} on `{}` views; its config.yaml records data.intensity, \
+         data.volumes and data.size",
+        cfg.model.encoder,
+        serde_yaml::to_value(cfg.data.recipe())?
+            .as_str()
+            .unwrap_or_default()
     );
     Ok(())
 }
