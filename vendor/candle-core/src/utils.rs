@@ -49,6 +49,8 @@ pub struct BarrierPool {
     root_workers: Vec<usize>,
     /// Serializes concurrent callers. Stores the current generation.
     call_lock: Mutex<usize>,
+    /// The process that started the workers: a process forked from it has none of them.
+    owner: u32,
 }
 
 unsafe impl Sync for BarrierPool {}
@@ -237,6 +239,7 @@ impl BarrierPool {
             threads,
             root_workers,
             call_lock: Mutex::new(0),
+            owner: std::process::id(),
         }
     }
 
@@ -275,6 +278,13 @@ impl BarrierPool {
         let n = self.threads.len();
         if n == 0 {
             f(0);
+            return;
+        }
+        // `fork` copies only the calling thread: in a child the workers do not exist, and
+        // waiting for them would hang. The calling thread runs every share in turn.
+        if std::process::id() != self.owner {
+            let _in_pool = InPoolGuard(IN_BARRIER_POOL.with(|f| f.replace(true)));
+            (0..=n).for_each(&f);
             return;
         }
 
@@ -386,7 +396,12 @@ pub fn barrier_pool() -> &'static BarrierPool {
 }
 
 pub fn with_threadpool<F: FnOnce() -> R + Send, R: Send>(f: F) -> R {
-    candle_pool().install(f)
+    let (owner, pool) = candle_pool();
+    // In a process forked from the pool's owner its threads do not exist: run here.
+    if *owner != std::process::id() {
+        return f();
+    }
+    pool.install(f)
 }
 
 pub fn init_global_threadpool() {
@@ -560,15 +575,17 @@ fn linux_detect_preferred_cpus() -> Option<Vec<usize>> {
     (preferred.len() < total_cpus).then_some(preferred)
 }
 
-static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+static POOL: OnceLock<(u32, rayon::ThreadPool)> = OnceLock::new();
 
-pub(crate) fn candle_pool() -> &'static rayon::ThreadPool {
+/// The pool, and the process that started its threads.
+pub(crate) fn candle_pool() -> &'static (u32, rayon::ThreadPool) {
     POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
+        let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(get_num_threads())
             .start_handler(|_| set_thread_affinity())
             .build()
-            .expect("failed to build candle rayon threadpool")
+            .expect("failed to build candle rayon threadpool");
+        (std::process::id(), pool)
     })
 }
 
