@@ -12,8 +12,9 @@ use clap::{Parser, Subcommand};
 
 use ssl_experiments::compare::{self, Grid};
 use ssl_experiments::generalise;
-use ssl_train::config::{apply_set, RunConfig, TrainConfig};
-use ssl_train::rundir::{self, Start};
+use ssl_train::config::{apply_set, RunConfig};
+use ssl_train::request::{Assignment, Flags, RunRequest};
+use ssl_train::rundir::Start;
 use ssl_train::{evaluate, trainer};
 
 /// Self-supervised pretraining of image encoders, compared fairly: joint-embedding objectives
@@ -445,7 +446,7 @@ fn train(args: &RunArgs) -> Result<()> {
     let requested = args.distributed.as_deref().map(str::parse).transpose()?;
     let comm = ssl_dist::connect(requested)?;
     let outcome = run_config(args).and_then(|(cfg, start)| {
-        set_threads(rank_threads(cfg.train.threads, comm.as_ref())?);
+        ssl_train::config::use_threads(rank_threads(cfg.train.threads, comm.as_ref())?);
         Ok((trainer::run_on(&cfg, start, &comm)?, cfg))
     });
     let (outcome, cfg) = match outcome {
@@ -474,7 +475,7 @@ fn train(args: &RunArgs) -> Result<()> {
 
 /// `ssl compare`: runs a grid (a halves grid by the generalisation protocol).
 fn compare_grid(args: &CompareArgs) -> Result<()> {
-    set_threads(args.threads.unwrap_or(0));
+    ssl_train::config::use_threads(args.threads.unwrap_or(0));
     let grid = args.grid()?;
     let command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let table = match &grid.halves {
@@ -488,7 +489,7 @@ fn compare_grid(args: &CompareArgs) -> Result<()> {
 
 /// `ssl generalise`: the generalisation protocol of a recipe.
 fn generalise_recipe(recipe: &Path, threads: Option<usize>) -> Result<()> {
-    set_threads(threads.unwrap_or(0));
+    ssl_train::config::use_threads(threads.unwrap_or(0));
     let recipe = generalise::Recipe::from_file(recipe)?;
     let command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let table = generalise::run(&recipe, &command_line)?;
@@ -512,53 +513,8 @@ fn list_objectives() -> Result<()> {
 
 /// `ssl describe`: an objective's keys, defaults and limits.
 fn describe_objective(name: &str) -> Result<()> {
-    let r = ssl_core::find(name)?;
-    println!("{} — {}\n{}\n", r.name, r.summary, r.paper);
-    if !r.aliases.is_empty() {
-        println!("aliases: {}\n", r.aliases.join(", "));
-    }
-    let defaults = (r.default_config)();
-    if r.keys.is_empty() {
-        println!("keys: none (nothing to set under objective.params)");
-    } else {
-        println!("keys (objective.params.KEY):");
-        let values: Vec<String> = r
-            .keys
-            .iter()
-            .map(|k| inline_yaml(&defaults[k.name]))
-            .collect();
-        let key_width = r.keys.iter().map(|k| k.name.len()).max().unwrap_or(0);
-        let value_width = values.iter().map(|v| v.chars().count()).max().unwrap_or(0);
-        for (k, value) in r.keys.iter().zip(&values) {
-            println!("  {:<key_width$}  {value:<value_width$}  {}", k.name, k.doc);
-        }
-    }
-    let req = describe_requirements(r)?;
-    println!("\n{req}");
+    println!("{}", ssl_train::describe::objective(name)?);
     Ok(())
-}
-
-/// A default value on one line, as it is written after `--set KEY=`: YAML's flow style for
-/// lists and maps (`[0.85, 1.0]`), whose block style would break the table's rows.
-fn inline_yaml(value: &serde_yaml::Value) -> String {
-    use serde_yaml::Value;
-    match value {
-        Value::Sequence(items) => {
-            let items: Vec<String> = items.iter().map(inline_yaml).collect();
-            format!("[{}]", items.join(", "))
-        }
-        Value::Mapping(map) => {
-            let entries: Vec<String> = map
-                .iter()
-                .map(|(k, v)| format!("{}: {}", inline_yaml(k), inline_yaml(v)))
-                .collect();
-            format!("{{{}}}", entries.join(", "))
-        }
-        scalar => serde_yaml::to_string(scalar)
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-    }
 }
 
 /// `ssl eval`: the offline suite on checkpoints or exported weights.
@@ -598,7 +554,7 @@ fn evaluate_offline(args: &EvalArgs) -> Result<()> {
         lidar_samples: args.lidar_samples,
         lidar_views: args.lidar_views,
     };
-    set_threads(sources[0].cfg.train.threads);
+    ssl_train::config::use_threads(sources[0].cfg.train.threads);
     // RUN/checkpoint/model.safetensors → RUN/eval; anything else → ./ssl-eval.
     let out = args.out.clone().unwrap_or_else(|| {
         let checkpoint_dir = sources[0].weights.parent();
@@ -781,39 +737,6 @@ fn inspect_data(args: &InspectArgs) -> Result<()> {
     Ok(())
 }
 
-/// The objective's limits, read from an instance built with its defaults at the main job's
-/// batch size.
-fn describe_requirements(r: &ssl_core::Registration) -> Result<String> {
-    let req = r.requirements(&serde_yaml::Value::Null, TrainConfig::default().batch_size)?;
-    let max = req.max_views.map_or("any".to_string(), |m| m.to_string());
-    let groups: String = req
-        .param_groups
-        .iter()
-        .map(|g| format!("\nparameter group {}", g.summary()))
-        .collect();
-    Ok(format!(
-        "limits: views {}..{max}, batch size ≥ {}{}{}{}{}",
-        req.min_views,
-        req.min_batch,
-        if req.min_batch_reason.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", req.min_batch_reason)
-        },
-        if req.labels { ", needs labels" } else { "" },
-        if req.teacher.is_some() {
-            ", EMA teacher"
-        } else {
-            ""
-        },
-        if req.pixels {
-            ", encodes the views itself (a ViT's patch tokens)"
-        } else {
-            ""
-        },
-    ) + &groups)
-}
-
 /// `user/name` or `hf://user/name[@revision]` (the suffix overrides `--revision`) pulled into
 /// the Hugging Face cache.
 fn pull_repo(repo: &str, hub: &HubArgs) -> Result<PathBuf> {
@@ -900,52 +823,39 @@ fn rank_threads(threads: usize, comm: &dyn ssl_dist::Comm) -> Result<usize> {
     Ok(share.threads)
 }
 
-fn set_threads(threads: usize) {
-    let threads = ssl_train::config::capped_threads(threads);
-    if threads > 0 {
-        // Candle's CPU kernels read RAYON_NUM_THREADS; our own ops use rayon's global pool.
-        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build_global();
-    }
+/// The configuration `ssl run` trains with, and how it treats its run directory
+/// ([`RunRequest::config_and_start`]).
+pub fn run_config(args: &RunArgs) -> Result<(RunConfig, Start)> {
+    args.request().config_and_start()
 }
 
-/// The configuration `ssl run` trains with, and how it treats its run directory. A resume
-/// starts from the run's recorded configuration (unless `--config` names one) and is held
-/// against it ([`rundir::check_resume`]).
-pub fn run_config(args: &RunArgs) -> Result<(RunConfig, Start)> {
-    if !args.resume {
-        let start = match args.overwrite {
-            true => Start::Overwrite,
-            false => Start::Fresh,
-        };
-        return Ok((resolve(args, None)?, start));
-    }
-    let dir = rundir::resume_target(args.out.as_deref())?;
-    let recorded = RunConfig::load_run(&dir)?;
-    let state = ssl_train::checkpoint::load_state(&dir.join("checkpoint")).with_context(|| {
-        format!(
-            "{} has no checkpoint to resume from yet; start it again with --out {} --overwrite",
-            dir.display(),
-            dir.display()
-        )
-    })?;
-    // `train.stop_after_epochs` counts the epochs of one invocation: it is not carried over.
-    let base = match args.config {
-        Some(_) => None,
-        None => Some(serde_yaml::to_value(RunConfig {
-            train: TrainConfig {
-                stop_after_epochs: 0,
-                ..recorded.train.clone()
+impl RunArgs {
+    /// The run these arguments ask for.
+    fn request(&self) -> RunRequest {
+        RunRequest {
+            config: self.config.clone(),
+            set: self.set.iter().cloned().map(Assignment::Text).collect(),
+            flags: Flags {
+                objective: self.objective.clone(),
+                data: self.data.clone(),
+                root: self.root.clone(),
+                size: self.size,
+                epochs: self.epochs,
+                batch_size: self.batch_size,
+                views: self.views,
+                encoder: self.encoder.clone(),
+                init: self.init.clone(),
+                local_views: self.local_views,
+                seed: self.seed,
+                out: self.out.clone(),
+                device: self.device.clone(),
+                threads: self.threads,
             },
-            ..recorded.clone()
-        })?),
-    };
-    let mut requested = resolve(args, base)?;
-    requested.out = dir;
-    let cfg = rundir::check_resume(&recorded, &requested, &args.allow_changed, state.step)?;
-    Ok((cfg, Start::Resume))
+            resume: self.resume,
+            overwrite: self.overwrite,
+            allow_changed: self.allow_changed.clone(),
+        }
+    }
 }
 
 /// The parser of a flag that takes a whole number: a value that is not one (`-1`, `2.5`) is
@@ -959,170 +869,10 @@ fn whole_number<T: std::str::FromStr>(
     }
 }
 
-/// `base` (else defaults ← recipe) ← `--set` ← flags, then validation and objective lookup. A
-/// flag and a `--set` that give one key different values are an error, not an order to guess.
+/// `base` (else defaults ← recipe) ← `--set` ← flags, then validation and objective lookup
+/// ([`RunRequest::resolve`]).
 pub fn resolve(args: &RunArgs, base: Option<serde_yaml::Value>) -> Result<RunConfig> {
-    let mut root = match (base, &args.config) {
-        (Some(base), _) => base,
-        (None, Some(path)) => RunConfig::from_file(path)?,
-        (None, None) => serde_yaml::Value::Mapping(Default::default()),
-    };
-    let mut set_only = serde_yaml::Value::Mapping(Default::default());
-    for s in &args.set {
-        apply_set(&mut root, s)?;
-        apply_set(&mut set_only, s)?;
-    }
-    let (data, data_file) = match args.data.as_deref().map(medmnist_file) {
-        Some(Ok(Some(file))) => (Some(file.flag.clone()), Some(file)),
-        Some(Err(e)) => return Err(e),
-        _ => (args.data.clone(), None),
-    };
-    let text = |v: &str| serde_yaml::Value::String(v.to_string());
-    let path = |p: &Path| text(&p.to_string_lossy());
-    let number = |v: usize| serde_yaml::Value::Number(v.into());
-    let root_dir = match (&args.root, &data_file) {
-        (Some(_), Some(file)) => bail!(
-            "--data {} is a file, which names its directory; drop --root {}",
-            file.path.display(),
-            args.root.as_deref().unwrap_or(Path::new("")).display()
-        ),
-        (Some(dir), None) => Some(path(dir)),
-        (None, Some(file)) => Some(path(&file.path)),
-        (None, None) => None,
-    };
-    let size = match (args.size, &data_file) {
-        (Some(given), Some(file)) if given != file.size => bail!(
-            "--size {given} disagrees with --data {}, a {}-pixel file; drop --size",
-            file.path.display(),
-            file.size
-        ),
-        (given, file) => given.or(file.as_ref().map(|f| f.size)),
-    };
-    // Each flag's value goes in as the type it was parsed to, never re-read as YAML.
-    let flags: [(&str, &str, Option<serde_yaml::Value>); 14] = [
-        (
-            "--objective",
-            "objective.name",
-            args.objective.as_deref().map(text),
-        ),
-        ("--data", "data.name", data.as_deref().map(text)),
-        ("--root", "data.root", root_dir),
-        ("--size", "data.size", size.map(number)),
-        ("--epochs", "train.epochs", args.epochs.map(number)),
-        (
-            "--batch-size",
-            "train.batch_size",
-            args.batch_size.map(number),
-        ),
-        ("--views", "train.views", args.views.map(number)),
-        (
-            "--encoder",
-            "model.encoder",
-            args.encoder.as_deref().map(text),
-        ),
-        ("--init", "model.init", args.init.as_deref().map(text)),
-        (
-            "--local-views",
-            "train.local_views",
-            args.local_views.map(number),
-        ),
-        (
-            "--seed",
-            "train.seed",
-            args.seed.map(|v| serde_yaml::Value::Number(v.into())),
-        ),
-        ("--out", "out", args.out.as_deref().map(path)),
-        ("--device", "train.device", args.device.as_deref().map(text)),
-        ("--threads", "train.threads", args.threads.map(number)),
-    ];
-    for (flag, key, value) in flags {
-        let Some(v) = value else { continue };
-        let shown = format!("{flag} {}", yaml_line(&v));
-        if let Some(by_set) = lookup(&set_only, key) {
-            if *by_set != v {
-                bail!(
-                    "{flag} and --set {key} give {key} different values ({} and {}); keep one",
-                    yaml_line(&v),
-                    yaml_line(by_set)
-                );
-            }
-        }
-        ssl_train::config::set_key(&mut root, key, v, &shown)?;
-    }
-    let cfg = RunConfig::from_yaml_value(root).context(match &args.config {
-        Some(p) => format!("invalid configuration in {}", p.display()),
-        None => "invalid configuration".to_string(),
-    })?;
-    ssl_core::find(&cfg.objective.name)?;
-    Ok(cfg)
-}
-
-/// The node at dotted `key` of a YAML tree, if there is one.
-fn lookup<'v>(root: &'v serde_yaml::Value, key: &str) -> Option<&'v serde_yaml::Value> {
-    key.split('.').try_fold(root, |node, part| node.get(part))
-}
-
-/// A YAML value on one line.
-fn yaml_line(v: &serde_yaml::Value) -> String {
-    serde_yaml::to_string(v)
-        .map(|s| s.trim().replace('\n', " "))
-        .unwrap_or_default()
-}
-
-/// A MedMNIST-layout file that `--data` names by path: an official one (its flag and size read
-/// off the name `FLAG.npz` (28 px) or `FLAG_SIZE.npz`, checked against the published table), or
-/// one of your own (any other name: data set `npz`, its side read from the file).
-struct MedmnistFile {
-    path: PathBuf,
-    /// The MedMNIST flag, or `npz`.
-    flag: String,
-    size: usize,
-}
-
-/// `Some` when `data` is a path to a `.npz` file (not a data set's name); an error when such a
-/// file is missing, or named like an official file at a size it is not published at.
-fn medmnist_file(data: &str) -> Result<Option<MedmnistFile>> {
-    let path = Path::new(data);
-    if path.extension().is_none_or(|e| e != "npz") {
-        return Ok(None);
-    }
-    if !path.is_file() {
-        bail!(
-            "--data {data}: no such file; give a .npz file in MedMNIST's layout (e.g. \
-             ~/.medmnist/bloodmnist_64.npz, fetched with `ssl data download bloodmnist --size \
-             64`, or one of your own) or a data set name"
-        );
-    }
-    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
-    let (flag, size) = match stem.rsplit_once('_') {
-        Some((flag, size)) => match size.parse::<usize>() {
-            Ok(size) => (flag.to_string(), size),
-            Err(_) => (stem.to_string(), 28),
-        },
-        None => (stem.to_string(), 28),
-    };
-    let Ok(info) = ssl_data::medmnist_info(&flag) else {
-        let (size, _) = ssl_data::npz_geometry(path).with_context(|| {
-            format!("--data {data}: not an official MedMNIST name, read as a file of your own")
-        })?;
-        return Ok(Some(MedmnistFile {
-            path: path.to_path_buf(),
-            flag: ssl_train::config::NPZ.into(),
-            size,
-        }));
-    };
-    info.md5_at(size).with_context(|| {
-        format!(
-            "--data {data}: {} has no {size}-pixel files (for a file of your own in MedMNIST's \
-             layout, use --data npz --root FILE)",
-            info.flag
-        )
-    })?;
-    Ok(Some(MedmnistFile {
-        path: path.to_path_buf(),
-        flag: info.flag.to_string(),
-        size,
-    }))
+    args.request().resolve(base)
 }
 
 #[cfg(test)]
@@ -1136,39 +886,6 @@ mod tests {
         };
         more(&mut args);
         args
-    }
-
-    /// List and map defaults print on one line, as `--set` takes them, not as YAML blocks.
-    #[test]
-    fn describe_prints_list_defaults_inline() -> Result<()> {
-        let ijepa = (ssl_core::find("ijepa")?.default_config)();
-        assert_eq!(inline_yaml(&ijepa["target_scale"]), "[0.15, 0.2]");
-        assert_eq!(inline_yaml(&ijepa["targets"]), "4");
-        let map: serde_yaml::Value = serde_yaml::from_str("{a: [1, 2], b: x}")?;
-        assert_eq!(inline_yaml(&map), "{a: [1, 2], b: x}");
-        Ok(())
-    }
-
-    /// `ssl describe` lists the parameter groups an objective declares, one line each.
-    #[test]
-    fn describe_lists_the_objectives_parameter_groups() -> Result<()> {
-        let dino = describe_requirements(ssl_core::find("dino")?)?;
-        assert!(
-            dino.contains("parameter group encoder. objective.head.: gradient norm clipped to 3 per parameter"),
-            "{dino}"
-        );
-        assert!(
-            dino.contains("parameter group objective.head.last_layer.: frozen for 1 epoch(s)"),
-            "{dino}"
-        );
-        let simsiam = describe_requirements(ssl_core::find("simsiam")?)?;
-        assert!(
-            simsiam.ends_with("parameter group objective.predictor.: constant schedule"),
-            "{simsiam}"
-        );
-        let vicreg = describe_requirements(ssl_core::find("vicreg")?)?;
-        assert!(!vicreg.contains("parameter group"), "{vicreg}");
-        Ok(())
     }
 
     #[test]

@@ -797,6 +797,19 @@ pub fn capped_threads(requested: usize) -> usize {
     cap
 }
 
+/// Starts this process's CPU work on `threads` threads ([`capped_threads`]; 0: all cores):
+/// Candle's kernels read `RAYON_NUM_THREADS`, our own ops use rayon's global pool, which is
+/// built once per process, so a later call changes Candle's count only.
+pub fn use_threads(threads: usize) {
+    let threads = capped_threads(threads);
+    if threads > 0 {
+        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global();
+    }
+}
+
 /// Largest config file [`read_config_text`] reads: recipes and grids are a few KiB.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 

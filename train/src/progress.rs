@@ -10,6 +10,15 @@ fn area() -> &'static MultiProgress {
     AREA.get_or_init(MultiProgress::new)
 }
 
+/// Whether the bars are drawn (on stderr, the default) or hidden, for callers that show their
+/// own progress (the Python package's `progress=False`).
+pub fn set_visible(visible: bool) {
+    area().set_draw_target(match visible {
+        true => indicatif::ProgressDrawTarget::stderr(),
+        false => indicatif::ProgressDrawTarget::hidden(),
+    });
+}
+
 /// A bar of `len` steps drawn with `template` (indicatif syntax) in the shared area.
 pub fn bar(len: u64, template: &str) -> ProgressBar {
     let style = ProgressStyle::with_template(template)

@@ -91,15 +91,21 @@ pub struct TrainedEncoder {
 }
 
 impl TrainedEncoder {
-    /// The encoder of the run in `run_dir` (its `config.yaml` and `checkpoint/`), for samples of
-    /// `shape` (the run's: e.g. `[1, 16, 16]` for the digits at the default size), on the CPU.
+    /// The encoder of the run in `run_dir` (its `config.yaml` and `checkpoint/`, or an exported
+    /// `model.safetensors` beside `config.yaml`, as `ssl pull` leaves it), for samples of `shape`
+    /// (the run's: e.g. `[1, 16, 16]` for the digits at the default size), on the CPU.
     pub fn load(run_dir: &std::path::Path, shape: &[usize]) -> Result<Self> {
         let config = RunConfig::load_run(run_dir)?;
         let device = candle_core::Device::Cpu;
         let store = ssl_core::ParamStore::new(config.train.seed);
         let dataset = setup::DataSplit::shape_only(shape, 0).dataset;
         let encoder = setup::eval_encoder(&config, &dataset, &store, &device)?;
-        let weights = run_dir.join("checkpoint").join(crate::checkpoint::MODEL);
+        let checkpoint = run_dir.join("checkpoint").join(crate::checkpoint::MODEL);
+        let exported = run_dir.join(crate::export::EXPORTED);
+        let weights = match checkpoint.exists() || !exported.exists() {
+            true => checkpoint,
+            false => exported,
+        };
         crate::export::load_encoder(&store, &crate::checkpoint::load_tensors(&weights)?)?;
         Ok(Self {
             encoder,

@@ -165,13 +165,20 @@ pub fn data(cfg: &RunConfig) -> Result<DataSplit> {
 /// labelled ones split into train and test by `data.test_fraction`, then narrowed as
 /// configured; the last `unlabelled` join the pretraining only.
 pub fn own_data(cfg: &RunConfig, dataset: Dataset, unlabelled: usize) -> Result<DataSplit> {
+    check_unlabelled(cfg, unlabelled, "images")?;
+    split(cfg, Some((dataset, unlabelled)))
+}
+
+/// Samples without a label join the pretraining only, which the online probe (it learns from
+/// labels) cannot: such a run needs `train.probe_lr=0`. `what` names the samples.
+pub fn check_unlabelled(cfg: &RunConfig, unlabelled: usize, what: &str) -> Result<()> {
     ensure!(
         unlabelled == 0 || cfg.train.probe_lr == 0.0,
-        "{unlabelled} of the images have no label and join the pretraining, which the online \
+        "{unlabelled} of the {what} have no label and join the pretraining, which the online \
          probe cannot learn from; set train.probe_lr=0 (the end-of-run probe and k-NN use the \
-         labelled images)"
+         labelled {what})"
     );
-    split(cfg, Some((dataset, unlabelled)))
+    Ok(())
 }
 
 fn split(cfg: &RunConfig, own: Option<(Dataset, usize)>) -> Result<DataSplit> {
@@ -385,12 +392,7 @@ fn scan_folder(
         }
     }
     *skipped = set.skipped.iter().map(ToString::to_string).collect();
-    ensure!(
-        set.unlabelled.is_empty() || cfg.train.probe_lr == 0.0,
-        "{} of the scans have no label and join the pretraining, which the online probe cannot \
-         learn from; set train.probe_lr=0 (the end-of-run probe and k-NN use the labelled scans)",
-        set.unlabelled.len()
-    );
+    check_unlabelled(cfg, set.unlabelled.len(), "scans")?;
     let labelled: Vec<usize> = (0..set.dataset.len())
         .filter(|i| set.unlabelled.binary_search(i).is_err())
         .collect();
