@@ -16,6 +16,25 @@ use crate::pools;
 type X<'py> = PyReadonlyArray2<'py, f32>;
 type Y<'py> = PyReadonlyArray1<'py, i64>;
 
+/// Labelled training and test features.
+struct Split {
+    train: Features,
+    train_y: Vec<u32>,
+    test: Features,
+    test_y: Vec<u32>,
+}
+
+impl Split {
+    fn read(train_x: &X<'_>, train_y: &Y<'_>, test_x: &X<'_>, test_y: &Y<'_>) -> Result<Self> {
+        Ok(Self {
+            train: features(train_x, "train_x")?,
+            train_y: labels(train_y, "train_y")?,
+            test: features(test_x, "test_x")?,
+            test_y: labels(test_y, "test_y")?,
+        })
+    }
+}
+
 /// The §1 linear probe: multinomial logistic regression (L2 strength `1/c`, L-BFGS) fitted on
 /// standardised training features, scored on the test split. `c = None` chooses it as `ssl
 /// eval` does: from the default grid, on a stratified 20 % validation split of the training
@@ -30,14 +49,12 @@ fn eval_linear_probe(
     test_y: Y<'_>,
     c: Option<f64>,
 ) -> PyResult<BTreeMap<&'static str, f64>> {
-    let (train, train_y) = (
-        features(&train_x, "train_x").or_value()?,
-        labels(&train_y, "train_y").or_value()?,
-    );
-    let (test, test_y) = (
-        features(&test_x, "test_x").or_value()?,
-        labels(&test_y, "test_y").or_value()?,
-    );
+    let Split {
+        train,
+        train_y,
+        test,
+        test_y,
+    } = Split::read(&train_x, &train_y, &test_x, &test_y).or_value()?;
     let (probe, c) = pools::run(py, || {
         let c = match c {
             Some(c) => c,
@@ -72,14 +89,12 @@ fn eval_knn(
     k: usize,
     temperature: f64,
 ) -> PyResult<f64> {
-    let (train, train_y) = (
-        features(&train_x, "train_x").or_value()?,
-        labels(&train_y, "train_y").or_value()?,
-    );
-    let (test, test_y) = (
-        features(&test_x, "test_x").or_value()?,
-        labels(&test_y, "test_y").or_value()?,
-    );
+    let Split {
+        train,
+        train_y,
+        test,
+        test_y,
+    } = Split::read(&train_x, &train_y, &test_x, &test_y).or_value()?;
     pools::run(py, || {
         ssl_eval::knn_accuracy(&train, &train_y, &test, &test_y, k, temperature)
     })
