@@ -1,17 +1,20 @@
 //! `candle_ssl.train`: a run through the same [`RunRequest`] as `ssl run`, on a named data set,
 //! a path, or images held in NumPy arrays.
 //!
-//! The run goes with the GIL released. Its callbacks, and a check for signals (Ctrl-C) after
-//! every logged step and every epoch, take the GIL back on the training thread: a Python
-//! exception raised there (by a callback, or `KeyboardInterrupt`) stops the run and is raised
-//! from `train` as it was. The run directory then holds its last checkpoint (every
-//! `train.checkpoint_every` epochs, 10 by default), which `resume=True` continues bit-exactly.
+//! The run goes with the GIL released. Its callbacks, and a check for signals after every
+//! logged step and every epoch, take the GIL back on the training thread. A callback's
+//! exception stops the run at once and is raised from `train` as it was. A first Ctrl-C lets
+//! the epoch in progress finish and write its checkpoint, then raises `KeyboardInterrupt`; the
+//! run directory is then one that `resume=True` continues bit-exactly. A second Ctrl-C stops at
+//! once, leaving the last checkpoint written (every `train.checkpoint_every` epochs).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Result};
 use numpy::PyReadonlyArray1;
+use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use ssl_train::request::{Assignment, Flags, RunRequest};
@@ -73,23 +76,38 @@ impl EpochEvent {
 /// The Python exception that stopped a run, kept until the GIL is held again.
 type Raised = Arc<Mutex<Option<PyErr>>>;
 
-/// Calls `callback(event)` (if any) and checks for signals, with the GIL held; a Python
-/// exception is kept in `raised` and stops the run.
+/// Calls `callback(event)` (if any) and checks for signals, with the GIL held. A callback's
+/// exception is kept in `raised` and stops the run now. A first Ctrl-C is kept too and asks
+/// the run to stop at the end of its epoch, with a checkpoint there (`stop`); a second one
+/// stops it now.
 fn call_back(
     raised: &Raised,
+    stop: &AtomicBool,
     callback: Option<&Py<PyAny>>,
     event: impl FnOnce(Python<'_>) -> PyResult<Py<PyAny>>,
 ) -> Result<()> {
     Python::attach(|py| {
-        let outcome = py.check_signals().and_then(|()| match callback {
-            Some(f) => f.call1(py, (event(py)?,)).map(drop),
-            None => Ok(()),
-        });
-        outcome.map_err(|e| {
+        let keep = |e: PyErr| {
             let message = e.to_string();
             *raised.lock().expect("no callback panics holding it") = Some(e);
             anyhow!("stopped by Python: {message}")
-        })
+        };
+        if let Err(signal) = py.check_signals() {
+            if stop.swap(true, Ordering::SeqCst)
+                || !signal.is_instance_of::<PyKeyboardInterrupt>(py)
+            {
+                return Err(keep(signal));
+            }
+            eprintln!(
+                "\ninterrupted: stopping at the end of this epoch with a checkpoint, which \
+                 resume=True continues (Ctrl-C again to stop now)"
+            );
+            keep(signal);
+        }
+        match callback {
+            Some(f) => f.call1(py, (event(py)?,)).map(drop).map_err(keep),
+            None => Ok(()),
+        }
     })
 }
 
@@ -156,13 +174,14 @@ pub fn train(
 
     let raised: Raised = Arc::default();
     let mut trainer = Trainer::new(config.clone()).start(start);
+    let stop = trainer.stop_handle();
     if let Some(images) = own {
         ssl_train::setup::check_unlabelled(&config, images.unlabelled(), "images").or_value()?;
         trainer = trainer.with_data(images);
     }
-    let step_raised = raised.clone();
+    let (step_raised, step_stop) = (raised.clone(), stop.clone());
     let trainer = trainer.on_step(move |e| {
-        call_back(&step_raised, on_step.as_ref(), |py| {
+        call_back(&step_raised, &step_stop, on_step.as_ref(), |py| {
             let event = StepEvent {
                 step: e.step,
                 epoch: e.epoch,
@@ -175,7 +194,7 @@ pub fn train(
     });
     let epoch_raised = raised.clone();
     let trainer = trainer.on_epoch(move |e| {
-        call_back(&epoch_raised, on_epoch.as_ref(), |py| {
+        call_back(&epoch_raised, &stop, on_epoch.as_ref(), |py| {
             let event = EpochEvent {
                 epoch: e.epoch,
                 steps: e.steps,

@@ -1,8 +1,10 @@
-"""Ctrl-C: a run interrupted by SIGINT raises `KeyboardInterrupt`, and `resume=True` finishes it
-with the weights an uninterrupted run reaches, byte for byte."""
+"""Ctrl-C: a run interrupted by SIGINT finishes its epoch, writes a checkpoint there and raises
+`KeyboardInterrupt`, and `resume=True` finishes it with the weights an uninterrupted run
+reaches, byte for byte."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +18,8 @@ import pytest
 
 import candle_ssl as cs
 
-#: The run interrupted, resumed and compared: three short epochs, a checkpoint after each.
+#: The run interrupted, resumed and compared: three short epochs, checkpointed only at the
+#: end (`train.checkpoint_every` is 10), so the checkpoint resumed from is the interrupt's.
 SETTINGS: Dict[str, Any] = {
     "objective": "vicreg",
     "data": "digits",
@@ -24,7 +27,6 @@ SETTINGS: Dict[str, Any] = {
     "batch_size": 64,
     "seed": 0,
     "progress": False,
-    "train.checkpoint_every": 1,
 }
 
 #: Exit status of the child when `train` raised `KeyboardInterrupt`.
@@ -40,8 +42,7 @@ CHILD = textwrap.dedent(
     said = False
 
     def on_step(event):
-        # Mid-way through the second epoch, after the first one's checkpoint (step 22): the
-        # steps logged since must be cut back on resume.
+        # Mid-way through the second epoch (22 steps an epoch): the run ends that epoch.
         global said
         if event.epoch >= 1 and event.step >= 30 and not said:
             said = True
@@ -94,7 +95,10 @@ def test_ctrl_c_then_resume_is_bit_exact(tmp_path: Path) -> None:
     stderr = child.stderr.read() if child.stderr else ""
     assert code == INTERRUPTED, f"exit {code}, stdout {lines}, stderr:\n{stderr}"
     assert "finished" not in lines
+    assert "stopping at the end of this epoch" in stderr, stderr
     assert (interrupted / "checkpoint" / "model.safetensors").is_file()
+    state = json.loads((interrupted / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 44, state
 
     resumed = cs.train(out=interrupted, resume=True, **SETTINGS)
     assert resumed.dir.resolve() == interrupted.resolve()

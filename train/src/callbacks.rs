@@ -1,6 +1,11 @@
 //! Code of your own called as a run goes: after every step (once its values are read from the
 //! device, `train.log_every` steps at a time) and at the end of every epoch. Callbacks run on
-//! rank 0 only; an error a callback returns stops the run with that error.
+//! rank 0 only; an error a callback returns stops the run with that error. A run in one process
+//! can also be asked to stop at the end of its epoch, with a checkpoint there that `--resume`
+//! continues from ([`Callbacks::stop_handle`]; the Python package's first Ctrl-C).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::Result;
 
@@ -40,6 +45,7 @@ type EpochFn = Box<dyn FnMut(&EpochEvent) -> Result<()> + Send>;
 pub struct Callbacks {
     step: Vec<StepFn>,
     epoch: Vec<EpochFn>,
+    stop: Arc<AtomicBool>,
 }
 
 impl Callbacks {
@@ -51,6 +57,18 @@ impl Callbacks {
     /// Adds `f`, called at the end of every epoch.
     pub fn on_epoch(&mut self, f: impl FnMut(&EpochEvent) -> Result<()> + Send + 'static) {
         self.epoch.push(Box::new(f));
+    }
+
+    /// A flag that, once set (from any thread, e.g. a callback), ends a single-process run at
+    /// the end of the epoch in progress, after writing its checkpoint; the run then returns
+    /// without its evaluation, as `train.stop_after_epochs` does. Ignored with several ranks,
+    /// which must all stop at one step.
+    pub fn stop_handle(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.stop)
+    }
+
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
     }
 
     pub(crate) fn step(&mut self, event: &StepEvent) -> Result<()> {

@@ -54,6 +54,12 @@ impl Trainer {
         self
     }
 
+    /// A flag that ends the run at the end of the epoch in progress, with a checkpoint there
+    /// ([`Callbacks::stop_handle`]).
+    pub fn stop_handle(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.callbacks.stop_handle()
+    }
+
     /// Calls `f` at the end of every epoch.
     pub fn on_epoch(mut self, f: impl FnMut(&EpochEvent) -> Result<()> + Send + 'static) -> Self {
         self.callbacks.on_epoch(f);
@@ -140,5 +146,38 @@ impl TrainedEncoder {
     /// The width of the features.
     pub fn output_dim(&self) -> usize {
         self.encoder.output_dim()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+
+    /// A stop asked for in the second epoch ends the run at that epoch's end, checkpointed
+    /// there (every 10 epochs otherwise), without the evaluation.
+    #[test]
+    fn a_stop_asked_for_ends_the_epoch_with_a_checkpoint() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let cfg = RunConfig::builder()
+            .epochs(4)
+            .batch_size(256)
+            .out(dir.path())
+            .build()?;
+        let trainer = Trainer::new(cfg).start(Start::Overwrite);
+        let stop = trainer.stop_handle();
+        let outcome = trainer
+            .on_step(move |e| {
+                if e.epoch == 1 {
+                    stop.store(true, Ordering::SeqCst);
+                }
+                Ok(())
+            })
+            .fit()?;
+        assert!(outcome.evaluation.is_empty());
+        let state = crate::checkpoint::load_state(&dir.path().join("checkpoint"))?;
+        assert_eq!(state.epochs_done, 2);
+        Ok(())
     }
 }

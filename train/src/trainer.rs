@@ -488,12 +488,16 @@ impl<'a> Training<'a> {
                     bar.set_message(format!("loss {loss:.4}"));
                 }
             }
-            let stopping = t.stop_after_epochs > 0 && epoch + 1 - first >= t.stop_after_epochs;
+            let by_setting = t.stop_after_epochs > 0 && epoch + 1 - first >= t.stop_after_epochs;
+            let asked = self.comm.world_size() == 1
+                && (self.report.as_ref()).is_some_and(|r| r.callbacks.stop_requested());
+            let stopping = by_setting || asked;
             self.end_epoch(epoch, &monitor_inputs, stopping)?;
             if stopping && epoch + 1 < t.epochs {
-                bar.abandon_with_message(
-                    "stopped early (train.stop_after_epochs); continue with --resume",
-                );
+                bar.abandon_with_message(match asked {
+                    true => "stopped as asked, checkpoint written; continue with --resume",
+                    false => "stopped early (train.stop_after_epochs); continue with --resume",
+                });
                 return Ok(false);
             }
         }
