@@ -34,9 +34,14 @@ INTERRUPTED = 42
 
 CHILD = textwrap.dedent(
     """
+    import signal
     import sys
 
     import candle_ssl as cs
+
+    # A process started in the background (nohup, some CI runners) inherits SIGINT ignored,
+    # and Python then installs no KeyboardInterrupt handler: install it, as a terminal has.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     settings = {settings!r}
     said = False
