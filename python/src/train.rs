@@ -92,22 +92,23 @@ fn call_back(
             *raised.lock().expect("no callback panics holding it") = Some(e);
             anyhow!("stopped by Python: {message}")
         };
-        if let Err(signal) = py.check_signals() {
-            if stop.swap(true, Ordering::SeqCst)
-                || !signal.is_instance_of::<PyKeyboardInterrupt>(py)
-            {
-                return Err(keep(signal));
-            }
-            eprintln!(
-                "\ninterrupted: stopping at the end of this epoch with a checkpoint, which \
-                 resume=True continues (Ctrl-C again to stop now)"
-            );
-            keep(signal);
-        }
-        match callback {
-            Some(f) => f.call1(py, (event(py)?,)).map(drop).map_err(keep),
+        // Ctrl-C shows here, or inside the callback when it came while Python code ran.
+        let outcome = py.check_signals().and_then(|()| match callback {
+            Some(f) => f.call1(py, (event(py)?,)).map(drop),
             None => Ok(()),
+        });
+        let Err(e) = outcome else {
+            return Ok(());
+        };
+        if !e.is_instance_of::<PyKeyboardInterrupt>(py) || stop.swap(true, Ordering::SeqCst) {
+            return Err(keep(e));
         }
+        eprintln!(
+            "\ninterrupted: stopping at the end of this epoch with a checkpoint, which \
+             resume=True continues (Ctrl-C again to stop now)"
+        );
+        keep(e);
+        Ok(())
     })
 }
 
