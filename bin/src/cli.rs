@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 
 use ssl_experiments::compare::{self, Grid};
 use ssl_experiments::generalise;
-use ssl_train::config::{apply_set, RunConfig};
+use ssl_train::config::RunConfig;
 use ssl_train::request::{Assignment, Flags, RunRequest};
 use ssl_train::rundir::Start;
 use ssl_train::{evaluate, trainer};
@@ -683,23 +683,18 @@ fn sample(args: &SampleArgs) -> Result<()> {
 
 /// `ssl data inspect`: the collection at `args.root` read as a run would, without training.
 fn inspect_data(args: &InspectArgs) -> Result<()> {
-    let mut root = serde_yaml::Value::Mapping(Default::default());
-    for s in &args.set {
-        apply_set(&mut root, s)?;
+    let cfg = RunRequest {
+        set: args.set.iter().cloned().map(Assignment::Text).collect(),
+        flags: Flags {
+            data: Some("folder".into()),
+            root: Some(args.root.clone()),
+            size: args.size,
+            ..Flags::default()
+        },
+        ..RunRequest::default()
     }
-    let mut data = root
-        .get("data")
-        .cloned()
-        .unwrap_or_else(|| serde_yaml::Value::Mapping(Default::default()));
-    let text = |s: &str| serde_yaml::Value::String(s.into());
-    data["name"] = text("folder");
-    data["root"] = text(&args.root.to_string_lossy());
-    if let Some(size) = args.size {
-        data["size"] = serde_yaml::Value::Number(size.into());
-    }
-    root["data"] = data;
-    let cfg = RunConfig::from_yaml_value(root)?;
-    let Some(intensity) = cfg.data.intensity else {
+    .resolve(None)?;
+    let Some(options) = cfg.data.scan_options() else {
         // A missing or empty folder says so; a folder of photos is not what this command reads.
         ssl_data::scans::scan(&args.root, false)?;
         bail!(
@@ -711,12 +706,6 @@ fn inspect_data(args: &InspectArgs) -> Result<()> {
     };
     let volumes = cfg.data.volumes.unwrap_or(false);
     let collection = ssl_data::scans::scan(&args.root, volumes)?;
-    let options = ssl_data::scans::ScanOptions {
-        size: cfg.data.size,
-        intensity,
-        spacing: cfg.data.spacing,
-        skip_bad: cfg.data.skip_bad,
-    };
     let report = {
         let _reading = ssl_train::progress::spinner(format!(
             "reading the {} files of {}",

@@ -45,17 +45,20 @@ def _array(x: object, what: str) -> np.ndarray[Any, Any]:
     return a
 
 
-def features(x: npt.ArrayLike, what: str) -> npt.NDArray[np.float32]:
-    """`x` as a C-contiguous float32 `[N, D]` feature matrix."""
+def float32(x: npt.ArrayLike, what: str, ndim: int, layout: str) -> npt.NDArray[np.float32]:
+    """`x`, real numbers of `ndim` axes (`layout` says which, for the error), as a C-contiguous
+    float32 array."""
     a = _array(x, what)
     if a.dtype.kind not in "biuf":
-        raise ValueError(f"{what}: features must be numbers, got {_describe(a)}")
-    if a.ndim != 2:
-        raise ValueError(
-            f"{what}: features must be a 2-D [N, D] array (one sample per row), got shape "
-            f"{list(a.shape)}"
-        )
+        raise ValueError(f"{what}: must be numbers, got {_describe(a)}")
+    if a.ndim != ndim:
+        raise ValueError(f"{what}: must be a {layout} array, got shape {list(a.shape)}")
     return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def features(x: npt.ArrayLike, what: str) -> npt.NDArray[np.float32]:
+    """`x` as a C-contiguous float32 `[N, D]` feature matrix."""
+    return float32(x, what, 2, "2-D [N, D] (one sample per row)")
 
 
 def labels(y: npt.ArrayLike, what: str, *, allow_matrix: bool = False) -> npt.NDArray[np.int64]:

@@ -281,8 +281,8 @@ def train(
     `results` and `history`. Raises `ValueError` for an unknown key (with the known keys of its
     section) or a refused value or data, `FileNotFoundError` for missing data or a missing run to resume,
     `RuntimeError` when training fails (a non-finite loss names its step),
-    `KeyboardInterrupt` on Ctrl-C (the run directory keeps its last checkpoint: resume it with
-    `out=` and `resume=True`), and a callback's own exception.
+    `KeyboardInterrupt` on Ctrl-C (after the epoch in progress and its checkpoint: resume it
+    with `out=` and `resume=True`), and a callback's own exception.
     """
     named: List[Tuple[str, str, Any]] = []
     if objective is not None:

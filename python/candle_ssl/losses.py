@@ -33,17 +33,10 @@ def loss(name: str, z: npt.ArrayLike, **params: Any) -> Tuple[float, npt.NDArray
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
-    a = np.asarray(z)
-    if a.dtype.kind not in "biuf":
-        raise ValueError(f"z: embeddings must be numbers, got dtype {a.dtype}")
-    if a.ndim != 3:
-        raise ValueError(
-            f"z: embeddings must be a [V, B, D] array (views, instances, dimensions), got shape "
-            f"{list(a.shape)}"
-        )
+    a = _arrays.float32(z, "z", 3, "[V, B, D] (views, instances, dimensions)")
     value, grad = _native.loss(
         name,
-        np.ascontiguousarray(a, dtype=np.float32),
+        a,
         {key: _arrays.plain(v) for key, v in params.items()},
     )
     return float(value), grad

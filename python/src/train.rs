@@ -159,9 +159,14 @@ pub fn train(
             ..Flags::default()
         },
         resume,
-        overwrite: overwrite && !resume,
+        overwrite,
         ..RunRequest::default()
     };
+    if resume && overwrite {
+        return Err(errors::value(anyhow!(
+            "resume=True continues the run in `out`, overwrite=True removes it: give one"
+        )));
+    }
     let (config, start) = request.config_and_start().or_value()?;
     // The objective's limits (views, batch size) are the configuration's: refused as such here,
     // before any data is read, as the trainer would refuse them later.

@@ -208,6 +208,11 @@ def test_labels_go_with_images_only(tmp_path: Path) -> None:
         cs.train("vicreg", "digits", 1, tmp_path / "x", labels=[0, 1], **SMALL)
 
 
+def test_resume_and_overwrite_together_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="give one"):
+        cs.train("vicreg", "digits", 1, tmp_path / "x", resume=True, overwrite=True, **SMALL)
+
+
 # --- Settings and their errors ---------------------------------------------------------------
 
 

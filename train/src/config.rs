@@ -222,6 +222,16 @@ impl DataConfig {
         }
     }
 
+    /// How a folder read as scans makes its samples (`None`: not read as scans).
+    pub fn scan_options(&self) -> Option<ssl_data::scans::ScanOptions> {
+        Some(ssl_data::scans::ScanOptions {
+            size: self.size,
+            intensity: self.intensity?,
+            spacing: self.spacing,
+            skip_bad: self.skip_bad,
+        })
+    }
+
     /// Whether the data are a folder of scans read as volumes.
     pub fn scan_volumes(&self) -> bool {
         self.name == "folder" && self.intensity.is_some() && self.volumes == Some(true)

@@ -198,9 +198,9 @@ fn split(cfg: &RunConfig, own: Option<(Dataset, usize)>) -> Result<DataSplit> {
             unlabeled = (labelled..dataset.len()).collect();
             (dataset, train, test)
         }
-        None => match cfg.data.intensity {
-            Some(intensity) if cfg.data.name == "folder" => {
-                scan_folder(cfg, intensity, seed, &mut unlabeled, &mut skipped)?
+        None => match cfg.data.scan_options() {
+            Some(options) if cfg.data.name == "folder" => {
+                scan_folder(cfg, &options, seed, &mut unlabeled, &mut skipped)?
             }
             _ => load(cfg, seed, &mut unlabeled, &mut findings)?,
         },
@@ -354,13 +354,13 @@ fn load(
     })
 }
 
-/// The folder or manifest of scans at `data.root`, read at full precision through `intensity`
+/// The folder or manifest of scans at `data.root`, read at full precision as `options` say
 /// (docs/data.md, "Your own scans"), decoded into the cache on first use: its samples, their
 /// train and test positions (as the manifest or `train/` and `val/` name them, else drawn by
 /// `data.test_fraction`), its unlabelled ones and the files left out.
 fn scan_folder(
     cfg: &RunConfig,
-    intensity: ssl_data::scans::Intensity,
+    options: &ssl_data::scans::ScanOptions,
     seed: u64,
     unlabeled: &mut Vec<usize>,
     skipped: &mut Vec<String>,
@@ -374,13 +374,7 @@ fn scan_folder(
     ));
     let volumes = cfg.data.volumes.unwrap_or(false);
     let collection = ssl_data::scans::scan(root, volumes).context("data.root")?;
-    let options = ssl_data::scans::ScanOptions {
-        size: cfg.data.size,
-        intensity,
-        spacing: cfg.data.spacing,
-        skip_bad: cfg.data.skip_bad,
-    };
-    let set = ssl_data::scans::load_scans(&collection, &options, Some(&cache_dir().join("scans")))
+    let set = ssl_data::scans::load_scans(&collection, options, Some(&cache_dir().join("scans")))
         .context("data.root")?;
     if !set.skipped.is_empty() {
         eprintln!(
