@@ -106,7 +106,7 @@ pub mod tokens;
 pub use collective::{Collective, SingleProcess};
 pub use groups::{ParamGroup, Prefixes, Schedule};
 pub use objective::{
-    ema_update, paired_parameters, Batch, BuildContext, Ids, LossOutput, Objective,
+    ema_update, paired_parameters, Batch, BuildContext, DataFacts, Ids, LossOutput, Objective,
     ObjectiveConfig, Patches, PixelBatch, PixelLoss, Progress, Requirements, StepContext,
     TeacherSpec,
 };

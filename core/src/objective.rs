@@ -453,6 +453,34 @@ pub trait ObjectiveConfig: Serialize + DeserializeOwned + Default + 'static {
     }
     /// Builds the objective.
     fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>>;
+
+    /// Fits the paper defaults that make no sense for this data set (more prototypes, or a
+    /// longer queue, than there are training instances) to it, before the run is built and
+    /// recorded. Only keys for which `defaulted(key)` holds (the run left them at the paper's
+    /// default) may change; a value the user gave is kept. Returns one sentence per change,
+    /// naming the key, both values and why, which the trainer prints at the start of the run.
+    fn fit_to_data(&mut self, _data: &DataFacts, _defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// What [`ObjectiveConfig::fit_to_data`] knows of the run: the training set's size and the
+/// batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataFacts {
+    /// Training instances `N`.
+    pub num_instances: usize,
+    /// Instances per batch `B` (the global batch of a data-parallel run).
+    pub batch_size: usize,
+}
+
+impl DataFacts {
+    /// The largest power of two at most `N` (at least `floor`): the size a prototype layer
+    /// fitted to the data set takes.
+    pub fn power_of_two_within_instances(&self, floor: usize) -> usize {
+        let n = self.num_instances.max(1);
+        (1usize << n.ilog2()).max(floor)
+    }
 }
 
 #[cfg(test)]

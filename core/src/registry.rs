@@ -2,7 +2,9 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::{BuildContext, Objective, ObjectiveConfig, ParamStore, Patches, Requirements};
+use crate::{
+    BuildContext, DataFacts, Objective, ObjectiveConfig, ParamStore, Patches, Requirements,
+};
 
 /// One documented configuration key of an objective (shown by `ssl describe`).
 #[derive(Debug, Clone, Copy)]
@@ -34,6 +36,13 @@ pub struct Registration {
     pub check: fn(&serde_yaml::Value) -> Result<()>,
     /// Parses, validates and builds from a YAML mapping of overrides.
     pub build: fn(&serde_yaml::Value, &BuildContext<'_>) -> Result<Box<dyn Objective>>,
+    /// [`ObjectiveConfig::fit_to_data`] on a YAML mapping: the mapping with the fitted keys, and
+    /// the sentences saying what changed.
+    pub fit_to_data: fn(
+        &serde_yaml::Value,
+        &DataFacts,
+        &dyn Fn(&str) -> bool,
+    ) -> Result<(serde_yaml::Value, Vec<String>)>,
 }
 
 inventory::collect!(Registration);
@@ -111,6 +120,25 @@ pub fn build_from<C: ObjectiveConfig>(
     parse_config::<C>(name, value)?.build(ctx)
 }
 
+/// Parses `C`, fits its defaulted keys to `data` and serialises it back; the `fit_to_data`
+/// entry of a [`Registration`].
+pub fn fit_from<C: ObjectiveConfig>(
+    name: &str,
+    value: &serde_yaml::Value,
+    data: &DataFacts,
+    defaulted: &dyn Fn(&str) -> bool,
+) -> Result<(serde_yaml::Value, Vec<String>)> {
+    let mut config = parse_config::<C>(name, value)?;
+    let notes = config.fit_to_data(data, defaulted);
+    if notes.is_empty() {
+        return Ok((value.clone(), notes));
+    }
+    config
+        .validate()
+        .with_context(|| format!("objective `{name}` fitted to the data set"))?;
+    Ok((serde_yaml::to_value(&config)?, notes))
+}
+
 /// All linked objectives, sorted by name.
 pub fn registry() -> Vec<&'static Registration> {
     let mut all: Vec<_> = inventory::iter::<Registration>.into_iter().collect();
@@ -166,6 +194,9 @@ macro_rules! register_objective {
                 default_config: $crate::registry::default_config_of::<$config>,
                 check: |value| $crate::registry::parse_config::<$config>($name, value).map(drop),
                 build: |value, ctx| $crate::registry::build_from::<$config>($name, value, ctx),
+                fit_to_data: |value, data, defaulted| {
+                    $crate::registry::fit_from::<$config>($name, value, data, defaulted)
+                },
             }
         }
     };

@@ -416,6 +416,11 @@ pub struct ObjectiveSection {
     pub name: String,
     /// Objective keys (see `ssl describe NAME`); absent keys take the paper's defaults.
     pub params: serde_yaml::Value,
+    /// The keys [`Self::resolve`] filled with the paper's defaults: the ones
+    /// [`Self::fit_to_data`] may change. A resolved `config.yaml` gives every key, so a resumed
+    /// run keeps the values it was fitted to.
+    #[serde(skip)]
+    pub defaulted: Vec<String>,
 }
 
 impl ObjectiveSection {
@@ -433,6 +438,11 @@ impl ObjectiveSection {
             serde_yaml::Value::Mapping(defaults) => defaults,
             _ => serde_yaml::Mapping::new(),
         };
+        let given = |key: &serde_yaml::Value| self.params.get(key).is_some();
+        self.defaulted = (resolved.keys())
+            .filter(|key| !given(key))
+            .filter_map(|key| key.as_str().map(str::to_string))
+            .collect();
         match &self.params {
             serde_yaml::Value::Null => {}
             serde_yaml::Value::Mapping(given) => {
@@ -449,6 +459,16 @@ impl ObjectiveSection {
         self.params = serde_yaml::Value::Mapping(resolved);
         (registration.check)(&self.params)
     }
+
+    /// Fits the defaulted keys that make no sense for `data` (prototypes or a queue beyond
+    /// the training set, say) to it; returns what changed, one sentence a change.
+    pub fn fit_to_data(&mut self, data: &ssl_core::DataFacts) -> Result<Vec<String>> {
+        let registration = ssl_core::find(&self.name)?;
+        let defaulted = |key: &str| self.defaulted.iter().any(|k| k == key);
+        let (params, notes) = (registration.fit_to_data)(&self.params, data, &defaulted)?;
+        self.params = params;
+        Ok(notes)
+    }
 }
 
 impl Default for ObjectiveSection {
@@ -456,6 +476,7 @@ impl Default for ObjectiveSection {
         Self {
             name: "vicreg".into(),
             params: serde_yaml::Value::Mapping(Default::default()),
+            defaulted: Vec::new(),
         }
     }
 }

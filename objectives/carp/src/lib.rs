@@ -86,8 +86,8 @@ use candle_core::{DType, Device, Tensor, D};
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
-    register_objective, Batch, BuildContext, Collective, ConfigKey, LossOutput, Objective,
-    ObjectiveConfig, Progress, Requirements, SingleProcess, StepContext, TeacherSpec,
+    register_objective, Batch, BuildContext, Collective, ConfigKey, DataFacts, LossOutput,
+    Objective, ObjectiveConfig, Progress, Requirements, SingleProcess, StepContext, TeacherSpec,
 };
 
 /// The [`Progress::rng`] stream of the partitions.
@@ -335,6 +335,29 @@ impl ObjectiveConfig for CarpConfig {
             self.momentum_base
         );
         Ok(())
+    }
+
+    /// `K` beyond the training set (the paper's 65,536 prototypes for ImageNet's 1.28 M images)
+    /// becomes the largest power of two within it, and `N_B` keeps the paper's 128 blocks.
+    fn fit_to_data(&mut self, data: &DataFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let n = data.num_instances;
+        if !defaulted("num_prototypes") || self.num_prototypes <= n {
+            return Vec::new();
+        }
+        let (k, blocks) = (data.power_of_two_within_instances(4), 128);
+        let mut note = format!(
+            "CARP's {} prototypes are more than the {n} training images: num_prototypes = {k}",
+            self.num_prototypes
+        );
+        self.num_prototypes = k;
+        if defaulted("block_size") {
+            self.block_size = (k / blocks).max(2);
+            note += &format!(
+                " and block_size = {} (the paper's {blocks} blocks)",
+                self.block_size
+            );
+        }
+        vec![note + "; set objective.params.num_prototypes to choose"]
     }
 
     fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>> {

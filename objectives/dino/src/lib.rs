@@ -77,8 +77,8 @@ use candle_core::{Tensor, Var, D};
 use candle_nn::Init;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
-    register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
-    ParamGroup, Requirements, StepContext, TeacherSpec,
+    register_objective, Batch, BuildContext, ConfigKey, DataFacts, LossOutput, Objective,
+    ObjectiveConfig, ParamGroup, Requirements, StepContext, TeacherSpec,
 };
 
 /// Teacher temperature of `epoch` (0-based): `linspace(warmup_start, final, warmup_epochs)[epoch]`
@@ -274,6 +274,23 @@ impl ObjectiveConfig for DinoConfig {
             );
         }
         Ok(())
+    }
+
+    /// `K` beyond the training set (the reference's 65,536 prototypes for ImageNet) becomes
+    /// the largest power of two within it.
+    fn fit_to_data(&mut self, data: &DataFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let n = data.num_instances;
+        if !defaulted("out_dim") || self.out_dim <= n {
+            return Vec::new();
+        }
+        let k = data.power_of_two_within_instances(2);
+        let note = format!(
+            "DINO's {} prototypes are more than the {n} training images: out_dim = {k}; set \
+             objective.params.out_dim to choose",
+            self.out_dim
+        );
+        self.out_dim = k;
+        vec![note]
     }
 
     fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>> {

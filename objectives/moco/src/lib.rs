@@ -70,8 +70,8 @@ use candle_core::{DType, Tensor};
 use candle_nn::Init;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
-    register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
-    Requirements, StepContext, TeacherSpec,
+    register_objective, Batch, BuildContext, ConfigKey, DataFacts, LossOutput, Objective,
+    ObjectiveConfig, Requirements, StepContext, TeacherSpec,
 };
 use ssl_linalg::{logsumexp_rows, normalize_rows};
 
@@ -190,6 +190,24 @@ impl ObjectiveConfig for MocoConfig {
             self.momentum
         );
         Ok(())
+    }
+
+    /// A queue longer than the training set (the paper's 65,536 keys for ImageNet) would hold
+    /// each image's own older keys as negatives: it becomes the most whole batches within it.
+    fn fit_to_data(&mut self, data: &DataFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let (n, b) = (data.num_instances, data.batch_size.max(1));
+        if !defaulted("queue_size") || self.queue_size <= n {
+            return Vec::new();
+        }
+        let k = (n / b).max(1) * b;
+        let note = format!(
+            "MoCo's queue of {} keys is longer than the {n} training images: queue_size = {k} \
+             ({} batches of {b}); set objective.params.queue_size to choose",
+            self.queue_size,
+            k / b
+        );
+        self.queue_size = k;
+        vec![note]
     }
 
     fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>> {
