@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -15,7 +16,7 @@ use ssl_experiments::generalise;
 use ssl_train::config::RunConfig;
 use ssl_train::request::{Assignment, Flags, RunRequest};
 use ssl_train::rundir::Start;
-use ssl_train::{evaluate, trainer};
+use ssl_train::{evaluate, Trainer};
 
 /// Self-supervised pretraining of image encoders, compared fairly: joint-embedding objectives
 /// (VICReg, SimCLR, Barlow Twins, FroSSL, IConE, DINO, … see `ssl list`) on CNN, ResNet and ViT
@@ -447,7 +448,10 @@ fn train(args: &RunArgs) -> Result<()> {
     let comm = ssl_dist::connect(requested)?;
     let outcome = run_config(args).and_then(|(cfg, start)| {
         ssl_train::config::use_threads(rank_threads(cfg.train.threads, comm.as_ref())?);
-        Ok((trainer::run_on(&cfg, start, &comm)?, cfg))
+        let run = Trainer::new(cfg.clone())
+            .start(start)
+            .ranks(Arc::clone(&comm));
+        Ok((run.fit()?, cfg))
     });
     let (outcome, cfg) = match outcome {
         // A rank that stops must not leave the others waiting in a collective.
@@ -465,9 +469,10 @@ fn train(args: &RunArgs) -> Result<()> {
     } else {
         println!("\n{}", evaluate::table(&outcome.evaluation, &cfg));
         println!(
-            "run directory {} ({:.1} s)",
+            "run directory {} ({:.1} s: {})",
             outcome.dir.display(),
-            outcome.seconds
+            outcome.seconds,
+            outcome.phases.summary()
         );
     }
     Ok(())

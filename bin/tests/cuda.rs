@@ -675,6 +675,7 @@ fn batches_staged_on_the_loader_thread_arrive_intact() -> Result<()> {
                 local_views: values(locals * b * 3 * 16 * 16),
                 local_count: locals,
                 local_shape: local.to_vec(),
+                made_in: std::time::Duration::ZERO,
             }
         })
         .collect();

@@ -2191,7 +2191,11 @@ fn card_snippet_fixtures_load_back_in_candle() {
             cfg: &recipe,
             recipe_notes: &notes,
             license: "mit",
-            results: &ssl_hub::card::Results { rows: Vec::new() },
+            results: &ssl_train::results::Results {
+                seconds: 1.0,
+                phases: Default::default(),
+                rows: Vec::new(),
+            },
             split: &ssl_hub::card::Split {
                 seed: 0,
                 train: vec![0, 1],

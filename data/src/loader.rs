@@ -101,6 +101,8 @@ pub struct ViewBatch {
     pub local_count: usize,
     /// Shape of one local view (empty without local crops).
     pub local_shape: Vec<usize>,
+    /// How long the views took to make.
+    pub made_in: std::time::Duration,
 }
 
 impl ViewBatch {
@@ -341,6 +343,7 @@ impl ViewLoader {
 
     /// Builds the batch for the given instance ids (augmentations seeded as in [`Self::epoch`]).
     pub fn make_batch(&self, epoch: usize, ids: &[u32]) -> ViewBatch {
+        let started = std::time::Instant::now();
         let sl = self.dataset.sample_len();
         let bs = ids.len();
         let shape = &self.dataset.shape;
@@ -402,6 +405,7 @@ impl ViewLoader {
                 .collect(),
             batch_size: bs,
             views_count: self.views,
+            made_in: started.elapsed(),
         }
     }
 }

@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
 use serde::Deserialize;
-use serde_json::Value as Json;
 
 use ssl_report::plot::{self, Bar, BarPanel, LineAxes, Panel, ScatterPanel, Series};
 use ssl_train::config::{apply_set, RunConfig};
 use ssl_train::progress;
-use ssl_train::trainer;
+use ssl_train::results::{Metric, Results, RESULTS};
+use ssl_train::Trainer;
 use ssl_train::{atomic, checkpoint};
 
 /// A comparison grid, as read from YAML (`configs/compare-*.yaml`) and overridden by flags.
@@ -47,7 +47,7 @@ pub struct Grid {
     #[serde(default = "default_out")]
     pub out: PathBuf,
     /// Table columns, as `results.json` metric keys (default: probe, k-NN, RankMe, effective
-    /// rank); see `METRICS`.
+    /// rank); see `ssl_train::results::METRICS`.
     #[serde(default = "default_metrics")]
     pub metrics: Vec<String>,
     /// Published values to print beside a row: label → metric key → value (in the units of
@@ -633,30 +633,20 @@ fn same_config(dir: &Path, cfg: &RunConfig) -> Result<bool> {
 /// Reads a finished cell's results, if its directory holds them for exactly this configuration.
 fn finished(cell: &Cell) -> Result<Option<Outcome>> {
     let dir = &cell.config.out;
-    let results = dir.join("results.json");
-    if !results.exists() || !same_config(dir, &cell.config)? {
+    if !dir.join(RESULTS).exists() || !same_config(dir, &cell.config)? {
         return Ok(None);
     }
-    let json: Json = serde_json::from_str(&std::fs::read_to_string(&results)?)
-        .with_context(|| format!("{} is not valid JSON", results.display()))?;
-    let mut rows = BTreeMap::new();
-    for row in json["rows"].as_array().into_iter().flatten() {
-        let name = row["encoder"].as_str().unwrap_or_default();
-        let role = if name.ends_with("(ours)") {
-            "ours"
-        } else {
-            name
-        };
-        let metrics = row["metrics"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| v.as_f64().map(|v| (k.clone(), v)))
-            .collect();
-        rows.insert(role.to_string(), metrics);
-    }
-    let seconds = json["seconds"].as_f64().unwrap_or(f64::NAN);
-    Ok(Some(Outcome::Done { rows, seconds }))
+    let results = Results::read(dir)?;
+    let rows = (results.rows.into_iter())
+        .map(|row| match row.encoder.ends_with("(ours)") {
+            true => ("ours".to_string(), row.metrics),
+            false => (row.encoder, row.metrics),
+        })
+        .collect();
+    Ok(Some(Outcome::Done {
+        rows,
+        seconds: results.seconds,
+    }))
 }
 
 pub fn run_cell(cell: &Cell) -> Result<Outcome> {
@@ -671,7 +661,7 @@ pub fn run_cell(cell: &Cell) -> Result<Outcome> {
         true => ssl_train::rundir::Start::Resume,
         false => ssl_train::rundir::Start::Overwrite,
     };
-    match trainer::run(&cell.config, start) {
+    match Trainer::new(cell.config.clone()).start(start).fit() {
         Ok(_) => Ok(finished(cell)?
             .unwrap_or_else(|| Outcome::Failed("the run ended without results.json".to_string()))),
         Err(e) => Ok(Outcome::Failed(format!("{e:#}"))),
@@ -745,85 +735,6 @@ pub fn run(grid: &Grid, command_line: &str) -> Result<String> {
     Ok(markdown)
 }
 
-/// A column of the table: its `results.json` key, title, display scale and decimals.
-#[derive(Debug, Clone, Copy)]
-struct Metric {
-    key: &'static str,
-    title: &'static str,
-    scale: f64,
-    decimals: usize,
-}
-
-/// Every metric a table can show.
-const METRICS: [Metric; 11] = [
-    Metric {
-        key: "probe_balanced_accuracy",
-        title: "linear probe (bal. acc. %)",
-        scale: 100.0,
-        decimals: 1,
-    },
-    Metric {
-        key: "knn_accuracy",
-        title: "k-NN acc. %",
-        scale: 100.0,
-        decimals: 1,
-    },
-    Metric {
-        key: "rankme",
-        title: "RankMe",
-        scale: 1.0,
-        decimals: 1,
-    },
-    Metric {
-        key: "effective_rank",
-        title: "effective rank",
-        scale: 1.0,
-        decimals: 1,
-    },
-    Metric {
-        key: "class_alignment",
-        title: "class alignment ↓",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "uniformity",
-        title: "uniformity ↓",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "silhouette",
-        title: "silhouette",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "kmeans_nmi",
-        title: "k-means NMI",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "kmeans_ami",
-        title: "k-means AMI",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "kmeans_ari",
-        title: "k-means ARI",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "minority_balanced_accuracy",
-        title: "minority classes (probe bal. acc. %)",
-        scale: 100.0,
-        decimals: 1,
-    },
-];
-
 /// The catalogue entries named by `keys`, in that order; an unknown key is an error that lists
 /// the known ones.
 fn metrics(keys: &[String]) -> Result<Vec<Metric>> {
@@ -831,20 +742,16 @@ fn metrics(keys: &[String]) -> Result<Vec<Metric>> {
         bail!("the grid's `metrics` list is empty; name at least one column");
     }
     keys.iter()
-        .map(|key| {
-            METRICS
-                .iter()
-                .find(|m| m.key == key)
-                .copied()
-                .with_context(|| {
-                    let known: Vec<&str> = METRICS.iter().map(|m| m.key).collect();
-                    format!(
-                        "unknown metric `{key}` in the grid (known: {})",
-                        known.join(", ")
-                    )
-                })
-        })
+        .map(|key| Metric::find(key).context("in the grid's `metrics`"))
         .collect()
+}
+
+/// A column's heading: the metric's title, with `%` for a percentage (the cells are numbers).
+fn heading(m: &Metric) -> String {
+    match m.percent() {
+        true => format!("{} %", m.title),
+        false => m.title.to_string(),
+    }
 }
 
 /// Mean and sample standard deviation (0 for a single value).
@@ -977,7 +884,7 @@ impl Summary {
             "Made by `{command_line}`; mean ± std over seeds.\n\n| objective | V | B | seeds |"
         );
         for m in &self.metrics {
-            s.push_str(&format!(" {} |", m.title));
+            s.push_str(&format!(" {} |", heading(m)));
         }
         s.push_str(" wall time (s) |\n|---|---|---|---|");
         s.push_str(&"---|".repeat(self.metrics.len() + 1));
@@ -1082,8 +989,8 @@ impl Summary {
         let panel = |k: usize| {
             let m = self.metrics[k];
             BarPanel {
-                title: m.title.to_string(),
-                x_label: m.title.to_string(),
+                title: heading(&m),
+                x_label: heading(&m),
                 bars: self
                     .rows
                     .iter()
@@ -1133,7 +1040,7 @@ impl Summary {
             }
         }
         Panel {
-            title: m.title.to_string(),
+            title: heading(&m),
             series,
         }
     }

@@ -5,7 +5,7 @@
 //! the Python ones run in `bin/benches/card_snippet.py`), the weights' layout and the recipe
 //! with its local paths removed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -14,22 +14,7 @@ use candle_core::Tensor;
 
 use ssl_experiments::offline::Report;
 use ssl_train::config::RunConfig;
-
-/// One row of a run's `results.json`: an encoder and its metrics.
-#[derive(Debug, Clone, serde::Deserialize)]
-pub struct ResultRow {
-    /// "raw inputs", "random init" or the trained encoder.
-    pub encoder: String,
-    /// Metric name → value.
-    pub metrics: BTreeMap<String, f64>,
-}
-
-/// A run's `results.json`.
-#[derive(Debug, Clone, serde::Deserialize)]
-pub struct Results {
-    /// The baselines and the trained encoder.
-    pub rows: Vec<ResultRow>,
-}
+use ssl_train::results::{table_metrics, Results};
 
 /// What the card reports of the run's `split.json`.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -40,18 +25,6 @@ pub struct Split {
     pub train: Vec<usize>,
     pub test: Vec<usize>,
 }
-
-/// The columns of the card's table: (metric key, heading, percent?).
-const COLUMNS: [(&str, &str, bool); 4] = [
-    (
-        "probe_balanced_accuracy",
-        "linear probe, balanced acc.",
-        true,
-    ),
-    ("knn_accuracy", "20-NN acc.", true),
-    ("rankme", "RankMe", false),
-    ("effective_rank", "effective rank", false),
-];
 
 /// The Hub's id of MedMNIST v2 (all 18 subsets, CC BY 4.0; its card points to medmnist.com).
 pub const MEDMNIST_HUB_DATASET: &str = "albertvillanova/medmnist-v2";
@@ -331,10 +304,14 @@ pub fn model_card(card: &Card) -> Result<String> {
          randomly initialised encoder (`results.json` of the run):\n"
     );
     let _ = write!(text, "| encoder | model seed | split seed | test images |");
-    for (_, heading, _) in COLUMNS {
-        let _ = write!(text, " {heading} |");
+    for metric in table_metrics() {
+        let _ = write!(text, " {} |", metric.title);
     }
-    let _ = writeln!(text, "\n|---|---|---|---|{}", "---|".repeat(COLUMNS.len()));
+    let _ = writeln!(
+        text,
+        "\n|---|---|---|---|{}",
+        "---|".repeat(table_metrics().len())
+    );
     for row in &card.results.rows {
         // The raw inputs involve no model, so no model seed.
         let model_seed = match row.encoder.as_str() {
@@ -346,12 +323,8 @@ pub fn model_card(card: &Card) -> Result<String> {
             "| {} | {model_seed} | {split_seed} | {test_n} |",
             row.encoder
         );
-        for (key, _, percent) in COLUMNS {
-            let cell = match (row.metrics.get(key), percent) {
-                (Some(v), true) => format!("{:.1} %", 100.0 * v),
-                (Some(v), false) => format!("{v:.1}"),
-                (None, _) => "–".into(),
-            };
+        for metric in table_metrics() {
+            let cell = (row.metrics.get(metric.key)).map_or("–".into(), |v| metric.show(*v));
             let _ = write!(text, " {cell} |");
         }
         let _ = writeln!(text);
@@ -814,6 +787,7 @@ fn main() -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use ssl_train::config::apply_set;
+    use std::collections::BTreeMap;
 
     fn config(sets: &[&str]) -> RunConfig {
         let mut root = serde_yaml::Value::Mapping(Default::default());
@@ -838,16 +812,19 @@ mod tests {
 
     fn card(cfg: &RunConfig, shape: &[usize], license: &str) -> String {
         let (recipe, notes) = published_config(cfg);
-        let rows = ["raw inputs", "random init", "vicreg"].map(|encoder| ResultRow {
-            encoder: encoder.into(),
-            metrics: BTreeMap::from([("knn_accuracy".to_string(), 0.5)]),
-        });
+        let rows =
+            ["raw inputs", "random init", "vicreg"].map(|encoder| ssl_train::results::ResultRow {
+                encoder: encoder.into(),
+                metrics: BTreeMap::from([("knn_accuracy".to_string(), 0.5)]),
+            });
         model_card(&Card {
             repo: "user/name",
             cfg: &recipe,
             recipe_notes: &notes,
             license,
             results: &Results {
+                seconds: 1.0,
+                phases: BTreeMap::new(),
                 rows: rows.to_vec(),
             },
             split: &Split {

@@ -13,12 +13,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::card::{self, model_card, Card, Results, Split};
+use crate::card::{self, model_card, Card, Split};
 use crate::hub::{self, HubOptions};
 use ssl_experiments::offline::{self, SuiteConfig};
 use ssl_train::atomic;
 use ssl_train::config::RunConfig;
 use ssl_train::export::{export_encoder, EXPORTED};
+use ssl_train::results::Results;
 
 /// The files of a staged repository that `ssl pull` fetches.
 pub const FILES: [&str; 4] = [EXPORTED, "config.yaml", "eval.json", "README.md"];
@@ -46,7 +47,7 @@ pub fn default_suite(data: &str) -> SuiteConfig {
 pub fn stage(run_dir: &Path, repo: &str, opts: &StageOptions) -> Result<PathBuf> {
     let cfg = RunConfig::load_run(run_dir)?;
     let license = card::license(&cfg.data.name, opts.license.as_deref())?;
-    let results: Results = read_json(&run_dir.join("results.json"), "results")?;
+    let results = Results::read(run_dir)?;
     let split: Split = read_json(&run_dir.join("split.json"), "split")?;
     let dir = run_dir.join("hub");
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;

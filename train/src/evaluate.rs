@@ -18,6 +18,7 @@ use ssl_eval::{Features, LinearProbeConfig};
 use crate::atomic;
 use crate::config::{ModelConfig, RunConfig};
 use crate::model::Model;
+use crate::results::table_metrics;
 use crate::setup::{self, CleanSamples, DataSplit};
 
 /// The result table: each encoder's name and its row.
@@ -43,6 +44,17 @@ pub struct Evaluation {
     /// Probe recall averaged over the minority classes of `data.imbalance`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub minority_balanced_accuracy: Option<f64>,
+}
+
+impl Evaluation {
+    /// Metric key → value, as `results.json` records them (a metric absent from this
+    /// evaluation is left out; one that could not be computed is NaN).
+    pub fn metrics(&self) -> std::collections::BTreeMap<String, f64> {
+        let value = serde_json::to_value(self).expect("an evaluation serialises to JSON");
+        (value.as_object().into_iter().flatten())
+            .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(f64::NAN)))
+            .collect()
+    }
 }
 
 /// Clean train or test samples with their labels.
@@ -398,20 +410,24 @@ pub fn read_embedding(path: &std::path::Path) -> Result<Vec<(f64, f64, u32)>> {
 
 /// The result table as Markdown.
 pub fn table(rows: &[(String, Evaluation)], cfg: &RunConfig) -> String {
-    let mut s = format!(
-        "| encoder | linear probe (balanced acc.) | {}-NN acc. (T={}) | RankMe | effective rank |\n|---|---|---|---|---|\n",
-        cfg.eval.knn_k, cfg.eval.knn_t
-    );
-    for (name, e) in rows {
-        s.push_str(&format!(
-            "| {name} | {:.1} % | {:.1} % | {:.1} | {:.1} |\n",
-            100.0 * e.probe_balanced_accuracy,
-            100.0 * e.knn_accuracy,
-            e.rankme,
-            e.effective_rank
-        ));
+    let columns = table_metrics();
+    let mut s = String::from("| encoder |");
+    for metric in columns {
+        s += &format!(" {} |", metric.title);
     }
-    s
+    s += &format!("\n|---|{}\n", "---|".repeat(columns.len()));
+    for (name, e) in rows {
+        let metrics = e.metrics();
+        s += &format!("| {name} |");
+        for metric in columns {
+            s += &format!(" {} |", metric.show(metrics[metric.key]));
+        }
+        s += "\n";
+    }
+    s + &format!(
+        "\nk-NN: k = {}, T = {} (cosine); probe: logistic regression, C = {}\n",
+        cfg.eval.knn_k, cfg.eval.knn_t, cfg.eval.probe_c
+    )
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ pub struct Trainer {
     data: Option<OwnImages>,
     start: Start,
     callbacks: Callbacks,
+    ranks: Arc<dyn Comm>,
 }
 
 impl Trainer {
@@ -32,7 +33,15 @@ impl Trainer {
             data: None,
             start: Start::Fresh,
             callbacks: Callbacks::default(),
+            ranks: Arc::new(SingleProcess),
         }
+    }
+
+    /// Trains as one rank of a data-parallel job over `ranks` (`ssl_dist::connect`), instead
+    /// of in this process alone: rank 0 writes the run directory and evaluates.
+    pub fn ranks(mut self, ranks: Arc<dyn Comm>) -> Self {
+        self.ranks = ranks;
+        self
     }
 
     /// Trains and evaluates on `images` instead of `data.name`'s data set.
@@ -66,8 +75,8 @@ impl Trainer {
         self
     }
 
-    /// Trains in this process, then evaluates: the table's rows (raw inputs, random init, the
-    /// trained encoder) and the run directory.
+    /// Trains, then evaluates: the table's rows (raw inputs, random init, the trained encoder)
+    /// and the run directory.
     pub fn fit(mut self) -> Result<RunOutcome> {
         let data = match self.data {
             Some(images) => {
@@ -76,8 +85,13 @@ impl Trainer {
             }
             None => setup::data(&self.config)?,
         };
-        let world: Arc<dyn Comm> = Arc::new(SingleProcess);
-        trainer::fit(&self.config, self.start, &world, data, &mut self.callbacks)
+        trainer::fit(
+            &self.config,
+            self.start,
+            &self.ranks,
+            data,
+            &mut self.callbacks,
+        )
     }
 }
 
