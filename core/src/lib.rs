@@ -106,8 +106,8 @@ pub mod tokens;
 pub use collective::{Collective, SingleProcess};
 pub use groups::{ParamGroup, Prefixes, Schedule};
 pub use objective::{
-    ema_update, paired_parameters, Batch, BuildContext, DataFacts, Ids, LossOutput, Objective,
-    ObjectiveConfig, Patches, PixelBatch, PixelLoss, Progress, Requirements, StepContext,
+    ema_update, paired_parameters, Batch, BuildContext, Ids, LossOutput, Objective,
+    ObjectiveConfig, Patches, PixelBatch, PixelLoss, Progress, Requirements, RunFacts, StepContext,
     TeacherSpec,
 };
 pub use params::{ParamStore, StoreInit};

@@ -454,32 +454,48 @@ pub trait ObjectiveConfig: Serialize + DeserializeOwned + Default + 'static {
     /// Builds the objective.
     fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>>;
 
-    /// Fits the paper defaults that make no sense for this data set (more prototypes, or a
-    /// longer queue, than there are training instances) to it, before the run is built and
-    /// recorded. Only keys for which `defaulted(key)` holds (the run left them at the paper's
-    /// default) may change; a value the user gave is kept. Returns one sentence per change,
-    /// naming the key, both values and why, which the trainer prints at the start of the run.
-    fn fit_to_data(&mut self, _data: &DataFacts, _defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
+    /// Fits the paper defaults that make no sense for this run (more prototypes, or a longer
+    /// queue, than there are training instances; a head many times wider than what it reads)
+    /// to it, before the run is built and recorded. Only keys for which `defaulted(key)` holds
+    /// (the run left them at the paper's default) may change; a value the user gave is kept.
+    /// Returns one sentence per change, naming the key, both values and why, which the
+    /// trainer prints at the start of the run.
+    fn fit_to_data(&mut self, _run: &RunFacts, _defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
         Vec::new()
     }
 }
 
-/// What [`ObjectiveConfig::fit_to_data`] knows of the run: the training set's size and the
-/// batch.
+/// What [`ObjectiveConfig::fit_to_data`] knows of the run: the training set's size, the batch
+/// and the widths of the encoder's features and of the projections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DataFacts {
+pub struct RunFacts {
     /// Training instances `N`.
     pub num_instances: usize,
     /// Instances per batch `B` (the global batch of a data-parallel run).
     pub batch_size: usize,
+    /// Width of the encoder's features ([`Batch::features`]).
+    pub feature_dim: usize,
+    /// Width of the projections ([`Batch::projections`]).
+    pub projection_dim: usize,
 }
 
-impl DataFacts {
+/// How much wider than its input a head's hidden layer may be before it is fitted: the
+/// papers' heads are 1× (CARP's 2048 on a ResNet-50's 2048 features) to 5.3× (DINO's 2048 on
+/// ViT-S/16's 384) their input, and BYOL's predictor is 16× its 256-d projections.
+pub const HEAD_WIDTH_RATIO: usize = 4;
+
+impl RunFacts {
     /// The largest power of two at most `N` (at least `floor`): the size a prototype layer
     /// fitted to the data set takes.
     pub fn power_of_two_within_instances(&self, floor: usize) -> usize {
         let n = self.num_instances.max(1);
         (1usize << n.ilog2()).max(floor)
+    }
+
+    /// The widest hidden layer a head that reads `input`-wide vectors keeps:
+    /// [`HEAD_WIDTH_RATIO`] × `input`.
+    pub fn head_hidden_for(&self, input: usize) -> usize {
+        HEAD_WIDTH_RATIO * input.max(1)
     }
 }
 

@@ -3,7 +3,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::{
-    BuildContext, DataFacts, Objective, ObjectiveConfig, ParamStore, Patches, Requirements,
+    BuildContext, Objective, ObjectiveConfig, ParamStore, Patches, Requirements, RunFacts,
 };
 
 /// One documented configuration key of an objective (shown by `ssl describe`).
@@ -38,12 +38,16 @@ pub struct Registration {
     pub build: fn(&serde_yaml::Value, &BuildContext<'_>) -> Result<Box<dyn Objective>>,
     /// [`ObjectiveConfig::fit_to_data`] on a YAML mapping: the mapping with the fitted keys, and
     /// the sentences saying what changed.
-    pub fit_to_data: fn(
-        &serde_yaml::Value,
-        &DataFacts,
-        &dyn Fn(&str) -> bool,
-    ) -> Result<(serde_yaml::Value, Vec<String>)>,
+    pub fit_to_data: FitToData,
 }
+
+/// [`Registration::fit_to_data`]: a YAML mapping, the run, which keys were left at their
+/// defaults → the fitted mapping and what changed.
+pub type FitToData = fn(
+    &serde_yaml::Value,
+    &RunFacts,
+    &dyn Fn(&str) -> bool,
+) -> Result<(serde_yaml::Value, Vec<String>)>;
 
 inventory::collect!(Registration);
 
@@ -125,7 +129,7 @@ pub fn build_from<C: ObjectiveConfig>(
 pub fn fit_from<C: ObjectiveConfig>(
     name: &str,
     value: &serde_yaml::Value,
-    data: &DataFacts,
+    data: &RunFacts,
     defaulted: &dyn Fn(&str) -> bool,
 ) -> Result<(serde_yaml::Value, Vec<String>)> {
     let mut config = parse_config::<C>(name, value)?;

@@ -128,6 +128,11 @@ impl Drop for Installed {
     }
 }
 
+/// The clock installed on this thread, or a fresh one nothing reads.
+pub fn current() -> Clock {
+    CLOCK.with(|c| c.borrow().clone()).unwrap_or_default()
+}
+
 /// `f()`, its time added to `phase` of the thread's clock, if one is installed.
 pub fn timed<T>(phase: Phase, f: impl FnOnce() -> T) -> T {
     let started = Instant::now();

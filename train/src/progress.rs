@@ -27,9 +27,15 @@ pub fn bar(len: u64, template: &str) -> ProgressBar {
     area().add(ProgressBar::new(len).with_style(style))
 }
 
-/// Prints a line above the bars without tearing them.
+/// Prints a line above the bars without tearing them, or on stderr where no bars are drawn
+/// (not a terminal, or bars turned off): indicatif drops such lines.
 pub fn println(line: impl AsRef<str>) {
-    let _ = area().println(line);
+    match area().is_hidden() {
+        true => eprintln!("{}", line.as_ref()),
+        false => {
+            let _ = area().println(line);
+        }
+    }
 }
 
 /// A ticking spinner with `message` in the shared area, for work of unknown length (e.g.

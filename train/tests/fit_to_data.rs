@@ -3,13 +3,15 @@
 //! a resumed run.
 
 use anyhow::Result;
-use ssl_core::DataFacts;
+use ssl_core::RunFacts;
 use ssl_train::{RunConfig, Start, Trainer};
 
 /// The digits' training split at the default batch.
-const DIGITS: DataFacts = DataFacts {
+const DIGITS: RunFacts = RunFacts {
     num_instances: 1437,
     batch_size: 128,
+    feature_dim: 128,
+    projection_dim: 512,
 };
 
 fn fitted(objective: &str, given: &[(&str, i64)]) -> Result<(RunConfig, Vec<String>)> {
@@ -33,11 +35,21 @@ fn prototypes_and_queues_beyond_the_training_set_shrink_to_it() -> Result<()> {
         (param(&carp, "num_prototypes"), param(&carp, "block_size")),
         (1024, 8)
     );
-    assert_eq!(notes.len(), 1);
+    assert_eq!(notes.len(), 2);
     assert!(notes[0].contains("65536") && notes[0].contains("num_prototypes = 1024"));
 
-    let (dino, _) = fitted("dino", &[])?;
-    assert_eq!(param(&dino, "out_dim"), 1024);
+    // The heads: at most 4× what they read (the digits CNN's 128 features, 512-d projections).
+    assert_eq!(param(&carp, "head_hidden"), 512);
+    let (dino, notes) = fitted("dino", &[])?;
+    assert_eq!(
+        (param(&dino, "out_dim"), param(&dino, "head_hidden")),
+        (1024, 512)
+    );
+    assert_eq!(notes.len(), 2);
+    let (byol, _) = fitted("byol", &[])?;
+    assert_eq!(param(&byol, "predictor_hidden"), 2048);
+    let (byol, _) = fitted("byol", &[("predictor_hidden", 4096)])?;
+    assert_eq!(param(&byol, "predictor_hidden"), 4096);
 
     let (swav, notes) = fitted("swav", &[])?;
     assert_eq!(param(&swav, "num_prototypes"), 1024);
@@ -59,12 +71,13 @@ fn prototypes_and_queues_beyond_the_training_set_shrink_to_it() -> Result<()> {
 
 #[test]
 fn a_value_the_user_gave_is_kept_and_its_neighbour_still_fits() -> Result<()> {
-    let (carp, notes) = fitted("carp", &[("num_prototypes", 65536)])?;
+    let (carp, notes) = fitted("carp", &[("num_prototypes", 65536), ("head_hidden", 2048)])?;
     assert_eq!(
         (param(&carp, "num_prototypes"), param(&carp, "block_size")),
         (65536, 512)
     );
-    assert!(notes.is_empty());
+    assert_eq!(param(&carp, "head_hidden"), 2048);
+    assert!(notes.is_empty(), "{notes:?}");
     let (carp, _) = fitted("carp", &[("block_size", 16)])?;
     assert_eq!(
         (param(&carp, "num_prototypes"), param(&carp, "block_size")),

@@ -9,7 +9,7 @@ use candle_core::{Tensor, D};
 use serde::{Deserialize, Serialize};
 use ssl_core::{
     register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
-    Requirements, StepContext, TeacherSpec,
+    Requirements, RunFacts, StepContext, TeacherSpec,
 };
 use ssl_linalg::normalize_rows;
 
@@ -63,6 +63,22 @@ impl ObjectiveConfig for ByolConfig {
             "`predictor_hidden` must be at least 1 (4096 in the paper), got 0"
         );
         Ok(())
+    }
+
+    /// A predictor much wider than the projections it reads (the paper's 4096 on 256) becomes
+    /// [`RunFacts::head_hidden_for`] them.
+    fn fit_to_data(&mut self, run: &RunFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let hidden = run.head_hidden_for(run.projection_dim);
+        if !defaulted("predictor_hidden") || self.predictor_hidden <= hidden {
+            return Vec::new();
+        }
+        let note = format!(
+            "BYOL's predictor is {} wide for the paper's 256-d projections; on these {} it is \
+             predictor_hidden = {hidden}; set objective.params.predictor_hidden to choose",
+            self.predictor_hidden, run.projection_dim
+        );
+        self.predictor_hidden = hidden;
+        vec![note]
     }
 
     fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>> {

@@ -86,8 +86,8 @@ use candle_core::{DType, Device, Tensor, D};
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
-    register_objective, Batch, BuildContext, Collective, ConfigKey, DataFacts, LossOutput,
-    Objective, ObjectiveConfig, Progress, Requirements, SingleProcess, StepContext, TeacherSpec,
+    register_objective, Batch, BuildContext, Collective, ConfigKey, LossOutput, Objective,
+    ObjectiveConfig, Progress, Requirements, RunFacts, SingleProcess, StepContext, TeacherSpec,
 };
 
 /// The [`Progress::rng`] stream of the partitions.
@@ -338,26 +338,38 @@ impl ObjectiveConfig for CarpConfig {
     }
 
     /// `K` beyond the training set (the paper's 65,536 prototypes for ImageNet's 1.28 M images)
-    /// becomes the largest power of two within it, and `N_B` keeps the paper's 128 blocks.
-    fn fit_to_data(&mut self, data: &DataFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
-        let n = data.num_instances;
-        if !defaulted("num_prototypes") || self.num_prototypes <= n {
-            return Vec::new();
-        }
-        let (k, blocks) = (data.power_of_two_within_instances(4), 128);
-        let mut note = format!(
-            "CARP's {} prototypes are more than the {n} training images: num_prototypes = {k}",
-            self.num_prototypes
-        );
-        self.num_prototypes = k;
-        if defaulted("block_size") {
-            self.block_size = (k / blocks).max(2);
-            note += &format!(
-                " and block_size = {} (the paper's {blocks} blocks)",
-                self.block_size
+    /// becomes the largest power of two within it, and `N_B` keeps the paper's 128 blocks; a
+    /// head much wider than the encoder's features (the paper's 2048 on a ResNet-50's 2048)
+    /// becomes [`RunFacts::head_hidden_for`] them.
+    fn fit_to_data(&mut self, run: &RunFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let mut notes = Vec::new();
+        let n = run.num_instances;
+        if defaulted("num_prototypes") && self.num_prototypes > n {
+            let (k, blocks) = (run.power_of_two_within_instances(4), 128);
+            let mut note = format!(
+                "CARP's {} prototypes are more than the {n} training images: num_prototypes = {k}",
+                self.num_prototypes
             );
+            self.num_prototypes = k;
+            if defaulted("block_size") {
+                self.block_size = (k / blocks).max(2);
+                note += &format!(
+                    " and block_size = {} (the paper's {blocks} blocks)",
+                    self.block_size
+                );
+            }
+            notes.push(note + "; set objective.params.num_prototypes to choose");
         }
-        vec![note + "; set objective.params.num_prototypes to choose"]
+        let hidden = run.head_hidden_for(run.feature_dim);
+        if defaulted("head_hidden") && self.head_hidden > hidden {
+            notes.push(format!(
+                "CARP's head is {} wide for ResNet-50's 2048 features; on these {} it is \
+                 head_hidden = {hidden}; set objective.params.head_hidden to choose",
+                self.head_hidden, run.feature_dim
+            ));
+            self.head_hidden = hidden;
+        }
+        notes
     }
 
     fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>> {

@@ -77,8 +77,8 @@ use candle_core::{Tensor, Var, D};
 use candle_nn::Init;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
-    register_objective, Batch, BuildContext, ConfigKey, DataFacts, LossOutput, Objective,
-    ObjectiveConfig, ParamGroup, Requirements, StepContext, TeacherSpec,
+    register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
+    ParamGroup, Requirements, RunFacts, StepContext, TeacherSpec,
 };
 
 /// Teacher temperature of `epoch` (0-based): `linspace(warmup_start, final, warmup_epochs)[epoch]`
@@ -277,20 +277,30 @@ impl ObjectiveConfig for DinoConfig {
     }
 
     /// `K` beyond the training set (the reference's 65,536 prototypes for ImageNet) becomes
-    /// the largest power of two within it.
-    fn fit_to_data(&mut self, data: &DataFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
-        let n = data.num_instances;
-        if !defaulted("out_dim") || self.out_dim <= n {
-            return Vec::new();
+    /// the largest power of two within it; a head much wider than the encoder's features (the
+    /// reference's 2048 on ViT-S/16's 384) becomes [`RunFacts::head_hidden_for`] them.
+    fn fit_to_data(&mut self, run: &RunFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let mut notes = Vec::new();
+        let n = run.num_instances;
+        if defaulted("out_dim") && self.out_dim > n {
+            let k = run.power_of_two_within_instances(2);
+            notes.push(format!(
+                "DINO's {} prototypes are more than the {n} training images: out_dim = {k}; \
+                 set objective.params.out_dim to choose",
+                self.out_dim
+            ));
+            self.out_dim = k;
         }
-        let k = data.power_of_two_within_instances(2);
-        let note = format!(
-            "DINO's {} prototypes are more than the {n} training images: out_dim = {k}; set \
-             objective.params.out_dim to choose",
-            self.out_dim
-        );
-        self.out_dim = k;
-        vec![note]
+        let hidden = run.head_hidden_for(run.feature_dim);
+        if defaulted("head_hidden") && self.head_hidden > hidden {
+            notes.push(format!(
+                "DINO's head is {} wide for ViT-S/16's 384 features; on these {} it is \
+                 head_hidden = {hidden}; set objective.params.head_hidden to choose",
+                self.head_hidden, run.feature_dim
+            ));
+            self.head_hidden = hidden;
+        }
+        notes
     }
 
     fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>> {

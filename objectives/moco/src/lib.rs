@@ -70,8 +70,8 @@ use candle_core::{DType, Tensor};
 use candle_nn::Init;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
-    register_objective, Batch, BuildContext, ConfigKey, DataFacts, LossOutput, Objective,
-    ObjectiveConfig, Requirements, StepContext, TeacherSpec,
+    register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
+    Requirements, RunFacts, StepContext, TeacherSpec,
 };
 use ssl_linalg::{logsumexp_rows, normalize_rows};
 
@@ -194,8 +194,8 @@ impl ObjectiveConfig for MocoConfig {
 
     /// A queue longer than the training set (the paper's 65,536 keys for ImageNet) would hold
     /// each image's own older keys as negatives: it becomes the most whole batches within it.
-    fn fit_to_data(&mut self, data: &DataFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
-        let (n, b) = (data.num_instances, data.batch_size.max(1));
+    fn fit_to_data(&mut self, run: &RunFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let (n, b) = (run.num_instances, run.batch_size.max(1));
         if !defaulted("queue_size") || self.queue_size <= n {
             return Vec::new();
         }

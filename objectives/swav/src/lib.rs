@@ -43,8 +43,8 @@ use candle_core::{DType, Tensor, Var, D};
 use candle_nn::Init;
 use serde::{Deserialize, Serialize};
 use ssl_core::{
-    register_objective, Batch, BuildContext, ConfigKey, DataFacts, LossOutput, Objective,
-    ObjectiveConfig, Requirements, StepContext,
+    register_objective, Batch, BuildContext, ConfigKey, LossOutput, Objective, ObjectiveConfig,
+    Requirements, RunFacts, StepContext,
 };
 use ssl_linalg::normalize_rows;
 
@@ -237,11 +237,11 @@ impl ObjectiveConfig for SwavConfig {
     /// `K` beyond the training set (the paper's 3,000 prototypes for ImageNet) becomes the
     /// largest power of two within it; the prototypes stay frozen for the first epoch, as the
     /// paper's 313 steps are ImageNet's first epoch at its batch of 4,096.
-    fn fit_to_data(&mut self, data: &DataFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
-        let n = data.num_instances;
+    fn fit_to_data(&mut self, run: &RunFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let n = run.num_instances;
         let mut notes = Vec::new();
         if defaulted("num_prototypes") && self.num_prototypes > n {
-            let k = data.power_of_two_within_instances(2);
+            let k = run.power_of_two_within_instances(2);
             notes.push(format!(
                 "SwAV's {} prototypes are more than the {n} training images: num_prototypes = \
                  {k}; set objective.params.num_prototypes to choose",
@@ -249,7 +249,7 @@ impl ObjectiveConfig for SwavConfig {
             ));
             self.num_prototypes = k;
         }
-        let epoch = (n / data.batch_size.max(1)).max(1);
+        let epoch = (n / run.batch_size.max(1)).max(1);
         if defaulted("freeze_prototypes_steps") && self.freeze_prototypes_steps > epoch {
             notes.push(format!(
                 "SwAV freezes its prototypes for the first epoch (313 steps on ImageNet): \

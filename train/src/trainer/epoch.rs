@@ -17,7 +17,7 @@ use crate::checkpoint::{self, TrainerState};
 use crate::config::RunConfig;
 use crate::evaluate::{self, Inputs};
 use crate::model::{self, Model};
-use crate::phases::{timed, Clock, Phase};
+use crate::phases::{self, timed, Clock, Phase};
 use crate::progress;
 use crate::runlog::{RunLog, StepRecord};
 use crate::setup::DataSplit;
@@ -86,7 +86,8 @@ pub(super) const PREFETCH: usize = 2;
 
 /// A run in training: the model and optimiser, its logs, and where it stands.
 pub(super) struct Training<'a> {
-    clock: &'a Clock,
+    /// The run's clock ([`crate::phases`]), installed on this thread by `fit`.
+    clock: Clock,
     cfg: &'a RunConfig,
     model: &'a mut Model,
     optimizer: &'a mut Optimizer,
@@ -149,12 +150,11 @@ impl<'a> Training<'a> {
         report: Option<Report<'a>>,
         comm: &'a Arc<dyn Comm>,
         resumed: Option<TrainerState>,
-        clock: &'a Clock,
     ) -> Self {
         let steps_per_epoch = loader.steps_per_epoch() / cfg.train.accumulate;
         let (student, teacher) = model.hook_parameters();
         Self {
-            clock,
+            clock: phases::current(),
             cfg,
             trainable: model::trainable(&model.store),
             model,

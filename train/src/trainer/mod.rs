@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use candle_core::Device;
 use serde_json::json;
-use ssl_core::DataFacts;
+use ssl_core::RunFacts;
 use ssl_dist::{Comm, GradientReduction};
 use ssl_models::autocast::Precision;
 
@@ -111,7 +111,6 @@ pub fn fit(
             None,
             shared,
             resumed,
-            &clock,
         );
         training.run(&data, &device, &loader)?;
         // Rank 0 evaluates and writes the results meanwhile.
@@ -133,7 +132,6 @@ pub fn fit(
         }),
         shared,
         resumed,
-        &clock,
     );
     if !training.run(&data, &device, &loader)? {
         comm.wait_for_rank_zero()
@@ -164,9 +162,15 @@ fn fit_to_data(
     if matches!(start, Start::Resume) {
         return Ok(cfg);
     }
-    let facts = DataFacts {
+    // The encoder's width, from a scratch copy (the run's is built after the fit).
+    let scratch = ssl_core::ParamStore::new(cfg.train.seed);
+    let encoder = setup::encoder(&cfg, &data.dataset, scratch.var_builder(&Device::Cpu))?;
+    let feature_dim = encoder.output_dim();
+    let facts = RunFacts {
         num_instances: data.pretraining().len(),
         batch_size: cfg.train.batch_size * comm.world_size(),
+        feature_dim,
+        projection_dim: cfg.model.projector.last().copied().unwrap_or(feature_dim),
     };
     for note in cfg.objective.fit_to_data(&facts)? {
         if comm.rank() == 0 {
