@@ -23,7 +23,7 @@ use ssl_train::{evaluate, Trainer};
 /// encoders, over the embedded digits, MedMNIST 2D/3D and image folders; every run ends in a
 /// table of probe accuracy and collapse metrics beside a random-init baseline.
 ///
-/// With no command, `ssl` runs the main job: VICReg on the embedded digits (about a minute).
+/// With no command, `ssl` runs the main job: VICReg on the embedded digits (under a minute).
 #[derive(Parser, Debug)]
 #[command(name = "ssl", version, about)]
 pub struct Cli {

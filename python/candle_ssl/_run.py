@@ -57,9 +57,9 @@ class Run:
 
     @property
     def results(self) -> Dict[str, Any]:
-        """`results.json`: the end-of-run evaluation, `{"seconds": …, "rows": [{"encoder": …,
-        "metrics": {…}}, …]}` with one row per encoder of the table (raw inputs, random init,
-        the trained one)."""
+        """`results.json`: the end-of-run evaluation, `{"seconds": …, "phases": {…}, "rows":
+        [{"encoder": …, "metrics": {…}}, …]}` with one row per encoder of the table (raw inputs,
+        random init, the trained one) and the run's seconds by phase (forward, backward, …)."""
         with open(self.dir / "results.json", encoding="utf-8") as f:
             results: Dict[str, Any] = json.load(f)
         return results
