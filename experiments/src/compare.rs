@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use serde::Deserialize;
 
 use ssl_report::plot::{self, Bar, BarPanel, LineAxes, Panel, ScatterPanel, Series};
@@ -742,7 +742,7 @@ fn metrics(keys: &[String]) -> Result<Vec<Metric>> {
         bail!("the grid's `metrics` list is empty; name at least one column");
     }
     keys.iter()
-        .map(|key| Metric::find(key).context("in the grid's `metrics`"))
+        .map(|key| Metric::find(key).map_err(|e| anyhow!("the grid's `metrics`: {e}")))
         .collect()
 }
 
