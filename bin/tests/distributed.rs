@@ -426,6 +426,11 @@ fn swav_on_two_ranks_matches_one_process() {
             "swav",
             "--set",
             "objective.params.num_prototypes=32",
+            // The prototypes stay frozen for the whole run, as they did before SwAV's freeze
+            // was fitted to one epoch: once they train, the two runs drift apart from 1e-5
+            // (step 16) to 7e-5 relative (step 19), which this tolerance does not take.
+            "--set",
+            "objective.params.freeze_prototypes_steps=313",
         ],
         TOLERANCE,
         true,

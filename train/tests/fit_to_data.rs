@@ -110,8 +110,14 @@ fn the_run_records_the_fitted_values_and_a_resumed_run_keeps_them() -> Result<()
         .build()?;
     Trainer::new(cfg.clone()).start(Start::Fresh).fit()?;
     let recorded = RunConfig::load_run(&out)?;
-    // 300 images at a batch of 64 hold 4 whole batches.
+    // 300 images at a batch of 64 hold 4 whole batches; the record keeps what was asked.
     assert_eq!(param(&recorded, "queue_size"), 256);
+    assert_eq!(recorded.objective.fitted.len(), 1);
+    assert_eq!(
+        recorded.objective.as_requested().params,
+        cfg.objective.params,
+        "asked for the paper's queue"
+    );
     // Resumed from its own config.yaml, every key is given: nothing is fitted again.
     let resumed = Trainer::new(recorded).start(Start::Resume).fit()?;
     assert_eq!(

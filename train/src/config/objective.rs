@@ -15,6 +15,10 @@ pub struct ObjectiveSection {
     /// run keeps the values it was fitted to.
     #[serde(skip)]
     pub defaulted: Vec<String>,
+    /// The keys [`Self::fit_to_data`] changed, with the paper defaults they replaced: `params`
+    /// holds what the run used, this what it was asked ([`Self::as_requested`]).
+    #[serde(default, skip_serializing_if = "serde_yaml::Mapping::is_empty")]
+    pub fitted: serde_yaml::Mapping,
 }
 
 impl ObjectiveSection {
@@ -61,8 +65,30 @@ impl ObjectiveSection {
         let registration = ssl_core::find(&self.name)?;
         let defaulted = |key: &str| self.defaulted.iter().any(|k| k == key);
         let (params, notes) = (registration.fit_to_data)(&self.params, run, &defaulted)?;
+        for (key, asked) in self.params.as_mapping().into_iter().flatten() {
+            if params.get(key) != Some(asked) {
+                self.fitted.insert(key.clone(), asked.clone());
+            }
+        }
         self.params = params;
         Ok(notes)
+    }
+
+    /// The section as it was asked for: the fitted keys back at their paper defaults. Two runs
+    /// asked the same way compare equal through it, whatever their data fitted.
+    pub fn as_requested(&self) -> Self {
+        let mut params = self.params.clone();
+        if let Some(map) = params.as_mapping_mut() {
+            for (key, asked) in &self.fitted {
+                map.insert(key.clone(), asked.clone());
+            }
+        }
+        Self {
+            name: self.name.clone(),
+            params,
+            defaulted: self.defaulted.clone(),
+            fitted: serde_yaml::Mapping::new(),
+        }
     }
 }
 
@@ -72,6 +98,7 @@ impl Default for ObjectiveSection {
             name: "vicreg".into(),
             params: serde_yaml::Value::Mapping(Default::default()),
             defaulted: Vec::new(),
+            fitted: serde_yaml::Mapping::new(),
         }
     }
 }
