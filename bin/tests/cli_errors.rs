@@ -134,7 +134,7 @@ fn type_errors_name_the_key_and_later_sets_merge() {
     );
     fails_with(
         &["run", "--set", "train={lr: 0.1}", "--set", "train=3"],
-        &["--set train=3", r#"`train` holds the keys `{"lr":0.1}`"#],
+        &["--set train=3", "`train` holds the keys `{lr: 0.1}`"],
     );
 }
 

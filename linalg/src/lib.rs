@@ -40,6 +40,7 @@
 
 pub mod cholesky;
 pub mod columns;
+pub mod fast_math;
 pub mod gram;
 pub mod logdet;
 pub mod norm;
@@ -47,6 +48,7 @@ pub mod parallel;
 pub mod spectral;
 
 pub use columns::{centre_and_scale_columns, mean_of_views, ColumnScale};
+pub use fast_math::exp_f32;
 pub use gram::{gram, gram_of_columns};
 pub use norm::{l2_norm_keepdim, l2_normalize, logsumexp_rows, normalize_columns, normalize_rows};
 pub use parallel::{

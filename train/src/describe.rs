@@ -3,6 +3,8 @@
 
 use anyhow::Result;
 
+use crate::config::inline_yaml;
+
 /// An objective's summary, paper, aliases, keys with their defaults, and limits, as `ssl
 /// describe` prints them.
 pub fn objective(name: &str) -> Result<String> {
@@ -32,29 +34,6 @@ pub fn objective(name: &str) -> Result<String> {
     }
     text += &format!("\n{}", requirements(r)?);
     Ok(text)
-}
-
-/// A default value on one line, as it is written after `--set KEY=`: YAML's flow style for
-/// lists and maps (`[0.85, 1.0]`), whose block style would break the table's rows.
-fn inline_yaml(value: &serde_yaml::Value) -> String {
-    use serde_yaml::Value;
-    match value {
-        Value::Sequence(items) => {
-            let items: Vec<String> = items.iter().map(inline_yaml).collect();
-            format!("[{}]", items.join(", "))
-        }
-        Value::Mapping(map) => {
-            let entries: Vec<String> = map
-                .iter()
-                .map(|(k, v)| format!("{}: {}", inline_yaml(k), inline_yaml(v)))
-                .collect();
-            format!("{{{}}}", entries.join(", "))
-        }
-        scalar => serde_yaml::to_string(scalar)
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-    }
 }
 
 /// The objective's limits, read from an instance built with its defaults at the main job's

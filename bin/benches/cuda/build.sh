@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA `ssl`, the train_step bench and the CUDA parity tests on a machine WITHOUT a
 # CUDA toolkit or GPU, for a GPU machine with driver 580 (CUDA 13.0) and an sm_90 card (H100,
-# H200), and with the feature nccl an `ssl_nccl` and the two NCCL tests (dist/tests/nccl.rs,
+# H200), and with the feature nccl an `ssl_nccl` and the two NCCL tests (distributed/tests/nccl.rs,
 # bin/tests/nccl.rs), then packs them stripped into DIR/cuda-bins.txz for
 # bin/benches/cuda/device.sh.
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with DIR/cuda-bins.txz from build.sh, in one
-# call: the CUDA parity tests, the NCCL tests at world size 1 (dist/tests/nccl.rs, then
+# call: the CUDA parity tests, the NCCL tests at world size 1 (distributed/tests/nccl.rs, then
 # bin/tests/nccl.rs with ssl_nccl), the six train_step rows in f32 — ours, (rows 1 and 3) ours
 # with cudarc's per-buffer events on as before, ours through the composed ops (the GPU path
 # before cuDNN and our kernels), PyTorch with its defaults and with cudnn.benchmark, in that

@@ -137,12 +137,26 @@ fn merge(
     Ok(())
 }
 
-/// A YAML value on one line, for messages (`{"lr":0.1}`, `[1,2]`, `3`).
-fn inline_yaml(value: &serde_yaml::Value) -> String {
-    serde_json::to_string(value).unwrap_or_else(|_| {
-        serde_yaml::to_string(value)
+/// A value on one line, as it is written after `--set KEY=`: YAML's flow style for lists and
+/// maps (`[0.85, 1.0]`, `{lr: 0.1}`), for error messages and `ssl describe`'s table, whose
+/// rows block style would break.
+pub fn inline_yaml(value: &serde_yaml::Value) -> String {
+    use serde_yaml::Value;
+    match value {
+        Value::Sequence(items) => {
+            let items: Vec<String> = items.iter().map(inline_yaml).collect();
+            format!("[{}]", items.join(", "))
+        }
+        Value::Mapping(map) => {
+            let entries: Vec<String> = map
+                .iter()
+                .map(|(k, v)| format!("{}: {}", inline_yaml(k), inline_yaml(v)))
+                .collect();
+            format!("{{{}}}", entries.join(", "))
+        }
+        scalar => serde_yaml::to_string(scalar)
             .unwrap_or_default()
             .trim()
-            .replace('\n', " ")
-    })
+            .to_string(),
+    }
 }

@@ -246,7 +246,7 @@ fn later_sets_merge_and_never_silently_drop_earlier_ones() -> Result<()> {
     );
     let e = refused(&["train.lr=0.1", "train=3"]);
     assert!(
-        e.contains(r#"--set train=3: `train` holds the keys `{"lr":0.1}` (given earlier)"#),
+        e.contains("--set train=3: `train` holds the keys `{lr: 0.1}` (given earlier)"),
         "{e}"
     );
     let e = refused(&["objective.params.mu=10", "objective={params: 5}"]);
