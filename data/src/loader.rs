@@ -81,8 +81,9 @@ impl<T: ViewTransform + 'static> From<Arc<T>> for ViewType {
     }
 }
 
-/// One batch of multi-view data.
-#[derive(Debug, Clone, PartialEq)]
+/// One batch of multi-view data. Two batches are equal when their values are: `made_in` is
+/// how long this one took, not part of it.
+#[derive(Debug, Clone)]
 pub struct ViewBatch {
     /// View-major values, shape `[views_count, batch_size, sample_shape...]`.
     pub views: Vec<f32>,
@@ -103,6 +104,32 @@ pub struct ViewBatch {
     pub local_shape: Vec<usize>,
     /// How long the views took to make.
     pub made_in: std::time::Duration,
+}
+
+impl PartialEq for ViewBatch {
+    fn eq(&self, other: &Self) -> bool {
+        let Self {
+            views,
+            instance_ids,
+            labels,
+            batch_size,
+            views_count,
+            local_views,
+            local_count,
+            local_shape,
+            made_in: _,
+        } = self;
+        (views, instance_ids, labels, batch_size, views_count)
+            == (
+                &other.views,
+                &other.instance_ids,
+                &other.labels,
+                &other.batch_size,
+                &other.views_count,
+            )
+            && (local_views, local_count, local_shape)
+                == (&other.local_views, &other.local_count, &other.local_shape)
+    }
 }
 
 impl ViewBatch {
