@@ -492,10 +492,27 @@ impl RunFacts {
         (1usize << n.ilog2()).max(floor)
     }
 
-    /// The widest hidden layer a head that reads `input`-wide vectors keeps:
-    /// [`HEAD_WIDTH_RATIO`] × `input`.
-    pub fn head_hidden_for(&self, input: usize) -> usize {
-        HEAD_WIDTH_RATIO * input.max(1)
+    /// Fits a head's hidden width `width` (objective key `key`, left at its default) to the
+    /// `reads`-wide vectors it reads: above [`HEAD_WIDTH_RATIO`] × `reads` it becomes that.
+    /// `paper` names what the paper's width was for. Returns the note, if it changed.
+    pub fn fit_head_width(
+        &self,
+        key: &str,
+        width: &mut usize,
+        reads: usize,
+        paper: &str,
+        defaulted: &dyn Fn(&str) -> bool,
+    ) -> Option<String> {
+        let fitted = HEAD_WIDTH_RATIO * reads.max(1);
+        if !defaulted(key) || *width <= fitted {
+            return None;
+        }
+        let note = format!(
+            "`{key}` {width} is the paper's for {paper}; on these {reads}-wide inputs it is \
+             {fitted} ({HEAD_WIDTH_RATIO}×); set objective.params.{key} to choose"
+        );
+        *width = fitted;
+        Some(note)
     }
 }
 

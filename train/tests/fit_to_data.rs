@@ -46,6 +46,10 @@ fn prototypes_and_queues_beyond_the_training_set_shrink_to_it() -> Result<()> {
         (1024, 512)
     );
     assert_eq!(notes.len(), 2);
+    assert!(
+        notes[1].contains("`head_hidden` 2048") && notes[1].contains("is 512"),
+        "{notes:?}"
+    );
     let (byol, _) = fitted("byol", &[])?;
     assert_eq!(param(&byol, "predictor_hidden"), 2048);
     let (byol, _) = fitted("byol", &[("predictor_hidden", 4096)])?;

@@ -65,20 +65,19 @@ impl ObjectiveConfig for ByolConfig {
         Ok(())
     }
 
-    /// A predictor much wider than the projections it reads (the paper's 4096 on 256) becomes
-    /// [`RunFacts::head_hidden_for`] them.
+    /// A predictor much wider than the projections it reads (the paper's 4096 on 256) is
+    /// fitted to them ([`RunFacts::fit_head_width`]).
     fn fit_to_data(&mut self, run: &RunFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
-        let hidden = run.head_hidden_for(run.projection_dim);
-        if !defaulted("predictor_hidden") || self.predictor_hidden <= hidden {
-            return Vec::new();
-        }
-        let note = format!(
-            "BYOL's predictor is {} wide for the paper's 256-d projections; on these {} it is \
-             predictor_hidden = {hidden}; set objective.params.predictor_hidden to choose",
-            self.predictor_hidden, run.projection_dim
-        );
-        self.predictor_hidden = hidden;
-        vec![note]
+        let paper = "256-d projections";
+        (run.fit_head_width(
+            "predictor_hidden",
+            &mut self.predictor_hidden,
+            run.projection_dim,
+            paper,
+            defaulted,
+        ))
+        .into_iter()
+        .collect()
     }
 
     fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Objective>> {

@@ -340,7 +340,7 @@ impl ObjectiveConfig for CarpConfig {
     /// `K` beyond the training set (the paper's 65,536 prototypes for ImageNet's 1.28 M images)
     /// becomes the largest power of two within it, and `N_B` keeps the paper's 128 blocks; a
     /// head much wider than the encoder's features (the paper's 2048 on a ResNet-50's 2048)
-    /// becomes [`RunFacts::head_hidden_for`] them.
+    /// is fitted to them ([`RunFacts::fit_head_width`]).
     fn fit_to_data(&mut self, run: &RunFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
         let mut notes = Vec::new();
         let n = run.num_instances;
@@ -360,15 +360,14 @@ impl ObjectiveConfig for CarpConfig {
             }
             notes.push(note + "; set objective.params.num_prototypes to choose");
         }
-        let hidden = run.head_hidden_for(run.feature_dim);
-        if defaulted("head_hidden") && self.head_hidden > hidden {
-            notes.push(format!(
-                "CARP's head is {} wide for ResNet-50's 2048 features; on these {} it is \
-                 head_hidden = {hidden}; set objective.params.head_hidden to choose",
-                self.head_hidden, run.feature_dim
-            ));
-            self.head_hidden = hidden;
-        }
+        let paper = "ResNet-50's 2048 features";
+        notes.extend(run.fit_head_width(
+            "head_hidden",
+            &mut self.head_hidden,
+            run.feature_dim,
+            paper,
+            defaulted,
+        ));
         notes
     }
 

@@ -278,7 +278,7 @@ impl ObjectiveConfig for DinoConfig {
 
     /// `K` beyond the training set (the reference's 65,536 prototypes for ImageNet) becomes
     /// the largest power of two within it; a head much wider than the encoder's features (the
-    /// reference's 2048 on ViT-S/16's 384) becomes [`RunFacts::head_hidden_for`] them.
+    /// reference's 2048 on ViT-S/16's 384) is fitted to them ([`RunFacts::fit_head_width`]).
     fn fit_to_data(&mut self, run: &RunFacts, defaulted: &dyn Fn(&str) -> bool) -> Vec<String> {
         let mut notes = Vec::new();
         let n = run.num_instances;
@@ -291,15 +291,14 @@ impl ObjectiveConfig for DinoConfig {
             ));
             self.out_dim = k;
         }
-        let hidden = run.head_hidden_for(run.feature_dim);
-        if defaulted("head_hidden") && self.head_hidden > hidden {
-            notes.push(format!(
-                "DINO's head is {} wide for ViT-S/16's 384 features; on these {} it is \
-                 head_hidden = {hidden}; set objective.params.head_hidden to choose",
-                self.head_hidden, run.feature_dim
-            ));
-            self.head_hidden = hidden;
-        }
+        let paper = "ViT-S/16's 384 features";
+        notes.extend(run.fit_head_width(
+            "head_hidden",
+            &mut self.head_hidden,
+            run.feature_dim,
+            paper,
+            defaulted,
+        ));
         notes
     }
 
