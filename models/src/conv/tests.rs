@@ -1,6 +1,14 @@
 use candle_core::{Device, Var};
 
-use super::winograd::Minimal;
+use super::backward::{
+    flipped_transpose, im2col_weight_grad, input_grad_scattered, patch_weight_grad,
+    row_block_weight_grad, stem_weight_grad, WEIGHT_GRAD_BLOCKS, WEIGHT_GRAD_GROUPS,
+};
+use super::forward::{conv_forward, im2col_forward_into};
+use super::geom::{balanced_chunks, chunk_images, CHUNK_VALUES};
+use super::im2col::{im2col_chunk, im2row, PhaseRows};
+use super::skinny::{skinny_forward_into, skinny_input_grad, skinny_weight_grad};
+use super::winograd::{Minimal, Winograd};
 use super::*;
 use crate::util::testing::{finite_diff, max_abs_diff, rand_tensor};
 

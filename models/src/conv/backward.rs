@@ -1,0 +1,320 @@
+//! The CPU gradients of the convolution op: the input gradient (the dual convolution's forward
+//! at stride 1, else col2im of `Wᵀ·dy`) and the weight gradient (Winograd's, or one of three
+//! im2col sums), each summed in an order fixed by the shapes.
+
+use ssl_linalg::{for_each_chunk_mut, for_each_index};
+
+use super::forward::conv_forward_into;
+use super::geom::{chunk_images, Geom, CHUNK_VALUES};
+use super::im2col::{chunk_columns, col2im_chunk, im2col_chunk, im2row, PhaseRows};
+use super::skinny::{skinny_input_grad, skinny_weight_grad};
+use super::winograd::Winograd;
+use super::Shared;
+use crate::util::{gemm_into, row_stride, written_whole, Float, Scratch};
+
+/// Weight-gradient partial sums of the backward: a fixed count, so the result does not depend
+/// on the number of threads.
+pub(super) const WEIGHT_GRAD_GROUPS: usize = 4;
+
+/// Blocks of column-matrix rows the im2col weight gradient is shared out in (a fixed count,
+/// each block summed over the batch in one order, so the result does not depend on the number
+/// of threads).
+pub(super) const WEIGHT_GRAD_BLOCKS: usize = 8;
+
+/// Largest `dW` (in values) that [`patch_weight_grad`] takes, as partial sums over groups of
+/// chunks: a stem's (the 3D ResNet's 7³ one is 64 × 343).
+const PATCH_WEIGHT_GRAD_MAX: usize = 1 << 16;
+
+/// [`WEIGHT_GRAD_GROUPS`] partial sums of `len` values over `chunks` chunks, on Candle's
+/// workers: group `i` starts from zeros and `add(scratch, chunk, sum)` adds its chunks
+/// `i·chunks/groups..` in turn. The grouping is fixed by the shapes, so the partials added in
+/// order give a sum that does not depend on the number of threads.
+pub(super) fn group_partial_sums<T: Float, S>(
+    chunks: usize,
+    len: usize,
+    init: impl Fn() -> S + Sync,
+    add: impl Fn(&mut S, usize, &mut [T]) + Sync,
+) -> Vec<Vec<T>> {
+    let groups = WEIGHT_GRAD_GROUPS.min(chunks);
+    let mut partials: Vec<Vec<T>> = vec![Vec::new(); groups];
+    let partial_ptr = Shared(partials.as_mut_ptr());
+    for_each_index(groups, init, |scratch, group| {
+        let partial_ptr = &partial_ptr;
+        let mut sum = vec![T::from_f64(0.0); len];
+        for chunk in (group * chunks / groups)..((group + 1) * chunks / groups) {
+            add(scratch, chunk, &mut sum);
+        }
+        // SAFETY: one slot per group, each written by its own task.
+        unsafe { *partial_ptr.0.add(group) = sum };
+    });
+    partials
+}
+
+/// `dx`: `[C, N, D, H, W]` of [`conv_forward`] from `dy`: the dual convolution's forward where
+/// there is one (writing every value), else zeros and the skinny or scattered gradient added in.
+///
+/// [`conv_forward`]: super::forward::conv_forward
+pub(super) fn input_grad<T: Float>(g: Geom, x_len: usize, w: &[T], dy: &[T], o: usize) -> Vec<T> {
+    match g.input_grad_geometry(o).filter(|_| !g.skinny()) {
+        // SAFETY: conv_forward_into writes every value of `dx` and reads none.
+        Some(dual) => unsafe {
+            written_whole(x_len, |dx| {
+                conv_forward_into(dual, dy, &flipped_transpose(w, o, g), dx)
+            })
+        },
+        None => {
+            let mut dx = vec![T::from_f64(0.0); x_len];
+            match g.skinny() {
+                true => skinny_input_grad(g, w, dy, &mut dx),
+                false => input_grad_scattered(g, w, dy, o, &mut dx),
+            }
+            dx
+        }
+    }
+}
+
+impl Geom {
+    /// For a stride-1 convolution with padding `p ≤ k − 1` on every axis, the input gradient is
+    /// itself a stride-1 convolution of `dy`: `[O, N, *S_out]` with the kernel flipped on every
+    /// axis and its channels swapped, at padding `k − 1 − p`; this is its geometry. (With a
+    /// stride, the gradient is a transposed convolution, which [`input_grad_scattered`] computes.)
+    pub(super) fn input_grad_geometry(&self, o: usize) -> Option<Geom> {
+        let fits = (0..3).all(|a| self.stride[a] == 1 && self.pad[a] < self.k[a]);
+        fits.then(|| Geom {
+            c: o,
+            n: self.n,
+            size: self.out(),
+            k: self.k,
+            stride: [1; 3],
+            pad: std::array::from_fn(|a| self.k[a] - 1 - self.pad[a]),
+        })
+    }
+}
+
+/// Input channels per task of [`flipped_transpose`].
+const FLIP_CHANNEL_BLOCK: usize = 16;
+
+/// `W̃[c, o, r] = W[o, c, k_vol − 1 − r]`: `[C, O·k_vol]` from `W`: `[O, C·k_vol]`, the kernel
+/// of [`Geom::input_grad_geometry`] (reversing the flat offset flips every axis).
+pub(super) fn flipped_transpose<T: Float>(w: &[T], o: usize, g: Geom) -> Vec<T> {
+    let kv = g.kernel_volume();
+    let write = |flipped: &mut [T]| {
+        // `FLIP_CHANNEL_BLOCK` input channels' `[O, k_vol]` blocks a task, reading a run of
+        // their taps from each row of `W` (a 512-channel kernel is 2.4 M values).
+        for_each_chunk_mut(
+            flipped,
+            FLIP_CHANNEL_BLOCK * o * kv,
+            || (),
+            |_, block, dst| {
+                let c0 = block * FLIP_CHANNEL_BLOCK;
+                let channels = dst.len() / (o * kv);
+                for oi in 0..o {
+                    let src = &w[(oi * g.c + c0) * kv..][..channels * kv];
+                    for (ci, taps) in src.chunks(kv).enumerate() {
+                        let dst = &mut dst[(ci * o + oi) * kv..][..kv];
+                        for (d, &t) in dst.iter_mut().zip(taps.iter().rev()) {
+                            *d = t;
+                        }
+                    }
+                }
+            },
+        );
+    };
+    // SAFETY: the blocks cover `flipped`, and each writes all of its own.
+    unsafe { written_whole(w.len(), write) }
+}
+
+/// `dx += col2im(Wᵀ·dy)`, chunk by chunk of images on Candle's workers: the input gradient of
+/// any stride and padding, added into `dx`: `[C, N, D, H, W]`.
+pub(super) fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize, dx: &mut [T]) {
+    let (rows, cols) = g.col_shape();
+    let per_image = g.out().iter().product::<usize>();
+    let chunks = g.chunks();
+    let dx_ptr = Shared(dx.as_mut_ptr());
+    for_each_index(chunks, <[Scratch<T>; 2]>::default, |[dcol, acc], chunk| {
+        let dx_ptr = &dx_ptr;
+        let images = chunk_images(g.n, chunks, chunk);
+        let (n0, count) = (images.start, images.len());
+        let width = count * per_image;
+        dcol.resize(rows * width);
+        // SAFETY: dcol is this task's own; dy and W are read in bounds; the chunk's images of
+        // dx are written by this task alone.
+        unsafe {
+            gemm_into(
+                (rows, width, o),
+                (dcol.as_mut_ptr(), width, 1),
+                (w.as_ptr(), 1, rows),
+                (dy[n0 * per_image..].as_ptr(), cols, 1),
+                false,
+            );
+            col2im_chunk(&g, dcol, (n0, count), acc, dx_ptr.0);
+        }
+    });
+}
+
+/// `dW`: `[O, C·k_vol]` of [`conv_forward`], every value written without reading it first: a
+/// skinny convolution's as [`skinny_weight_grad`], else by Winograd's algorithm where one
+/// applies, else [`im2col_weight_grad`].
+///
+/// [`conv_forward`]: super::forward::conv_forward
+pub(super) fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut [T]) {
+    if g.skinny() {
+        return skinny_weight_grad(g, x, dy, dw);
+    }
+    match Winograd::new(g, dw.len() / g.col_shape().0) {
+        Some(winograd) => winograd.weight_grad(x, dy, dw),
+        None => im2col_weight_grad(g, x, dy, dw),
+    }
+}
+
+/// `dW = Σ_chunks dy_chunk · col_chunkᵀ`, recomputing each chunk's columns, by one of three
+/// sums, each in an order fixed by the shapes (not by the thread count):
+/// - a stem (`C·k_vol < O`) has too few rows to share out: [`stem_weight_grad`];
+/// - a small `dW` over many positions (the 3D stem's): [`patch_weight_grad`];
+/// - every other layer: [`row_block_weight_grad`].
+pub(super) fn im2col_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
+    let rows = g.col_shape().0;
+    let o = dw_out.len() / rows;
+    if rows < o {
+        stem_weight_grad(g, x, dy, dw_out)
+    } else if o * rows <= PATCH_WEIGHT_GRAD_MAX {
+        patch_weight_grad(g, x, dy, dw_out)
+    } else {
+        row_block_weight_grad(g, x, dy, dw_out)
+    }
+}
+
+/// [`im2col_weight_grad`] as `dWᵀ = col · dyᵀ`, `[C·k_vol, O]`, by [`WEIGHT_GRAD_BLOCKS`] tasks,
+/// each a block of `col`'s rows over the whole batch in a fixed order of chunks, writing its
+/// columns of `dW`: no partial sums of the whole `dW` (for the deep 3D layers 28 MB each,
+/// zeroed, summed and transposed), and a chunk as wide as the block's columns allow (a 2³
+/// layer's 4 volumes in one product instead of 4 of depth 8). The `gemm` crate packs its right
+/// operand only when the product has many rows, and this form's right operand `dyᵀ` is read in
+/// place; `dW = dy · colᵀ` read the unpacked `colᵀ` 1.5–3× slower (64 to 256 channels at 32² to
+/// 8², 128 images: 33–69 GFLOP/s against 91–100 on one core).
+pub(super) fn row_block_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
+    let x = &*PhaseRows::of(&g).arrange(x);
+    let (rows, cols) = g.col_shape();
+    let o = dw_out.len() / rows;
+    let per_image = g.out().iter().product::<usize>();
+    let blocks = WEIGHT_GRAD_BLOCKS.min(rows);
+    let out = Shared(dw_out.as_mut_ptr());
+    for_each_index(
+        blocks,
+        <[Scratch<T>; 2]>::default,
+        |[col, dwt]: &mut [Scratch<T>; 2], block| {
+            let out = &out;
+            let first_row = block * rows / blocks;
+            let block_rows = (block + 1) * rows / blocks - first_row;
+            let nb = (CHUNK_VALUES / (block_rows * per_image).max(1)).clamp(1, g.n.max(1));
+            dwt.resize(block_rows * o);
+            dwt.fill(T::from_f64(0.0));
+            for n0 in (0..g.n).step_by(nb) {
+                let count = nb.min(g.n - n0);
+                let width = count * per_image;
+                let ld = row_stride::<T>(width);
+                col.resize(block_rows * ld);
+                im2col_chunk(&g, x, (n0, count), first_row, (col, ld));
+                // SAFETY: dwt is this task's own; dy and col are read in bounds.
+                unsafe {
+                    gemm_into(
+                        (block_rows, o, width),
+                        (dwt.as_mut_ptr(), o, 1),
+                        (col.as_ptr(), ld, 1),
+                        (dy[n0 * per_image..].as_ptr(), 1, cols),
+                        true,
+                    );
+                }
+            }
+            // dW's rows in turn, each taking a run of this block's columns.
+            for oi in 0..o {
+                // SAFETY: columns `first_row..first_row + block_rows` of dW belong to this
+                // block alone.
+                let run = unsafe {
+                    std::slice::from_raw_parts_mut(out.0.add(oi * rows + first_row), block_rows)
+                };
+                for (r, value) in run.iter_mut().enumerate() {
+                    *value = dwt[r * o + oi];
+                }
+            }
+        },
+    );
+}
+
+/// [`im2col_weight_grad`] of a stem (`C·k_vol < O`): `dW = Σ_chunks dy_chunk · col_chunkᵀ` as
+/// [`WEIGHT_GRAD_GROUPS`] partial sums added in a fixed order.
+pub(super) fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
+    let x = &*PhaseRows::of(&g).arrange(x);
+    let (rows, cols) = g.col_shape();
+    let o = dw_out.len() / rows;
+    let per_image = g.out().iter().product::<usize>();
+    let chunks = g.chunks();
+    let partials = group_partial_sums(chunks, o * rows, Scratch::default, |col, chunk, dw| {
+        let (n0, width) = chunk_columns(&g, x, (chunk, chunks), col);
+        // SAFETY: dW is this task's own; dy and col are read in bounds.
+        unsafe {
+            gemm_into(
+                (o, rows, width),
+                (dw.as_mut_ptr(), rows, 1),
+                (dy[n0 * per_image..].as_ptr(), cols, 1),
+                (col.as_ptr(), 1, width),
+                true,
+            );
+        }
+    });
+    dw_out.fill(T::from_f64(0.0));
+    for partial in &partials {
+        for (d, p) in dw_out.iter_mut().zip(partial) {
+            *d += *p;
+        }
+    }
+}
+
+/// [`im2col_weight_grad`] of a small `dW` (at most [`PATCH_WEIGHT_GRAD_MAX`] values) over many
+/// positions, a stem's: `dW = Σ_chunks dy_chunk · patches` as [`WEIGHT_GRAD_GROUPS`] partial
+/// sums added in a fixed order. Both operands run along the positions, so one is transposed
+/// for the `gemm` crate, which packs its left operand a vector at a time only from the
+/// column-major layout: `dy`'s chunk (`O` values a position, against the patches' `C·k_vol`),
+/// into `[P, O]`. The patches (`[P, C·k_vol]`, [`im2row`]) are the right operand, read in
+/// place. As the left operand the patches were packed, a copy of the chunk's largest matrix,
+/// and the row blocks' column rows (the 3D stem's 343 rows over 32,768 positions a volume)
+/// a value at a time.
+pub(super) fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
+    let (rows, cols) = g.col_shape();
+    let o = dw_out.len() / rows;
+    let per_image = g.out().iter().product::<usize>();
+    let span = (CHUNK_VALUES / rows.max(1)).clamp(1, per_image.max(1));
+    let per_image_chunks = per_image.div_ceil(span);
+    let chunks = g.n * per_image_chunks;
+    let init = <[Scratch<T>; 2]>::default;
+    let partials = group_partial_sums(chunks, o * rows, init, |[patches, dyt], chunk, dw| {
+        let (n, first) = (chunk / per_image_chunks, (chunk % per_image_chunks) * span);
+        let positions = first..(first + span).min(per_image);
+        let count = positions.len();
+        patches.resize(count * rows);
+        im2row(&g, x, n, positions, (patches, rows));
+        dyt.resize(count * o);
+        for (oi, line) in dy.chunks(cols).enumerate() {
+            let line = &line[n * per_image + first..][..count];
+            for (p, &value) in line.iter().enumerate() {
+                dyt[p * o + oi] = value;
+            }
+        }
+        // SAFETY: dW is this task's own; dyᵀ and the patches are read in bounds.
+        unsafe {
+            gemm_into(
+                (o, rows, count),
+                (dw.as_mut_ptr(), rows, 1),
+                (dyt.as_ptr(), 1, o),
+                (patches.as_ptr(), rows, 1),
+                true,
+            );
+        }
+    });
+    dw_out.fill(T::from_f64(0.0));
+    for partial in &partials {
+        for (d, p) in dw_out.iter_mut().zip(partial) {
+            *d += *p;
+        }
+    }
+}
