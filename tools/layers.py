@@ -12,7 +12,7 @@ import sys
 
 # Bottom to top. A crate may import from its own room (Cargo refuses circles) and below.
 ROOMS = [
-    ("foundations", ["ssl-core", "ssl-linalg", "ssl-data", "ssl-eval", "ssl-report"]),
+    ("foundations", ["ssl-core", "ssl-linalg", "ssl-data", "ssl-eval", "ssl-report", "ssl-net"]),
     ("ops", ["ssl-models", "ssl-masking", "ssl-dist", "ssl-optim"]),
     ("objectives", None),  # every crate under objectives/ and the out-of-tree example's
     ("training", ["ssl-train"]),

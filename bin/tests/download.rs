@@ -1,7 +1,7 @@
-//! `ssl_hub::download` against a small HTTP/1.1 server on 127.0.0.1, started by each test, that
-//! serves a MedMNIST-format file made from the embedded digits. It honours `Range: bytes=N-`
-//! (or ignores it), can close a transfer early or answer with an error status, and records every
-//! request so the tests can check what reached it.
+//! `ssl_data::download` and `ssl_net::fetch` against a small HTTP/1.1 server on 127.0.0.1,
+//! started by each test, that serves a MedMNIST-format file made from the embedded digits. It
+//! honours `Range: bytes=N-` (or ignores it), can close a transfer early or answer with an error
+//! status, and records every request so the tests can check what reached it.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -11,9 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use md5::{Digest, Md5};
 use ssl_data::caltech256;
-use ssl_hub::download::{
-    download_data_set, download_medmnist, fetch_and_extract_caltech256, fetch_verified, part_path,
-};
+use ssl_data::download::{download_data_set, download_medmnist, fetch_and_extract_caltech256};
+use ssl_net::fetch::{fetch_verified, part_path};
 
 /// The official MD5 of `breastmnist.npz` (size 28), which the digits stand-in does not have.
 const OFFICIAL_BREASTMNIST_MD5: &str = "750601b1f35ba3300ea97c75c52ff8f6";

@@ -14,9 +14,10 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use crate::compare::{self, Cell, Grid, Outcome};
+use ssl_core::{atomic, progress};
 use ssl_train::evaluate::{clean_inputs, to_features};
 use ssl_train::setup::CleanSamples;
-use ssl_train::{atomic, checkpoint, export, model, progress, setup};
+use ssl_train::{checkpoint, export, model, setup};
 
 /// A generalisation recipe (`configs/generalise-*.yaml`).
 #[derive(Debug, Clone, Deserialize)]

@@ -431,7 +431,7 @@ pub fn train_and_score(
     let mut optimizer = cfg.optimizer(store.vars())?;
     let (augment, described) = augmentation(data, cfg.augment)?;
     if augment.is_none() && cfg.augment {
-        ssl_train::progress::println(format!("note: SGD probe augmentation: {described}"));
+        ssl_core::progress::println(format!("note: SGD probe augmentation: {described}"));
     }
     let loader = Arc::new(training_loader(
         data,
@@ -449,7 +449,7 @@ pub fn train_and_score(
     };
     let steps = loader.steps_per_epoch();
     let total = steps * cfg.epochs;
-    let bar = ssl_train::progress::bar(
+    let bar = ssl_core::progress::bar(
         total as u64,
         "{spinner} SGD probe [{bar:30}] {pos}/{len} steps {msg} ({elapsed})",
     );

@@ -105,10 +105,10 @@ impl Encoder {
 /// The directory of `source` that holds `config.yaml`.
 fn run_dir(source: &str) -> Result<PathBuf> {
     if source.starts_with("hf://") {
-        let Some((repo, revision)) = ssl_hub::hub::parse_hf_path(source) else {
+        let Some((repo, revision)) = ssl_net::hub::parse_hf_path(source) else {
             bail!("{source}: expected hf://user/repo[@revision]");
         };
-        let options = ssl_hub::hub::HubOptions {
+        let options = ssl_net::hub::HubOptions {
             revision: revision.unwrap_or_else(|| "main".into()),
             ..Default::default()
         };

@@ -1,6 +1,6 @@
 //! Atomic checkpoint files: safetensors weights and optimiser state plus a small JSON state.
 //!
-//! Every file is written through [`crate::atomic`]: to a temporary file in the same directory,
+//! Every file is written through [`ssl_core::atomic`]: to a temporary file in the same directory,
 //! synced to the disk and renamed over `NAME`, so a crash of the process or of the machine leaves
 //! either the previous checkpoint or the new one, never a half-written file.
 
@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::atomic;
+use ssl_core::atomic;
 
 /// Model weights (encoder, projector, objective state, teacher, probe).
 pub const MODEL: &str = "model.safetensors";

@@ -15,11 +15,11 @@ use candle_core::{Device, Tensor};
 use serde::Serialize;
 use ssl_eval::{Features, LinearProbeConfig};
 
-use crate::atomic;
 use crate::config::{ModelConfig, RunConfig};
 use crate::model::Model;
 use crate::results::table_metrics;
 use crate::setup::{self, CleanSamples, DataSplit};
+use ssl_core::atomic;
 
 /// The result table: each encoder's name and its row.
 pub type Rows = Vec<(String, Evaluation)>;
@@ -264,7 +264,7 @@ pub fn with_baselines(
 ) -> Result<Rows> {
     let (train, test) = clean_inputs(data, device);
     let minority = data.minority_classes.as_slice();
-    let bar = crate::progress::bar(3, "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}");
+    let bar = ssl_core::progress::bar(3, "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}");
     let key = baseline_key(cfg, data)?;
     let cached = BASELINES
         .lock()

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use candle_core::Tensor;
 
+use crate::checkpoint;
 use crate::config::{EvaluatedEncoder, RunConfig};
-use crate::{atomic, checkpoint};
-use ssl_core::ParamStore;
+use ssl_core::{atomic, ParamStore};
 
 /// Prefix of the encoder's tensors in a run's checkpoint.
 pub const ENCODER_PREFIX: &str = EvaluatedEncoder::Student.prefix();
@@ -45,7 +45,7 @@ pub fn metadata(cfg: &RunConfig) -> BTreeMap<String, String> {
         ("architecture".into(), cfg.model.encoder.clone()),
         ("objective".into(), cfg.objective.name.clone()),
         ("network".into(), cfg.eval.encoder.name().into()),
-        ("dataset".into(), cfg.data.name.clone()),
+        ("dataset".into(), cfg.data.name.to_string()),
         ("commit".into(), env!("SSL_GIT_COMMIT").into()),
     ])
 }

@@ -32,7 +32,6 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
-pub mod atomic;
 pub mod builder;
 pub mod callbacks;
 pub mod checkpoint;
@@ -48,7 +47,6 @@ pub mod online_probe;
 pub mod own_data;
 pub mod phases;
 pub mod pretrained;
-pub mod progress;
 pub mod request;
 pub mod results;
 pub mod run;

@@ -30,7 +30,7 @@ const PUBLISHED: &[(&str, &str, &str)] = &[
 /// `~/.cache/candle-ssl/weights`.
 pub fn weights_dir() -> PathBuf {
     std::env::var_os("SSL_WEIGHTS")
-        .map_or_else(|| crate::setup::user_cache().join("weights"), PathBuf::from)
+        .map_or_else(|| ssl_data::user_cache().join("weights"), PathBuf::from)
 }
 
 /// The file `spec` names for `encoder`: a path, or `FRAMEWORK:NAME` in [`weights_dir`].

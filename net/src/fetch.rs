@@ -1,30 +1,24 @@
-//! `ssl data download`: MedMNIST `.npz` files fetched from the official Zenodo record, and the
-//! benchmark sets' official archives (CIFAR-10/100, STL-10, Tiny ImageNet, Caltech-256) from their
-//! official addresses (or a mirror), into the directory `ssl run --data NAME` reads them from;
-//! Caltech-256's tar is then extracted there ([`fetch_and_extract_caltech256`]).
-//!
-//! A download goes to `FILE.part` and is renamed to `FILE` only once its MD5 matches the
-//! published one, so the final name never holds a partial or corrupt file, and a file already
-//! there is replaced by that rename alone: a download that fails leaves it byte for byte as it
-//! was. A transfer that breaks (network failure, server closing early) keeps the `.part`, and the
-//! next attempt asks only for the rest with `Range: bytes=N-`; a server that ignores the range
-//! answers with the whole file, which then replaces the part. Files are created with the mode
-//! `0o666 & !umask`, as any file the user creates.
+//! Resumable, verified downloads: a file fetched to `FILE.part` and renamed to `FILE` only once
+//! its MD5 matches the published one, so the final name never holds a partial or corrupt file,
+//! and a file already there is replaced by that rename alone: a download that fails leaves it
+//! byte for byte as it was. A transfer that breaks (network failure, server closing early) keeps
+//! the `.part`, and the next attempt asks only for the rest with `Range: bytes=N-`; a server that
+//! ignores the range answers with the whole file, which then replaces the part. Files are created
+//! with the mode `0o666 & !umask`, as any file the user creates.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use md5::{Digest, Md5};
-use reqwest::blocking::{Client, ClientBuilder, Response};
+use reqwest::blocking::Response;
 use reqwest::header::{CONTENT_RANGE, RANGE};
 use reqwest::StatusCode;
-use ssl_data::caltech256;
 
-/// What [`download_medmnist`], [`fetch_verified`] or [`fetch_and_extract_caltech256`] left in
-/// place.
+/// What [`fetch_verified`] (or a data set download built on it, such as Caltech-256's, which
+/// extracts the file) left in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Downloaded {
     /// The file, its MD5 verified (Caltech-256: the directory extracted from it).
@@ -50,128 +44,6 @@ impl Downloaded {
             ),
         }
     }
-}
-
-/// Fetches MedMNIST `flag` at image size `size` into `dir` as `{flag}.npz` (28) or
-/// `{flag}_{size}.npz`, checked against the official MD5 (see [`fetch_verified`]).
-///
-/// The file comes from the official Zenodo record, or from `base_url/{file}` when a base is given
-/// (a mirror, or a test server). An unknown flag or unpublished size fails before any request.
-/// `progress` draws a byte progress bar and notes (resuming, replacing a corrupt file) on stderr.
-pub fn download_medmnist(
-    flag: &str,
-    size: usize,
-    dir: &Path,
-    base_url: Option<&str>,
-    progress: bool,
-) -> Result<Downloaded> {
-    let info = ssl_data::medmnist_info(flag)?;
-    let md5 = info.md5_at(size)?;
-    let file = info.file_name(size);
-    let url = match base_url {
-        Some(base) => format!("{}/{file}", base.trim_end_matches('/')),
-        None => info.url(size),
-    };
-    fetch_verified(&url, &dir.join(file), md5, progress)
-}
-
-/// Fetches data set `name`: a MedMNIST flag at image size `size` (default 28) into `dir`
-/// (default `~/.medmnist`), or a benchmark set's official archive (`cifar10`, `cifar100`,
-/// `cifar100-coarse`, `stl10`, `tiny-imagenet`; `size` may only be its image side) into `dir`
-/// (default `~/.cache/candle-ssl/data`), checked against the published MD5 (see
-/// [`fetch_verified`]); `caltech256` (no `size`) is also extracted there, and its `path` is the
-/// extracted directory (see [`fetch_and_extract_caltech256`]). With `base_url`, the file is
-/// fetched from `base_url/{file}`.
-pub fn download_data_set(
-    name: &str,
-    size: Option<usize>,
-    dir: Option<&Path>,
-    base_url: Option<&str>,
-    progress: bool,
-) -> Result<Downloaded> {
-    if name.eq_ignore_ascii_case(caltech256::NAME) {
-        ensure!(
-            size.is_none(),
-            "Caltech-256's images come in many sizes, so there is no --size to download; drop \
-             it (`ssl run --size S` sets the side they are resized to)"
-        );
-        let dir = dir.map_or_else(ssl_train::setup::default_benchmark_root, Path::to_path_buf);
-        let url = match base_url {
-            Some(base) => format!("{}/{}", base.trim_end_matches('/'), caltech256::ARCHIVE),
-            None => caltech256::URL.to_string(),
-        };
-        return fetch_and_extract_caltech256(&url, &dir, caltech256::MD5, progress);
-    }
-    let Some(info) = ssl_data::archive_info(name) else {
-        let dir = dir.map_or_else(
-            || ssl_train::setup::medmnist_root(&ssl_train::config::RunConfig::default()),
-            Path::to_path_buf,
-        );
-        return download_medmnist(name, size.unwrap_or(28), &dir, base_url, progress).map_err(
-            |e| match ssl_data::medmnist_info(name) {
-                Ok(_) => e,
-                Err(_) => anyhow!(
-                    "{e:#}; or one of the benchmark sets: {}, {}",
-                    ssl_data::ARCHIVES
-                        .iter()
-                        .map(|a| a.name)
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    caltech256::NAME
-                ),
-            },
-        );
-    };
-    if let Some(size) = size.filter(|&s| s != info.side) {
-        bail!(
-            "{} is published at {side}×{side} only, not {size}; drop --size",
-            info.name,
-            side = info.side
-        );
-    }
-    let dir = dir.map_or_else(ssl_train::setup::default_benchmark_root, Path::to_path_buf);
-    let url = match base_url {
-        Some(base) => format!("{}/{}", base.trim_end_matches('/'), info.file),
-        None => info.url.to_string(),
-    };
-    fetch_verified(&url, &dir.join(info.file), info.md5, progress)
-}
-
-/// Caltech-256 in `dir`: `dir/256_ObjectCategories` as it is when it is there (nothing is
-/// requested), else `dir/256_ObjectCategories.tar` fetched from `url` and checked against `md5`
-/// by [`fetch_verified`] (resumable, renamed into place only when verified), then extracted by
-/// [`caltech256::extract`] into a temporary directory beside it that is renamed to
-/// `256_ObjectCategories` only once every member is out and the 256 categories are there. The
-/// archive is kept (delete it to save its 1.2 GB: only the directory is read), so a failed
-/// extraction is retried without a download.
-pub fn fetch_and_extract_caltech256(
-    url: &str,
-    dir: &Path,
-    md5: &str,
-    progress: bool,
-) -> Result<Downloaded> {
-    let target = dir.join(caltech256::DIR);
-    if target.is_dir() {
-        return Ok(Downloaded {
-            path: target,
-            already_present: true,
-            verified: false,
-        });
-    }
-    let archive = fetch_verified(url, &dir.join(caltech256::ARCHIVE), md5, progress)?;
-    let _extracting = progress.then(|| {
-        ssl_train::progress::spinner(format!(
-            "extracting {} into {}",
-            archive.path.display(),
-            dir.display()
-        ))
-    });
-    let path = caltech256::extract(&archive.path, dir)?;
-    Ok(Downloaded {
-        path,
-        already_present: false,
-        verified: true,
-    })
 }
 
 /// Downloads `url` to `path` unless `path` already holds a file whose MD5 is `md5` (hex).
@@ -209,7 +81,7 @@ pub fn fetch_verified(url: &str, path: &Path, md5: &str, progress: bool) -> Resu
     };
     fs::create_dir_all(dir).map_err(|e| not_writable(dir, e))?;
     let part = part_path(path);
-    let client = http_client()
+    let client = crate::client::http_client()
         // Per read, not for the whole transfer (blocking client).
         .timeout(Duration::from_secs(60))
         .build()
@@ -275,16 +147,6 @@ pub fn fetch_verified(url: &str, path: &Path, md5: &str, progress: bool) -> Resu
     }
 }
 
-/// A blocking HTTP client builder with candle-ssl's user agent and a 30-s connect timeout; its
-/// TLS is rustls with ring's crypto, installed as the process's provider on the first call.
-pub fn http_client() -> ClientBuilder {
-    // A provider installed before (by an earlier call) serves as well.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    Client::builder()
-        .user_agent(concat!("candle-ssl/", env!("CARGO_PKG_VERSION")))
-        .connect_timeout(Duration::from_secs(30))
-}
-
 /// `path` with `.part` appended to its name.
 pub fn part_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
@@ -327,7 +189,7 @@ fn transfer(
     let length = response.content_length();
     let total = length.map(|n| start + n);
     let bar = progress.then(|| {
-        let bar = ssl_train::progress::bar(
+        let bar = ssl_core::progress::bar(
             total.unwrap_or(0),
             "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
         );
@@ -446,6 +308,6 @@ fn hex(bytes: &[u8]) -> String {
 
 fn note(progress: bool, line: String) {
     if progress {
-        ssl_train::progress::println(line);
+        ssl_core::progress::println(line);
     }
 }
