@@ -40,5 +40,4 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
-pub mod allocator;
 pub mod cli;

@@ -14,7 +14,7 @@
 //!
 //! Needs a GPU: `cargo test --release -p ssl --features nccl --test nccl`; where the CUDA driver
 //! finds none, the test prints so and passes. `SSL_BIN` names the `ssl` binary to run (default:
-//! this build's), as `bin/benches/cuda/device.sh` sets it.
+//! this build's), as `tools/cuda/device.sh` sets it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

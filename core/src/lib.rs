@@ -16,6 +16,10 @@
 //! * [`tokens`]: the patch-token encoder that objectives reading pixels run themselves.
 //! * [`testing`]: known-answer inputs, reproducible random tensors and gradient checks for the
 //!   objective crates' tests.
+//! * [`atomic`]: files replaced whole or not at all, the one write every writer shares.
+//! * [`progress`]: the one terminal area for every progress bar.
+//! * [`allocator`]: the C allocator tuned for tensor workloads, which `ssl` and the benches
+//!   call first.
 //!
 //! # Example
 //!
@@ -95,10 +99,13 @@
 //! }
 //! ```
 
+pub mod allocator;
+pub mod atomic;
 pub mod collective;
 pub mod groups;
 pub mod objective;
 pub mod params;
+pub mod progress;
 pub mod registry;
 pub mod testing;
 pub mod tokens;

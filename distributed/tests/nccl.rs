@@ -4,7 +4,7 @@
 //! which NCCL runs even at world size 1 (see [`reduce_gradients`]).
 //!
 //! Needs a GPU: `cargo test --release -p ssl-dist --features nccl --test nccl`; where the CUDA
-//! driver finds none, each test prints so and passes. `bin/benches/cuda/device.sh` runs it on the
+//! driver finds none, each test prints so and passes. `tools/cuda/device.sh` runs it on the
 //! device machine. Several ranks (several GPUs) are not tested anywhere.
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
-//! The PyTorch side of the `train_step` bench (`bin/benches/train_step.py`) computes the same
-//! losses as candle-ssl: the numbers below are what `python3 bin/benches/train_step.py --check`
+//! The PyTorch side of the `train_step` bench (`tools/twins/train_step.py`) computes the same
+//! losses as candle-ssl: the numbers below are what `python3 tools/twins/train_step.py --check`
 //! prints (PyTorch 2.15, float64) for inputs both sides build from one formula.
 
 use candle_core::{DType, Device, Tensor};

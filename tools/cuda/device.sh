@@ -12,7 +12,7 @@
 # OUT (default DIR), packed after each phase into ARCHIVE (a .tgz) if given, so a run cut short
 # still returns what it finished, the profiles coming last.
 #
-#   bin/benches/cuda/device.sh DIR [OUT [ARCHIVE]]
+#   tools/cuda/device.sh DIR [OUT [ARCHIVE]]
 set -u
 dir=$(realpath "${1:?usage: device.sh DIR [OUT [ARCHIVE]]}")
 out=$(realpath -m "${2:-$dir}")
@@ -51,8 +51,8 @@ for r in 1 2 3 4 5 6; do
   timeout 60 "$dir/train_step" --row $r $bench
   case $r in 1 | 3) timeout 60 "$dir/train_step" --row $r $bench --event-tracking ;; esac
   case $r in [1-4]) timeout 90 "$dir/train_step" --row $r $bench --composed ;; esac
-  timeout 90 python3 bin/benches/train_step.py --row $r $bench
-  case $r in [1-4]) timeout 90 python3 bin/benches/train_step.py --row $r $bench --cudnn-benchmark ;; esac
+  timeout 90 python3 tools/twins/train_step.py --row $r $bench
+  case $r in [1-4]) timeout 90 python3 tools/twins/train_step.py --row $r $bench --cudnn-benchmark ;; esac
 done > "$out/train_step.jsonl" 2> "$out/train_step.err"
 stamp f32 rows
 start=$SECONDS
@@ -62,7 +62,7 @@ tail -3 /tmp/ssl-cuda-run/metrics.jsonl >> "$out/ssl_run.log"
 stamp main job
 for r in 1 2 3 4 5 6; do
   timeout 60 "$dir/train_step" --row $r $bench --precision bf16
-  timeout 90 python3 bin/benches/train_step.py --row $r $bench --bf16
+  timeout 90 python3 tools/twins/train_step.py --row $r $bench --bf16
 done > "$out/train_step_bf16.jsonl" 2> "$out/train_step_bf16.err"
 stamp bf16 rows
 
@@ -73,19 +73,19 @@ if [ -n "$kp" ]; then
     timeout 90 env SSL_KERNEL_PROFILE="$out/kprof_ours_r$r.json" LD_PRELOAD="$kp" \
       "$dir/train_step" --row $r $profile
     timeout 120 env SSL_KERNEL_PROFILE="$out/kprof_torch_r$r.json" LD_PRELOAD="$kp" \
-      python3 bin/benches/train_step.py --row $r $profile
+      python3 tools/twins/train_step.py --row $r $profile
   done > "$out/kprof.log" 2>&1
   timeout 120 env SSL_KERNEL_PROFILE="$out/kprof_composed_r1.json" LD_PRELOAD="$kp" \
     "$dir/train_step" --row 1 $profile --composed >> "$out/kprof.log" 2>&1
   timeout 120 env SSL_KERNEL_PROFILE="$out/kprof_bf16_r1.json" LD_PRELOAD="$kp" \
     "$dir/train_step" --row 1 $profile --precision bf16 >> "$out/kprof.log" 2>&1
   for r in 1 3 4; do
-    python3 bin/benches/cuda/kernel_profile.py "$out/kprof_ours_r$r.json" \
+    python3 tools/cuda/kernel_profile.py "$out/kprof_ours_r$r.json" \
       "$out/kprof_torch_r$r.json" --steps 7 --labels ours,torch
   done > "$out/kprof_summary.txt" 2>&1
-  python3 bin/benches/cuda/kernel_profile.py "$out/kprof_composed_r1.json" \
+  python3 tools/cuda/kernel_profile.py "$out/kprof_composed_r1.json" \
     "$out/kprof_ours_r1.json" --steps 7 --labels composed,ours >> "$out/kprof_summary.txt" 2>&1
-  python3 bin/benches/cuda/kernel_profile.py "$out/kprof_bf16_r1.json" --steps 7 --top 25 \
+  python3 tools/cuda/kernel_profile.py "$out/kprof_bf16_r1.json" --steps 7 --top 25 \
     >> "$out/kprof_summary.txt" 2>&1
   # No host synchronisation inside a step: rows 1 (VICReg) and 3 (IConE), and row 1's encoder
   # with SwAV (Sinkhorn on the device), at 2 + 3 and 2 + 8 steps; the difference is 5 steps'
@@ -97,7 +97,7 @@ if [ -n "$kp" ]; then
         "$dir/train_step" --row $1 --set objective.name=$2 --device cuda --steps $n --warmup 2 \
         >> "$out/kprof.log" 2>&1
     done
-    python3 bin/benches/cuda/kernel_profile.py "$out/kprof_copies_$2_3.json" \
+    python3 tools/cuda/kernel_profile.py "$out/kprof_copies_$2_3.json" \
       "$out/kprof_copies_$2_8.json" --copies-per-step 5,10
     echo "row $1 $2 copies check exit $?"
   done > "$out/copies_per_step.log" 2>&1

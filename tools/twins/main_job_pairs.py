@@ -7,7 +7,7 @@ twin's JSON line and from the `phases` of our `results.json`. The table gives ea
 and the per-pair ratios ours / PyTorch (median and range), over all pairs and over each order.
 
     cargo build --release -p ssl
-    python3 bin/benches/main_job_pairs.py [--pairs 4] [--objective frossl --views 8] [--threads 2]
+    python3 tools/twins/main_job_pairs.py [--pairs 4] [--objective frossl --views 8] [--threads 2]
 """
 
 import argparse
@@ -36,7 +36,7 @@ def ours(a, out):
 
 
 def pytorch(a):
-    cmd = [sys.executable, os.path.join(ROOT, "bin", "benches", "main_job.py"), "--threads",
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "twins", "main_job.py"), "--threads",
            str(a.threads), "--objective", a.objective, "--views", str(a.views)]
     started = time.perf_counter()
     line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()

@@ -6,7 +6,7 @@
 //! warm-up step each that creates the buffer; prints the median milliseconds of `--reps` steps
 //! of each path, their ratio (composed / in place), and the sums of the medians.
 //!
-//! `cargo bench -p ssl --bench optimizer_step -- [--threads 2] [--reps 5]`
+//! `cargo bench -p ssl-optim --bench optimizer_step -- [--threads 2] [--reps 5]`
 
 use std::time::Instant;
 
@@ -46,7 +46,7 @@ fn main() -> Result<()> {
         }
     }
     // As in `ssl run`: freed tensors stay in the process instead of costing page faults anew.
-    ssl::allocator::keep_freed_memory();
+    ssl_core::allocator::keep_freed_memory();
     // Candle's workers read RAYON_NUM_THREADS when they first run.
     std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
     let dev = Device::Cpu;

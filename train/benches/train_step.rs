@@ -29,7 +29,7 @@
 //! Each row prints one JSON line: median / min / max milliseconds over `--steps` steps after
 //! `--warmup`, and the process's peak RSS (MiB). `--row all` runs every row in a fresh process, so each peak RSS is the row's own.
 //!
-//! `cargo bench -p ssl --bench train_step -- --row all --threads 2 [--steps 10] [--warmup 2]
+//! `cargo bench -p ssl-train --bench train_step -- --row all --threads 2 [--steps 10] [--warmup 2]
 //! [--device cuda]` (a GPU run needs `--features cuda`; it adds the peak GPU memory of the
 //! device's memory pool, which Candle allocates from). `--composed` runs every op as the
 //! composition of Candle ops (`ssl_models::dispatch::composed_only`): on a GPU, the step as it
@@ -152,7 +152,7 @@ struct Args {
 }
 
 const USAGE: &str = "\
-Usage: cargo bench -p ssl --bench train_step -- [OPTIONS]
+Usage: cargo bench -p ssl-train --bench train_step -- [OPTIONS]
 
 One training step (forward of every view, loss, backward, AdamW, the objective's EMA update)
 of the issue's six encoder settings; prints one JSON line a row: the median step time and the
@@ -379,7 +379,7 @@ fn run_row(index: usize, args: &Args, comm: &dyn Comm) -> Result<()> {
 
 fn main() -> Result<()> {
     // As `ssl` does: keep freed memory for the next step instead of faulting in fresh pages.
-    ssl::allocator::keep_freed_memory();
+    ssl_core::allocator::keep_freed_memory();
     let args = parse_args()?;
     if args.steps == 0 {
         bail!("--steps must be ≥ 1");

@@ -7,13 +7,13 @@ of row 3 pairs on the 2-core VM of the README's table), and single runs drift by
 minutes, so a ratio is only worth the pairs behind it: the per-pair ratio ours / PyTorch is
 reported at the median over all pairs and over each order alone, with its range.
 
-    python3 bin/benches/train_step_pairs.py [--rows 1,2,3,4] [--pairs 4] [--threads 2]
+    python3 tools/twins/train_step_pairs.py [--rows 1,2,3,4] [--pairs 4] [--threads 2]
         [--steps 5] [--warmup 1] [--ours PATH]
 
 `--rows` takes any of the bench's six rows (default the first four; 5 is ViT-S/16 MAE and 6
 ViT-S/16 I-JEPA, both at B = 64 and several times row 3's step and memory).
 
-Without `--ours` the bench binary is built first (`cargo bench -p ssl --bench train_step
+Without `--ours` the bench binary is built first (`cargo bench -p ssl-train --bench train_step
 --no-run`). Prints one line per pair as it goes, then a Markdown table.
 """
 
@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def build_bench():
     """Builds the `train_step` bench binary and returns its path."""
     done = subprocess.run(
-        ["cargo", "bench", "-p", "ssl", "--bench", "train_step", "--no-run",
+        ["cargo", "bench", "-p", "ssl-train", "--bench", "train_step", "--no-run",
          "--message-format=json"],
         cwd=ROOT, capture_output=True, text=True,
     )
@@ -41,8 +41,8 @@ def build_bench():
         if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "train_step":
             if msg.get("executable"):
                 return msg["executable"]
-    sys.exit("error: cargo built no `train_step` executable; run `cargo bench -p ssl --bench "
-             "train_step --no-run` to see why")
+    sys.exit("error: cargo built no `train_step` executable; run `cargo bench -p ssl-train "
+             "--bench train_step --no-run` to see why")
 
 
 def run(cmd):
@@ -81,7 +81,7 @@ def main():
     for row in rows:
         cmds = {
             "ours": [ours_bin, "--row", row] + common,
-            "torch": [sys.executable, os.path.join(ROOT, "bin/benches/train_step.py"),
+            "torch": [sys.executable, os.path.join(ROOT, "tools/twins/train_step.py"),
                       "--row", row] + common,
         }
         pairs = []

@@ -4,7 +4,7 @@
 //! checks the other. cuDNN runs without TF32 here (exact f32); `ssl run` allows it, as PyTorch.
 //!
 //! Built only with `--features cuda`, and needs a GPU:
-//! `cargo test --release -p ssl --features cuda --test cuda -- --test-threads 1`.
+//! `cargo test --release -p ssl-train --features cuda --test cuda -- --test-threads 1`.
 //! CI builds the CPU workspace, where this file compiles to nothing.
 #![cfg(feature = "cuda")]
 

@@ -5,9 +5,9 @@
 # A failed run's last lines are in OUT/NAME.log.
 #
 #   cargo build --release -p ssl
-#   bin/benches/objectives_on_digits.sh [OUT]      # EPOCHS=5 SSL=target/release/ssl
+#   tools/objectives_on_digits.sh [OUT]      # EPOCHS=5 SSL=target/release/ssl
 set -euo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
 ssl=${SSL:-$root/target/release/ssl}
 out=${1:-$(mktemp -d)}
 epochs=${EPOCHS:-5}

@@ -3,9 +3,9 @@
 # CUDA toolkit or GPU, for a GPU machine with driver 580 (CUDA 13.0) and an sm_90 card (H100,
 # H200), and with the feature nccl an `ssl_nccl` and the two NCCL tests (distributed/tests/nccl.rs,
 # bin/tests/nccl.rs), then packs them stripped into DIR/cuda-bins.txz for
-# bin/benches/cuda/device.sh.
+# tools/cuda/device.sh.
 #
-#   bin/benches/cuda/build.sh DIR    (CUDA_WHEELS: where the toolkit wheels go, /tmp/cuda13)
+#   tools/cuda/build.sh DIR    (CUDA_WHEELS: where the toolkit wheels go, /tmp/cuda13)
 #
 # nvcc comes from NVIDIA's PyPI wheels, pinned to 13.0: PTX from a newer nvcc has an ISA the
 # 13.0 driver cannot load. cudarc links libcuda.so.1 at build time, and the driver library is
@@ -58,8 +58,9 @@ cp "$(cargo test --release -p ssl-dist --features nccl --test nccl --no-run 2>&1
 cp "$(cargo test --release -p ssl --features nccl --test nccl --no-run 2>&1 | executable)" \
   "$staging/nccl_run_test"
 cp "$CARGO_TARGET_DIR/release/ssl" "$staging/ssl_nccl"
-cargo build --release -p ssl --features cuda --bins --bench train_step
-cargo test --release -p ssl --features cuda --test cuda --no-run
+cargo build --release -p ssl --features cuda --bins
+cargo build --release -p ssl-train --features cuda --bench train_step
+cargo test --release -p ssl-train --features cuda --test cuda --no-run
 # CUPTI (headers, and libcupti.so.13 to link against; the GPU machine's PyTorch brings its own)
 # for the LD_PRELOAD kernel profiler kernel_profile.c.
 if [ ! -f "$cu/include/cupti.h" ]; then
@@ -72,7 +73,7 @@ cp "$CARGO_TARGET_DIR/release/ssl" "$staging/ssl"
 cp "$(newest train_step)" "$staging/train_step"
 cp "$(newest cuda)" "$staging/cuda_test"
 cc -O2 -Wall -Wextra -shared -fPIC -I"$cu/include" -o "$staging/libkernel_profile.so" \
-  "$repo/bin/benches/cuda/kernel_profile.c" -L"$cu/lib" -l:libcupti.so.13 -lpthread
+  "$repo/tools/cuda/kernel_profile.c" -L"$cu/lib" -l:libcupti.so.13 -lpthread
 strip "$staging"/*
 # One xz stream with a dictionary wider than a binary: the binaries share most of their bytes
 # (Candle's PTX), which then compress once (19 MB where -T0 -6 gave 56 MB; about 5 minutes).

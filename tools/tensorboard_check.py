@@ -2,19 +2,19 @@
 """Checks a run's TensorBoard event files against its metrics.jsonl with TensorBoard's own reader.
 
     pip install tensorboard
-    python bin/benches/tensorboard_check.py RUN/tb RUN/metrics.jsonl
+    python tools/tensorboard_check.py RUN/tb RUN/metrics.jsonl
 
 Loads RUN/tb with tensorboard's EventAccumulator (nothing sampled away: size_guidance 0 for every
 kind), then checks that every number of every metrics.jsonl record but `step` and `epoch*`
 (`null`s skipped) is the event files' scalar of the same tag at the record's step, once, equal
-as a float32. The trainer (bin/src/runlog.rs) logs an `epoch_end` record, stamped with the steps
+as a float32. The trainer (train/src/runlog.rs) logs an `epoch_end` record, stamped with the steps
 taken, at the epoch's last step: `--epoch-end-offset` (default -1) says so. A tag may carry a
 `prefix/` (`train/loss` for `loss`). Every image must decode as a PNG of its recorded size
 (Pillow, a tensorboard dependency); at least one image is required unless `--no-images-ok`.
 
-A sample run to check: `SSL_TENSORBOARD_SAMPLE=/tmp/tb-sample cargo test --release -p ssl --lib
+A sample run to check: `SSL_TENSORBOARD_SAMPLE=/tmp/tb-sample cargo test --release -p ssl-report --lib
 tensorboard::tests::a_killed_and_resumed_run_matches_its_metrics`, then
-`python bin/benches/tensorboard_check.py /tmp/tb-sample/tb /tmp/tb-sample/metrics.jsonl`.
+`python tools/tensorboard_check.py /tmp/tb-sample/tb /tmp/tb-sample/metrics.jsonl`.
 
 Exit status 0 when everything matches, 1 with the mismatches listed otherwise.
 """

@@ -13,7 +13,7 @@ The same work as candle-ssl's run, written as a PyTorch user would:
   Linear(128, 512)–BatchNorm1d–ReLU–Linear(512, 512), the encoder run view by view in train
   mode (batch-norm statistics per view), the loss on `[V, B, D]`;
 - objective: VICReg (λ = μ = 25, ν = 1), or FroSSL (λ = 1) with `--objective frossl`: the
-  losses of `train_step.py`, which `bin/tests/bench_reference.rs` checks against candle-ssl's;
+  losses of `train_step.py`, which `train/tests/bench_reference.rs` checks against candle-ssl's;
 - the online linear probe on the detached features of the global views (standardised by the
   batch's statistics, cross-entropy, its own learning rate 0.1), as candle-ssl's;
 - AdamW (lr 1e-3, betas (0.9, 0.999), weight decay 1e-4 on tensors of ≥ 2 dims), B = 128,
@@ -25,10 +25,10 @@ The same work as candle-ssl's run, written as a PyTorch user would:
   of the trained encoder and of a random-init one.
 
 It prints one JSON line: seconds of training (the loop with its monitor), of the end-of-run
-evaluation, and in all, with the final accuracies. `bin/benches/main_job_pairs.py` runs it and
+evaluation, and in all, with the final accuracies. `tools/twins/main_job_pairs.py` runs it and
 `ssl run` in alternating pairs.
 
-    python3 bin/benches/main_job.py [--objective vicreg|frossl] [--views 2] [--epochs 50] [--threads 2]
+    python3 tools/twins/main_job.py [--objective vicreg|frossl] [--views 2] [--epochs 50] [--threads 2]
 """
 
 import argparse

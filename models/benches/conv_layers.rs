@@ -3,10 +3,10 @@
 //! view): ResNet-18 with the CIFAR stem on 64 images of 32×32 (row 1 of the train_step bench,
 //! `--net cifar`, the default) or the 3D ResNet-18 on 4 volumes of 64³ (row 4, `--net 3d`). The
 //! stem's input needs no gradient, as in the net. Totals count every layer of the net and both
-//! views. `python3 bin/benches/conv_layers.py` times the same convolutions in PyTorch, so the
+//! views. `python3 tools/twins/conv_layers.py` times the same convolutions in PyTorch, so the
 //! two tables show which layers and which pass lose.
 //!
-//! `cargo bench -p ssl --bench conv_layers -- [--net cifar|3d] [--threads 2] [--reps 5]`
+//! `cargo bench -p ssl-models --bench conv_layers -- [--net cifar|3d] [--threads 2] [--reps 5]`
 
 use std::time::Instant;
 
@@ -81,7 +81,7 @@ fn main() -> Result<()> {
         other => bail!("unknown net `{other}`; use --net cifar (row 1) or --net 3d (row 4)"),
     };
     // As in `ssl run`: freed tensors stay in the process instead of costing page faults anew.
-    ssl::allocator::keep_freed_memory();
+    ssl_core::allocator::keep_freed_memory();
     // Candle's workers read RAYON_NUM_THREADS when they first run.
     std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
     let device = Device::Cpu;

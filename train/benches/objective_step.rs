@@ -8,7 +8,7 @@
 //! share is the median of the per-round ratios, so a slow spell of a shared machine moves numerator
 //! and denominator together. Then the FroSSL step at V = 8 against V = 2 (4× the images), and the
 //! share of the step of SwAV's Sinkhorn–Knopp and SAG-VICReg's kNN affinity. Run with
-//! `cargo bench -p ssl --bench objective_step -- [--reps N] [--batch B] [--objectives a,b] [--ratio frossl,...]`;
+//! `cargo bench -p ssl-train --bench objective_step -- [--reps N] [--batch B] [--objectives a,b] [--ratio frossl,...]`;
 //! `RAYON_NUM_THREADS` sets the threads. `-- --profile-loss NAME --reps 500` only calls that
 //! objective's loss + backward, for a profiler.
 
@@ -225,7 +225,7 @@ fn host_parts(bench: &Bench) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    ssl::allocator::keep_freed_memory();
+    ssl_core::allocator::keep_freed_memory();
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str| {
         args.iter()

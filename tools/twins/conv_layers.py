@@ -1,6 +1,6 @@
-"""The convolutions of bin/benches/conv_layers.rs in PyTorch (NCHW, oneDNN on the CPU).
+"""The convolutions of models/benches/conv_layers.rs in PyTorch (NCHW, oneDNN on the CPU).
 
-python3 bin/benches/conv_layers.py [--net cifar|3d] [--threads 2] [--reps 5]
+python3 tools/twins/conv_layers.py [--net cifar|3d] [--threads 2] [--reps 5]
 """
 import argparse
 import time

@@ -13,8 +13,8 @@ The reference directories, one per encoder family (digits CNN, MLP, ResNet-18 wi
 stem, ResNet-34/50 with the ImageNet stem on 1 and 3 channels, 3D ResNet-18, ViT-T/16), come
 from a Rust test:
 
-    SSL_CARD_SNIPPETS=/tmp/card-snippets cargo test --release -p ssl --test hub card_snippet
-    python3 bin/benches/card_snippet.py /tmp/card-snippets/*
+    SSL_CARD_SNIPPETS=/tmp/card-snippets cargo test --release -p ssl --test publish card_snippet
+    python3 tools/card_snippet.py /tmp/card-snippets/*
 
 Needs torch, safetensors, and torchvision / timm for the cards that use them. Prints one line
 per directory and exits non-zero if any fails.

@@ -43,7 +43,7 @@ move by B every step. The losses follow `docs/spec/objectives.md` §2.1, §2.3, 
 `ssl-mae` and `ssl-ijepa` crates, masks §3.1); `--check` prints each on fixed inputs to compare
 with candle-ssl's known-answer tests.
 
-    python3 bin/benches/train_step.py --row all --threads 2 [--steps 10] [--warmup 2] [--device cuda]
+    python3 tools/twins/train_step.py --row all --threads 2 [--steps 10] [--warmup 2] [--device cuda]
 
 Each row prints one JSON line: median / min / max milliseconds over `--steps` steps after
 `--warmup`, and the process's peak RSS (`ru_maxrss`, KiB on Linux, as MiB). `--row all` runs
