@@ -13,11 +13,15 @@
 //! * [`volume`]: IConE's 3D augmentations.
 //! * [`crop`]: multi-crop local views (torchvision's random resized crop box).
 //! * [`loader`]: the deterministic, rayon-parallel multi-view batch loader ([`ViewLoader`]).
+//! * [`source`]: every data set a run can name, as one [`DataSource`].
 //! * [`medmnist`]: the 18 MedMNIST datasets' facts and their `.npz` files as a [`Dataset`].
 //! * [`npy`]: NumPy `.npy` arrays and `.npz` archives.
 //! * [`archive`]: the benchmark sets read from their official archives into an 8-bit cache:
 //!   [`cifar`] (CIFAR-10/100, through a private Python-pickle reader), [`stl10`],
 //!   [`tiny_imagenet`].
+//! * `download` (feature `download`): `ssl data download`, the MedMNIST files and the benchmark
+//!   archives fetched and verified into their default directories ([`default_medmnist_root`],
+//!   [`default_benchmark_root`]).
 //!
 //! # Example
 //!
@@ -65,6 +69,8 @@ pub mod color;
 pub mod crop;
 pub mod dataset;
 pub mod digits;
+#[cfg(feature = "download")]
+pub mod download;
 pub mod folder;
 pub mod gmm;
 pub mod loader;
@@ -73,7 +79,9 @@ pub mod npy;
 mod pickle;
 pub mod pipeline;
 pub mod resample;
+mod roots;
 pub mod scans;
+pub mod source;
 pub mod split;
 pub mod stl10;
 pub mod stored;
@@ -96,10 +104,12 @@ pub use gmm::gaussian_mixture;
 pub use loader::{clean_batch, mix_seed, Prefetch, ViewBatch, ViewLoader, ViewType};
 pub use medmnist::{
     load_medmnist, load_npz, medmnist_info, npz_geometry, write_digits_as_medmnist,
-    write_medmnist_npz, MedMnist, MedMnistInfo, NpzLayout,
+    write_medmnist_npz, MedMnist, MedMnistInfo, MedMnistTask, NpzLayout,
 };
 pub use pipeline::{ImageAugment, ImageViewParams, JitterOp, Pipeline, Recipe, ViewTypes};
 pub use resample::Interpolation;
+pub use roots::{default_benchmark_root, default_medmnist_root, user_cache};
+pub use source::DataSource;
 pub use split::{imbalanced_subset, stratified_split, stratified_subset};
 pub use stored::{CropBox, StoredImage};
 pub use volume::{VolumeAugment, VolumeViewParams};

@@ -84,9 +84,7 @@ pub use linear_probe::{
     balanced_accuracy, fit_logistic, linear_probe, select_c, CSelection, LinearProbeConfig,
     LogisticModel, ProbeResult, DEFAULT_C_GRID,
 };
-pub use medmnist::{
-    medmnist_acc, medmnist_metrics, roc_auc, MedMnistScores, MedMnistTask, MEDMNIST_THRESHOLD,
-};
+pub use medmnist::{medmnist_acc, medmnist_metrics, roc_auc, MedMnistScores, MEDMNIST_THRESHOLD};
 pub use pca::pca_2d;
 pub use spectrum::{
     centred_ranks, covariance_spectrum, effective_rank, rankme, singular_values, standardize,

@@ -10,7 +10,8 @@ use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
-use ssl_eval::{Features, LidarConfig, LinearProbeConfig, MedMnistTask};
+use ssl_data::MedMnistTask;
+use ssl_eval::{Features, LidarConfig, LinearProbeConfig};
 
 /// `n` rows of `d` values: class `i % classes` centred at `shift · e_class`, plus noise.
 fn clustered(

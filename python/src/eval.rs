@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use anyhow::{ensure, Result};
 use numpy::{PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
-use ssl_eval::{Features, LidarConfig, LinearProbeConfig, MedMnistTask};
+use ssl_data::MedMnistTask;
+use ssl_eval::{Features, LidarConfig, LinearProbeConfig};
 
 use crate::arrays::{features, labels};
 use crate::errors::IntoPy;

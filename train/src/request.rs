@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde_yaml::Value;
 
-use crate::config::{apply_set, set_key, RunConfig, TrainConfig, NPZ};
+use crate::config::{apply_set, set_key, RunConfig, TrainConfig};
 use crate::rundir::{self, Start};
 
 /// One assignment to a dotted key.
@@ -270,7 +270,7 @@ impl DataFile {
             })?;
             return Ok(Some(Self {
                 path: path.to_path_buf(),
-                flag: NPZ.into(),
+                flag: ssl_data::DataSource::Npz.as_str().into(),
                 size,
             }));
         };

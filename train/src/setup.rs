@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{Device, DeviceLocation, Tensor};
 use candle_nn::VarBuilder;
-use ssl_data::{Dataset, Normalization};
+use ssl_data::{DataSource, Dataset, Normalization};
 use ssl_models::{
     DigitsCnn, Encoder, EncoderSpec, Mlp, Projector, ResNet, ResNetConfig, VisionTransformer,
 };
@@ -199,7 +199,7 @@ fn split(cfg: &RunConfig, own: Option<(Dataset, usize)>) -> Result<DataSplit> {
             (dataset, train, test)
         }
         None => match cfg.data.scan_options() {
-            Some(options) if cfg.data.name == "folder" => {
+            Some(options) if cfg.data.name == DataSource::Folder => {
                 scan_folder(cfg, &options, seed, &mut unlabeled, &mut skipped)?
             }
             _ => load(cfg, seed, &mut unlabeled, &mut findings)?,
@@ -260,18 +260,18 @@ fn load(
     unlabeled: &mut Vec<usize>,
     findings: &mut Option<Arc<Findings>>,
 ) -> Result<(Dataset, Vec<usize>, Vec<usize>)> {
-    Ok(match cfg.data.name.as_str() {
-        "digits" | "gmm" => {
-            let dataset = match cfg.data.name.as_str() {
-                "digits" => ssl_data::digits(cfg.data.size)?,
+    Ok(match cfg.data.name {
+        DataSource::Digits | DataSource::GaussianMixture => {
+            let dataset = match cfg.data.name {
+                DataSource::Digits => ssl_data::digits(cfg.data.size)?,
                 _ => ssl_data::gaussian_mixture(seed),
             };
             let (train, test) =
                 ssl_data::stratified_split(&dataset.labels, cfg.data.test_fraction, seed)?;
             (dataset, train, test)
         }
-        "folder" => {
-            let _loading = crate::progress::spinner(
+        DataSource::Folder => {
+            let _loading = ssl_core::progress::spinner(
                 "reading the image folder (decoded into the cache on first use)",
             );
             let folder = image_folder(cfg)?;
@@ -290,8 +290,8 @@ fn load(
                 }
             }
         }
-        ssl_data::caltech256::NAME => {
-            let _loading = crate::progress::spinner(
+        DataSource::Caltech256 => {
+            let _loading = ssl_core::progress::spinner(
                 "reading Caltech-256 (decoded into the cache on first use)",
             );
             let set = ssl_data::caltech256::load(
@@ -306,11 +306,11 @@ fn load(
                 ssl_data::stratified_split(&set.dataset.labels, cfg.data.test_fraction, seed)?;
             (set.dataset, train, test)
         }
-        crate::config::NPZ => {
+        DataSource::Npz => {
             let Some(file) = &cfg.data.root else {
                 bail!("data set `npz` needs its file: set data.root (or --data FILE.npz)");
             };
-            let _loading = crate::progress::spinner(format!(
+            let _loading = ssl_core::progress::spinner(format!(
                 "reading {} (inflated into its image cache on first use)",
                 file.display()
             ));
@@ -324,31 +324,24 @@ fn load(
             );
             medmnist_split(m, findings)
         }
-        name if ssl_data::archive_info(name).is_some() => {
-            let _loading = crate::progress::spinner(format!(
-                "reading {name} (decoded into its image cache on first use)"
+        DataSource::Archive(info) => {
+            let _loading = ssl_core::progress::spinner(format!(
+                "reading {} (decoded into its image cache on first use)",
+                info.name
             ));
-            let b = ssl_data::load_benchmark(name, &benchmark_root(cfg)).context("data.root")?;
+            let b =
+                ssl_data::load_benchmark(info.name, &benchmark_root(cfg)).context("data.root")?;
             if cfg.data.split == TrainingSplit::TrainUnlabeled {
                 *unlabeled = b.unlabeled.collect();
             }
             (b.dataset, b.train.collect(), b.test.collect())
         }
-        name => {
-            let _loading = crate::progress::spinner(format!(
-                "reading {name} (inflated into its image cache on first use)"
+        DataSource::MedMnist(info) => {
+            let _loading = ssl_core::progress::spinner(format!(
+                "reading {} (inflated into its image cache on first use)",
+                info.flag
             ));
-            let m = medmnist(cfg).with_context(|| match ssl_data::medmnist_info(name) {
-                Ok(_) => format!("data set `{name}`"),
-                Err(_) => format!(
-                    "unknown data set `{name}`; built in: digits, gmm, folder, npz, caltech256, {}",
-                    ssl_data::ARCHIVES
-                        .iter()
-                        .map(|a| a.name)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            })?;
+            let m = medmnist(cfg, info).with_context(|| format!("data set `{}`", info.flag))?;
             medmnist_split(m, findings)
         }
     })
@@ -368,7 +361,7 @@ fn scan_folder(
     let Some(root) = &cfg.data.root else {
         bail!("data set `folder` needs its directory or manifest: set data.root (or --root PATH)");
     };
-    let _loading = crate::progress::spinner(format!(
+    let _loading = ssl_core::progress::spinner(format!(
         "reading the scans of {} (decoded into the cache on first use)",
         root.display()
     ));
@@ -450,45 +443,32 @@ fn image_folder(cfg: &RunConfig) -> Result<ssl_data::ImageFolder> {
     .context("data.root")
 }
 
-/// Where decoded image folders are cached: `$SSL_CACHE`, else [`user_cache`].
+/// Where decoded image folders are cached: `$SSL_CACHE`, else [`ssl_data::user_cache`].
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("SSL_CACHE").map_or_else(user_cache, PathBuf::from)
-}
-
-/// `~/.cache/candle-ssl`.
-pub fn user_cache() -> PathBuf {
-    std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_default()
-        .join(".cache/candle-ssl")
+    std::env::var_os("SSL_CACHE").map_or_else(ssl_data::user_cache, PathBuf::from)
 }
 
 /// Where the benchmark sets' archives (CIFAR, STL-10, Tiny ImageNet) and the extracted
 /// Caltech-256 are looked for: `data.root`, else `~/.cache/candle-ssl/data`, where `ssl data
 /// download` puts them.
 pub fn benchmark_root(cfg: &RunConfig) -> PathBuf {
-    cfg.data.root.clone().unwrap_or_else(default_benchmark_root)
-}
-
-/// `~/.cache/candle-ssl/data`.
-pub fn default_benchmark_root() -> PathBuf {
-    user_cache().join("data")
+    cfg.data
+        .root
+        .clone()
+        .unwrap_or_else(ssl_data::default_benchmark_root)
 }
 
 /// Where MedMNIST files are looked for: `data.root`, else the official package's `~/.medmnist`.
 pub fn medmnist_root(cfg: &RunConfig) -> PathBuf {
-    cfg.data.root.clone().unwrap_or_else(|| {
-        std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_default()
-            .join(".medmnist")
-    })
+    cfg.data
+        .root
+        .clone()
+        .unwrap_or_else(ssl_data::default_medmnist_root)
 }
 
 /// The configured MedMNIST dataset. ChestMNIST's images are labelled by whether they have any
 /// finding, the class that training and the run's table use; `ssl eval` scores its 14 findings.
-fn medmnist(cfg: &RunConfig) -> Result<ssl_data::MedMnist> {
-    let info = ssl_data::medmnist_info(&cfg.data.name)?;
+fn medmnist(cfg: &RunConfig, info: &ssl_data::MedMnistInfo) -> Result<ssl_data::MedMnist> {
     info.md5_at(cfg.data.size)
         .with_context(|| format!("set the image size with --size {}", info.sizes()[0]))?;
     ssl_data::load_medmnist(&medmnist_root(cfg), info.flag, cfg.data.size)

@@ -6,16 +6,13 @@ use std::path::PathBuf;
 use anyhow::{ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 use ssl_data::scans::Intensity;
-use ssl_data::{ImageAugment, Normalization, Recipe, ViewTypes, VolumeAugment};
+use ssl_data::{DataSource, ImageAugment, Normalization, Recipe, ViewTypes, VolumeAugment};
 
 use super::*;
 
 /// The side of a folder of scans' images (and volumes) unless `data.size` is given:
 /// MedMNIST+'s 64, small enough for a CPU, large enough for a 3D ResNet-18's five strides.
 pub const SCAN_SIZE: usize = 64;
-
-/// `data.name` of a file of your own in MedMNIST's layout.
-pub const NPZ: &str = "npz";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -25,7 +22,7 @@ pub struct DataConfig {
     /// from its official archive in `root` (`cifar10`, `cifar100`, `cifar100-coarse`, `stl10`,
     /// `tiny-imagenet`), `caltech256` (the extracted `256_ObjectCategories` in `root`, or `root`
     /// itself), or `folder`: an ImageNet-style image folder at `root`.
-    pub name: String,
+    pub name: DataSource,
     /// Side length the digits are upsampled to; the MedMNIST file's size (28, 64, 128, 224);
     /// the side a folder's images are resized (shorter side) and centre-cropped to.
     pub size: usize,
@@ -125,7 +122,7 @@ pub struct DataConfig {
     /// binary-class` or `ordinal-regression`), which `ssl eval` then scores with MedMNIST's
     /// official ACC and AUC. Absent: no ACC/AUC rows (an official file's task is its table's).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub task: Option<String>,
+    pub task: Option<ssl_data::MedMnistTask>,
 }
 
 /// The images pretraining draws from (`data.split`).
@@ -184,7 +181,7 @@ impl DataConfig {
 
     /// Whether the data are a folder of scans read as volumes.
     pub fn scan_volumes(&self) -> bool {
-        self.name == "folder" && self.intensity.is_some() && self.volumes == Some(true)
+        self.name == DataSource::Folder && self.intensity.is_some() && self.volumes == Some(true)
     }
 
     /// Fills `augment` and `normalize` with the data set's defaults, so the run's
@@ -196,23 +193,20 @@ impl DataConfig {
 
     /// `augment`, or the data set's recipe.
     pub fn recipe(&self) -> Recipe {
-        self.augment.unwrap_or(match self.name.as_str() {
-            "digits" => Recipe::Digits,
-            "gmm" => Recipe::Noise,
-            "folder" if self.intensity.is_some() => match self.volumes {
+        self.augment.unwrap_or(match self.name {
+            DataSource::Digits => Recipe::Digits,
+            DataSource::GaussianMixture => Recipe::Noise,
+            DataSource::Folder if self.intensity.is_some() => match self.volumes {
                 Some(true) => Recipe::Icone3d,
                 _ => Recipe::Icone,
             },
-            "folder" | ssl_data::caltech256::NAME => Recipe::Simclr,
-            NPZ => match self.npz_geometry() {
+            DataSource::Folder | DataSource::Caltech256 | DataSource::Archive(_) => Recipe::Simclr,
+            DataSource::Npz => match self.npz_geometry() {
                 Some((_, true)) => Recipe::Icone3d,
                 _ => Recipe::Icone,
             },
-            name if ssl_data::archive_info(name).is_some() => Recipe::Simclr,
-            name => match ssl_data::medmnist_info(name) {
-                Ok(info) if info.volumetric => Recipe::Icone3d,
-                _ => Recipe::Icone,
-            },
+            DataSource::MedMnist(info) if info.volumetric => Recipe::Icone3d,
+            DataSource::MedMnist(_) => Recipe::Icone,
         })
     }
 
@@ -226,22 +220,19 @@ impl DataConfig {
 
     /// `normalize`, or the benchmark set's statistics under a photo recipe, or the recipe's.
     pub fn normalization(&self) -> Normalization {
-        self.normalize.unwrap_or_else(|| {
-            match (
-                self.recipe().default_normalization(),
-                ssl_data::archive_info(&self.name),
-            ) {
-                (Normalization::Imagenet, Some(info)) => info.normalization,
+        self.normalize.unwrap_or_else(
+            || match (self.recipe().default_normalization(), self.name) {
+                (Normalization::Imagenet, DataSource::Archive(info)) => info.normalization,
                 (recipe, _) => recipe,
-            }
-        })
+            },
+        )
     }
 }
 
 impl Default for DataConfig {
     fn default() -> Self {
         Self {
-            name: "digits".into(),
+            name: DataSource::Digits,
             size: 16,
             root: None,
             test_fraction: 0.2,
@@ -301,7 +292,7 @@ impl DataConfig {
         at_least_one("data.size", self.size, " (the image side in pixels)")?;
         if self.keep_side > 0 {
             ensure!(
-                self.name == "folder" || self.name == ssl_data::caltech256::NAME,
+                matches!(self.name, DataSource::Folder | DataSource::Caltech256),
                 "data.keep_side keeps an image folder's files at full resolution; `{}` is not \
                  one (data.name=folder or caltech256), so drop it",
                 self.name
@@ -331,7 +322,7 @@ impl DataConfig {
             "in (0, 1)",
             " (default 0.2)",
         )?;
-        if let Some(info) = ssl_data::archive_info(&self.name) {
+        if let DataSource::Archive(info) = self.name {
             ensure!(
                 self.size == info.side,
                 "data.size is {}, but {} holds {side}×{side} images; set --size {side}",
@@ -340,28 +331,26 @@ impl DataConfig {
                 side = info.side
             );
         }
-        if self.name == NPZ {
+        if self.name == DataSource::Npz {
             ensure!(
                 self.root.is_some(),
                 "data set `npz` needs its file: set data.root (or --root FILE.npz, or give the \
                  file as --data FILE.npz)"
             );
         }
-        if let Some(task) = &self.task {
-            ensure!(
-                self.name == NPZ,
-                "data.task names the task of a `npz` file's labels; `{}` has its own, so drop it",
-                self.name
-            );
-            ssl_eval::MedMnistTask::from_official(task).context("data.task")?;
-        }
         ensure!(
-            !self.clutter || self.name == ssl_data::caltech256::NAME,
+            self.task.is_none() || self.name == DataSource::Npz,
+            "data.task names the task of a `npz` file's labels; `{}` has its own, so drop it",
+            self.name
+        );
+        ensure!(
+            !self.clutter || self.name == DataSource::Caltech256,
             "data.clutter adds Caltech-256's 257.clutter category, but data.name is `{}`; drop it",
             self.name
         );
         ensure!(
-            self.split == TrainingSplit::Train || self.name == "stl10",
+            self.split == TrainingSplit::Train
+                || matches!(self.name, DataSource::Archive(info) if info.splits[2] > 0),
             "data.split: train+unlabeled is for stl10, the one data set with unlabeled images \
              (`{}` has none); drop it",
             self.name
@@ -383,7 +372,7 @@ impl DataConfig {
 impl DataConfig {
     /// The scan settings apply to a folder read as scans, `spacing` to its volumes.
     fn validate_scans(&self) -> Result<()> {
-        let scans = self.name == "folder" && self.intensity.is_some();
+        let scans = self.name == DataSource::Folder && self.intensity.is_some();
         for (key, set) in [
             ("data.intensity", self.intensity.is_some()),
             ("data.volumes", self.volumes.is_some()),
@@ -391,7 +380,7 @@ impl DataConfig {
             ("data.spacing", self.spacing.is_some()),
         ] {
             ensure!(
-                !set || self.name == "folder",
+                !set || self.name == DataSource::Folder,
                 "{key} is for a folder of scans (data.name=folder); `{}` is not one, so drop it",
                 self.name
             );

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
+use ssl_data::DataSource;
 use ssl_models::Stem;
 pub use ssl_optim::OptimizerKind;
 
@@ -101,43 +102,47 @@ impl RunConfig {
             Err(e) => bail!("{}", keyed_error(&value, e)),
         };
         config.objective.resolve()?;
-        // A benchmark set's images have one size: the digits' default side becomes it.
-        if let Some(info) = ssl_data::archive_info(&config.data.name) {
-            if !given("data", "size") {
-                config.data.size = info.side;
-            }
-            if !encoder_given {
-                config.model.encoder = "resnet18".into();
-                if !given("model", "stem") && info.side == 32 {
-                    config.model.stem = Stem::Cifar;
+        // A data set's own geometry and encoder, unless given: a benchmark set's one image side
+        // and ResNet-18 (CIFAR's stem at 32 px); Caltech-256 at ImageNet's 224 px; a folder of
+        // scans at full precision, 64 px (or 64³); a file of your own at its images' side.
+        let mut volumes = false;
+        match config.data.name {
+            DataSource::Archive(info) => {
+                if !given("data", "size") {
+                    config.data.size = info.side;
+                }
+                if !encoder_given {
+                    config.model.encoder = "resnet18".into();
+                    if !given("model", "stem") && info.side == 32 {
+                        config.model.stem = Stem::Cifar;
+                    }
                 }
             }
-        }
-        // Caltech-256's images come in many sizes: ImageNet's 224 px and a ResNet-18 unless given.
-        if config.data.name == ssl_data::caltech256::NAME {
-            if !given("data", "size") {
-                config.data.size = 224;
+            DataSource::Caltech256 => {
+                if !given("data", "size") {
+                    config.data.size = 224;
+                }
+                if !encoder_given {
+                    config.model.encoder = "resnet18".into();
+                }
             }
-            if !encoder_given {
-                config.model.encoder = "resnet18".into();
+            DataSource::Folder => {
+                config.data.resolve_scans(given("data", "size"));
+                volumes = config.data.scan_volumes();
             }
-        }
-        // A folder of scans: full precision, 64 px (or 64³) and the 3D encoder unless given.
-        if config.data.name == "folder" {
-            config.data.resolve_scans(given("data", "size"));
-        }
-        // A file of your own has the side of its images.
-        let npz = (config.data.name == NPZ)
-            .then(|| config.data.npz_geometry())
-            .flatten();
-        if let Some((side, _)) = npz.filter(|_| !given("data", "size")) {
-            config.data.size = side;
+            DataSource::Npz => {
+                if let Some((side, npz_volumes)) = config.data.npz_geometry() {
+                    if !given("data", "size") {
+                        config.data.size = side;
+                    }
+                    volumes = npz_volumes;
+                }
+            }
+            DataSource::MedMnist(info) => volumes = info.volumetric,
+            DataSource::Digits | DataSource::GaussianMixture => {}
         }
         config.data.resolve();
         // Volumes get IConE's 3D ResNet-18 unless an encoder is named (the digits CNN is 2D).
-        let volumes = ssl_data::medmnist_info(&config.data.name).is_ok_and(|i| i.volumetric)
-            || npz.is_some_and(|(_, volumes)| volumes)
-            || config.data.scan_volumes();
         if !encoder_given && volumes {
             config.model.encoder = "resnet18_3d".into();
         }
@@ -197,7 +202,7 @@ impl RunConfig {
     /// whole number of them across, or the first step fails. (The mixture's points are no
     /// images: the encoder refuses them by shape.)
     fn check_patches(&self) -> Result<()> {
-        if self.data.name == "gmm" {
+        if !self.data.name.is_images() {
             return Ok(());
         }
         let Some(patch) = self.model.vit_config(self.data.size).map(|v| v.patch_size) else {

@@ -38,7 +38,7 @@ fn defaults_are_the_main_job() {
         (50, 128, 1e-3)
     );
     assert_eq!(c.objective.name, "vicreg");
-    assert_eq!(c.data.name, "digits");
+    assert_eq!(c.data.name, ssl_data::DataSource::Digits);
 }
 
 /// What the data and recipe imply fills what is not given, and a given value wins.
