@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 use ssl_experiments::compare::{self, Grid};
 use ssl_experiments::generalise;
+use ssl_experiments::offline::MetricSet;
 use ssl_train::config::RunConfig;
 use ssl_train::request::{Assignment, Flags, RunRequest};
 use ssl_train::rundir::Start;
@@ -233,8 +234,8 @@ impl PushArgs {
 }
 
 impl HubArgs {
-    fn options(&self) -> ssl_hub::hub::HubOptions {
-        ssl_hub::hub::HubOptions {
+    fn options(&self) -> ssl_net::hub::HubOptions {
+        ssl_net::hub::HubOptions {
             endpoint: self.endpoint.clone(),
             revision: self.revision.clone(),
             ..Default::default()
@@ -412,7 +413,7 @@ pub fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    crate::allocator::keep_freed_memory();
+    ssl_core::allocator::keep_freed_memory();
     let cli = Cli::parse();
     match execute(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -540,17 +541,21 @@ fn evaluate_offline(args: &EvalArgs) -> Result<()> {
         .as_deref()
         .map(ssl_eval::ClassHierarchy::load)
         .transpose()?;
-    let hierarchy_at_hand =
-        hierarchy.is_some() || sources.iter().all(|s| s.cfg.data.name == "digits");
+    let hierarchy_at_hand = hierarchy.is_some()
+        || sources
+            .iter()
+            .all(|s| s.cfg.data.name == ssl_data::DataSource::Digits);
     let suite = ssl_experiments::offline::SuiteConfig {
         metrics: match args.metrics.is_empty() {
             true if hierarchy_at_hand => default
                 .metrics
                 .into_iter()
-                .chain(["hierarchy".to_string()])
+                .chain([MetricSet::Hierarchy])
                 .collect(),
             true => default.metrics,
-            false => args.metrics.clone(),
+            false => (args.metrics.iter())
+                .map(|name| MetricSet::parse(name))
+                .collect::<Result<_>>()?,
         },
         hierarchy,
         probe_c: args.probe_c,
@@ -573,7 +578,7 @@ fn evaluate_offline(args: &EvalArgs) -> Result<()> {
     });
     let report = ssl_experiments::offline::evaluate(&sources, &suite, &out)?;
     println!("{}", ssl_experiments::offline::table(&report));
-    if suite.probe == ssl_experiments::sgd_probe::ProbeKind::Sgd && suite.wants("probe") {
+    if suite.probe == ssl_experiments::sgd_probe::ProbeKind::Sgd && suite.wants(MetricSet::Probe) {
         println!(
             "\n{}",
             ssl_experiments::sgd_probe::describe(&suite.sgd_probe)
@@ -637,7 +642,7 @@ fn stage_push(args: &PushArgs) -> Result<()> {
 
 /// `ssl push`: uploads a run to the Hub.
 fn push(args: &PushArgs) -> Result<()> {
-    let opts = ssl_hub::hub::HubOptions {
+    let opts = ssl_net::hub::HubOptions {
         private: args.private,
         update: args.update,
         ..args.hub.options()
@@ -656,7 +661,7 @@ fn pull(repo: &str, hub: &HubArgs) -> Result<()> {
 
 /// `ssl data download`: fetches a data set and checks it.
 fn download(args: &DownloadArgs) -> Result<()> {
-    let got = ssl_hub::download::download_data_set(
+    let got = ssl_data::download::download_data_set(
         &args.name,
         args.size,
         args.dir.as_deref(),
@@ -712,7 +717,7 @@ fn inspect_data(args: &InspectArgs) -> Result<()> {
     let volumes = cfg.data.volumes.unwrap_or(false);
     let collection = ssl_data::scans::scan(&args.root, volumes)?;
     let report = {
-        let _reading = ssl_train::progress::spinner(format!(
+        let _reading = ssl_core::progress::spinner(format!(
             "reading the {} files of {}",
             collection.entries.len(),
             args.root.display()
@@ -735,7 +740,7 @@ fn inspect_data(args: &InspectArgs) -> Result<()> {
 /// the Hugging Face cache.
 fn pull_repo(repo: &str, hub: &HubArgs) -> Result<PathBuf> {
     let mut opts = hub.options();
-    let repo = match ssl_hub::hub::parse_hf_path(repo) {
+    let repo = match ssl_net::hub::parse_hf_path(repo) {
         Some((repo, revision)) => {
             opts.revision = revision.unwrap_or(opts.revision);
             repo

@@ -36,17 +36,20 @@ fn sgd_probe_writes_eval_json_with_its_kind() {
         String::from_utf8_lossy(&o.stderr),
     );
     assert!(o.status.success(), "{stderr}");
-    assert!(stdout.contains("| probe balanced accuracy |"), "{stdout}");
+    assert!(
+        stdout.contains("| linear probe (balanced acc.) |"),
+        "{stdout}"
+    );
     assert!(stdout.contains("SGD probe (--probe sgd)"), "{stdout}");
     let eval: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("eval.json")).unwrap()).unwrap();
     let column = &eval["columns"][0];
     let metrics = &column["metrics"];
-    for name in ["probe balanced accuracy", "probe accuracy"] {
+    for name in ["probe_balanced_accuracy", "probe_accuracy"] {
         let v = metrics[name].as_f64().unwrap_or(-1.0);
         assert!((0.0..=1.0).contains(&v), "{name}: {metrics}");
     }
-    assert!(metrics.get("probe C").is_none(), "{metrics}");
+    assert!(column["probe_c"].is_null(), "{column}");
     let probe = &column["probe"];
     assert_eq!(probe["kind"], "sgd", "{column}");
     assert_eq!(probe["epochs"], 3);

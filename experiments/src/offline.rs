@@ -20,33 +20,102 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{Device, Tensor};
 use serde::Serialize;
+use ssl_data::DataSource;
 use ssl_eval::Features;
 
 use crate::sgd_probe::{ProbeKind, SgdProbeConfig, SgdProbeRecord};
+use ssl_core::atomic;
 use ssl_report::plot::{scatter_panels, ScatterPanel};
-use ssl_train::atomic;
 use ssl_train::config::{EvaluatedEncoder, RunConfig};
 use ssl_train::evaluate::to_features;
 use ssl_train::model::{self, Model};
+use ssl_train::results::{Metric, METRICS as RUN_METRICS};
 use ssl_train::setup::{self, DataSplit, Findings};
 
-/// The per-checkpoint metrics `--metrics` accepts, in table order.
-pub const METRICS: [&str; 10] = [
-    "probe",
-    "knn",
-    "rankme",
-    "effective-rank",
-    "lidar",
-    "alignment",
-    "uniformity",
-    "silhouette",
-    "kmeans",
-    "hierarchy",
-];
+/// What `--metrics` names: one computation each, filling one or more rows of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricSet {
+    /// The linear probe: its balanced and plain accuracy, its C, MedMNIST's ACC and AUC where
+    /// the data set has a task, and the run's online probe.
+    Probe,
+    /// The k-NN sweep: accuracy at the run's k and T, and the sweep's best cell.
+    Knn,
+    Rankme,
+    EffectiveRank,
+    Lidar,
+    /// Alignment of two augmented views of the same images.
+    Alignment,
+    Uniformity,
+    Silhouette,
+    /// Spherical k-means against the classes: NMI, AMI and ARI.
+    Kmeans,
+    /// The hierarchical Rand index, level by level of a class tree.
+    Hierarchy,
+    /// Linear CKA of every two checkpoints' test features.
+    Cka,
+    /// LCA and cophenetic similarity of every two checkpoints' Ward trees.
+    Tree,
+}
 
-/// The metrics of every two checkpoints: linear CKA and the Ward-tree (LCA, cophenetic)
-/// similarity of their test features.
-pub const PAIR_METRICS: [&str; 2] = ["cka", "tree"];
+impl MetricSet {
+    /// Every set, in table order.
+    pub const ALL: [Self; 12] = [
+        Self::Probe,
+        Self::Knn,
+        Self::Rankme,
+        Self::EffectiveRank,
+        Self::Lidar,
+        Self::Alignment,
+        Self::Uniformity,
+        Self::Silhouette,
+        Self::Kmeans,
+        Self::Hierarchy,
+        Self::Cka,
+        Self::Tree,
+    ];
+
+    /// The name `--metrics` takes.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Probe => "probe",
+            Self::Knn => "knn",
+            Self::Rankme => "rankme",
+            Self::EffectiveRank => "effective-rank",
+            Self::Lidar => "lidar",
+            Self::Alignment => "alignment",
+            Self::Uniformity => "uniformity",
+            Self::Silhouette => "silhouette",
+            Self::Kmeans => "kmeans",
+            Self::Hierarchy => "hierarchy",
+            Self::Cka => "cka",
+            Self::Tree => "tree",
+        }
+    }
+
+    /// The set `--metrics` names `name`, or an error listing them all.
+    pub fn parse(name: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|set| set.key() == name)
+            .with_context(|| {
+                let known: Vec<&str> = Self::ALL.iter().map(|set| set.key()).collect();
+                format!("unknown metric `{name}`; known: {}", known.join(", "))
+            })
+    }
+}
+
+/// The metrics only this suite computes; the others are the run's ([`RUN_METRICS`]), under the
+/// same keys and titles.
+pub const SUITE_METRICS: [Metric; 8] = [
+    Metric::percent("probe_accuracy", "linear probe (acc.)"),
+    Metric::fixed("medmnist_acc", "MedMNIST ACC (probe)", 3),
+    Metric::fixed("medmnist_auc", "MedMNIST AUC (probe)", 3),
+    Metric::percent("online_probe_accuracy", "online probe acc. (training log)"),
+    Metric::percent("online_probe_recomputed", "online probe acc. (recomputed)"),
+    Metric::percent("knn_best_accuracy", "k-NN best acc."),
+    Metric::fixed("lidar", "LiDAR", 1),
+    Metric::fixed("view_alignment", "view alignment ↓", 3),
+];
 
 /// The class hierarchy of the built-in digits, by stroke shape (`configs/digits-hierarchy.yaml`).
 pub const DIGITS_HIERARCHY: &str = include_str!("../../configs/digits-hierarchy.yaml");
@@ -57,8 +126,8 @@ const KMEANS_RESTARTS: usize = 10;
 /// What to compute.
 #[derive(Debug, Clone)]
 pub struct SuiteConfig {
-    /// Metric names from [`METRICS`] and [`PAIR_METRICS`].
-    pub metrics: Vec<String>,
+    /// What to compute.
+    pub metrics: Vec<MetricSet>,
     /// Class tree of the hierarchical Rand index; `None`: [`DIGITS_HIERARCHY`] for digits runs.
     pub hierarchy: Option<ssl_eval::ClassHierarchy>,
     /// Fixed-C probe (spec §1: C = 1); `None`: C chosen on a validation split.
@@ -76,11 +145,9 @@ pub struct SuiteConfig {
 impl Default for SuiteConfig {
     fn default() -> Self {
         Self {
-            metrics: METRICS
-                .iter()
-                .chain(&PAIR_METRICS)
-                .filter(|m| **m != "hierarchy")
-                .map(|m| m.to_string())
+            metrics: MetricSet::ALL
+                .into_iter()
+                .filter(|&set| set != MetricSet::Hierarchy)
                 .collect(),
             hierarchy: None,
             probe_c: None,
@@ -93,17 +160,8 @@ impl Default for SuiteConfig {
 }
 
 impl SuiteConfig {
-    /// Checks the metric names, with the list of known ones in the error.
+    /// Checks the settings, naming the flag to change.
     pub fn validate(&self) -> Result<()> {
-        for m in &self.metrics {
-            if !METRICS.contains(&m.as_str()) && !PAIR_METRICS.contains(&m.as_str()) {
-                bail!(
-                    "unknown metric `{m}`; known: {}, {}",
-                    METRICS.join(", "),
-                    PAIR_METRICS.join(", ")
-                );
-            }
-        }
         ensure!(
             self.lidar_views >= 2 && self.lidar_samples >= 2,
             "LiDAR needs at least 2 samples with 2 views each, got {} × {}",
@@ -126,9 +184,9 @@ impl SuiteConfig {
         Ok(())
     }
 
-    /// Whether `metric` is to be computed.
-    pub fn wants(&self, metric: &str) -> bool {
-        self.metrics.iter().any(|m| m == metric)
+    /// Whether `set` is to be computed.
+    pub fn wants(&self, set: MetricSet) -> bool {
+        self.metrics.contains(&set)
     }
 }
 
@@ -152,14 +210,22 @@ struct Embedded {
 }
 
 /// One checkpoint's results.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Column {
     pub label: String,
     pub weights: PathBuf,
-    /// Metric name → value.
+    /// Metric key ([`RUN_METRICS`], [`SUITE_METRICS`]) → value.
     pub metrics: BTreeMap<String, f64>,
+    /// The L-BFGS probe's inverse L2 strength: chosen on a validation split, or `--probe-c`.
+    pub probe_c: Option<f64>,
+    /// The run's k and T, at which `knn_accuracy` was read from the sweep (`None`: not in it).
+    pub knn_at: Option<(usize, f64)>,
+    /// The k and T of the sweep's best cell (`knn_best_accuracy`).
+    pub knn_best: Option<(usize, f64)>,
     /// Every (k, T) cell of the k-NN sweep: top-1 accuracy.
     pub knn_sweep: Vec<(usize, f64, f64)>,
+    /// The hierarchical Rand index, coarsest level first.
+    pub rand_index: Vec<ssl_eval::LevelRandIndex>,
 }
 
 /// The whole evaluation.
@@ -176,7 +242,7 @@ pub struct Report {
 pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<Report> {
     suite.validate()?;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let bar = ssl_train::progress::bar(
+    let bar = ssl_core::progress::bar(
         sources.len() as u64,
         "{spinner} evaluating [{bar:30}] {pos}/{len} {msg}",
     );
@@ -195,11 +261,11 @@ pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<R
         let features = cached_features(source, &data, &model, &device)?;
         let (mut column, probe) = column(source, &features, &data, &model, &device, suite)?;
         probes.push(probe);
-        if has_probe && suite.wants("probe") {
+        if has_probe && suite.wants(MetricSet::Probe) {
             let accuracy = online_probe_accuracy_of(&model, &features, &device)?;
             column
                 .metrics
-                .insert("online probe accuracy (recomputed)".into(), accuracy);
+                .insert("online_probe_recomputed".into(), accuracy);
         }
         columns.push(column);
         let projected = ssl_eval::pca_2d(&features.test)?;
@@ -220,7 +286,7 @@ pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<R
     let mut trees = Vec::new();
     for (i, a) in embedded.iter().enumerate() {
         for (j, b) in embedded.iter().enumerate().skip(i + 1) {
-            if !(suite.wants("cka") || suite.wants("tree")) {
+            if !(suite.wants(MetricSet::Cka) || suite.wants(MetricSet::Tree)) {
                 continue;
             }
             anyhow::ensure!(
@@ -231,11 +297,11 @@ pub fn evaluate(sources: &[Source], suite: &SuiteConfig, out: &Path) -> Result<R
                 sources[j].label
             );
             let pair = (sources[i].label.clone(), sources[j].label.clone());
-            if suite.wants("cka") {
+            if suite.wants(MetricSet::Cka) {
                 let value = ssl_eval::linear_cka(&a.test, &b.test)?;
                 cka.push((pair.0.clone(), pair.1.clone(), value));
             }
-            if suite.wants("tree") {
+            if suite.wants(MetricSet::Tree) {
                 trees.push((pair.0, pair.1, ssl_eval::tree_similarity(&a.test, &b.test)?));
             }
         }
@@ -257,10 +323,14 @@ fn column(
     device: &Device,
     suite: &SuiteConfig,
 ) -> Result<(Column, Option<SgdProbeRecord>)> {
-    let mut metrics = BTreeMap::new();
-    let mut knn_sweep = Vec::new();
+    let mut column = Column {
+        label: source.label.clone(),
+        weights: source.weights.clone(),
+        ..Column::default()
+    };
+    let metrics = &mut column.metrics;
     let mut sgd_record = None;
-    if suite.wants("probe") {
+    if suite.wants(MetricSet::Probe) {
         // The L-BFGS probe's C, or `None` for the SGD probe.
         let (probe, c) = match suite.probe {
             ProbeKind::Lbfgs => {
@@ -298,18 +368,15 @@ fn column(
                 (outcome.result, None)
             }
         };
-        metrics.insert("probe balanced accuracy".into(), probe.balanced_accuracy);
-        metrics.insert("probe accuracy".into(), probe.accuracy);
-        if let Some(c) = c {
-            metrics.insert("probe C".into(), c);
-        }
+        metrics.insert("probe_balanced_accuracy".into(), probe.balanced_accuracy);
+        metrics.insert("probe_accuracy".into(), probe.accuracy);
+        column.probe_c = c;
         let data_cfg = &source.cfg.data;
-        let task = match ssl_data::medmnist_info(&data_cfg.name) {
-            Ok(info) => Some(info.task),
-            Err(_) => data_cfg.task.as_deref(),
+        let task = match data_cfg.name {
+            DataSource::MedMnist(info) => Some(info.task),
+            _ => data_cfg.task,
         };
         if let Some(task) = task {
-            let task = ssl_eval::MedMnistTask::from_official(task)?;
             let classes = data.dataset.num_classes;
             let official = match (&data.findings, c) {
                 (Some(findings), Some(c)) => Some((
@@ -330,25 +397,25 @@ fn column(
             if let Some((labels, scores, columns)) = official {
                 match ssl_eval::medmnist_metrics(task, &labels, &scores, columns) {
                     Ok(official) => {
-                        metrics.insert("MedMNIST ACC (probe)".into(), official.acc);
-                        metrics.insert("MedMNIST AUC (probe)".into(), official.auc);
+                        metrics.insert("medmnist_acc".into(), official.acc);
+                        metrics.insert("medmnist_auc".into(), official.auc);
                     }
                     // A class or finding absent from the test images (a subset, a stand-in
                     // file): the official AUC is undefined there, as in scikit-learn; ACC is not.
                     Err(undefined) => {
                         let acc = ssl_eval::medmnist_acc(task, &labels, &scores, columns)
                             .context("MedMNIST ACC of the probe")?;
-                        metrics.insert("MedMNIST ACC (probe)".into(), acc);
+                        metrics.insert("medmnist_acc".into(), acc);
                         eprintln!("note: no MedMNIST AUC for {}: {undefined:#}", source.label);
                     }
                 }
             }
         }
         if let Some(online) = source.online_probe {
-            metrics.insert("online probe accuracy (training log)".into(), online);
+            metrics.insert("online_probe_accuracy".into(), online);
         }
     }
-    if suite.wants("knn") {
+    if suite.wants(MetricSet::Knn) {
         let sweep = ssl_eval::knn_sweep(
             &f.train,
             &f.train_y,
@@ -363,53 +430,50 @@ fn column(
             .iter()
             .find(|c| c.k == cfg.knn_k && (c.t - cfg.knn_t).abs() < 1e-12)
         {
-            metrics.insert(
-                format!("{}-NN accuracy (T = {})", cell.k, cell.t),
-                cell.accuracy,
-            );
+            metrics.insert("knn_accuracy".into(), cell.accuracy);
+            column.knn_at = Some((cell.k, cell.t));
         }
         let best = sweep.best();
-        metrics.insert("k-NN best accuracy".into(), best.accuracy);
-        metrics.insert("k-NN best k".into(), best.k as f64);
-        metrics.insert("k-NN best T".into(), best.t);
-        knn_sweep = sweep
+        metrics.insert("knn_best_accuracy".into(), best.accuracy);
+        column.knn_best = Some((best.k, best.t));
+        column.knn_sweep = sweep
             .cells()
             .iter()
             .map(|c| (c.k, c.t, c.accuracy))
             .collect();
     }
     let standardized = ssl_eval::standardize(&f.test);
-    if suite.wants("rankme") {
+    if suite.wants(MetricSet::Rankme) {
         metrics.insert(
-            "RankMe".into(),
+            "rankme".into(),
             ssl_eval::rankme(&standardized, ssl_eval::RANKME_EPS)?,
         );
     }
-    if suite.wants("effective-rank") {
+    if suite.wants(MetricSet::EffectiveRank) {
         metrics.insert(
-            "effective rank".into(),
+            "effective_rank".into(),
             ssl_eval::effective_rank(&standardized)?,
         );
     }
-    if suite.wants("lidar") || suite.wants("alignment") {
+    if suite.wants(MetricSet::Lidar) || suite.wants(MetricSet::Alignment) {
         let views = augmented_views(source, data, model, device, suite)?;
-        if suite.wants("lidar") {
+        if suite.wants(MetricSet::Lidar) {
             metrics.insert(
-                "LiDAR".into(),
+                "lidar".into(),
                 ssl_eval::lidar(&views, ssl_eval::LidarConfig::default())?,
             );
         }
-        if suite.wants("alignment") {
+        if suite.wants(MetricSet::Alignment) {
             metrics.insert(
-                "alignment".into(),
+                "view_alignment".into(),
                 ssl_eval::alignment(&views[0], &views[1])?,
             );
         }
     }
-    if suite.wants("uniformity") {
+    if suite.wants(MetricSet::Uniformity) {
         metrics.insert("uniformity".into(), ssl_eval::uniformity(&f.test)?);
     }
-    if suite.wants("kmeans") {
+    if suite.wants(MetricSet::Kmeans) {
         let mut classes = f.train_y.clone();
         classes.sort_unstable();
         classes.dedup();
@@ -423,15 +487,15 @@ fn column(
             source.cfg.train.seed,
         )?
         .val;
-        metrics.insert("k-means NMI".into(), scores.nmi);
-        metrics.insert("k-means AMI".into(), scores.ami);
-        metrics.insert("k-means ARI".into(), scores.ari);
+        metrics.insert("kmeans_nmi".into(), scores.nmi);
+        metrics.insert("kmeans_ami".into(), scores.ami);
+        metrics.insert("kmeans_ari".into(), scores.ari);
     }
-    if suite.wants("hierarchy") {
+    if suite.wants(MetricSet::Hierarchy) {
         let builtin;
-        let hierarchy = match (&suite.hierarchy, source.cfg.data.name.as_str()) {
+        let hierarchy = match (&suite.hierarchy, source.cfg.data.name) {
             (Some(h), _) => h,
-            (None, "digits") => {
+            (None, DataSource::Digits) => {
                 builtin = ssl_eval::ClassHierarchy::parse(DIGITS_HIERARCHY)?;
                 &builtin
             }
@@ -440,30 +504,19 @@ fn column(
                  --hierarchy FILE (format: configs/digits-hierarchy.yaml)"
             ),
         };
-        for level in
-            ssl_eval::hierarchical_rand_index(&f.test, hierarchy, &f.test_y, source.cfg.train.seed)?
-        {
-            metrics.insert(
-                format!(
-                    "Rand index, level {} ({} clusters)",
-                    level.level, level.clusters
-                ),
-                level.rand_index,
-            );
-        }
+        column.rand_index = ssl_eval::hierarchical_rand_index(
+            &f.test,
+            hierarchy,
+            &f.test_y,
+            source.cfg.train.seed,
+        )?;
     }
-    if suite.wants("silhouette") {
+    if suite.wants(MetricSet::Silhouette) {
         metrics.insert(
             "silhouette".into(),
             ssl_eval::silhouette(&f.test, &f.test_y)?,
         );
     }
-    let column = Column {
-        label: source.label.clone(),
-        weights: source.weights.clone(),
-        metrics,
-        knn_sweep,
-    };
     Ok((column, sgd_record))
 }
 
@@ -611,32 +664,54 @@ fn write_outputs(
     scatter_panels(&out.join("pca.png"), panels)
 }
 
-/// The report as a Markdown table: one row per metric, one column per checkpoint; then the CKA
-/// pairs.
+/// The report as a Markdown table: one row per metric, one column per checkpoint, in the
+/// catalogue's order, then the probe's C, the k-NN cells and the Rand index by level; then the
+/// CKA and tree pairs.
 pub fn table(report: &Report) -> String {
-    let mut names: Vec<&String> = Vec::new();
-    for c in &report.columns {
-        for name in c.metrics.keys() {
-            if !names.contains(&name) {
-                names.push(name);
-            }
-        }
-    }
+    let columns = &report.columns;
     let mut text = String::from("| metric |");
-    for c in &report.columns {
+    for c in columns {
         text.push_str(&format!(" {} |", c.label));
     }
-    text.push_str(&format!("\n|---|{}\n", "---|".repeat(report.columns.len())));
-    for name in names {
-        text.push_str(&format!("| {name} |"));
-        for c in &report.columns {
-            let cell = c
-                .metrics
-                .get(name)
-                .map_or("–".to_string(), |v| format_value(name, *v));
-            text.push_str(&format!(" {cell} |"));
+    text.push_str(&format!("\n|---|{}\n", "---|".repeat(columns.len())));
+    let mut row = |title: &str, cell: &dyn Fn(&Column) -> Option<String>| {
+        if columns.iter().all(|c| cell(c).is_none()) {
+            return;
+        }
+        text.push_str(&format!("| {title} |"));
+        for c in columns {
+            text.push_str(&format!(" {} |", cell(c).as_deref().unwrap_or("–")));
         }
         text.push('\n');
+    };
+    for metric in RUN_METRICS.iter().chain(&SUITE_METRICS) {
+        row(metric.title, &|c| {
+            c.metrics.get(metric.key).map(|&v| metric.show(v))
+        });
+    }
+    row("probe C", &|c| c.probe_c.map(|v| v.to_string()));
+    row("k-NN k, T", &|c| c.knn_at.map(|(k, t)| format!("{k}, {t}")));
+    row("k-NN best k, T", &|c| {
+        c.knn_best.map(|(k, t)| format!("{k}, {t}"))
+    });
+    let levels = columns
+        .iter()
+        .map(|c| c.rand_index.len())
+        .max()
+        .unwrap_or(0);
+    for level in 0..levels {
+        let clusters = columns
+            .iter()
+            .find_map(|c| c.rand_index.get(level))
+            .map_or(0, |l| l.clusters);
+        row(
+            &format!("Rand index, level {} ({clusters} clusters)", level + 1),
+            &|c| {
+                c.rand_index
+                    .get(level)
+                    .map(|l| format!("{:.3}", l.rand_index))
+            },
+        );
     }
     for (a, b, v) in &report.cka {
         text.push_str(&format!("\nlinear CKA({a}, {b}) = {v:.4}"));
@@ -649,16 +724,6 @@ pub fn table(report: &Report) -> String {
         ));
     }
     text
-}
-
-fn format_value(name: &str, v: f64) -> String {
-    if name.contains("accuracy") {
-        format!("{:.2} %", 100.0 * v)
-    } else if name.ends_with(" k") || name == "probe C" || name.ends_with(" T") {
-        format!("{v}")
-    } else {
-        format!("{v:.3}")
-    }
 }
 
 /// The probe's test probabilities as a row-major `n × classes` matrix (a class the training
@@ -803,14 +868,68 @@ mod tests {
     }
 
     #[test]
+    fn every_metric_set_parses_back_and_an_unknown_one_lists_them() -> Result<()> {
+        for set in MetricSet::ALL {
+            assert_eq!(MetricSet::parse(set.key())?, set);
+        }
+        let e = MetricSet::parse("accuracy").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown metric `accuracy`; known: probe, knn,") && e.ends_with("tree"),
+            "{e}"
+        );
+        Ok(())
+    }
+
+    /// Each metric's key and title exist once: the suite's own do not repeat the run's.
+    #[test]
+    fn the_suite_s_metrics_and_the_run_s_share_no_key_or_title() {
+        let all: Vec<&Metric> = RUN_METRICS.iter().chain(&SUITE_METRICS).collect();
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert!(a.key != b.key && a.title != b.title, "{a:?} and {b:?}");
+            }
+        }
+    }
+
+    /// The table shows each metric under its catalogue title, in the catalogue's order, the
+    /// probe's C and k-NN's cells as found, and a dash where a column lacks a value.
+    #[test]
+    fn the_table_reads_titles_from_the_catalogue() {
+        let column = |label: &str, probe: f64| Column {
+            label: label.into(),
+            metrics: BTreeMap::from([
+                ("rankme".to_string(), 12.31),
+                ("probe_balanced_accuracy".to_string(), probe),
+            ]),
+            probe_c: Some(0.01),
+            knn_best: Some((20, 0.07)),
+            ..Column::default()
+        };
+        let mut b = column("b", 0.5);
+        b.metrics.insert("lidar".into(), 3.0);
+        let report = Report {
+            columns: vec![column("a", 0.875), b],
+            cka: vec![],
+            trees: vec![],
+        };
+        let table = table(&report);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[0], "| metric | a | b |");
+        assert_eq!(
+            lines[2],
+            "| linear probe (balanced acc.) | 87.5 % | 50.0 % |"
+        );
+        assert_eq!(lines[3], "| RankMe | 12.3 | 12.3 |");
+        assert_eq!(lines[4], "| LiDAR | – | 3.0 |");
+        assert_eq!(lines[5], "| probe C | 0.01 | 0.01 |");
+        assert_eq!(lines[6], "| k-NN best k, T | 20, 0.07 | 20, 0.07 |");
+        assert_eq!(lines.len(), 7);
+    }
+
+    #[test]
     fn suite_settings_are_checked_before_anything_is_embedded() {
         let refused = |suite: SuiteConfig| format!("{:#}", suite.validate().unwrap_err());
         SuiteConfig::default().validate().unwrap();
-        let e = refused(SuiteConfig {
-            metrics: vec!["knn".into(), "accuracy".into()],
-            ..SuiteConfig::default()
-        });
-        assert!(e.contains("unknown metric `accuracy`"), "{e}");
         let e = refused(SuiteConfig {
             lidar_views: 1,
             ..SuiteConfig::default()

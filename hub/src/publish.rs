@@ -14,9 +14,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::card::{self, model_card, Card, Split};
-use crate::hub::{self, HubOptions};
-use ssl_experiments::offline::{self, SuiteConfig};
-use ssl_train::atomic;
+use ssl_core::atomic;
+use ssl_data::DataSource;
+use ssl_experiments::offline::{self, MetricSet, SuiteConfig};
+use ssl_net::hub::{self, HubOptions};
 use ssl_train::config::RunConfig;
 use ssl_train::export::{export_encoder, EXPORTED};
 use ssl_train::results::Results;
@@ -35,10 +36,10 @@ pub struct StageOptions {
 
 /// `ssl eval`'s default metrics for a run on `data`: all of them, the hierarchical Rand index
 /// only for digits (whose class hierarchy is built in).
-pub fn default_suite(data: &str) -> SuiteConfig {
+pub fn default_suite(data: DataSource) -> SuiteConfig {
     let mut suite = SuiteConfig::default();
-    if data == "digits" {
-        suite.metrics.push("hierarchy".to_string());
+    if data == DataSource::Digits {
+        suite.metrics.push(MetricSet::Hierarchy);
     }
     suite
 }
@@ -46,7 +47,7 @@ pub fn default_suite(data: &str) -> SuiteConfig {
 /// Writes the repository for `repo` into `RUN_DIR/hub/` and returns that directory.
 pub fn stage(run_dir: &Path, repo: &str, opts: &StageOptions) -> Result<PathBuf> {
     let cfg = RunConfig::load_run(run_dir)?;
-    let license = card::license(&cfg.data.name, opts.license.as_deref())?;
+    let license = card::license(cfg.data.name, opts.license.as_deref())?;
     let results = Results::read(run_dir)?;
     let split: Split = read_json(&run_dir.join("split.json"), "split")?;
     let dir = run_dir.join("hub");
@@ -60,7 +61,7 @@ pub fn stage(run_dir: &Path, repo: &str, opts: &StageOptions) -> Result<PathBuf>
     )?;
     let suite = match &opts.suite {
         Some(suite) => suite.clone(),
-        None => default_suite(&cfg.data.name),
+        None => default_suite(cfg.data.name),
     };
     let source = offline::Source {
         label: format!("{} (hf://{repo})", cfg.objective.name),

@@ -8,9 +8,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::atomic;
 use crate::evaluate::Evaluation;
 use crate::phases::PhaseSeconds;
+use ssl_core::atomic;
 
 /// The file's name in a run directory.
 pub const RESULTS: &str = "results.json";
@@ -104,14 +104,34 @@ pub struct Metric {
 }
 
 impl Metric {
+    /// An accuracy: recorded as a fraction, shown in percent to one decimal.
+    pub const fn percent(key: &'static str, title: &'static str) -> Self {
+        Self {
+            key,
+            title,
+            scale: 100.0,
+            decimals: 1,
+        }
+    }
+
+    /// A value shown as it is, to `decimals` decimals.
+    pub const fn fixed(key: &'static str, title: &'static str, decimals: usize) -> Self {
+        Self {
+            key,
+            title,
+            scale: 1.0,
+            decimals,
+        }
+    }
+
     /// Whether a table shows it in percent.
-    pub fn percent(&self) -> bool {
+    pub fn is_percent(&self) -> bool {
         self.scale == 100.0
     }
 
     /// `value` as a table shows it: scaled, rounded, with ` %` for a percentage.
     pub fn show(&self, value: f64) -> String {
-        let unit = if self.percent() { " %" } else { "" };
+        let unit = if self.is_percent() { " %" } else { "" };
         format!("{:.*}{unit}", self.decimals, value * self.scale)
     }
 
@@ -130,72 +150,20 @@ impl Metric {
 
 /// Every metric of [`Evaluation`], in table order: the first four are `ssl run`'s table.
 pub const METRICS: [Metric; 11] = [
-    Metric {
-        key: "probe_balanced_accuracy",
-        title: "linear probe (balanced acc.)",
-        scale: 100.0,
-        decimals: 1,
-    },
-    Metric {
-        key: "knn_accuracy",
-        title: "k-NN acc.",
-        scale: 100.0,
-        decimals: 1,
-    },
-    Metric {
-        key: "rankme",
-        title: "RankMe",
-        scale: 1.0,
-        decimals: 1,
-    },
-    Metric {
-        key: "effective_rank",
-        title: "effective rank",
-        scale: 1.0,
-        decimals: 1,
-    },
-    Metric {
-        key: "class_alignment",
-        title: "class alignment ↓",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "uniformity",
-        title: "uniformity ↓",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "silhouette",
-        title: "silhouette",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "kmeans_nmi",
-        title: "k-means NMI",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "kmeans_ami",
-        title: "k-means AMI",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "kmeans_ari",
-        title: "k-means ARI",
-        scale: 1.0,
-        decimals: 3,
-    },
-    Metric {
-        key: "minority_balanced_accuracy",
-        title: "minority classes (probe balanced acc.)",
-        scale: 100.0,
-        decimals: 1,
-    },
+    Metric::percent("probe_balanced_accuracy", "linear probe (balanced acc.)"),
+    Metric::percent("knn_accuracy", "k-NN acc."),
+    Metric::fixed("rankme", "RankMe", 1),
+    Metric::fixed("effective_rank", "effective rank", 1),
+    Metric::fixed("class_alignment", "class alignment ↓", 3),
+    Metric::fixed("uniformity", "uniformity ↓", 3),
+    Metric::fixed("silhouette", "silhouette", 3),
+    Metric::fixed("kmeans_nmi", "k-means NMI", 3),
+    Metric::fixed("kmeans_ami", "k-means AMI", 3),
+    Metric::fixed("kmeans_ari", "k-means ARI", 3),
+    Metric::percent(
+        "minority_balanced_accuracy",
+        "minority classes (probe balanced acc.)",
+    ),
 ];
 
 /// The columns of `ssl run`'s table and the Hub card's.
