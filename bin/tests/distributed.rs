@@ -192,8 +192,12 @@ fn one_and_two_ranks_on(dir: &Path, data: &[&str], args: &[&str]) -> (PathBuf, P
         log.contains("gradients averaged during the backward pass"),
         "{log}"
     );
-    let recorded = std::fs::read_to_string(two.join("distributed.json")).unwrap();
-    assert!(recorded.contains("\"world_size\": 2"), "{recorded}");
+    let recorded = ssl_train::trainer::DistributedRecord::read(&two).unwrap();
+    let record = recorded.expect("a two-rank run records distributed.json");
+    assert_eq!(
+        (record.world_size, record.global_batch),
+        (2, 2 * record.batch_size_per_rank)
+    );
     // Through the end of the run: rank 0's evaluation, every rank's last barrier.
     assert!(two.join("results.json").exists(), "{log}");
     assert!(log.contains("| random init |"), "{log}");

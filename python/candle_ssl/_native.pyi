@@ -35,6 +35,15 @@ class StepEvent:
     @property
     def lr(self) -> float:
         """The learning rate the step used."""
+    @property
+    def probe_ce(self) -> float | None:
+        """The online probe's cross-entropy, or None without a probe."""
+    @property
+    def images_per_s(self) -> float:
+        """Throughput over the logging interval the step belongs to (`train.log_every`)."""
+    @property
+    def data_wait_ms(self) -> float:
+        """Milliseconds the step waited for its views."""
 
 @final
 class EpochEvent:

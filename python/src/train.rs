@@ -38,6 +38,13 @@ pub struct StepEvent {
     terms: HashMap<String, f64>,
     #[pyo3(get)]
     lr: f64,
+    /// The online probe's cross-entropy, if there is a probe.
+    #[pyo3(get)]
+    probe_ce: Option<f64>,
+    #[pyo3(get)]
+    images_per_s: f64,
+    #[pyo3(get)]
+    data_wait_ms: f64,
 }
 
 #[pymethods]
@@ -176,7 +183,7 @@ pub fn train(
         .and_then(|needs| needs.check(objective.name, views, config.train.batch_size, true))
         .or_value()?;
     ssl_train::config::use_threads(config.train.threads);
-    ssl_train::progress::set_visible(progress);
+    ssl_core::progress::set_visible(progress);
 
     let raised: Raised = Arc::default();
     let mut trainer = Trainer::new(config.clone()).start(start);
@@ -194,6 +201,9 @@ pub fn train(
                 loss: e.loss,
                 terms: e.terms.iter().cloned().collect(),
                 lr: e.lr,
+                probe_ce: e.probe_ce,
+                images_per_s: e.images_per_s,
+                data_wait_ms: e.data_wait_ms,
             };
             Ok(Py::new(py, event)?.into_any())
         })

@@ -85,8 +85,11 @@ def test_step_callback_sees_every_step(digits: Recorded) -> None:
         assert isinstance(e.terms, dict) and e.terms
         assert all(isinstance(k, str) and isinstance(v, float) for k, v in e.terms.items())
     assert "StepEvent(" in repr(steps[0])
-    # The logged losses are the events' losses.
-    assert digits.run.history["loss"] == pytest.approx([e.loss for e in steps], rel=1e-6)
+    # The logged steps are the events: one stream feeds the log and the callbacks.
+    history = digits.run.history
+    assert history["loss"] == pytest.approx([e.loss for e in steps], rel=1e-6)
+    assert history["images_per_s"] == pytest.approx([e.images_per_s for e in steps], rel=1e-6)
+    assert all(e.images_per_s > 0.0 and e.data_wait_ms >= 0.0 for e in steps)
 
 
 def test_epoch_callback_sees_the_epoch(digits: Recorded) -> None:

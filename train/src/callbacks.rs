@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-/// One optimiser step's logged values.
+/// One optimiser step, as the run log, TensorBoard and your callbacks all receive it.
 #[derive(Debug, Clone)]
 pub struct StepEvent<'a> {
     /// The step, counted from 0 over the whole run.
@@ -19,11 +19,17 @@ pub struct StepEvent<'a> {
     pub loss: f64,
     /// The objective's named loss terms.
     pub terms: &'a [(String, f64)],
+    /// The online probe's cross-entropy, if there is a probe.
+    pub probe_ce: Option<f64>,
     /// The learning rate the step used.
     pub lr: f64,
+    /// Throughput over the logging interval the step belongs to (`train.log_every`).
+    pub images_per_s: f64,
+    /// Time the step waited for its views, in milliseconds.
+    pub data_wait_ms: f64,
 }
 
-/// The end of an epoch.
+/// The end of an epoch, as the run log and your callbacks receive it.
 #[derive(Debug, Clone, Copy)]
 pub struct EpochEvent {
     /// The epoch that ended, counted from 0.

@@ -1,4 +1,4 @@
-//! A run's logs: `metrics.jsonl` (one JSON record per optimiser step and per monitored epoch
+//! A run's logs, a listener on the run's [`StepEvent`]s and [`EpochEvent`]s: `metrics.jsonl` (one JSON record per optimiser step and per monitored epoch
 //! end), `spectrum.csv`, and the same values as TensorBoard event files in `tb/`
 //! (`tensorboard --logdir runs`), with the spectrum and embedding plots as images.
 //!
@@ -14,31 +14,17 @@ use anyhow::{Context, Result};
 use candle_core::Tensor;
 use serde_json::json;
 
-use crate::atomic;
+use crate::callbacks::{EpochEvent, StepEvent};
 use crate::checkpoint::TrainerState;
 use crate::config::RunConfig;
 use crate::diagnostics::{self, SpectrumLog};
+use ssl_core::atomic;
 use ssl_report::tensorboard::EventWriter;
 
 /// The per-step log in the run directory.
 pub const METRICS: &str = "metrics.jsonl";
 /// The TensorBoard directory in the run directory.
 pub const BOARD: &str = "tb";
-
-/// What one optimiser step logs.
-pub struct StepRecord<'a> {
-    pub step: usize,
-    pub epoch: usize,
-    pub loss: f64,
-    /// The objective's named loss terms.
-    pub terms: &'a [(String, f64)],
-    /// The online probe's cross-entropy, if there is a probe.
-    pub probe_ce: Option<f64>,
-    pub lr: f64,
-    pub images_per_s: f64,
-    /// Time the step waited for its views.
-    pub data_wait_ms: f64,
-}
 
 /// The open logs of a run.
 pub struct RunLog {
@@ -93,7 +79,7 @@ impl RunLog {
 
     /// Logs one optimiser step: a `metrics.jsonl` record, and each of its values as the
     /// TensorBoard scalar of the same name.
-    pub fn step(&mut self, r: &StepRecord<'_>) -> Result<()> {
+    pub fn step(&mut self, r: &StepEvent<'_>) -> Result<()> {
         let mut record = json!({"step": r.step, "epoch": r.epoch, "loss": r.loss, "lr": r.lr,
             "images_per_s": r.images_per_s, "data_wait_ms": r.data_wait_ms});
         for (name, value) in r.terms {
@@ -105,19 +91,17 @@ impl RunLog {
         self.write(&record, r.step)
     }
 
-    /// Logs the monitor of a finished epoch, whose last optimiser step was `step - 1`: the
-    /// record carries `step` (steps taken), TensorBoard draws it at `step - 1`, the step whose
-    /// weights it measured (so a resume at `step` keeps it).
-    pub fn epoch_end(
-        &mut self,
-        epoch: usize,
-        step: usize,
-        knn_accuracy: f64,
-        online_probe_accuracy: Option<f64>,
-    ) -> Result<()> {
-        let record = json!({"epoch_end": epoch, "step": step, "knn_accuracy": knn_accuracy,
-            "online_probe_accuracy": online_probe_accuracy});
-        self.write(&record, step.saturating_sub(1))
+    /// Logs the monitor of a finished epoch where it ran (nothing otherwise). The epoch's last
+    /// optimiser step was `steps - 1`: the record carries `step` (steps taken), TensorBoard
+    /// draws it at `steps - 1`, the step whose weights it measured (so a resume at `steps`
+    /// keeps it).
+    pub fn epoch_end(&mut self, e: &EpochEvent) -> Result<()> {
+        let Some(knn_accuracy) = e.knn_accuracy else {
+            return Ok(());
+        };
+        let record = json!({"epoch_end": e.epoch, "step": e.steps, "knn_accuracy": knn_accuracy,
+            "online_probe_accuracy": e.probe_accuracy});
+        self.write(&record, e.steps.saturating_sub(1))
     }
 
     /// The `metrics.jsonl` line of `record`, and its numbers but `step` and `epoch*` as
@@ -239,7 +223,7 @@ mod tests {
         };
         let cfg = RunConfig::default();
         let mut log = RunLog::open(dir.path(), &cfg, Some(&state))?;
-        log.step(&StepRecord {
+        log.step(&StepEvent {
             step: 2,
             epoch: 1,
             loss: 0.75,

@@ -18,10 +18,10 @@ use crate::config::RunConfig;
 use crate::evaluate::{self, Inputs};
 use crate::model::{self, Model};
 use crate::phases::{self, timed, Clock, Phase};
-use crate::progress;
-use crate::runlog::{RunLog, StepRecord};
+use crate::runlog::RunLog;
 use crate::setup::DataSplit;
 use crate::staging::{StagedBatch, Stager};
+use ssl_core::progress;
 use ssl_optim::{learning_rate, Optimizer};
 
 use super::step::{
@@ -373,7 +373,7 @@ impl<'a> Training<'a> {
             values.check_finite(p.step, p.lr)?;
             loss = values.loss;
             if let Some(Report { log, callbacks }) = self.report.as_mut() {
-                log.step(&StepRecord {
+                let event = StepEvent {
                     step: p.step,
                     epoch: p.epoch,
                     loss: values.loss,
@@ -382,17 +382,12 @@ impl<'a> Training<'a> {
                     lr: p.lr,
                     images_per_s: pending.images as f64 / seconds,
                     data_wait_ms: p.data_wait_ms,
-                })?;
+                };
+                log.step(&event)?;
                 if let Some(projections) = &p.spectrum {
                     log.spectrum(p.step, projections)?;
                 }
-                callbacks.step(&StepEvent {
-                    step: p.step,
-                    epoch: p.epoch,
-                    loss: values.loss,
-                    terms: &values.terms,
-                    lr: p.lr,
-                })?;
+                callbacks.step(&event)?;
             }
         }
         Ok(loss)
@@ -418,7 +413,12 @@ impl<'a> Training<'a> {
             // Rank 0 monitors and checkpoints meanwhile.
             return self.comm.wait_for_rank_zero();
         };
-        let mut monitored = (None, None);
+        let mut event = EpochEvent {
+            epoch,
+            steps: self.state.step,
+            knn_accuracy: None,
+            probe_accuracy: None,
+        };
         if last
             || self
                 .state
@@ -429,10 +429,12 @@ impl<'a> Training<'a> {
             let (knn, probe, features) = timed(Phase::Monitor, || {
                 evaluate::monitor(cfg, self.model, train, test)
             })?;
-            log.epoch_end(epoch, self.state.step, knn, probe)?;
             self.final_features = last.then_some(features);
-            monitored = (Some(knn), probe);
+            (event.knn_accuracy, event.probe_accuracy) = (Some(knn), probe);
         }
+        // The log is written before the checkpoint, which a resume cuts it back to; callbacks
+        // see the epoch once its checkpoint is on disk.
+        log.epoch_end(&event)?;
         let written = Instant::now();
         log.flush()?;
         if last
@@ -451,12 +453,7 @@ impl<'a> Training<'a> {
             self.checkpointed = Some(self.state.step);
         }
         self.clock.add(Phase::Checkpoint, written);
-        callbacks.epoch(&EpochEvent {
-            epoch,
-            steps: self.state.step,
-            knn_accuracy: monitored.0,
-            probe_accuracy: monitored.1,
-        })?;
+        callbacks.epoch(&event)?;
         let step = self.state.step;
         self.comm
             .wait_for_rank_zero()

@@ -35,30 +35,30 @@ pub use step::{
     StepCollectives, StepInput, StepOutput, StepValues,
 };
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use candle_core::Device;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use ssl_core::RunFacts;
 use ssl_dist::{Comm, GradientReduction};
 use ssl_models::autocast::Precision;
 
-use crate::atomic;
 use crate::callbacks::Callbacks;
 use crate::config::RunConfig;
 use crate::evaluate::{self, Evaluation};
 use crate::model::Model;
 use crate::phases::{timed, Clock, Phase, PhaseSeconds};
-use crate::progress;
 use crate::results::Results;
 use crate::rundir::{self, Start};
 use crate::runlog::RunLog;
 use crate::setup::{self, DataSplit};
 use epoch::{training_loader, Report, Training};
 use resume::build_or_restore;
+use ssl_core::atomic;
+use ssl_core::progress;
 
 /// Result of a finished run.
 pub struct RunOutcome {
@@ -71,6 +71,37 @@ pub struct RunOutcome {
 
 /// The file in a data-parallel run's directory that records its world size and batch sizes.
 pub const DISTRIBUTED_JSON: &str = "distributed.json";
+
+/// What [`DISTRIBUTED_JSON`] records of a data-parallel run; a resume reads it back to refuse
+/// another world size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DistributedRecord {
+    pub world_size: usize,
+    pub batch_size_per_rank: usize,
+    pub global_batch: usize,
+    pub sync_bn: bool,
+}
+
+impl DistributedRecord {
+    /// The record of the run in `dir`; `None` when it has none (one process trained it).
+    pub fn read(dir: &Path) -> Result<Option<Self>> {
+        let path = dir.join(DISTRIBUTED_JSON);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .map(Some)
+                .with_context(|| format!("{} is damaged: {text:?}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+
+    fn write(&self, dir: &Path) -> Result<()> {
+        atomic::write(
+            &dir.join(DISTRIBUTED_JSON),
+            serde_json::to_string_pretty(self)?.as_bytes(),
+        )
+    }
+}
 
 /// Trains `cfg` on `data` as one rank of `shared`: the model built (or restored to resume),
 /// rank 0's run directory opened, the epochs trained, and rank 0's end-of-run evaluation
@@ -228,16 +259,13 @@ fn open_run_dir(
              {averaged}",
             world * b
         );
-        let record = json!({
-            "world_size": world,
-            "batch_size_per_rank": b,
-            "global_batch": world * b,
-            "sync_bn": cfg.model.sync_bn,
-        });
-        atomic::write(
-            &dir.join(DISTRIBUTED_JSON),
-            serde_json::to_string_pretty(&record)?.as_bytes(),
-        )?;
+        DistributedRecord {
+            world_size: world,
+            batch_size_per_rank: b,
+            global_batch: world * b,
+            sync_bn: cfg.model.sync_bn,
+        }
+        .write(&dir)?;
     }
     Ok(cfg)
 }

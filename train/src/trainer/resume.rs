@@ -13,7 +13,7 @@ use crate::rundir::Start;
 use crate::setup::DataSplit;
 use ssl_optim::Optimizer;
 
-use super::DISTRIBUTED_JSON;
+use super::DistributedRecord;
 
 /// The model and optimiser of `cfg` on `data`: fresh (with `model.init`'s weights, if given),
 /// or restored from the run directory to resume.
@@ -38,19 +38,10 @@ pub(super) fn build_or_restore(
 }
 
 /// Refuses to resume the run in `dir` on `world` ranks when it was trained on another number
-/// (its [`DISTRIBUTED_JSON`]; a run without one was trained by one process): the global batch,
+/// (its [`DistributedRecord`]; a run without one was trained by one process): the global batch,
 /// and with it every step after the checkpoint, would change.
 pub(super) fn check_world_size(dir: &Path, world: usize, batch_size: usize) -> Result<()> {
-    let path = dir.join(DISTRIBUTED_JSON);
-    let trained = match std::fs::read_to_string(&path) {
-        Ok(text) => serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|v| v["world_size"].as_u64())
-            .with_context(|| format!("{} has no world_size; it is damaged", path.display()))?
-            as usize,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 1,
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-    };
+    let trained = DistributedRecord::read(dir)?.map_or(1, |r| r.world_size);
     ensure!(
         trained == world,
         "the run in {} was trained on {trained} rank(s) (global batch {}), and this resume has \

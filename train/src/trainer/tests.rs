@@ -719,3 +719,30 @@ fn carp_updates_its_teacher_before_the_optimiser_step() {
         "the two orders must differ for the check to mean anything"
     );
 }
+
+/// A data-parallel run's record reads back as written; a resume on another world size is
+/// refused naming both and the command, and a run without a record counts as one process.
+#[test]
+fn the_distributed_record_reads_back_and_guards_the_world_size() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    assert_eq!(DistributedRecord::read(dir.path())?, None);
+    check_world_size(dir.path(), 1, 128)?;
+    let record = DistributedRecord {
+        world_size: 2,
+        batch_size_per_rank: 64,
+        global_batch: 128,
+        sync_bn: false,
+    };
+    record.write(dir.path())?;
+    assert_eq!(DistributedRecord::read(dir.path())?, Some(record));
+    check_world_size(dir.path(), 2, 64)?;
+    let e = check_world_size(dir.path(), 1, 64).unwrap_err().to_string();
+    assert!(
+        e.contains("trained on 2 rank(s)") && e.contains("mpirun -np 2 ssl run --resume"),
+        "{e}"
+    );
+    std::fs::write(dir.path().join(DISTRIBUTED_JSON), "{\"world\": 2}")?;
+    let e = format!("{:#}", DistributedRecord::read(dir.path()).unwrap_err());
+    assert!(e.contains("distributed.json is damaged"), "{e}");
+    Ok(())
+}
