@@ -833,7 +833,11 @@ fn caltech256_takes_no_size_and_is_listed() {
         false,
     );
     let msg = format!("{:#}", err.unwrap_err());
-    assert!(msg.contains("tiny-imagenet, caltech256"), "{msg}");
+    assert!(msg.contains("did you mean `caltech256`?"), "{msg}");
+    assert!(
+        msg.contains("tiny-imagenet") && msg.contains("bloodmnist"),
+        "{msg}"
+    );
     assert!(server.requests().is_empty());
     assert!(listing(dir.path()).is_empty());
 }

@@ -60,8 +60,7 @@ impl DataSource {
             .min_by_key(|known| strsim::levenshtein(known, &lower))
             .expect("built-in data sets");
         bail!(
-            "unknown data set `{name}` (did you mean `{nearest}`?); built in: {}; or a file of \
-             your own: --data FILE.npz",
+            "unknown data set `{name}` (did you mean `{nearest}`?); built in: {}",
             names.join(", ")
         )
     }
@@ -176,7 +175,7 @@ mod tests {
             "caltech256",
             "cifar100-coarse",
             "organmnist3d",
-            "FILE.npz",
+            "npz",
         ] {
             assert!(e.contains(name), "{name}: {e}");
         }
