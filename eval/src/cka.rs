@@ -89,11 +89,7 @@ fn ratio(num: f64, nx: f64, ny: f64) -> Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::{matmul, Rng};
-
-    fn close(a: f64, b: f64, tol: f64) -> bool {
-        (a - b).abs() <= tol * b.abs().max(1e-300)
-    }
+    use crate::test_util::{close, matmul, Rng};
 
     fn kat_x() -> Features {
         Features::from_rows(&[[1.0f32, 0.0], [2.0, 1.0], [0.0, 3.0], [1.0, 1.0]]).unwrap()

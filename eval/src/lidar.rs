@@ -153,11 +153,7 @@ fn scatter_matrices(views: &[Features], cfg: &LidarConfig) -> Result<(DMatrix<f6
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::{matmul, Rng};
-
-    fn close(a: f64, b: f64, tol: f64) -> bool {
-        (a - b).abs() <= tol * b.abs().max(1e-300)
-    }
+    use crate::test_util::{close, matmul, Rng};
 
     /// The spec's views, regrouped as `views[i]` = the `i`-th view of x0, x1, x2.
     fn kat_views() -> Vec<Features> {

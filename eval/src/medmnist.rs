@@ -241,11 +241,7 @@ fn multi_label(labels: &[u32], scores: &[f64], k: usize) -> Result<(f64, Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::Rng;
-
-    fn close(a: f64, b: f64) -> bool {
-        (a - b).abs() <= 1e-12
-    }
+    use crate::test_util::{close_or_small, Rng};
 
     fn flat<const K: usize>(rows: &[[f64; K]]) -> Vec<f64> {
         rows.iter().flatten().copied().collect()
@@ -255,8 +251,16 @@ mod tests {
     fn check_golden(task: &str, labels: &[u32], scores: &[f64], k: usize, acc: f64, auc: f64) {
         let task = MedMnistTask::from_official(task).unwrap();
         let got = medmnist_metrics(task, labels, scores, k).unwrap();
-        assert!(close(got.acc, acc), "{task} ACC {} vs {acc}", got.acc);
-        assert!(close(got.auc, auc), "{task} AUC {} vs {auc}", got.auc);
+        assert!(
+            close_or_small(got.acc, acc, 1e-12),
+            "{task} ACC {} vs {acc}",
+            got.acc
+        );
+        assert!(
+            close_or_small(got.auc, auc, 1e-12),
+            "{task} AUC {} vs {auc}",
+            got.auc
+        );
     }
 
     /// `O(n²)` reference: pairs won plus half the ties, over all (positive, negative) pairs.
@@ -309,7 +313,7 @@ mod tests {
                 .map(|_| (1.0 + (rng.uniform() * 21.0).floor()) / 23.0)
                 .collect();
             let auc = roc_auc(&y, &s).unwrap();
-            assert!(close(auc, auc_by_pairs(&y, &s)), "n = {n}");
+            assert!(close_or_small(auc, auc_by_pairs(&y, &s), 1e-12), "n = {n}");
             for f in [
                 |v: f64| 3.0 * v - 7.0,
                 |v: f64| v.exp(),

@@ -216,6 +216,7 @@ fn entropy_exp(p: impl Iterator<Item = f64>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::close;
 
     #[test]
     fn centred_ranks_equal_the_two_metrics_on_standardised_features() {
@@ -237,10 +238,6 @@ mod tests {
 
     fn z() -> Features {
         Features::from_rows(&[[1.0f32, 0., 0.], [0., 2., 0.], [0., 0., 3.], [1., 1., 1.]]).unwrap()
-    }
-
-    fn close(a: f64, b: f64, tol: f64) -> bool {
-        (a - b).abs() <= tol * b.abs().max(1e-300)
     }
 
     #[test]

@@ -2,6 +2,16 @@
 
 use crate::Features;
 
+/// Whether `got` is within `rel` of `want`, relative to `|want|`.
+pub(crate) fn close(got: f64, want: f64, rel: f64) -> bool {
+    (got - want).abs() <= rel * want.abs().max(1e-300)
+}
+
+/// Whether `got` is within `tol` of `want`: absolutely where `|want| ≤ 1`, relatively above.
+pub(crate) fn close_or_small(got: f64, want: f64, tol: f64) -> bool {
+    (got - want).abs() <= tol * want.abs().max(1.0)
+}
+
 /// xorshift64* generator with uniform and Gaussian draws.
 pub(crate) struct Rng(u64);
 

@@ -106,14 +106,10 @@ fn logdet_host(a: &[f64], d: usize, shift: f64) -> Result<(f64, Vec<f64>)> {
 mod tests {
     use super::*;
     use candle_core::DType;
-    use ssl_core::testing::{max_gradient_error, randn};
+    use ssl_core::testing::{close, max_gradient_error, randn};
 
     fn scalar(t: &Tensor) -> f64 {
         t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
-    }
-
-    fn close(a: f64, b: f64, rel: f64) {
-        assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
     }
 
     /// `XᵀX + I` for `x`: `[n, d]`, symmetric positive definite.

@@ -302,14 +302,10 @@ pub fn von_neumann_entropy_of_rows_batched(z_hat: &Tensor) -> Result<Tensor> {
 mod tests {
     use super::*;
     use nalgebra::DMatrix;
-    use ssl_core::testing::{max_gradient_error, randn};
+    use ssl_core::testing::{close, max_gradient_error, randn};
 
     fn scalar(t: &Tensor) -> f64 {
         t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
-    }
-
-    fn close(a: f64, b: f64, rel: f64) {
-        assert!((a - b).abs() <= rel * b.abs().max(1e-12), "{a} vs {b}");
     }
 
     /// A random `n×n` orthogonal matrix (Q of a Gaussian matrix's QR).

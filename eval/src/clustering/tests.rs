@@ -8,12 +8,8 @@ use super::kmeans::{best_run, dot, Geometry, Points};
 use super::scores::ln_gamma;
 use super::spectral::{nearest_neighbours, top_eigenpairs, SparseSymmetric};
 use super::*;
-use crate::test_util::Rng;
+use crate::test_util::{close, Rng};
 use crate::Features;
-
-fn close(got: f64, want: f64, rel: f64) -> bool {
-    (got - want).abs() <= rel * want.abs().max(1e-300)
-}
 
 fn assert_close(what: &str, got: f64, want: f64) {
     assert!(close(got, want, 1e-9), "{what}: got {got}, want {want}");
