@@ -13,7 +13,7 @@ pub(super) fn keyed_error(value: &serde_yaml::Value, error: serde_yaml::Error) -
         .ok()
         .and_then(|text| serde_yaml::from_str::<RunConfig>(&text).err());
     let Some(keyed) = keyed else {
-        return plain_serde_message(&error.to_string());
+        return with_nearest_field(plain_serde_message(&error.to_string()));
     };
     let mut text = keyed.to_string();
     // The line and column are those of the re-serialised text, not of anything the user wrote.
@@ -23,7 +23,35 @@ pub(super) fn keyed_error(value: &serde_yaml::Value, error: serde_yaml::Error) -
             text = stripped.to_string();
         }
     }
-    plain_serde_message(&text)
+    with_nearest_field(plain_serde_message(&text))
+}
+
+/// serde's `unknown field `epoch`, expected one of `epochs`, …` with the nearest known name
+/// named after the unknown one, when one is near enough to be a typo.
+fn with_nearest_field(message: String) -> String {
+    const UNKNOWN: &str = "unknown field `";
+    let Some(at) = message.find(UNKNOWN) else {
+        return message;
+    };
+    let start = at + UNKNOWN.len();
+    let Some((field, known)) = message[start..].split_once('`') else {
+        return message;
+    };
+    let distance = |name: &&str| strsim::levenshtein(name, field);
+    let nearest = (known.split('`').skip(1).step_by(2))
+        .min_by_key(distance)
+        .filter(|name| distance(name) <= name.len().max(field.len()) / 3 + 1);
+    match nearest {
+        Some(name) => {
+            let end = start + field.len() + 1;
+            format!(
+                "{} (did you mean `{name}`?){}",
+                &message[..end],
+                &message[end..]
+            )
+        }
+        None => message,
+    }
 }
 
 /// serde's `invalid type: string "abc", expected f64` as `expected a number, got "abc"` (a

@@ -89,6 +89,14 @@ fn set_overrides_nested_keys_and_unknown_keys_are_errors() {
     apply_set(&mut v, "train.learning_rate=1").unwrap();
     let err = RunConfig::from_yaml_value(v).unwrap_err().to_string();
     assert!(err.contains("unknown field `learning_rate`"), "{err}");
+    assert!(!err.contains("did you mean"), "nothing is near: {err}");
+    let mut typo = serde_yaml::Value::Mapping(Default::default());
+    apply_set(&mut typo, "train.epoch=3").unwrap();
+    let err = RunConfig::from_yaml_value(typo).unwrap_err().to_string();
+    assert!(
+        err.contains("unknown field `epoch` (did you mean `epochs`?), expected one of"),
+        "{err}"
+    );
     assert!(apply_set(&mut serde_yaml::Value::Null, "novalue").is_err());
 }
 
