@@ -309,3 +309,32 @@ fn config_files_are_read_up_to_a_size_limit() -> Result<()> {
     assert!(e.to_string().contains("is not valid YAML"), "{e}");
     Ok(())
 }
+
+/// `data.name: caltech256` defaults to ImageNet's side, a ResNet-18, SimCLR's views and ImageNet's
+/// normalisation, with a 0.2 stratified test fraction; `data.clutter` is Caltech-256's alone.
+#[test]
+fn caltech256_defaults_and_the_clutter_key() {
+    let parse = |yaml: &str| {
+        let value: serde_yaml::Value = serde_yaml::from_str(yaml).unwrap();
+        RunConfig::from_yaml_value(value)
+    };
+    let c = parse("data: {name: caltech256}").unwrap();
+    assert_eq!((c.data.size, c.model.encoder.as_str()), (224, "resnet18"));
+    assert_eq!(c.data.test_fraction, 0.2);
+    assert!(!c.data.clutter);
+    let resolved = serde_yaml::to_string(&c).unwrap();
+    for needle in ["augment: simclr", "normalize: imagenet"] {
+        assert!(
+            resolved.contains(needle),
+            "`{needle}` missing from: {resolved}"
+        );
+    }
+    let c = parse("data: {name: caltech256, size: 64, clutter: true}").unwrap();
+    assert_eq!(c.data.size, 64);
+    assert!(c.data.clutter);
+    let e = format!(
+        "{:#}",
+        parse("data: {name: folder, clutter: true}").unwrap_err()
+    );
+    assert!(e.contains("data.clutter") && e.contains("`folder`"), "{e}");
+}
