@@ -91,11 +91,6 @@ impl DataSource {
     pub fn is_images(self) -> bool {
         self != Self::GaussianMixture
     }
-
-    /// Whether the user gives the samples (`data.root` names a folder or file of theirs).
-    pub fn is_users_own(self) -> bool {
-        matches!(self, Self::Folder | Self::Npz)
-    }
 }
 
 impl fmt::Display for DataSource {

@@ -183,6 +183,29 @@ fn caltech256_takes_no_size_and_is_listed() {
     assert!(listing(dir.path()).is_empty());
 }
 
+/// A built-in set or data of your own has nothing to download: refused by name, with no
+/// request and nothing written.
+#[test]
+fn built_in_and_own_data_have_nothing_to_download() {
+    let server = Server::start(Vec::new(), Mode::Serve);
+    let dir = tempfile::tempdir().unwrap();
+    for (name, says) in [
+        ("digits", "is built in"),
+        ("gmm", "is built in"),
+        ("folder", "data of your own"),
+        ("npz", "data of your own"),
+    ] {
+        let err = download_data_set(name, None, Some(dir.path()), Some(&server.base), false);
+        let msg = format!("{:#}", err.unwrap_err());
+        assert!(
+            msg.contains(says) && msg.contains("nothing to download"),
+            "{name}: {msg}"
+        );
+    }
+    assert!(server.requests().is_empty());
+    assert!(listing(dir.path()).is_empty());
+}
+
 /// A verified download that is not a whole tar (here: cut after half its bytes, with the MD5 of
 /// what is served) is refused at extraction naming the archive, with nothing put in place; the
 /// archive is kept, so the fix it names is to remove it and download again.
