@@ -1,10 +1,11 @@
-//! A run's logs, a listener on the run's [`StepEvent`]s and [`EpochEvent`]s: `metrics.jsonl` (one JSON record per optimiser step and per monitored epoch
-//! end), `spectrum.csv`, and the same values as TensorBoard event files in `tb/`
-//! (`tensorboard --logdir runs`), with the spectrum and embedding plots as images.
+//! A run's logs, a listener on the run's [`StepEvent`]s and [`EpochEvent`]s: `metrics.jsonl` (one
+//! JSON record per optimiser step and per monitored epoch end), `spectrum.csv`, and the same values
+//! as TensorBoard event files in `tb/` (`tensorboard --logdir runs`), with the spectrum and
+//! embedding plots as images.
 //!
-//! On resume every log is cut back to the checkpoint, so that after a kill and a resume each
-//! step is logged once: step records from the checkpoint's step on, and epoch-end records from
-//! its first unfinished epoch on, are dropped (and a line torn by the kill with them).
+//! On resume every log is cut back to the checkpoint, so that after a kill and a resume each step
+//! is logged once: step records from the checkpoint's step on, and epoch-end records from its first
+//! unfinished epoch on, are dropped (and a line torn by the kill with them).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
