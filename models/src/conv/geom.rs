@@ -83,7 +83,12 @@ impl Geom {
     }
 
     pub fn out(&self) -> [usize; 3] {
-        std::array::from_fn(|a| (self.size[a] + 2 * self.pad[a] - self.k[a]) / self.stride[a] + 1)
+        std::array::from_fn(|a| self.out_along(a))
+    }
+
+    /// Output extent along axis `a`.
+    pub fn out_along(&self, a: usize) -> usize {
+        (self.size[a] + 2 * self.pad[a] - self.k[a]) / self.stride[a] + 1
     }
 
     /// The input as `[C, N, D, H, W]`.
@@ -107,7 +112,7 @@ impl Geom {
         let (s, p) = (self.stride[a], self.pad[a]);
         let first = p.saturating_sub(k).div_ceil(s);
         let end = match (self.size[a] + p).checked_sub(k + 1) {
-            Some(v) => (v / s + 1).min(self.out()[a]),
+            Some(v) => (v / s + 1).min(self.out_along(a)),
             None => 0,
         };
         first..end.max(first)

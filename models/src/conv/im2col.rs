@@ -9,17 +9,53 @@ use ssl_linalg::for_each_chunk_mut;
 use super::geom::{chunk_images, Geom};
 use crate::util::{Float, Scratch};
 
-/// For every output row `(od, oh)` readable at kernel offsets `(kd, kh)`, `f(output row start,
-/// input row start)` in units of elements of one `[D, H, W]` volume.
-fn for_each_row(g: &Geom, [kd, kh, _]: [usize; 3], mut f: impl FnMut(usize, usize)) {
+/// Into `runs`, for every output row `(od, oh)` readable at kernel offsets `(kd, kh)`, its
+/// `(output row start, input row start)` in units of elements of one `[D, H, W]` volume: the
+/// same for every image, so found once a column-matrix row (finding them for each image of a
+/// small layer cost 8 % of the main job).
+fn row_runs(g: &Geom, [kd, kh, _]: [usize; 3], runs: &mut Vec<(usize, usize)>) {
     let [_, h, w] = g.size;
     let [_, h_out, w_out] = g.out();
+    runs.clear();
     for od in g.valid_outputs(0, kd) {
         let id = od * g.stride[0] + kd - g.pad[0];
         for oh in g.valid_outputs(1, kh) {
             let ih = oh * g.stride[1] + kh - g.pad[1];
-            f((od * h_out + oh) * w_out, (id * h + ih) * w);
+            runs.push(((od * h_out + oh) * w_out, (id * h + ih) * w));
         }
+    }
+}
+
+/// `dst.copy_from_slice(src)`, inlined for the short runs of small layers (a 3-wide kernel's
+/// taps, a 4- or 8-wide output row): a call to `memcpy` cost more than such a copy (6 % of the
+/// main job's samples).
+#[inline(always)]
+fn copy_run<T: Copy>(dst: &mut [T], src: &[T]) {
+    #[inline(always)]
+    fn fixed<T: Copy, const N: usize>(dst: &mut [T], src: &[T]) {
+        let dst: &mut [T; N] = dst.try_into().expect("a run of N values");
+        *dst = src[..N].try_into().expect("a run of N values");
+    }
+    match dst.len() {
+        0 => {}
+        1 => fixed::<T, 1>(dst, src),
+        2 => fixed::<T, 2>(dst, src),
+        3 => fixed::<T, 3>(dst, src),
+        4 => fixed::<T, 4>(dst, src),
+        5 => fixed::<T, 5>(dst, src),
+        6 => fixed::<T, 6>(dst, src),
+        7 => fixed::<T, 7>(dst, src),
+        8 => fixed::<T, 8>(dst, src),
+        _ => dst.copy_from_slice(src),
+    }
+}
+
+/// `dst.fill(value)`, inlined for short runs as [`copy_run`].
+#[inline(always)]
+fn fill_run<T: Copy>(dst: &mut [T], value: T) {
+    match dst.len() {
+        len @ 0..=8 => copy_run(dst, &[value; 8][..len]),
+        _ => dst.fill(value),
     }
 }
 
@@ -130,6 +166,7 @@ pub(super) fn im2col_chunk<T: Float>(
     let per_image = g.out().iter().product::<usize>();
     let w_out = g.out()[2];
     let phases = PhaseRows::of(g);
+    let mut runs = Vec::new();
     for (i, dst_row) in col.chunks_mut(ld).enumerate() {
         let dst_row = &mut dst_row[..nb * per_image];
         let row = first_row + i;
@@ -143,16 +180,17 @@ pub(super) fn im2col_chunk<T: Float>(
             continue;
         };
         let run = phases.offset(iw0);
+        row_runs(g, offsets, &mut runs);
         for (j, dst) in dst_row.chunks_mut(per_image).enumerate() {
             let src = &x[(c * g.n + n0 + j) * volume..][..volume];
             // Output rows before `next` are written; rows the window misses are zero.
             let mut next = 0;
-            for_each_row(g, offsets, |o, i| {
-                dst[next..o + ows.start].fill(zero);
+            for &(o, i) in &runs {
+                fill_run(&mut dst[next..o + ows.start], zero);
                 let drow = &mut dst[o..o + w_out];
                 let values = &src[i + run..];
                 match phases.step {
-                    1 => drow[ows.clone()].copy_from_slice(&values[..ows.len()]),
+                    1 => copy_run(&mut drow[ows.clone()], &values[..ows.len()]),
                     step => {
                         for (d, &v) in drow[ows.clone()]
                             .iter_mut()
@@ -162,9 +200,9 @@ pub(super) fn im2col_chunk<T: Float>(
                         }
                     }
                 }
-                drow[ows.end..].fill(zero);
+                fill_run(&mut drow[ows.end..], zero);
                 next = o + w_out;
-            });
+            }
             dst[next..].fill(zero);
         }
     }
@@ -188,6 +226,7 @@ pub(super) unsafe fn col2im_chunk<T: Float>(
     let phases = PhaseRows::of(g);
     acc.resize(g.c * nb * volume);
     acc.fill(T::from_f64(0.0));
+    let mut runs = Vec::new();
     for (row, src_row) in dcol.chunks(nb * per_image).enumerate() {
         let c = row / g.kernel_volume();
         let offsets = g.offsets(row);
@@ -197,9 +236,10 @@ pub(super) unsafe fn col2im_chunk<T: Float>(
             continue;
         };
         let run = phases.offset(iw0);
+        row_runs(g, offsets, &mut runs);
         for (j, src) in src_row.chunks(per_image).enumerate() {
             let dst = &mut acc[(c * nb + j) * volume..][..volume];
-            for_each_row(g, offsets, |o, i| {
+            for &(o, i) in &runs {
                 let values = &src[o + ows.start..o + ows.end];
                 match phases.step {
                     1 => {
@@ -213,7 +253,7 @@ pub(super) unsafe fn col2im_chunk<T: Float>(
                         }
                     }
                 }
-            });
+            }
         }
     }
     for c in 0..g.c {
@@ -270,13 +310,13 @@ pub(super) fn im2row<T: Float>(
             let id = inside(d0 + (kdh / kh) as isize, depth);
             let ih = inside(h0 + (kdh % kh) as isize, height);
             let (Some(id), Some(ih)) = (id, ih) else {
-                run.fill(zero);
+                fill_run(run, zero);
                 continue;
             };
             let row = &x[(c * g.n + n) * volume + (id * height + ih) * width..][..width];
-            run[..first].fill(zero);
-            run[first..end].copy_from_slice(&row[iw..iw + end - first]);
-            run[end..].fill(zero);
+            fill_run(&mut run[..first], zero);
+            copy_run(&mut run[first..end], &row[iw..iw + end - first]);
+            fill_run(&mut run[end..], zero);
         }
     }
 }
