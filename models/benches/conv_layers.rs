@@ -3,10 +3,11 @@
 //! view): ResNet-18 with the CIFAR stem on 64 images of 32×32 (row 1 of the train_step bench,
 //! `--net cifar`, the default) or the 3D ResNet-18 on 4 volumes of 64³ (row 4, `--net 3d`). The
 //! stem's input needs no gradient, as in the net. Totals count every layer of the net and both
-//! views. `python3 tools/twins/conv_layers.py` times the same convolutions in PyTorch, so the
+//! views. `--net digits` is the main job's digits CNN on one view's 128 images of 16×16. The
+//! stem there (and in every net) takes no input gradient. `python3 tools/twins/conv_layers.py` times the same convolutions in PyTorch, so the
 //! two tables show which layers and which pass lose.
 //!
-//! `cargo bench -p ssl-models --bench conv_layers -- [--net cifar|3d] [--threads 2] [--reps 5]`
+//! `cargo bench -p ssl-models --bench conv_layers -- [--net cifar|3d|digits] [--threads 2] [--reps 5]`
 
 use std::time::Instant;
 
@@ -51,6 +52,13 @@ const RESNET_3D: [Layer; 11] = [
     (256, 512, 4, 1, 2, 0, 1),
 ];
 
+/// The main job's digits CNN, on 16² images.
+const DIGITS: [Layer; 3] = [
+    (1, 32, 16, 3, 1, 1, 1),
+    (32, 64, 16, 3, 2, 1, 1),
+    (64, 128, 8, 3, 2, 1, 1),
+];
+
 fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
     let mut times = Vec::with_capacity(reps);
@@ -72,13 +80,18 @@ fn main() -> Result<()> {
             "--threads" => threads = value()?.parse()?,
             "--reps" => reps = value()?.parse()?,
             "--net" => net = value()?,
-            other => bail!("unknown argument `{other}`; use --net cifar|3d, --threads N, --reps N"),
+            other => bail!(
+                "unknown argument `{other}`; use --net cifar|3d|digits, --threads N, --reps N"
+            ),
         }
     }
-    let (layers, rank, batch) = match net.as_str() {
-        "cifar" => (CIFAR, 2, 64),
-        "3d" => (RESNET_3D, 3, 4),
-        other => bail!("unknown net `{other}`; use --net cifar (row 1) or --net 3d (row 4)"),
+    let (layers, rank, batch): (&[Layer], _, _) = match net.as_str() {
+        "cifar" => (&CIFAR, 2, 64),
+        "3d" => (&RESNET_3D, 3, 4),
+        "digits" => (&DIGITS, 2, 128),
+        other => bail!(
+            "unknown net `{other}`; use --net cifar (row 1), 3d (row 4) or digits (the main job)"
+        ),
     };
     // As in `ssl run`: freed tensors stay in the process instead of costing page faults anew.
     ssl_core::allocator::keep_freed_memory();
@@ -87,7 +100,7 @@ fn main() -> Result<()> {
     let device = Device::Cpu;
     println!("layer                         count  fwd ms  fwd+bwd ms");
     let (mut total_fwd, mut total_both) = (0.0, 0.0);
-    for (c, o, side, k, s, p, count) in layers {
+    for &(c, o, side, k, s, p, count) in layers {
         let vars = VarMap::new();
         let layer = conv(
             c,

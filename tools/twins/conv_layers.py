@@ -1,6 +1,6 @@
 """The convolutions of models/benches/conv_layers.rs in PyTorch (NCHW, oneDNN on the CPU).
 
-python3 tools/twins/conv_layers.py [--net cifar|3d] [--threads 2] [--reps 5]
+python3 tools/twins/conv_layers.py [--net cifar|3d|digits] [--threads 2] [--reps 5]
 """
 import argparse
 import time
@@ -33,8 +33,13 @@ RESNET_3D = [
     (512, 512, 2, 3, 1, 1, 3),
     (256, 512, 4, 1, 2, 0, 1),
 ]
+DIGITS = [
+    (1, 32, 16, 3, 1, 1, 1),
+    (32, 64, 16, 3, 2, 1, 1),
+    (64, 128, 8, 3, 2, 1, 1),
+]
 # (layers, spatial rank, batch of one view): the trainer forwards view by view.
-NETS = {"cifar": (CIFAR, 2, 64), "3d": (RESNET_3D, 3, 4)}
+NETS = {"cifar": (CIFAR, 2, 64), "3d": (RESNET_3D, 3, 4), "digits": (DIGITS, 2, 128)}
 VIEWS = 2
 
 

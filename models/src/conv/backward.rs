@@ -21,9 +21,14 @@ pub(super) const WEIGHT_GRAD_GROUPS: usize = 4;
 /// of threads).
 pub(super) const WEIGHT_GRAD_BLOCKS: usize = 8;
 
-/// Largest `dW` (in values) that [`patch_weight_grad`] takes, as partial sums over groups of
-/// chunks: a stem's (the 3D ResNet's 7³ one is 64 × 343).
-const PATCH_WEIGHT_GRAD_MAX: usize = 1 << 16;
+/// Largest `dW` (in values) that [`patch_weight_grad`] takes, as [`WEIGHT_GRAD_GROUPS`] partial
+/// sums of the whole `dW` (32 MiB of f32 at this size). Every im2col layer up to it was as fast
+/// or faster this way than by [`row_block_weight_grad`], whose left operand the `gemm` crate
+/// packs a value at a time (forward and backward of one view, one thread, 2-core Zen 4): the
+/// digits CNN's 64→128 at 8², 20.5 → 14.2 ms; row 1's 3×3 stride-2 layers 144 → 103 (64→128),
+/// 107 → 88 (128→256) and 90 → 87 ms (256→512); row 4's 3D layers within 5 %. Above it (row
+/// 4's 256→512 3×3×3 layer, 3.5 M values) the partial sums cost more than they save.
+const PATCH_WEIGHT_GRAD_MAX: usize = 1 << 21;
 
 /// [`WEIGHT_GRAD_GROUPS`] partial sums of `len` values over `chunks` chunks, on Candle's
 /// workers: group `i` starts from zeros and `add(scratch, chunk, sum)` adds its chunks
@@ -170,8 +175,8 @@ pub(super) fn weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut [T]) {
 /// `dW = Σ_chunks dy_chunk · col_chunkᵀ`, recomputing each chunk's columns, by one of three
 /// sums, each in an order fixed by the shapes (not by the thread count):
 /// - a stem (`C·k_vol < O`) has too few rows to share out: [`stem_weight_grad`];
-/// - a small `dW` over many positions (the 3D stem's): [`patch_weight_grad`];
-/// - every other layer: [`row_block_weight_grad`].
+/// - a `dW` of at most [`PATCH_WEIGHT_GRAD_MAX`] values: [`patch_weight_grad`];
+/// - a larger one: [`row_block_weight_grad`].
 pub(super) fn im2col_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let rows = g.col_shape().0;
     let o = dw_out.len() / rows;
@@ -270,8 +275,7 @@ pub(super) fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mu
     }
 }
 
-/// [`im2col_weight_grad`] of a small `dW` (at most [`PATCH_WEIGHT_GRAD_MAX`] values) over many
-/// positions, a stem's: `dW = Σ_chunks dy_chunk · patches` as [`WEIGHT_GRAD_GROUPS`] partial
+/// [`im2col_weight_grad`] of a `dW` of at most [`PATCH_WEIGHT_GRAD_MAX`] values: `dW = Σ_chunks dy_chunk · patches` as [`WEIGHT_GRAD_GROUPS`] partial
 /// sums added in a fixed order. Both operands run along the positions, so one is transposed
 /// for the `gemm` crate, which packs its left operand a vector at a time only from the
 /// column-major layout: `dy`'s chunk (`O` values a position, against the patches' `C·k_vol`),

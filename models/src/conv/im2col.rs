@@ -298,6 +298,9 @@ pub(super) fn im2row<T: Float>(
     // The input index of kernel offset 0 along axis `a` for output `o` (below 0 in the padding).
     let start = |a: usize, o: usize| (o * g.stride[a]) as isize - g.pad[a] as isize;
     let inside = |i: isize, n: usize| usize::try_from(i).ok().filter(|&i| i < n);
+    // Per (kd, kh): the offset in a channel's volume of the input row a position's window
+    // reads there, or `None` in the padding; the same for every channel.
+    let mut rows_at = Vec::with_capacity(kd * kh);
     for (p, patch) in positions.zip(patches.chunks_mut(ld)) {
         let at = [p / (h_out * w_out), (p / w_out) % h_out, p % w_out];
         let [d0, h0, w0]: [isize; 3] = std::array::from_fn(|a| start(a, at[a]));
@@ -305,18 +308,24 @@ pub(super) fn im2row<T: Float>(
         let first = usize::try_from(-w0).unwrap_or(0).min(kw);
         let end = (width as isize - w0).clamp(first as isize, kw as isize) as usize;
         let iw = (w0 + first as isize) as usize;
-        for (r, run) in patch[..g.c * kd * kh * kw].chunks_mut(kw).enumerate() {
-            let (c, kdh) = (r / (kd * kh), r % (kd * kh));
-            let id = inside(d0 + (kdh / kh) as isize, depth);
-            let ih = inside(h0 + (kdh % kh) as isize, height);
-            let (Some(id), Some(ih)) = (id, ih) else {
-                fill_run(run, zero);
-                continue;
-            };
-            let row = &x[(c * g.n + n) * volume + (id * height + ih) * width..][..width];
-            fill_run(&mut run[..first], zero);
-            copy_run(&mut run[first..end], &row[iw..iw + end - first]);
-            fill_run(&mut run[end..], zero);
+        rows_at.clear();
+        rows_at.extend((0..kd * kh).map(|kdh| {
+            let id = inside(d0 + (kdh / kh) as isize, depth)?;
+            let ih = inside(h0 + (kdh % kh) as isize, height)?;
+            Some((id * height + ih) * width + iw)
+        }));
+        let patch = &mut patch[..g.c * kd * kh * kw];
+        for (c, channel) in patch.chunks_mut(kd * kh * kw).enumerate() {
+            let input = &x[(c * g.n + n) * volume..][..volume];
+            for (run, row) in channel.chunks_mut(kw).zip(&rows_at) {
+                let Some(row) = *row else {
+                    fill_run(run, zero);
+                    continue;
+                };
+                fill_run(&mut run[..first], zero);
+                copy_run(&mut run[first..end], &input[row..][..end - first]);
+                fill_run(&mut run[end..], zero);
+            }
         }
     }
 }
