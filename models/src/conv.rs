@@ -15,7 +15,9 @@
 //! dual convolution of the input gradient and the weight gradient alike. A 2D convolution is
 //! the 3D one with depth 1 and kernel depth 1, so one set of kernels serves both; a 1×1 stride-1
 //! convolution needs no im2col (its input is the column matrix). A stride along the width reads
-//! the input rows phase by phase (`PhaseRows`), so im2col copies and col2im adds runs. A
+//! the input rows phase by phase (`PhaseRows`), so im2col copies and col2im adds runs; output
+//! rows of at most 8 values are instead gathered (and added back) value by value through a
+//! table of where each output reads, from the input's own layout (`Copying`). A
 //! *skinny* convolution, few output positions against a large weight (the 3D ResNet's 2³
 //! layers), computes its three products with `W` read in place, once (`SKINNY_COLUMNS`).
 //! Chunks are fixed by the shapes alone and the weight gradient's partial sums are added in a

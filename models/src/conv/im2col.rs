@@ -80,7 +80,21 @@ pub(super) struct PhaseRows {
 const PHASE_ROWS_PER_TASK: usize = 1024;
 
 impl PhaseRows {
+    /// The layout im2col and col2im of `g` use: the input's own where they gather
+    /// ([`Copying::Gather`], which needs no runs), else [`PhaseRows::runs`].
     pub(super) fn of(g: &Geom) -> Self {
+        match g.copying() {
+            Copying::Gather => Self {
+                width: g.size[2],
+                stride: 1,
+                step: g.stride[2],
+            },
+            Copying::Runs => Self::runs(g),
+        }
+    }
+
+    /// The layout in which a kernel column's values along a row lie next to each other.
+    pub(super) fn runs(g: &Geom) -> Self {
         let (width, stride) = (g.size[2], g.stride[2]);
         match g.k[2] {
             1 => Self {
@@ -157,6 +171,102 @@ impl PhaseRows {
 pub(super) fn im2col_chunk<T: Float>(
     g: &Geom,
     x: &[T],
+    images: (usize, usize),
+    first_row: usize,
+    col: (&mut [T], usize),
+) {
+    match g.copying() {
+        Copying::Runs => im2col_runs(g, x, images, first_row, col),
+        Copying::Gather => im2col_gather(g, x, images, first_row, col),
+    }
+}
+
+/// How im2col and col2im move a row's values: in runs along the width, or value by value
+/// through a table of where each output position reads ([`row_taps`]) for small images,
+/// whose runs are too short to be worth a copy each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Copying {
+    Runs,
+    Gather,
+}
+
+/// Output widths up to which [`Copying::Gather`] is used: 8² outputs at stride 2 (the digits
+/// CNN's second layer), whose runs of 3–4 values cost more to set up than to copy.
+const GATHER_MAX_WIDTH: usize = 8;
+
+impl Geom {
+    pub(super) fn copying(&self) -> Copying {
+        match self.out_along(2) <= GATHER_MAX_WIDTH {
+            true => Copying::Gather,
+            false => Copying::Runs,
+        }
+    }
+}
+
+/// A tap pointing into the padding: outside every volume.
+const PADDING: u32 = u32::MAX;
+
+/// Into `taps`, for column-matrix row `row` and every output position of one image, the offset
+/// in its channel's `[D, H, W]` volume (in the [`PhaseRows`] layout) of the input value it
+/// reads, or [`PADDING`].
+fn row_taps(g: &Geom, row: usize, taps: &mut Vec<u32>) {
+    let [kd, kh, kw] = g.offsets(row);
+    let [_, h, w] = g.size;
+    let [_, h_out, w_out] = g.out();
+    let phases = PhaseRows::of(g);
+    let input = |a: usize, o: usize, k: usize| o * g.stride[a] + k - g.pad[a];
+    taps.clear();
+    taps.resize(g.out().iter().product(), PADDING);
+    let ows = g.valid_outputs(2, kw);
+    if ows.is_empty() {
+        return;
+    }
+    // Along a row the values a kernel column reads lie `step` apart in this layout.
+    let run = phases.offset(input(2, ows.start, kw));
+    for od in g.valid_outputs(0, kd) {
+        let id = input(0, od, kd);
+        for oh in g.valid_outputs(1, kh) {
+            let (ih, at) = (input(1, oh, kh), (od * h_out + oh) * w_out);
+            let first = (id * h + ih) * w + run;
+            for (j, tap) in taps[at..][ows.clone()].iter_mut().enumerate() {
+                *tap =
+                    u32::try_from(first + j * phases.step).expect("a volume of under 4 G values");
+            }
+        }
+    }
+}
+
+/// [`im2col_chunk`] as [`Copying::Gather`]: each row's taps found once, then read for every
+/// image, a padding tap as zero.
+pub(super) fn im2col_gather<T: Float>(
+    g: &Geom,
+    x: &[T],
+    (n0, nb): (usize, usize),
+    first_row: usize,
+    (col, ld): (&mut [T], usize),
+) {
+    let zero = T::from_f64(0.0);
+    let volume = g.size.iter().product::<usize>();
+    let per_image = g.out().iter().product::<usize>();
+    let mut taps = Vec::new();
+    for (i, dst_row) in col.chunks_mut(ld).enumerate() {
+        let row = first_row + i;
+        let c = row / g.kernel_volume();
+        row_taps(g, row, &mut taps);
+        for (j, dst) in dst_row[..nb * per_image].chunks_mut(per_image).enumerate() {
+            let src = &x[(c * g.n + n0 + j) * volume..][..volume];
+            for (d, &t) in dst.iter_mut().zip(&taps) {
+                *d = src.get(t as usize).copied().unwrap_or(zero);
+            }
+        }
+    }
+}
+
+/// [`im2col_chunk`] as [`Copying::Runs`]: a row's runs of output positions along the width
+/// copied a run at a time, the padding around them zeroed.
+pub(super) fn im2col_runs<T: Float>(
+    g: &Geom,
+    x: &[T],
     (n0, nb): (usize, usize),
     first_row: usize,
     (col, ld): (&mut [T], usize),
@@ -222,10 +332,28 @@ pub(super) unsafe fn col2im_chunk<T: Float>(
     dx: *mut T,
 ) {
     let volume = g.size.iter().product::<usize>();
-    let per_image = g.out().iter().product::<usize>();
     let phases = PhaseRows::of(g);
     acc.resize(g.c * nb * volume);
     acc.fill(T::from_f64(0.0));
+    let sums = (&mut acc[..], nb);
+    match g.copying() {
+        Copying::Runs => col2im_runs(g, dcol, sums),
+        Copying::Gather => col2im_gather(g, dcol, sums),
+    }
+    for c in 0..g.c {
+        // SAFETY: these volumes lie inside `dx` and belong to this chunk alone.
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(dx.add((c * g.n + n0) * volume), nb * volume) };
+        phases.add_into(&acc[c * nb * volume..][..nb * volume], dst);
+    }
+}
+
+/// Adds the column gradient `dcol` of `nb` images into `acc`: `[C, nb, D, H, W]` in the
+/// [`PhaseRows`] layout, a run along the width at a time ([`Copying::Runs`]).
+fn col2im_runs<T: Float>(g: &Geom, dcol: &[T], (acc, nb): (&mut [T], usize)) {
+    let volume = g.size.iter().product::<usize>();
+    let per_image = g.out().iter().product::<usize>();
+    let phases = PhaseRows::of(g);
     let mut runs = Vec::new();
     for (row, src_row) in dcol.chunks(nb * per_image).enumerate() {
         let c = row / g.kernel_volume();
@@ -256,11 +384,25 @@ pub(super) unsafe fn col2im_chunk<T: Float>(
             }
         }
     }
-    for c in 0..g.c {
-        // SAFETY: these volumes lie inside `dx` and belong to this chunk alone.
-        let dst =
-            unsafe { std::slice::from_raw_parts_mut(dx.add((c * g.n + n0) * volume), nb * volume) };
-        phases.add_into(&acc[c * nb * volume..][..nb * volume], dst);
+}
+
+/// [`col2im_runs`] as [`Copying::Gather`]: each row's taps found once, then every image's
+/// values added through them.
+fn col2im_gather<T: Float>(g: &Geom, dcol: &[T], (acc, nb): (&mut [T], usize)) {
+    let volume = g.size.iter().product::<usize>();
+    let per_image = g.out().iter().product::<usize>();
+    let mut taps = Vec::new();
+    for (row, src_row) in dcol.chunks(nb * per_image).enumerate() {
+        let c = row / g.kernel_volume();
+        row_taps(g, row, &mut taps);
+        for (j, src) in src_row.chunks(per_image).enumerate() {
+            let dst = &mut acc[(c * nb + j) * volume..][..volume];
+            for (&v, &t) in src.iter().zip(&taps) {
+                if let Some(d) = dst.get_mut(t as usize) {
+                    *d += v;
+                }
+            }
+        }
     }
 }
 

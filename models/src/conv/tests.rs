@@ -6,7 +6,7 @@ use super::backward::{
 };
 use super::forward::{conv_forward, im2col_forward_into};
 use super::geom::{balanced_chunks, chunk_images, CHUNK_VALUES};
-use super::im2col::{im2col_chunk, im2row, PhaseRows};
+use super::im2col::{im2col_chunk, im2row, Copying, PhaseRows};
 use super::skinny::{skinny_forward_into, skinny_input_grad, skinny_weight_grad};
 use super::winograd::{Minimal, Winograd};
 use super::*;
@@ -202,12 +202,13 @@ fn gradients_2d_match_finite_differences_f64() {
 
 /// The chunked op against the composed convolution of other devices (gathered columns, one
 /// matmul, Candle's autograd), on batches that split into several chunks and weight-gradient
-/// groups, including a last chunk that is shorter.
+/// groups, including a last chunk that is shorter, on volumes narrow enough for im2col to
+/// gather and wide enough for it to copy runs.
 #[test]
 fn the_chunked_op_equals_the_composed_convolution_of_other_devices() {
     for (k, stride, pad) in CASES_3D {
-        for n in [1, 19] {
-            let x = Var::from_tensor(&rand_tensor(17, &[2, n, 4, 5, 6], DType::F64)).unwrap();
+        for (n, width) in [(1, 6), (19, 6), (19, 23)] {
+            let x = Var::from_tensor(&rand_tensor(17, &[2, n, 4, 5, width], DType::F64)).unwrap();
             let w = Var::from_tensor(&rand_tensor(18, &[3, 2 * k * k * k], DType::F64)).unwrap();
             let g = Geom::new("test", x.dims(), k, stride, pad).unwrap();
             assert!(n == 1 || g.chunks() >= WEIGHT_GRAD_GROUPS);
@@ -219,7 +220,7 @@ fn the_chunked_op_equals_the_composed_convolution_of_other_devices() {
             assert_eq!(op.dims(), composed.dims());
             assert!(
                 max_abs_diff(&op, &composed) < 1e-12,
-                "k {k} s {stride} p {pad}"
+                "k {k} s {stride} p {pad} W {width}"
             );
             let r = rand_tensor(19, op.dims(), DType::F64);
             let g_op = (&op * &r).unwrap().sum_all().unwrap().backward().unwrap();
@@ -233,7 +234,7 @@ fn the_chunked_op_equals_the_composed_convolution_of_other_devices() {
                 let d = max_abs_diff(g_op.get(v).unwrap(), g_composed.get(v).unwrap());
                 assert!(
                     d < 1e-11,
-                    "k {k} s {stride} p {pad} n {n}: gradient diff {d}"
+                    "k {k} s {stride} p {pad} n {n} W {width}: gradient diff {d}"
                 );
             }
         }
@@ -804,11 +805,11 @@ fn chunks_are_balanced_over_the_batch() {
 /// 1-wide kernel keeps the input's layout and reads every `s`-th value.
 #[test]
 fn phase_rows_store_each_value_once_at_its_offset() {
-    let pointwise = PhaseRows::of(&Geom::new("test", &[2, 3, 4, 8], 1, 2, 0).unwrap());
+    let pointwise = PhaseRows::runs(&Geom::new("test", &[2, 3, 4, 8], 1, 2, 0).unwrap());
     assert_eq!((pointwise.stride, pointwise.step), (1, 2));
     for (width, stride) in [(8, 2), (7, 2), (5, 3), (1, 2), (2, 3), (6, 1)] {
         let g = Geom::new("test", &[2, 3, 4, width], 3, stride, 1).unwrap();
-        let phases = PhaseRows::of(&g);
+        let phases = PhaseRows::runs(&g);
         assert_eq!((phases.stride, phases.step), (stride, 1));
         let x = rand_values(90, &[2, 3, 4, width]);
         let arranged = phases.arrange(&x);
@@ -824,6 +825,26 @@ fn phase_rows_store_each_value_once_at_its_offset() {
         let mut back = vec![0.0; x.len()];
         phases.add_into(&arranged, &mut back);
         assert_eq!(back, x, "W {width} s {stride}");
+    }
+}
+
+/// im2col gathers value by value from the input's own layout where the output rows are at
+/// most 8 wide, and copies runs from the phase layout where they are wider.
+#[test]
+fn narrow_outputs_gather_and_wide_ones_copy_runs() {
+    for (width, copying) in [
+        (15, Copying::Gather),
+        (16, Copying::Gather),
+        (17, Copying::Runs),
+    ] {
+        let g = Geom::new("test", &[2, 3, 4, width], 3, 2, 1).unwrap();
+        assert_eq!(g.copying(), copying, "W {width}");
+        let phases = PhaseRows::of(&g);
+        let expected = match copying {
+            Copying::Gather => (1, 2),
+            Copying::Runs => (2, 1),
+        };
+        assert_eq!((phases.stride, phases.step), expected, "W {width}");
     }
 }
 
