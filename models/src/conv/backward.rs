@@ -6,7 +6,7 @@ use ssl_linalg::{for_each_chunk_mut, for_each_index};
 
 use super::forward::conv_forward_into;
 use super::geom::{chunk_images, Geom, CHUNK_VALUES};
-use super::im2col::{chunk_columns, col2im_chunk, im2col_chunk, im2row, PhaseRows};
+use super::im2col::{channels_last, chunk_columns, col2im_chunk, im2col_chunk, im2row, PhaseRows};
 use super::skinny::{skinny_input_grad, skinny_weight_grad};
 use super::winograd::Winograd;
 use super::Shared;
@@ -275,32 +275,30 @@ pub(super) fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mu
     }
 }
 
-/// [`im2col_weight_grad`] of a `dW` of at most [`PATCH_WEIGHT_GRAD_MAX`] values: `dW = Σ_chunks dy_chunk · patches` as [`WEIGHT_GRAD_GROUPS`] partial
-/// sums added in a fixed order. Both operands run along the positions, so one is transposed
-/// for the `gemm` crate, which packs its left operand a vector at a time only from the
-/// column-major layout: `dy`'s chunk (`O` values a position, against the patches' `C·k_vol`),
-/// into `[P, O]`. The patches (`[P, C·k_vol]`, [`im2row`]) are the right operand, read in
-/// place. As the left operand the patches were packed, a copy of the chunk's largest matrix,
-/// and the row blocks' column rows (the 3D stem's 343 rows over 32,768 positions a volume)
-/// a value at a time.
+/// [`im2col_weight_grad`] of a `dW` of at most [`PATCH_WEIGHT_GRAD_MAX`] values:
+/// `dW = Σ_chunks dy_chunk · patches` as [`WEIGHT_GRAD_GROUPS`] partial sums added in a fixed
+/// order. Both operands run along the positions, so one is transposed for the `gemm` crate,
+/// which packs its left operand a vector at a time only from the column-major layout: `dy`'s
+/// chunk (`O` values a position, against the patches' `C·k_vol`), into `[P, O]`. The patches
+/// (`[P, k_vol·C]`, [`im2row`] of the input made channels-last) are the right operand, read in
+/// place; their rows come kernel offset by kernel offset, so the sums are `dW` with its
+/// columns in that order, put back in `W`'s `[O, C·k_vol]` as they are added. As the left
+/// operand the patches were packed, a copy of the chunk's largest matrix, and the row blocks'
+/// column rows (the 3D stem's 343 rows over 32,768 positions a volume) a value at a time.
 pub(super) fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mut [T]) {
     let (rows, cols) = g.col_shape();
     let o = dw_out.len() / rows;
-    let per_image = g.out().iter().product::<usize>();
-    let span = (CHUNK_VALUES / rows.max(1)).clamp(1, per_image.max(1));
-    let per_image_chunks = per_image.div_ceil(span);
-    let chunks = g.n * per_image_chunks;
+    let x = &*channels_last(&g, x);
+    let spans = g.patch_spans();
     let init = <[Scratch<T>; 2]>::default;
-    let partials = group_partial_sums(chunks, o * rows, init, |[patches, dyt], chunk, dw| {
-        let (n, first) = (chunk / per_image_chunks, (chunk % per_image_chunks) * span);
-        let positions = first..(first + span).min(per_image);
+    let partials = group_partial_sums(spans.len(), o * rows, init, |[patches, dyt], chunk, dw| {
+        let positions = spans[chunk].clone();
         let count = positions.len();
         patches.resize(count * rows);
-        im2row(&g, x, n, positions, (patches, rows));
+        im2row(&g, x, positions.clone(), (patches, rows));
         dyt.resize(count * o);
         for (oi, line) in dy.chunks(cols).enumerate() {
-            let line = &line[n * per_image + first..][..count];
-            for (p, &value) in line.iter().enumerate() {
+            for (p, &value) in line[positions.clone()].iter().enumerate() {
                 dyt[p * o + oi] = value;
             }
         }
@@ -315,10 +313,48 @@ pub(super) fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &m
             );
         }
     });
-    dw_out.fill(T::from_f64(0.0));
-    for partial in &partials {
-        for (d, p) in dw_out.iter_mut().zip(partial) {
-            *d += *p;
+    let mut partials = partials.into_iter();
+    let Some(mut sum) = partials.next() else {
+        return dw_out.fill(T::from_f64(0.0));
+    };
+    for partial in partials {
+        for (s, p) in sum.iter_mut().zip(&partial) {
+            *s += *p;
         }
+    }
+    let kv = g.kernel_volume();
+    for (dw, sum) in dw_out.chunks_mut(rows).zip(sum.chunks(rows)) {
+        for (k, taps) in sum.chunks(g.c).enumerate() {
+            for (c, &v) in taps.iter().enumerate() {
+                dw[c * kv + k] = v;
+            }
+        }
+    }
+}
+
+impl Geom {
+    /// The chunks of [`patch_weight_grad`], ranges of positions flat over the batch's
+    /// `N·S_out`: about [`CHUNK_VALUES`] patch values each, whole images where one fits (at
+    /// least 8 chunks when the batch allows, as [`Geom::chunks`]), else parts of one image.
+    pub(super) fn patch_spans(&self) -> Vec<std::ops::Range<usize>> {
+        let rows = self.col_shape().0;
+        let per_image = self.out().iter().product::<usize>();
+        let span = (CHUNK_VALUES / rows.max(1)).max(1);
+        if per_image <= span {
+            let chunks = self.chunks();
+            return (0..chunks)
+                .map(|chunk| {
+                    let images = chunk_images(self.n, chunks, chunk);
+                    images.start * per_image..images.end * per_image
+                })
+                .collect();
+        }
+        let per_image_chunks = per_image.div_ceil(span);
+        (0..self.n * per_image_chunks)
+            .map(|chunk| {
+                let (n, first) = (chunk / per_image_chunks, (chunk % per_image_chunks) * span);
+                n * per_image + first..n * per_image + (first + span).min(per_image)
+            })
+            .collect()
     }
 }

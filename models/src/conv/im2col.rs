@@ -422,52 +422,77 @@ pub(super) fn chunk_columns<T: Float>(
     (images.start, width)
 }
 
-/// The patches of output positions `positions` (flat in one image's `S_out`) of image `n` of
-/// `x`: `[C, N, D, H, W]`, one row of `C·k_vol` values per position, `ld` values apart: the
-/// transposed columns of im2col. Every value is written once: a copy, or a zero in the padding.
+/// Positions per task when [`channels_last`] transposes an input on Candle's workers.
+const CHANNELS_LAST_POSITIONS: usize = 256;
+
+/// `x`: `[C, N, D, H, W]` as `[N, D, H, W, C]`, where [`im2row`] reads a window's row across
+/// every channel as one run (`x` itself for one channel).
+pub(super) fn channels_last<'a, T: Float>(g: &Geom, x: &'a [T]) -> Cow<'a, [T]> {
+    if g.c == 1 {
+        return Cow::Borrowed(x);
+    }
+    let positions = x.len() / g.c;
+    let mut out = vec![T::from_f64(0.0); x.len()];
+    for_each_chunk_mut(
+        &mut out,
+        CHANNELS_LAST_POSITIONS * g.c,
+        || (),
+        |_, block, dst| {
+            let first = block * CHANNELS_LAST_POSITIONS;
+            for c in 0..g.c {
+                let src = &x[c * positions + first..][..dst.len() / g.c];
+                for (d, &v) in dst[c..].iter_mut().step_by(g.c).zip(src) {
+                    *d = v;
+                }
+            }
+        },
+    );
+    Cow::Owned(out)
+}
+
+/// The patches of output positions `positions` (flat over the batch's `N·S_out`) of `x`:
+/// `[N, D, H, W, C]` ([`channels_last`]), one row of `k_vol·C` values per position, ordered
+/// kernel offset by kernel offset and channel by channel within one, `ld` values apart: the
+/// transposed columns of im2col with their rows reordered. A window's row across every channel
+/// is one run of `k_w·C` values. Every value is written once: a copy, or a zero in the padding.
 pub(super) fn im2row<T: Float>(
     g: &Geom,
     x: &[T],
-    n: usize,
     positions: std::ops::Range<usize>,
     (patches, ld): (&mut [T], usize),
 ) {
     let zero = T::from_f64(0.0);
-    let volume = g.size.iter().product::<usize>();
+    let channels = g.c;
+    let volume = g.size.iter().product::<usize>() * channels;
     let [depth, height, width] = g.size;
     let [_, h_out, w_out] = g.out();
+    let per_image = g.out().iter().product::<usize>();
     let [kd, kh, kw] = g.k;
     // The input index of kernel offset 0 along axis `a` for output `o` (below 0 in the padding).
     let start = |a: usize, o: usize| (o * g.stride[a]) as isize - g.pad[a] as isize;
     let inside = |i: isize, n: usize| usize::try_from(i).ok().filter(|&i| i < n);
-    // Per (kd, kh): the offset in a channel's volume of the input row a position's window
-    // reads there, or `None` in the padding; the same for every channel.
-    let mut rows_at = Vec::with_capacity(kd * kh);
-    for (p, patch) in positions.zip(patches.chunks_mut(ld)) {
+    for (q, patch) in positions.zip(patches.chunks_mut(ld)) {
+        let (n, p) = (q / per_image, q % per_image);
+        let image = &x[n * volume..][..volume];
         let at = [p / (h_out * w_out), (p / w_out) % h_out, p % w_out];
         let [d0, h0, w0]: [isize; 3] = std::array::from_fn(|a| start(a, at[a]));
         // The kernel columns `k` whose input column `w0 + k` lies inside the row.
         let first = usize::try_from(-w0).unwrap_or(0).min(kw);
         let end = (width as isize - w0).clamp(first as isize, kw as isize) as usize;
         let iw = (w0 + first as isize) as usize;
-        rows_at.clear();
-        rows_at.extend((0..kd * kh).map(|kdh| {
-            let id = inside(d0 + (kdh / kh) as isize, depth)?;
-            let ih = inside(h0 + (kdh % kh) as isize, height)?;
-            Some((id * height + ih) * width + iw)
-        }));
-        let patch = &mut patch[..g.c * kd * kh * kw];
-        for (c, channel) in patch.chunks_mut(kd * kh * kw).enumerate() {
-            let input = &x[(c * g.n + n) * volume..][..volume];
-            for (run, row) in channel.chunks_mut(kw).zip(&rows_at) {
-                let Some(row) = *row else {
-                    fill_run(run, zero);
-                    continue;
-                };
-                fill_run(&mut run[..first], zero);
-                copy_run(&mut run[first..end], &input[row..][..end - first]);
-                fill_run(&mut run[end..], zero);
-            }
+        let patch = &mut patch[..kd * kh * kw * channels];
+        for (kdh, run) in patch.chunks_mut(kw * channels).enumerate() {
+            let id = inside(d0 + (kdh / kh) as isize, depth);
+            let ih = inside(h0 + (kdh % kh) as isize, height);
+            let (Some(id), Some(ih)) = (id, ih) else {
+                fill_run(run, zero);
+                continue;
+            };
+            let row = ((id * height + ih) * width + iw) * channels;
+            let (values, after) = (first * channels, end * channels);
+            fill_run(&mut run[..values], zero);
+            copy_run(&mut run[values..after], &image[row..][..after - values]);
+            fill_run(&mut run[after..], zero);
         }
     }
 }

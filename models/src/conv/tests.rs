@@ -6,7 +6,7 @@ use super::backward::{
 };
 use super::forward::{conv_forward, im2col_forward_into};
 use super::geom::{balanced_chunks, chunk_images, CHUNK_VALUES};
-use super::im2col::{im2col_chunk, im2row, Copying, PhaseRows};
+use super::im2col::{channels_last, im2col_chunk, im2row, Copying, PhaseRows};
 use super::skinny::{skinny_forward_into, skinny_input_grad, skinny_weight_grad};
 use super::winograd::{Minimal, Winograd};
 use super::*;
@@ -727,8 +727,9 @@ fn the_three_weight_gradient_sums_agree() {
     }
 }
 
-/// Patch rows are the transposed columns, for strides, paddings and kernels of a stem (7³ at
-/// stride 2) and of other layers, in 2D and 3D, from a position inside the image on.
+/// Patch rows are the transposed columns, their rows taken kernel offset by kernel offset,
+/// for strides, paddings and kernels of a stem (7³ at stride 2) and of other layers, in 2D and
+/// 3D, from a position inside an image on across the next image's positions.
 #[test]
 fn im2row_is_im2col_transposed() {
     for (dims, k, stride, pad) in [
@@ -739,7 +740,7 @@ fn im2row_is_im2col_transposed() {
     ] {
         let g = Geom::new("test", &dims, k, stride, pad).unwrap();
         let (rows, cols) = g.col_shape();
-        let per_image = cols / g.n;
+        let kv = g.kernel_volume();
         let x = rand_values(80, &dims);
         let mut col = vec![f64::NAN; rows * cols];
         im2col_chunk(
@@ -749,18 +750,22 @@ fn im2row_is_im2col_transposed() {
             0,
             (&mut col, cols),
         );
-        let (n, first) = (1, per_image / 3);
-        let positions = first..per_image;
+        let positions = cols / g.n / 3..cols;
         let ld = rows + 5;
         let mut patches = vec![f64::NAN; positions.len() * ld];
-        im2row(&g, &x, n, positions.clone(), (&mut patches, ld));
-        for (j, p) in positions.enumerate() {
+        im2row(
+            &g,
+            &channels_last(&g, &x),
+            positions.clone(),
+            (&mut patches, ld),
+        );
+        for (j, q) in positions.enumerate() {
             for r in 0..rows {
-                let expected = col[r * cols + n * per_image + p];
+                let (c, offset) = (r / kv, r % kv);
                 assert_eq!(
-                    patches[j * ld + r],
-                    expected,
-                    "{dims:?} k {k}: position {p}, row {r}"
+                    patches[j * ld + offset * g.c + c],
+                    col[r * cols + q],
+                    "{dims:?} k {k}: position {q}, row {r}"
                 );
             }
         }
