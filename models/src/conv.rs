@@ -8,7 +8,9 @@
 //! `dW += dy·colᵀ`: the column matrix of the batch, 9–27× the input, is never stored, neither
 //! for the GEMM nor for the backward. The input gradient of a stride-1 convolution is the
 //! forward convolution of `dy` with the flipped kernel (one GEMM of depth `O·kᴿ`); with a
-//! stride it is `dx = col2im(Wᵀ·dy)`. A stride-1 3×3 (3×3×3) convolution of at least 16
+//! stride it is `dyᵀ·W` patch by patch, added back into a channels-last `dx` as runs across the
+//! channels. Where the weight gradient's sums are small it is taken over such patches too
+//! (`dW = dyᵀᵀ·patches`), else as `dW = dy·colᵀ` block by block of rows. A stride-1 3×3 (3×3×3) convolution of at least 16
 //! channels in and out, over at least 64 tiles, takes Winograd's minimal filtering instead
 //! (`winograd`): F(4×4, 3×3) on images, 4× fewer multiply-adds in its GEMMs (F(2×2, 3×3),
 //! 2.25×, on the smallest images), and F(2×2×2, 3×3×3) on volumes, 3.4×; for the forward, the

@@ -1,12 +1,14 @@
 //! The CPU gradients of the convolution op: the input gradient (the dual convolution's forward
-//! at stride 1, else col2im of `Wᵀ·dy`) and the weight gradient (Winograd's, or one of three
+//! at stride 1, else `dyᵀ·W` added back patch by patch) and the weight gradient (Winograd's, or one of three
 //! im2col sums), each summed in an order fixed by the shapes.
 
 use ssl_linalg::{for_each_chunk_mut, for_each_index};
 
 use super::forward::conv_forward_into;
 use super::geom::{chunk_images, Geom, CHUNK_VALUES};
-use super::im2col::{channels_last, chunk_columns, col2im_chunk, im2col_chunk, im2row, PhaseRows};
+use super::im2col::{
+    channels_first, channels_last, chunk_columns, im2col_chunk, im2row, row2im, PhaseRows,
+};
 use super::skinny::{skinny_input_grad, skinny_weight_grad};
 use super::winograd::Winograd;
 use super::Shared;
@@ -67,14 +69,12 @@ pub(super) fn input_grad<T: Float>(g: Geom, x_len: usize, w: &[T], dy: &[T], o: 
                 conv_forward_into(dual, dy, &flipped_transpose(w, o, g), dx)
             })
         },
-        None => {
+        None if g.skinny() => {
             let mut dx = vec![T::from_f64(0.0); x_len];
-            match g.skinny() {
-                true => skinny_input_grad(g, w, dy, &mut dx),
-                false => input_grad_scattered(g, w, dy, o, &mut dx),
-            }
+            skinny_input_grad(g, w, dy, &mut dx);
             dx
         }
+        None => input_grad_patches(g, x_len, w, dy, o),
     }
 }
 
@@ -82,7 +82,7 @@ impl Geom {
     /// For a stride-1 convolution with padding `p ≤ k − 1` on every axis, the input gradient is
     /// itself a stride-1 convolution of `dy`: `[O, N, *S_out]` with the kernel flipped on every
     /// axis and its channels swapped, at padding `k − 1 − p`; this is its geometry. (With a
-    /// stride, the gradient is a transposed convolution, which [`input_grad_scattered`] computes.)
+    /// stride, the gradient is a transposed convolution, which [`input_grad_patches`] computes.)
     pub(super) fn input_grad_geometry(&self, o: usize) -> Option<Geom> {
         let fits = (0..3).all(|a| self.stride[a] == 1 && self.pad[a] < self.k[a]);
         fits.then(|| Geom {
@@ -129,32 +129,61 @@ pub(super) fn flipped_transpose<T: Float>(w: &[T], o: usize, g: Geom) -> Vec<T> 
     unsafe { written_whole(w.len(), write) }
 }
 
-/// `dx += col2im(Wᵀ·dy)`, chunk by chunk of images on Candle's workers: the input gradient of
-/// any stride and padding, added into `dx`: `[C, N, D, H, W]`.
-pub(super) fn input_grad_scattered<T: Float>(g: Geom, w: &[T], dy: &[T], o: usize, dx: &mut [T]) {
+/// `dx`: `[C, N, D, H, W]` of any stride and padding through patches: chunk by chunk of whole
+/// images on Candle's workers, `dpatches = dy_chunkᵀ · W̃` (`[P, k_vol·C]`, `W̃` the kernel with
+/// its columns kernel offset by kernel offset, both operands in the `gemm` crate's packed
+/// order), each patch row added back into the chunk's images of a channels-last `dx` as runs
+/// of `k_w·C` values ([`row2im`]), and `dx` made channel-major once.
+pub(super) fn input_grad_patches<T: Float>(
+    g: Geom,
+    x_len: usize,
+    w: &[T],
+    dy: &[T],
+    o: usize,
+) -> Vec<T> {
     let (rows, cols) = g.col_shape();
+    let kv = g.kernel_volume();
     let per_image = g.out().iter().product::<usize>();
+    let volume = x_len / g.n.max(1);
+    let mut by_offset = vec![T::from_f64(0.0); w.len()];
+    for (dst, src) in by_offset.chunks_mut(rows).zip(w.chunks(rows)) {
+        for (c, taps) in src.chunks(kv).enumerate() {
+            for (k, &v) in taps.iter().enumerate() {
+                dst[k * g.c + c] = v;
+            }
+        }
+    }
+    let mut dx = vec![T::from_f64(0.0); x_len];
     let chunks = g.chunks();
     let dx_ptr = Shared(dx.as_mut_ptr());
-    for_each_index(chunks, <[Scratch<T>; 2]>::default, |[dcol, acc], chunk| {
-        let dx_ptr = &dx_ptr;
-        let images = chunk_images(g.n, chunks, chunk);
-        let (n0, count) = (images.start, images.len());
-        let width = count * per_image;
-        dcol.resize(rows * width);
-        // SAFETY: dcol is this task's own; dy and W are read in bounds; the chunk's images of
-        // dx are written by this task alone.
-        unsafe {
-            gemm_into(
-                (rows, width, o),
-                (dcol.as_mut_ptr(), width, 1),
-                (w.as_ptr(), 1, rows),
-                (dy[n0 * per_image..].as_ptr(), cols, 1),
-                false,
-            );
-            col2im_chunk(&g, dcol, (n0, count), acc, dx_ptr.0);
-        }
-    });
+    for_each_index(
+        chunks,
+        Scratch::default,
+        |dpatches: &mut Scratch<T>, chunk| {
+            let dx_ptr = &dx_ptr;
+            let images = chunk_images(g.n, chunks, chunk);
+            let positions = images.start * per_image..images.end * per_image;
+            dpatches.resize(positions.len() * rows);
+            // SAFETY: dpatches is this task's own; dy and W̃ are read in bounds; the chunk's images
+            // of dx are written by this task alone.
+            unsafe {
+                gemm_into(
+                    (positions.len(), rows, o),
+                    (dpatches.as_mut_ptr(), rows, 1),
+                    (dy[positions.start..].as_ptr(), 1, cols),
+                    (by_offset.as_ptr(), rows, 1),
+                    false,
+                );
+                let dx = std::slice::from_raw_parts_mut(
+                    dx_ptr.0.add(images.start * volume),
+                    images.len() * volume,
+                );
+                row2im(&g, (dpatches, rows), positions, dx);
+            }
+        },
+    );
+    // SAFETY: channels_first writes every value of the output.
+    unsafe { written_whole(x_len, |out| channels_first(&g, &dx, out)) }
 }
 
 /// `dW`: `[O, C·k_vol]` of [`conv_forward`], every value written without reading it first: a

@@ -4,9 +4,10 @@
 
 use std::borrow::Cow;
 
-use ssl_linalg::for_each_chunk_mut;
+use ssl_linalg::{for_each_chunk_mut, for_each_index};
 
 use super::geom::{chunk_images, Geom};
+use super::Shared;
 use crate::util::{Float, Scratch};
 
 /// Into `runs`, for every output row `(od, oh)` readable at kernel offsets `(kd, kh)`, its
@@ -493,6 +494,79 @@ pub(super) fn im2row<T: Float>(
             fill_run(&mut run[..values], zero);
             copy_run(&mut run[values..after], &image[row..][..after - values]);
             fill_run(&mut run[after..], zero);
+        }
+    }
+}
+
+/// `x`: `[N, D, H, W, C]` back to `[C, N, D, H, W]` ([`channels_last`]'s inverse) into `out`,
+/// every value of which it writes.
+pub(super) fn channels_first<T: Float>(g: &Geom, x: &[T], out: &mut [T]) {
+    if g.c == 1 {
+        return out.copy_from_slice(x);
+    }
+    let positions = x.len() / g.c;
+    let blocks = positions.div_ceil(CHANNELS_LAST_POSITIONS);
+    let dst = Shared(out.as_mut_ptr());
+    for_each_index(
+        blocks,
+        || (),
+        |_, block| {
+            let dst = &dst;
+            let first = block * CHANNELS_LAST_POSITIONS;
+            let count = CHANNELS_LAST_POSITIONS.min(positions - first);
+            let src = &x[first * g.c..][..count * g.c];
+            for c in 0..g.c {
+                // SAFETY: positions `first..first + count` of channel `c` belong to this block.
+                let row = unsafe {
+                    std::slice::from_raw_parts_mut(dst.0.add(c * positions + first), count)
+                };
+                for (d, &v) in row.iter_mut().zip(src[c..].iter().step_by(g.c)) {
+                    *d = v;
+                }
+            }
+        },
+    );
+}
+
+/// Adds the patch rows `patches` (`[P, k_vol·C]` as [`im2row`] makes them, `ld` values apart)
+/// of positions `positions` (flat over the batch's `N·S_out`) back into `dx`: the
+/// channels-last volumes of the images those positions lie in, from the first one's on. Each
+/// window's row across every channel is added as one run of `k_w·C` values.
+pub(super) fn row2im<T: Float>(
+    g: &Geom,
+    (patches, ld): (&[T], usize),
+    positions: std::ops::Range<usize>,
+    dx: &mut [T],
+) {
+    let channels = g.c;
+    let volume = g.size.iter().product::<usize>() * channels;
+    let [depth, height, width] = g.size;
+    let [_, h_out, w_out] = g.out();
+    let per_image = g.out().iter().product::<usize>();
+    let [kd, kh, kw] = g.k;
+    let first_image = positions.start / per_image;
+    let start = |a: usize, o: usize| (o * g.stride[a]) as isize - g.pad[a] as isize;
+    let inside = |i: isize, n: usize| usize::try_from(i).ok().filter(|&i| i < n);
+    for (q, patch) in positions.zip(patches.chunks(ld)) {
+        let (n, p) = (q / per_image, q % per_image);
+        let image = &mut dx[(n - first_image) * volume..][..volume];
+        let at = [p / (h_out * w_out), (p / w_out) % h_out, p % w_out];
+        let [d0, h0, w0]: [isize; 3] = std::array::from_fn(|a| start(a, at[a]));
+        let first = usize::try_from(-w0).unwrap_or(0).min(kw);
+        let end = (width as isize - w0).clamp(first as isize, kw as isize) as usize;
+        let iw = (w0 + first as isize) as usize;
+        let patch = &patch[..kd * kh * kw * channels];
+        for (kdh, run) in patch.chunks(kw * channels).enumerate() {
+            let id = inside(d0 + (kdh / kh) as isize, depth);
+            let ih = inside(h0 + (kdh % kh) as isize, height);
+            let (Some(id), Some(ih)) = (id, ih) else {
+                continue;
+            };
+            let row = ((id * height + ih) * width + iw) * channels;
+            let values = &run[first * channels..end * channels];
+            for (d, &v) in image[row..][..values.len()].iter_mut().zip(values) {
+                *d += v;
+            }
         }
     }
 }

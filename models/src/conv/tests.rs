@@ -1,7 +1,7 @@
 use candle_core::{Device, Var};
 
 use super::backward::{
-    flipped_transpose, im2col_weight_grad, input_grad_scattered, patch_weight_grad,
+    flipped_transpose, im2col_weight_grad, input_grad_patches, patch_weight_grad,
     row_block_weight_grad, stem_weight_grad, WEIGHT_GRAD_BLOCKS, WEIGHT_GRAD_GROUPS,
 };
 use super::forward::{conv_forward, im2col_forward_into};
@@ -364,7 +364,7 @@ fn im2col_overwrites_a_reused_buffer() {
 /// A stride-1 input gradient computed as the convolution of `dy` with the flipped, transposed
 /// kernel equals the scattered `col2im(Wᵀ·dy)` it replaces, for every padding it is used at.
 #[test]
-fn the_input_gradient_as_a_convolution_equals_col2im() {
+fn the_input_gradient_as_a_convolution_equals_the_patch_form() {
     for (k, pad) in [(3, 0), (3, 1), (3, 2), (2, 0), (2, 1), (7, 3)] {
         let x = rand_tensor(21, &[2, 3, 4, 5, 9], DType::F64);
         let g = Geom::new("test", x.dims(), k, 1, pad).unwrap();
@@ -376,18 +376,20 @@ fn the_input_gradient_as_a_convolution_equals_col2im() {
             .input_grad_geometry(o)
             .expect("stride 1, padding below the kernel");
         let as_convolution = conv_forward(dual, &dy, &flipped_transpose(&w, o, g), g.c);
-        let mut scattered = vec![0.0; as_convolution.len()];
-        input_grad_scattered(g, &w, &dy, o, &mut scattered);
+        let through_patches = input_grad_patches(g, x.elem_count(), &w, &dy, o);
         let d = as_convolution
             .iter()
-            .zip(&scattered)
+            .zip(&through_patches)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f64::max);
-        assert_eq!(as_convolution.len(), scattered.len());
+        assert_eq!(as_convolution.len(), through_patches.len());
         assert!(d < 1e-12, "k {k} p {pad}: diff {d}");
     }
     let g = Geom::new("test", &[2, 3, 5, 5], 3, 2, 1).unwrap();
-    assert!(g.input_grad_geometry(4).is_none(), "a stride needs col2im");
+    assert!(
+        g.input_grad_geometry(4).is_none(),
+        "a stride needs the patch form"
+    );
 }
 
 /// An input that tracks no gradient (the images entering the stem) gets none, and the weight
@@ -529,8 +531,7 @@ fn winograd_equals_im2col_forward_and_gradients() {
         im2col_forward_into(g, &x, &w, &mut plain_y);
         let mut plain_dw = vec![0.0; w.len()];
         im2col_weight_grad(g, &x, &dy, &mut plain_dw);
-        let mut plain_dx = vec![0.0; x.len()];
-        input_grad_scattered(g, &w, &dy, o, &mut plain_dx);
+        let plain_dx = input_grad_patches(g, x.len(), &w, &dy, o);
         for winograd in variants {
             let name = format!("{winograd:?}");
             taken[matches!(winograd, Winograd::F23(_)) as usize][dims.len() - 4] += 1;
@@ -889,9 +890,9 @@ fn skinny_products_equal_the_chunked_ones() {
         im2col_forward_into(g, &x, &w, &mut chunked);
         assert!(max_diff(&skinny, &chunked) < 1e-12, "forward {case}");
 
-        let (mut skinny, mut chunked) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+        let mut skinny = vec![0.0; x.len()];
         skinny_input_grad(g, &w, &dy, &mut skinny);
-        input_grad_scattered(g, &w, &dy, o, &mut chunked);
+        let chunked = input_grad_patches(g, x.len(), &w, &dy, o);
         assert!(max_diff(&skinny, &chunked) < 1e-12, "input gradient {case}");
 
         let (mut skinny, mut chunked) = (vec![f64::NAN; o * rows], vec![f64::NAN; o * rows]);
