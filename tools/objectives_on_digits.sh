@@ -25,6 +25,6 @@ p = r["phases"]
 train = sum(p[k] for k in ("data_wait", "forward", "loss", "backward", "optimiser"))
 print(round(train, 2), round(r["rows"][-1]["metrics"]["knn_accuracy"], 3))
 EOF
-  )
+  ) || true  # a refused run has no results.json: `read` meets EOF, which must not end the pass
   printf '%s %s %.1f %s %s\n' "$objective" "$status" "$wall" "${train:--}" "${knn:--}"
 done
