@@ -239,7 +239,7 @@ fn row_taps(g: &Geom, row: usize, taps: &mut Vec<u32>) {
 
 /// [`im2col_chunk`] as [`Copying::Gather`]: each row's taps found once, then read for every
 /// image, a padding tap as zero.
-pub(super) fn im2col_gather<T: Float>(
+fn im2col_gather<T: Float>(
     g: &Geom,
     x: &[T],
     (n0, nb): (usize, usize),
@@ -265,7 +265,7 @@ pub(super) fn im2col_gather<T: Float>(
 
 /// [`im2col_chunk`] as [`Copying::Runs`]: a row's runs of output positions along the width
 /// copied a run at a time, the padding around them zeroed.
-pub(super) fn im2col_runs<T: Float>(
+fn im2col_runs<T: Float>(
     g: &Geom,
     x: &[T],
     (n0, nb): (usize, usize),
