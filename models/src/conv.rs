@@ -10,8 +10,9 @@
 //! forward convolution of `dy` with the flipped kernel (one GEMM of depth `O·kᴿ`); with a
 //! stride it is `dyᵀ·W` patch by patch, added back into a channels-last `dx` as runs across the
 //! channels. Where the weight gradient's sums are small it is taken over such patches too
-//! (`dW = dyᵀᵀ·patches`), else as `dW = dy·colᵀ` block by block of rows. A stride-1 3×3 (3×3×3) convolution of at least 16
-//! channels in and out, over at least 64 tiles, takes Winograd's minimal filtering instead
+//! (`dW = dyᵀᵀ·patches`), else as `dW = dy·colᵀ` block by block of rows. A stride-1 3×3
+//! (3×3×3) convolution of at least 16 channels in and out, over at least 64 tiles, takes
+//! Winograd's minimal filtering instead
 //! (`winograd`): F(4×4, 3×3) on images, 4× fewer multiply-adds in its GEMMs (F(2×2, 3×3),
 //! 2.25×, on the smallest images), and F(2×2×2, 3×3×3) on volumes, 3.4×; for the forward, the
 //! dual convolution of the input gradient and the weight gradient alike. A 2D convolution is

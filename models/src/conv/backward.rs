@@ -1,6 +1,6 @@
 //! The CPU gradients of the convolution op: the input gradient (the dual convolution's forward
-//! at stride 1, else `dyᵀ·W` added back patch by patch) and the weight gradient (Winograd's, or one of three
-//! im2col sums), each summed in an order fixed by the shapes.
+//! at stride 1, else `dyᵀ·W` added back patch by patch) and the weight gradient (Winograd's, or
+//! one of three im2col sums), each summed in an order fixed by the shapes.
 
 use ssl_linalg::{for_each_chunk_mut, for_each_index};
 
@@ -146,13 +146,7 @@ pub(super) fn input_grad_patches<T: Float>(
     let per_image = g.out().iter().product::<usize>();
     let volume = x_len / g.n.max(1);
     let mut by_offset = vec![T::from_f64(0.0); w.len()];
-    for (dst, src) in by_offset.chunks_mut(rows).zip(w.chunks(rows)) {
-        for (c, taps) in src.chunks(kv).enumerate() {
-            for (k, &v) in taps.iter().enumerate() {
-                dst[k * g.c + c] = v;
-            }
-        }
-    }
+    transpose_blocks(w, (g.c, kv), &mut by_offset);
     let mut dx = vec![T::from_f64(0.0); x_len];
     let chunks = g.chunks();
     let dx_ptr = Shared(dx.as_mut_ptr());
@@ -351,11 +345,16 @@ pub(super) fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &m
             *s += *p;
         }
     }
-    let kv = g.kernel_volume();
-    for (dw, sum) in dw_out.chunks_mut(rows).zip(sum.chunks(rows)) {
-        for (k, taps) in sum.chunks(g.c).enumerate() {
-            for (c, &v) in taps.iter().enumerate() {
-                dw[c * kv + k] = v;
+    transpose_blocks(&sum, (g.kernel_volume(), g.c), dw_out);
+}
+
+/// Every `[a, b]` block of `src` (one kernel's columns: channel by channel, or kernel offset by
+/// kernel offset) written transposed, `[b, a]`, into the same place of `dst`.
+fn transpose_blocks<T: Float>(src: &[T], (a, b): (usize, usize), dst: &mut [T]) {
+    for (dst, src) in dst.chunks_mut(a * b).zip(src.chunks(a * b)) {
+        for (i, line) in src.chunks(b).enumerate() {
+            for (j, &v) in line.iter().enumerate() {
+                dst[j * a + i] = v;
             }
         }
     }

@@ -451,6 +451,55 @@ pub(super) fn channels_last<'a, T: Float>(g: &Geom, x: &'a [T]) -> Cow<'a, [T]> 
     Cow::Owned(out)
 }
 
+/// The window of output position `p` (flat in one image's `S_out`) on a channels-last image:
+/// which of its kernel columns lie inside the input's width, and where each of its rows starts.
+struct Window<'a> {
+    g: &'a Geom,
+    /// Kernel columns `first..end` read inside the row; the rest lie in the padding.
+    first: usize,
+    end: usize,
+    /// The input indices of kernel offset 0 along depth and height (below 0 in the padding),
+    /// and the first column read inside the row.
+    d0: isize,
+    h0: isize,
+    iw: usize,
+}
+
+impl<'a> Window<'a> {
+    fn of(g: &'a Geom, p: usize) -> Self {
+        let width = g.size[2];
+        let [_, h_out, w_out] = g.out();
+        let kw = g.k[2];
+        let at = [p / (h_out * w_out), (p / w_out) % h_out, p % w_out];
+        let [d0, h0, w0]: [isize; 3] =
+            std::array::from_fn(|a| (at[a] * g.stride[a]) as isize - g.pad[a] as isize);
+        let first = usize::try_from(-w0).unwrap_or(0).min(kw);
+        let end = (width as isize - w0).clamp(first as isize, kw as isize) as usize;
+        let iw = (w0 + first as isize) as usize;
+        Self {
+            g,
+            first,
+            end,
+            d0,
+            h0,
+            iw,
+        }
+    }
+
+    /// Per kernel row `(kd, kh)` in order: the offset in the image of its first value read, or
+    /// `None` where the row lies in the padding.
+    fn rows(&self) -> impl Iterator<Item = Option<usize>> + '_ {
+        let [depth, height, width] = self.g.size;
+        let [kd, kh, _] = self.g.k;
+        let inside = |i: isize, n: usize| usize::try_from(i).ok().filter(|&i| i < n);
+        (0..kd * kh).map(move |kdh| {
+            let id = inside(self.d0 + (kdh / kh) as isize, depth)?;
+            let ih = inside(self.h0 + (kdh % kh) as isize, height)?;
+            Some(((id * height + ih) * width + self.iw) * self.g.c)
+        })
+    }
+}
+
 /// The patches of output positions `positions` (flat over the batch's `N·S_out`) of `x`:
 /// `[N, D, H, W, C]` ([`channels_last`]), one row of `k_vol·C` values per position, ordered
 /// kernel offset by kernel offset and channel by channel within one, `ld` values apart: the
@@ -465,32 +514,18 @@ pub(super) fn im2row<T: Float>(
     let zero = T::from_f64(0.0);
     let channels = g.c;
     let volume = g.size.iter().product::<usize>() * channels;
-    let [depth, height, width] = g.size;
-    let [_, h_out, w_out] = g.out();
     let per_image = g.out().iter().product::<usize>();
     let [kd, kh, kw] = g.k;
-    // The input index of kernel offset 0 along axis `a` for output `o` (below 0 in the padding).
-    let start = |a: usize, o: usize| (o * g.stride[a]) as isize - g.pad[a] as isize;
-    let inside = |i: isize, n: usize| usize::try_from(i).ok().filter(|&i| i < n);
     for (q, patch) in positions.zip(patches.chunks_mut(ld)) {
-        let (n, p) = (q / per_image, q % per_image);
-        let image = &x[n * volume..][..volume];
-        let at = [p / (h_out * w_out), (p / w_out) % h_out, p % w_out];
-        let [d0, h0, w0]: [isize; 3] = std::array::from_fn(|a| start(a, at[a]));
-        // The kernel columns `k` whose input column `w0 + k` lies inside the row.
-        let first = usize::try_from(-w0).unwrap_or(0).min(kw);
-        let end = (width as isize - w0).clamp(first as isize, kw as isize) as usize;
-        let iw = (w0 + first as isize) as usize;
+        let image = &x[q / per_image * volume..][..volume];
+        let window = Window::of(g, q % per_image);
+        let (values, after) = (window.first * channels, window.end * channels);
         let patch = &mut patch[..kd * kh * kw * channels];
-        for (kdh, run) in patch.chunks_mut(kw * channels).enumerate() {
-            let id = inside(d0 + (kdh / kh) as isize, depth);
-            let ih = inside(h0 + (kdh % kh) as isize, height);
-            let (Some(id), Some(ih)) = (id, ih) else {
+        for (run, row) in patch.chunks_mut(kw * channels).zip(window.rows()) {
+            let Some(row) = row else {
                 fill_run(run, zero);
                 continue;
             };
-            let row = ((id * height + ih) * width + iw) * channels;
-            let (values, after) = (first * channels, end * channels);
             fill_run(&mut run[..values], zero);
             copy_run(&mut run[values..after], &image[row..][..after - values]);
             fill_run(&mut run[after..], zero);
@@ -540,30 +575,18 @@ pub(super) fn row2im<T: Float>(
 ) {
     let channels = g.c;
     let volume = g.size.iter().product::<usize>() * channels;
-    let [depth, height, width] = g.size;
-    let [_, h_out, w_out] = g.out();
     let per_image = g.out().iter().product::<usize>();
     let [kd, kh, kw] = g.k;
     let first_image = positions.start / per_image;
-    let start = |a: usize, o: usize| (o * g.stride[a]) as isize - g.pad[a] as isize;
-    let inside = |i: isize, n: usize| usize::try_from(i).ok().filter(|&i| i < n);
     for (q, patch) in positions.zip(patches.chunks(ld)) {
-        let (n, p) = (q / per_image, q % per_image);
-        let image = &mut dx[(n - first_image) * volume..][..volume];
-        let at = [p / (h_out * w_out), (p / w_out) % h_out, p % w_out];
-        let [d0, h0, w0]: [isize; 3] = std::array::from_fn(|a| start(a, at[a]));
-        let first = usize::try_from(-w0).unwrap_or(0).min(kw);
-        let end = (width as isize - w0).clamp(first as isize, kw as isize) as usize;
-        let iw = (w0 + first as isize) as usize;
+        let image = &mut dx[(q / per_image - first_image) * volume..][..volume];
+        let window = Window::of(g, q % per_image);
         let patch = &patch[..kd * kh * kw * channels];
-        for (kdh, run) in patch.chunks(kw * channels).enumerate() {
-            let id = inside(d0 + (kdh / kh) as isize, depth);
-            let ih = inside(h0 + (kdh % kh) as isize, height);
-            let (Some(id), Some(ih)) = (id, ih) else {
+        for (run, row) in patch.chunks(kw * channels).zip(window.rows()) {
+            let Some(row) = row else {
                 continue;
             };
-            let row = ((id * height + ih) * width + iw) * channels;
-            let values = &run[first * channels..end * channels];
+            let values = &run[window.first * channels..window.end * channels];
             for (d, &v) in image[row..][..values.len()].iter_mut().zip(values) {
                 *d += v;
             }

@@ -148,27 +148,23 @@ pub fn epps_pulley_views(
     if !fused {
         return epps_pulley_composed(x, quadrature, collective);
     }
-    let (v, n, m) = x.dims3()?;
     let x = x.contiguous()?;
     let (value, gradient) = match x.dtype() {
-        DType::F32 => {
-            let (value, gradient) =
-                fused_sweeps(&x.flatten_all()?.to_vec1::<f32>()?, (v, n, m), quadrature);
-            (
-                Tensor::from_vec(value, (v, m), x.device())?,
-                Tensor::from_vec(gradient, (v, n, m), x.device())?,
-            )
-        }
-        _ => {
-            let (value, gradient) =
-                fused_sweeps(&x.flatten_all()?.to_vec1::<f64>()?, (v, n, m), quadrature);
-            (
-                Tensor::from_vec(value, (v, m), x.device())?,
-                Tensor::from_vec(gradient, (v, n, m), x.device())?,
-            )
-        }
+        DType::F32 => fused_tensors::<f32>(&x, quadrature)?,
+        _ => fused_tensors::<f64>(&x, quadrature)?,
     };
     attach(&x, &gradient, value)
+}
+
+/// [`fused_sweeps`] of `x`: `[V, N, M]`, contiguous, of dtype `T`, as tensors beside it.
+fn fused_tensors<T: Trig>(x: &Tensor, quadrature: &Quadrature) -> Result<(Tensor, Tensor)> {
+    let (v, n, m) = x.dims3()?;
+    let values = x.flatten_all()?.to_vec1::<T>()?;
+    let (value, gradient) = fused_sweeps(&values, (v, n, m), quadrature);
+    Ok((
+        Tensor::from_vec(value, (v, m), x.device())?,
+        Tensor::from_vec(gradient, (v, n, m), x.device())?,
+    ))
 }
 
 /// `value`, carrying `∂/∂x = gradient` through a linear surrogate (exact to first order, which is
