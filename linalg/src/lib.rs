@@ -38,6 +38,7 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 
+pub mod bf16_gemm;
 pub mod cholesky;
 pub mod columns;
 pub mod fast_math;
@@ -47,11 +48,12 @@ pub mod norm;
 pub mod parallel;
 pub mod spectral;
 
+pub use bf16_gemm::Precision;
 pub use columns::{centre_and_scale_columns, mean_of_views, ColumnScale};
 pub use fast_math::exp_f32;
 pub use gram::{gram, gram_of_columns};
 pub use norm::{l2_norm_keepdim, l2_normalize, logsumexp_rows, normalize_columns, normalize_rows};
 pub use parallel::{
     extend_by_chunks, for_each_chunk_mut, for_each_index, gram_blocks, map_chunks_mut, matmul,
-    matmul_detached, matmul_rows, matmul_strided, matmul_strided_uninit,
+    matmul_detached, matmul_in, matmul_rows, matmul_strided, matmul_strided_uninit,
 };

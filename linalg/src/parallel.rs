@@ -7,6 +7,7 @@
 
 use std::mem::MaybeUninit;
 
+use crate::bf16_gemm::{gemm_in, Precision};
 use candle_core::utils::{barrier_pool, in_barrier_pool};
 use candle_core::{
     bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor, WithDType,
@@ -126,7 +127,14 @@ pub fn matmul_rows<T: WithDType>(
     (m, n, k): (usize, usize, usize),
     dst: &mut [T],
 ) -> Result<()> {
-    matmul_strided((a, (k, 1)), (b, b_strides), (m, n, k), dst, false)
+    matmul_strided(
+        Precision::F32,
+        (a, (k, 1)),
+        (b, b_strides),
+        (m, n, k),
+        dst,
+        false,
+    )
 }
 
 /// The element count a `[rows, cols]` matrix at `(row_stride, col_stride)` spans.
@@ -169,7 +177,10 @@ fn depth_parts(m: usize, n: usize, k: usize) -> usize {
 /// most of its work beyond the multiply-adds. Such a product is instead split along its depth
 /// (`depth_parts`): each part multiplies its own rows of both operands into a partial
 /// `[m, n]`, nothing is packed twice, and the partials are added in part order.
+///
+/// Under [`Precision::Bf16`] f32 operands are multiplied as [`gemm_bf16`](crate::bf16_gemm::gemm_bf16) multiplies them.
 pub fn matmul_strided<T: WithDType>(
+    precision: Precision,
     a: (&[T], (usize, usize)),
     b: (&[T], (usize, usize)),
     dims: (usize, usize, usize),
@@ -177,12 +188,22 @@ pub fn matmul_strided<T: WithDType>(
     accumulate: bool,
 ) -> Result<()> {
     // SAFETY: `dst` is initialised, and it is checked to hold the product's `m · n` values.
-    unsafe { matmul_raw(a, b, dims, (dst.as_mut_ptr(), dst.len()), accumulate) }
+    unsafe {
+        matmul_raw(
+            precision,
+            a,
+            b,
+            dims,
+            (dst.as_mut_ptr(), dst.len()),
+            accumulate,
+        )
+    }
 }
 
 /// [`matmul_strided`]'s `dst = A B` into uninitialised memory (a fresh gradient buffer), every
 /// value written: the `gemm` crate reads no output it is told not to accumulate into.
 pub fn matmul_strided_uninit<T: WithDType>(
+    precision: Precision,
     a: (&[T], (usize, usize)),
     b: (&[T], (usize, usize)),
     dims: (usize, usize, usize),
@@ -190,7 +211,16 @@ pub fn matmul_strided_uninit<T: WithDType>(
 ) -> Result<()> {
     // SAFETY: `dst` is checked to hold the product's `m · n` values, each written before any
     // is read (the depth split adds its partials into values its first part wrote).
-    unsafe { matmul_raw(a, b, dims, (dst.as_mut_ptr().cast(), dst.len()), false) }
+    unsafe {
+        matmul_raw(
+            precision,
+            a,
+            b,
+            dims,
+            (dst.as_mut_ptr().cast(), dst.len()),
+            false,
+        )
+    }
 }
 
 /// [`matmul_strided`] for `dst`: `(pointer, length)`.
@@ -198,6 +228,7 @@ pub fn matmul_strided_uninit<T: WithDType>(
 /// # Safety
 /// `dst` is valid for writes of `length` values, and for reads too where `accumulate`.
 unsafe fn matmul_raw<T: WithDType>(
+    precision: Precision,
     (a, a_strides): (&[T], (usize, usize)),
     (b, b_strides): (&[T], (usize, usize)),
     (m, n, k): (usize, usize, usize),
@@ -265,26 +296,13 @@ unsafe fn matmul_raw<T: WithDType>(
             // SAFETY: the block's rows or columns of `a`, `b` and `dst` (or its partial) lie in
             // the bounds checked above, and no two tasks write the same entries.
             unsafe {
-                gemm::gemm(
-                    rows,
-                    cols,
-                    depth_end - depth_start,
-                    out.add(dst_offset),
-                    1,
-                    n as isize,
+                gemm_in(
+                    precision,
+                    (rows, cols, depth_end - depth_start),
+                    (out.add(dst_offset), n, 1),
+                    (a.as_ptr().add(a_offset), a_strides.0, a_strides.1),
+                    (b.as_ptr().add(b_offset), b_strides.0, b_strides.1),
                     accumulate && part == 0,
-                    a.as_ptr().add(a_offset),
-                    a_strides.1 as isize,
-                    a_strides.0 as isize,
-                    b.as_ptr().add(b_offset),
-                    b_strides.1 as isize,
-                    b_strides.0 as isize,
-                    T::one(),
-                    T::one(),
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
                 )
             }
         }
@@ -380,17 +398,24 @@ pub fn matmul_detached(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// and the two gradients) as [`matmul_rows`] on Candle's CPU workers; other devices and dtypes
 /// use Candle's matmul. `b` is read through its strides (a transposed view costs no copy).
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    matmul_in(Precision::F32, a, b)
+}
+
+/// [`matmul`] with its three products in `precision`: under [`Precision::Bf16`] f32 operands
+/// are rounded to bf16 as the products pack them ([`gemm_bf16`](crate::bf16_gemm::gemm_bf16)), gradients included, and
+/// other dtypes and devices multiply as [`matmul`] does.
+pub fn matmul_in(precision: Precision, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (_, k) = a.dims2()?;
     let (kb, _) = b.dims2()?;
     let cpu = a.device().is_cpu() && b.device().is_cpu();
     if k != kb || !cpu || a.dtype() != b.dtype() || !matches!(a.dtype(), DType::F32 | DType::F64) {
         return a.matmul(b);
     }
-    a.contiguous()?.apply_op2(b, Matmul)
+    a.contiguous()?.apply_op2(b, Matmul(precision))
 }
 
-/// Row-major `A` and strided `B` of [`matmul`].
-struct Matmul;
+/// Row-major `A` and strided `B` of [`matmul_in`], in its precision.
+struct Matmul(Precision);
 
 impl CustomOp2 for Matmul {
     fn name(&self) -> &'static str {
@@ -408,22 +433,25 @@ impl CustomOp2 for Matmul {
         let (_, n) = b_layout.shape().dims2()?;
         let (b_rs, b_cs) = (b_layout.stride()[0], b_layout.stride()[1]);
         fn run<T: WithDType>(
+            precision: Precision,
             a: &[T],
             b: &[T],
             strides: (usize, usize),
             dims: (usize, usize, usize),
         ) -> Result<Vec<T>> {
             let mut out = vec![T::zero(); dims.0 * dims.1];
-            matmul_rows(a, b, strides, dims, &mut out)?;
+            let k = dims.2;
+            matmul_strided(precision, (a, (k, 1)), (b, strides), dims, &mut out, false)?;
             Ok(out)
         }
+        let precision = self.0;
         let (a0, b0) = (a_layout.start_offset(), b_layout.start_offset());
         let out = match (a, b) {
             (CpuStorage::F32(a), CpuStorage::F32(b)) => {
-                CpuStorage::F32(run(&a[a0..], &b[b0..], (b_rs, b_cs), (m, n, k))?)
+                CpuStorage::F32(run(precision, &a[a0..], &b[b0..], (b_rs, b_cs), (m, n, k))?)
             }
             (CpuStorage::F64(a), CpuStorage::F64(b)) => {
-                CpuStorage::F64(run(&a[a0..], &b[b0..], (b_rs, b_cs), (m, n, k))?)
+                CpuStorage::F64(run(precision, &a[a0..], &b[b0..], (b_rs, b_cs), (m, n, k))?)
             }
             _ => bail!("ssl-matmul supports f32 and f64 operands of one dtype"),
         };
@@ -441,11 +469,11 @@ impl CustomOp2 for Matmul {
         // for an operand that takes part in autograd (not for ViT's image patches, say).
         let grad = grad.contiguous()?;
         let grad_a = match a.track_op() {
-            true => Some(matmul(&grad, &b.t()?)?.detach()),
+            true => Some(matmul_in(self.0, &grad, &b.t()?)?.detach()),
             false => None,
         };
         let grad_b = match b.track_op() {
-            true => Some(matmul(&a.t()?.contiguous()?, &grad)?.detach()),
+            true => Some(matmul_in(self.0, &a.t()?.contiguous()?, &grad)?.detach()),
             false => None,
         };
         Ok((grad_a, grad_b))
@@ -568,6 +596,7 @@ mod tests {
             for (accumulate, start) in [(false, vec![f64::NAN; m * n]), (true, c_host.clone())] {
                 let mut out = start;
                 matmul_strided(
+                    Precision::F32,
                     (&a_host, (k, 1)),
                     (&bt_host, (1, k)),
                     (m, n, k),

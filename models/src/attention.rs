@@ -17,8 +17,10 @@
 //! `dV = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dQ = dS K / √d`,
 //! `dK = dSᵀ Q / √d`.
 //!
-//! Other devices, dtypes and bf16 autocast take the composed path, whose gradients the tests
-//! compare with the fused op's; on CUDA (feature `cuda`) its softmax is our kernel
+//! Under bf16 autocast every product of the op rounds its operands as its GEMM packs them
+//! (`q`, `k`, `P`, `v` and, in the backward, `dO` and `dS`), as autocast's bf16 products do.
+//! Other devices and dtypes take the composed path, whose gradients the tests compare with the
+//! fused op's; on CUDA (feature `cuda`) its softmax is our kernel
 //! ([`softmax_last_dim`]).
 
 use std::sync::Mutex;
@@ -41,13 +43,16 @@ pub fn multi_head_attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {
             "attention needs a packed q/k/v width divisible by 3 × {heads} heads, got {width}"
         );
     }
-    let fused = fused_kernels(qkv.device())
-        && matches!(qkv.dtype(), DType::F32 | DType::F64)
-        && precision() == Precision::F32;
+    let fused = fused_kernels(qkv.device()) && matches!(qkv.dtype(), DType::F32 | DType::F64);
     let dims = (n, t, width / 3);
     if fused {
         let weights = qkv.track_op().then(Default::default);
-        qkv.contiguous()?.apply_op1(Attention { heads, weights })
+        let precision = precision();
+        qkv.contiguous()?.apply_op1(Attention {
+            heads,
+            weights,
+            precision,
+        })
     } else if cuda_ops(qkv.device()) && qkv.track_op() {
         keeping_weights(qkv, heads, dims)
     } else {
@@ -239,16 +244,19 @@ struct Heads {
     t: usize,
     d: usize,
     heads: usize,
+    /// Precision of the pair's products.
+    precision: Precision,
 }
 
 impl Heads {
-    fn from_layout(l: &Layout, heads: usize) -> Result<Self> {
+    fn from_layout(l: &Layout, heads: usize, precision: Precision) -> Result<Self> {
         let (n, t, width) = l.shape().dims3()?;
         Ok(Self {
             n,
             t,
             d: width / 3,
             heads,
+            precision,
         })
     }
 
@@ -280,6 +288,7 @@ fn attention_weights<T: Float>(h: Heads, qkv: &[T], pair: usize, p: &mut [T]) {
     // SAFETY: q and k of the pair lie inside `qkv` at row stride 3·D; `p` holds T·T values.
     unsafe {
         gemm_into(
+            h.precision,
             (t, t, h.head_dim()),
             (p.as_mut_ptr(), t, 1),
             (qkv[h.packed(pair, 0)..].as_ptr(), row, 1),
@@ -341,6 +350,7 @@ fn attention_forward<T: Float>(h: Heads, qkv: &[T], keep: bool) -> (Vec<T>, Opti
             // not yet initialised: the product writes them without reading) are its own.
             unsafe {
                 gemm_into(
+                    h.precision,
                     (t, h.head_dim(), t),
                     (dst.0.add(h.merged(pair)), h.d, 1),
                     (p.as_ptr(), t, 1),
@@ -387,6 +397,7 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T], kept: Option<&
             unsafe {
                 // dV = Pᵀ dO, dP = dO Vᵀ
                 gemm_into(
+                    h.precision,
                     (t, hd, t),
                     (dst.0.add(h.packed(pair, 2)), row, 1),
                     (p.as_ptr(), 1, t),
@@ -394,6 +405,7 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T], kept: Option<&
                     false,
                 );
                 gemm_into(
+                    h.precision,
                     (t, t, hd),
                     (dp.as_mut_ptr(), t, 1),
                     (d_o, h.d, 1),
@@ -419,6 +431,7 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T], kept: Option<&
             unsafe {
                 // dQ = dS K / √d, dK = dSᵀ Q / √d
                 gemm_into(
+                    h.precision,
                     (t, hd, t),
                     (dst.0.add(h.packed(pair, 0)), row, 1),
                     (dp.as_ptr(), t, 1),
@@ -426,6 +439,7 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T], kept: Option<&
                     false,
                 );
                 gemm_into(
+                    h.precision,
                     (t, hd, t),
                     (dst.0.add(h.packed(pair, 1)), row, 1),
                     (dp.as_ptr(), 1, t),
@@ -444,6 +458,8 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T], kept: Option<&
 /// [`multi_head_attention`] on the CPU: `qkv` → `[N, T, D]`.
 struct Attention {
     heads: usize,
+    /// The autocast precision of the products, the backward's too.
+    precision: Precision,
     /// Where `qkv` takes part in autograd: the forward's weights `[N·H, T, T]`, until the
     /// backward takes them.
     weights: Option<Mutex<Option<CpuStorage>>>,
@@ -455,7 +471,7 @@ impl candle_core::CustomOp1 for Attention {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let h = Heads::from_layout(l, self.heads)?;
+        let h = Heads::from_layout(l, self.heads, self.precision)?;
         let keep = self.weights.is_some();
         let (out, kept) = match s {
             CpuStorage::F32(_) => {
@@ -482,6 +498,7 @@ impl candle_core::CustomOp1 for Attention {
             .and_then(|w| w.lock().unwrap_or_else(|e| e.into_inner()).take());
         let op = AttentionBwd {
             heads: self.heads,
+            precision: self.precision,
             weights,
         };
         Ok(Some(qkv.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
@@ -491,6 +508,7 @@ impl candle_core::CustomOp1 for Attention {
 /// Backward of [`Attention`]: (qkv, dO) → dqkv, from the forward's weights where it kept them.
 struct AttentionBwd {
     heads: usize,
+    precision: Precision,
     weights: Option<CpuStorage>,
 }
 
@@ -506,7 +524,7 @@ impl candle_core::CustomOp2 for AttentionBwd {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let h = Heads::from_layout(l1, self.heads)?;
+        let h = Heads::from_layout(l1, self.heads, self.precision)?;
         fn run<T: Float>(
             h: Heads,
             (qkv, lq): (&CpuStorage, &Layout),
@@ -643,17 +661,30 @@ mod tests {
         assert!(max_abs_diff(&g, &g_ref.to_dtype(DType::F32).unwrap()) > 0.0);
     }
 
+    /// Under bf16 autocast the op rounds the operands of its products, as the composed path's
+    /// casts do: the two agree to bf16's precision, values and gradients, and both differ
+    /// from f32.
     #[test]
-    fn bf16_autocast_takes_the_composed_path_and_widths_are_checked() {
-        let qkv = rand_tensor(3, &[1, 5, 12], DType::F32);
-        let fused = multi_head_attention(&qkv, 2).unwrap();
-        let bf16 = {
-            let _bf16 = autocast(Precision::Bf16);
-            multi_head_attention(&qkv, 2).unwrap()
-        };
-        let diff = max_abs_diff(&fused, &bf16);
+    fn bf16_autocast_rounds_the_products_operands_and_widths_are_checked() {
+        let (n, t, heads, hd) = (2, 7, 3, 8);
+        let dims = (n, t, heads * hd);
+        let qkv = rand_tensor(3, &[n, t, 3 * heads * hd], DType::F32);
+        let qkv = Var::from_tensor(&(qkv * 2.0).unwrap()).unwrap();
+        let r = rand_tensor(4, &[n, t, heads * hd], DType::F32);
+        let (y32, _) = value_and_grad(&qkv, &r, |x| multi_head_attention(x, heads));
+        let _bf16 = autocast(Precision::Bf16);
+        let (y, g) = value_and_grad(&qkv, &r, |x| multi_head_attention(x, heads));
+        let (y_ref, g_ref) = value_and_grad(&qkv, &r, |x| composed(x, heads, dims));
+        let scale = |t: &Tensor| max_abs_diff(t, &t.zeros_like().unwrap());
+        let err = max_abs_diff(&y, &y_ref);
+        assert!(err < 1e-2 * scale(&y_ref), "values: {err}");
+        let err = max_abs_diff(&g, &g_ref);
+        assert!(err < 2e-2 * scale(&g_ref), "gradients: {err}");
+        let diff = max_abs_diff(&y, &y32);
         assert!(diff > 0.0 && diff < 2e-2, "bf16 operands round: {diff}");
-        let err = multi_head_attention(&qkv, 5).unwrap_err().to_string();
+        let err = multi_head_attention(qkv.as_tensor(), 5)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("divisible by 3 × 5 heads"), "{err}");
     }
 }

@@ -6,10 +6,16 @@
 //! through the casts.
 //!
 //! On CUDA and Metal the products run in bf16 (Candle's bf16 GEMMs accumulate in f32) and give
-//! bf16 results, widened back to f32. Candle's CPU has no bf16 GEMM (it widens to f32), so on the
-//! CPU the operands are rounded and the product runs in f32 on them: the same operands and, up to
-//! the accumulation order and the rounding of the result, the same numbers — a check of a recipe
-//! in bf16, not a speed-up.
+//! bf16 results, widened back to f32. On the CPU our own ops — linear layers, convolutions by
+//! im2col, [`matmul`] — round their operands as their GEMMs pack them
+//! ([`ssl_linalg::bf16_gemm`]), with `vdpbf16ps` where the core has AVX512-BF16 (twice the
+//! multiply-adds of f32 per instruction) and f32 products of the rounded values elsewhere; their
+//! backward products round the output gradient too, as autocast's bf16 backward GEMMs do. Two
+//! departures: convolutions taken by Winograd's algorithm (stride-1 3×3 layers of 16 channels
+//! or more) multiply in f32 — the products are of transformed operands, which bf16 rounds
+//! with up to 35× im2col's error, and F(4×4, 3×3) in f32 (2.25 multiply-adds an output) is
+//! faster than im2col in bf16 (9, at 1.5–1.9× the rate) — and
+//! what runs composed of Candle ops multiplies bf16-rounded copies in f32 (`matrix_product`).
 //!
 //! The precision is a per-thread setting that the trainer holds around a step, as
 //! `torch.autocast` is a context: `let _bf16 = autocast(Precision::Bf16);`. Models need no
@@ -18,18 +24,7 @@
 use std::cell::Cell;
 
 use candle_core::{DType, Result, Tensor};
-use serde::{Deserialize, Serialize};
-
-/// Precision of the matrix products' operands.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// Everything in f32.
-    #[default]
-    F32,
-    /// Matrix-product operands in bf16, accumulation and everything else in f32.
-    Bf16,
-}
+pub use ssl_linalg::Precision;
 
 thread_local! {
     static PRECISION: Cell<Precision> = const { Cell::new(Precision::F32) };
@@ -66,6 +61,16 @@ pub fn matrix_product(
         return product(a, b);
     }
     product(&operand(a)?, &operand(b)?)?.to_dtype(DType::F32)
+}
+
+/// `a · b` with autograd under this thread's precision: on the CPU [`ssl_linalg::matmul_in`],
+/// whose three products round their operands as they pack them; elsewhere as
+/// [`matrix_product`] makes [`ssl_linalg::matmul`]'s.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    match a.device().is_cpu() {
+        true => ssl_linalg::matmul_in(precision(), a, b),
+        false => matrix_product(a, b, ssl_linalg::matmul),
+    }
 }
 
 /// `t` rounded to bf16: kept in bf16 on a GPU, widened back to f32 on the CPU.

@@ -36,7 +36,7 @@
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
-use crate::autocast::matrix_product;
+use crate::autocast::{matrix_product, precision, Precision};
 use crate::dispatch::{cuda_ops, fused_kernels};
 use composed::im2col_composed;
 use op::ConvOp;
@@ -176,17 +176,27 @@ impl Conv {
                 .transpose(0, 1)?
         } else {
             let x = x.contiguous()?;
-            matrix_product(&x, &wm, |x, wm| {
-                let volumes = x.reshape(g.size_5d())?;
-                if self.kernel == 1 && self.stride == 1 && self.padding == 0 {
+            let pointwise = self.kernel == 1 && self.stride == 1 && self.padding == 0;
+            let fused = fused_kernels(x.device());
+            let convolve = |x: &Tensor, wm: &Tensor, products| {
+                if pointwise {
                     // The input already is the column matrix.
-                    ssl_linalg::matmul(wm, &x.reshape((rows, cols))?)
-                } else if fused_kernels(x.device()) {
-                    volumes.apply_op2(&wm.contiguous()?, ConvOp(g))
+                    ssl_linalg::matmul_in(products, wm, &x.reshape((rows, cols))?)
+                } else if fused {
+                    let g = Geom { products, ..g };
+                    x.reshape(g.size_5d())?
+                        .apply_op2(&wm.contiguous()?, ConvOp(g))
                 } else {
-                    wm.matmul(&im2col_composed(&volumes, g)?)
+                    wm.matmul(&im2col_composed(&x.reshape(g.size_5d())?, g)?)
                 }
-            })?
+            };
+            // Our ops round bf16 operands as their GEMMs pack them (Winograd's multiply in f32:
+            // `Geom::products`); Candle's matmul gets them rounded beforehand.
+            let packs_bf16 = x.device().is_cpu() && (pointwise || fused);
+            match precision() {
+                Precision::Bf16 if packs_bf16 => convolve(&x, &wm, Precision::Bf16)?,
+                _ => matrix_product(&x, &wm, |x, wm| convolve(x, wm, Precision::F32))?,
+            }
             .reshape(g.out_dims(o, rank))?
         };
         match &self.bias {

@@ -16,7 +16,7 @@ use candle_core::{CpuStorage, DType, Layout, Module, Result, Shape, Tensor};
 use candle_nn::{Init, VarBuilder};
 use ssl_linalg::{extend_by_chunks, for_each_chunk_mut, matmul_strided, matmul_strided_uninit};
 
-use crate::autocast::{matrix_product, precision, Precision};
+use crate::autocast::{matmul, matrix_product, precision, Precision};
 use crate::dispatch::{cuda_ops, fused_kernels};
 use crate::util::{contiguous_slice, owned_part, Float};
 
@@ -39,7 +39,7 @@ impl Linear {
     /// `x Wᵀ + b` of Candle ops for `x`: `[rows, D_in]`, the operands under the thread's
     /// autocast precision.
     fn composed(&self, x: &Tensor) -> Result<Tensor> {
-        let y = matrix_product(x, &self.weight.t()?, ssl_linalg::matmul)?;
+        let y = matmul(x, &self.weight.t()?)?;
         match &self.bias {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
@@ -183,17 +183,17 @@ impl Module for Linear {
         let x = x.reshape((rows, in_dim))?;
         let fused = fused_kernels(x.device())
             && matches!(x.dtype(), DType::F32 | DType::F64)
-            && self.weight.dtype() == x.dtype()
-            && precision() == Precision::F32;
+            && self.weight.dtype() == x.dtype();
         let tracked = x.track_op() || self.weight.track_op();
         let y = match (&self.bias, fused) {
-            (Some(b), true) => {
-                x.contiguous()?
-                    .apply_op3(&self.weight.contiguous()?, &b.contiguous()?, LinearOp)?
-            }
+            (Some(b), true) => x.contiguous()?.apply_op3(
+                &self.weight.contiguous()?,
+                &b.contiguous()?,
+                LinearOp(precision()),
+            )?,
             (None, true) => x
                 .contiguous()?
-                .apply_op2(&self.weight.contiguous()?, LinearOp)?,
+                .apply_op2(&self.weight.contiguous()?, LinearOp(precision()))?,
             (Some(b), false) if cuda_ops(x.device()) && tracked && same_float(&x, b) => {
                 self.product_then_bias(&x, b)?
             }
@@ -208,6 +208,7 @@ const BLOCK: usize = 64;
 
 /// `y = x Wᵀ (+ b)`: `[rows, D_out]` for `x`: `[rows, D_in]`, `W`: `[D_out, D_in]`.
 fn linear_forward<T: Float>(
+    precision: Precision,
     x: &[T],
     w: &[T],
     bias: Option<&[T]>,
@@ -229,6 +230,7 @@ fn linear_forward<T: Float>(
         None => vec![T::zero(); rows * out_dim],
     };
     matmul_strided(
+        precision,
         (x, (in_dim, 1)),
         (w, (1, in_dim)),
         (rows, out_dim, in_dim),
@@ -248,6 +250,7 @@ struct Wanted {
 /// `[dx (rows·D_in, where wanted) | dW (D_out·D_in) | db (D_out, where wanted)]` from the
 /// output gradient `g`: `[rows, D_out]`.
 fn linear_backward<T: Float>(
+    precision: Precision,
     x: &[T],
     w: &[T],
     g: &[T],
@@ -262,6 +265,7 @@ fn linear_backward<T: Float>(
     let (dw, db) = rest.split_at_mut(w.len());
     if wanted.input {
         matmul_strided_uninit(
+            precision,
             (g, (out_dim, 1)),
             (w, (in_dim, 1)),
             (rows, in_dim, out_dim),
@@ -269,6 +273,7 @@ fn linear_backward<T: Float>(
         )?;
     }
     matmul_strided_uninit(
+        precision,
         (g, (1, out_dim)),
         (x, (in_dim, 1)),
         (out_dim, in_dim, rows),
@@ -296,8 +301,9 @@ fn linear_backward<T: Float>(
     Ok(grads)
 }
 
-/// [`Linear`] on the CPU: `(x, W)` or `(x, W, b)` → `x Wᵀ (+ b)`.
-struct LinearOp;
+/// [`Linear`] on the CPU: `(x, W)` or `(x, W, b)` → `x Wᵀ (+ b)`, its products (the backward's
+/// too) in the autocast precision it was made under.
+struct LinearOp(Precision);
 
 /// The dimensions `(rows, D_in, D_out)` of a product of `x` and `W`.
 fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
@@ -308,23 +314,31 @@ fn dims(x: &Layout, w: &Layout) -> Result<(usize, usize, usize)> {
 
 impl LinearOp {
     fn forward(
+        &self,
         (x, lx): (&CpuStorage, &Layout),
         (w, lw): (&CpuStorage, &Layout),
         bias: Option<(&CpuStorage, &Layout)>,
     ) -> Result<(CpuStorage, Shape)> {
         let d = dims(lx, lw)?;
         fn run<T: Float>(
+            precision: Precision,
             (x, lx): (&CpuStorage, &Layout),
             (w, lw): (&CpuStorage, &Layout),
             bias: Option<(&CpuStorage, &Layout)>,
             d: (usize, usize, usize),
         ) -> Result<Vec<T>> {
             let bias = bias.map(|(b, lb)| contiguous_slice(b, lb)).transpose()?;
-            linear_forward(contiguous_slice(x, lx)?, contiguous_slice(w, lw)?, bias, d)
+            linear_forward(
+                precision,
+                contiguous_slice(x, lx)?,
+                contiguous_slice(w, lw)?,
+                bias,
+                d,
+            )
         }
         let y = match x {
-            CpuStorage::F32(_) => CpuStorage::F32(run((x, lx), (w, lw), bias, d)?),
-            CpuStorage::F64(_) => CpuStorage::F64(run((x, lx), (w, lw), bias, d)?),
+            CpuStorage::F32(_) => CpuStorage::F32(run(self.0, (x, lx), (w, lw), bias, d)?),
+            CpuStorage::F64(_) => CpuStorage::F64(run(self.0, (x, lx), (w, lw), bias, d)?),
             _ => candle_core::bail!("ssl-linear supports f32 and f64 only"),
         };
         Ok((y, Shape::from((d.0, d.2))))
@@ -332,6 +346,7 @@ impl LinearOp {
 
     /// The gradients of `x`, `W` and (where `b` is given) `b`.
     fn backward(
+        &self,
         x: &Tensor,
         w: &Tensor,
         b: Option<&Tensor>,
@@ -341,7 +356,7 @@ impl LinearOp {
             input: x.track_op(),
             bias: b.is_some(),
         };
-        let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &LinearBwd(wanted))?;
+        let all = x.apply_op3_no_bwd(w, &grad.contiguous()?, &LinearBwd(wanted, self.0))?;
         let dx_len = if wanted.input { x.elem_count() } else { 0 };
         let dx = match wanted.input {
             true => Some(all.narrow(0, 0, dx_len)?.reshape(x.shape())?),
@@ -368,7 +383,7 @@ impl candle_core::CustomOp2 for LinearOp {
         w: &CpuStorage,
         lw: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        Self::forward((x, lx), (w, lw), None)
+        self.forward((x, lx), (w, lw), None)
     }
 
     fn bwd(
@@ -378,7 +393,7 @@ impl candle_core::CustomOp2 for LinearOp {
         _y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, _) = Self::backward(x, w, None, grad)?;
+        let (dx, dw, _) = self.backward(x, w, None, grad)?;
         Ok((dx, Some(dw)))
     }
 }
@@ -397,7 +412,7 @@ impl candle_core::CustomOp3 for LinearOp {
         b: &CpuStorage,
         lb: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        Self::forward((x, lx), (w, lw), Some((b, lb)))
+        self.forward((x, lx), (w, lw), Some((b, lb)))
     }
 
     fn bwd(
@@ -408,13 +423,13 @@ impl candle_core::CustomOp3 for LinearOp {
         _y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (dx, dw, db) = Self::backward(x, w, Some(b), grad)?;
+        let (dx, dw, db) = self.backward(x, w, Some(b), grad)?;
         Ok((dx, Some(dw), db))
     }
 }
 
 /// Backward of [`LinearOp`]: `(x, W, G)` → the gradients [`linear_backward`] lays out.
-struct LinearBwd(Wanted);
+struct LinearBwd(Wanted, Precision);
 
 impl candle_core::CustomOp3 for LinearBwd {
     fn name(&self) -> &'static str {
@@ -433,6 +448,7 @@ impl candle_core::CustomOp3 for LinearBwd {
         let d = dims(lx, lw)?;
         let grads = match x {
             CpuStorage::F32(_) => CpuStorage::F32(linear_backward(
+                self.1,
                 contiguous_slice(x, lx)?,
                 contiguous_slice(w, lw)?,
                 contiguous_slice(g, lg)?,
@@ -440,6 +456,7 @@ impl candle_core::CustomOp3 for LinearBwd {
                 self.0,
             )?),
             CpuStorage::F64(_) => CpuStorage::F64(linear_backward(
+                self.1,
                 contiguous_slice(x, lx)?,
                 contiguous_slice(w, lw)?,
                 contiguous_slice(g, lg)?,
@@ -531,6 +548,56 @@ mod tests {
         }
     }
 
+    /// Under bf16 autocast the CPU layer and its gradients are the f64 ones of bf16-rounded
+    /// operands — `x`, `W` and, in the backward, the output gradient — up to f32 sums; the bias
+    /// and its gradient stay f32.
+    #[test]
+    fn bf16_autocast_multiplies_the_rounded_operands() {
+        use crate::autocast::autocast;
+        use candle_core::Var;
+        let round = |t: &Tensor, dtype| t.to_dtype(DType::BF16).unwrap().to_dtype(dtype).unwrap();
+        let var = |seed, shape: &[usize]| {
+            Var::from_tensor(&rand_tensor(seed, shape, DType::F32)).unwrap()
+        };
+        let (x, w, b) = (var(1, &[37, 70]), var(2, &[50, 70]), var(3, &[50]));
+        // An output gradient of bf16 values plus a part that the backward's rounding removes.
+        let r = rand_tensor(4, &[37, 50], DType::F32);
+        let r = (round(&r, DType::F32) + (r * 1e-4).unwrap()).unwrap();
+        let (y, grads) = {
+            let _bf16 = autocast(Precision::Bf16);
+            let layer = Linear::new(w.as_tensor().clone(), Some(b.as_tensor().clone()));
+            let y = layer.forward(&x).unwrap();
+            let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            (y, grads)
+        };
+        let to64 = |v: &Var, rounded: bool| {
+            let t = v.as_tensor();
+            Var::from_tensor(&match rounded {
+                true => round(t, DType::F64),
+                false => t.to_dtype(DType::F64).unwrap(),
+            })
+            .unwrap()
+        };
+        let (x64, w64, b64) = (to64(&x, true), to64(&w, true), to64(&b, false));
+        let want_y = Linear::new(w64.as_tensor().clone(), Some(b64.as_tensor().clone()))
+            .forward(&x64)
+            .unwrap();
+        let want = (&want_y * round(&r, DType::F64))
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert!(max_abs_diff(&y, &want_y) < 1e-5);
+        for (ours, reference) in [(&x, &x64), (&w, &w64)] {
+            let (o, e) = (grads.get(ours).unwrap(), want.get(reference).unwrap());
+            let d = max_abs_diff(o, e);
+            assert!(d < 1e-4, "{:?}: {d}", ours.dims());
+        }
+        // The bias gradient sums the output gradient unrounded: it is no product.
+        assert!(max_abs_diff(grads.get(&b).unwrap(), &r.sum(0).unwrap()) < 1e-5);
+    }
+
     #[test]
     fn the_product_then_bias_node_has_the_composed_values_and_gradients() {
         use crate::autocast::autocast;
@@ -570,8 +637,9 @@ mod tests {
         let ours = layer
             .product_then_bias(x32.as_tensor(), b32.as_tensor())
             .unwrap();
+        // The CPU's composed product rounds as it packs, summing in another order.
         let composed = layer.composed(x32.as_tensor()).unwrap();
-        assert_eq!(max_abs_diff(&ours, &composed), 0.0);
+        assert!(max_abs_diff(&ours, &composed) < 1e-5);
         let grads = |y: &Tensor| (y * &r32).unwrap().sum_all().unwrap().backward().unwrap();
         let (go, gc) = (grads(&ours), grads(&composed));
         for t in [w32.as_tensor(), b32.as_tensor(), x32.as_tensor()] {

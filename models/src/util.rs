@@ -5,7 +5,10 @@ use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 
 use candle_core::{CpuStorage, Layout, Result, Tensor, WithDType};
+use ssl_linalg::bf16_gemm::gemm_in;
 use ssl_linalg::{exp_f32, extend_by_chunks};
+
+use crate::autocast::Precision;
 
 /// Float element types the custom ops support (f32 and f64).
 pub(crate) trait Float: WithDType + Copy + Send + Sync + std::ops::AddAssign {
@@ -330,41 +333,21 @@ pub(crate) fn row_stride<T>(len: usize) -> usize {
     (lines | 1) * per_line
 }
 
-/// `dst (+)= a b` for `[m, k]` × `[k, n]`, single-threaded (`gemm` crate).
+/// `dst (+)= a b` for `[m, k]` × `[k, n]`, single-threaded, its operands in `precision`
+/// ([`gemm_in`]).
 ///
 /// # Safety
 /// Every matrix lies in memory valid for its strides, and nothing else writes `dst`.
 pub(crate) unsafe fn gemm_into<T: Float>(
-    (m, n, k): (usize, usize, usize),
+    precision: Precision,
+    dims: (usize, usize, usize),
     dst: (*mut T, usize, usize),
     a: Mat<T>,
     b: Mat<T>,
     accumulate: bool,
 ) {
     // SAFETY: the caller's contract.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.0,
-            dst.2 as isize,
-            dst.1 as isize,
-            accumulate,
-            a.0,
-            a.2 as isize,
-            a.1 as isize,
-            b.0,
-            b.2 as isize,
-            b.1 as isize,
-            T::from_f64(1.0),
-            T::from_f64(1.0),
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
+    unsafe { gemm_in(precision, dims, dst, a, b, accumulate) }
 }
 
 #[cfg(test)]

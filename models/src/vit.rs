@@ -22,7 +22,7 @@ use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 
 use crate::attention::multi_head_attention;
-use crate::autocast::matrix_product;
+use crate::autocast::matmul;
 use crate::gelu::gelu_erf;
 use crate::layer_norm::{layer_norm, LayerNorm};
 use crate::{Encoder, Linear};
@@ -347,7 +347,7 @@ impl VisionTransformer {
             .permute((0, 2, 4, 1, 3, 5))?
             .contiguous()?
             .reshape((n * gh * gw, c * p * p))?;
-        let tokens = matrix_product(&patches, &self.patch_weight.t()?, ssl_linalg::matmul)?
+        let tokens = matmul(&patches, &self.patch_weight.t()?)?
             .broadcast_add(&self.patch_bias)?
             .reshape((n, gh * gw, self.cfg.embed_dim))?;
         Ok((tokens, gh, gw))

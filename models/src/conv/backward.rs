@@ -92,6 +92,7 @@ impl Geom {
             k: self.k,
             stride: [1; 3],
             pad: std::array::from_fn(|a| self.k[a] - 1 - self.pad[a]),
+            products: self.products,
         })
     }
 }
@@ -162,6 +163,7 @@ pub(super) fn input_grad_patches<T: Float>(
             // of dx are written by this task alone.
             unsafe {
                 gemm_into(
+                    g.products,
                     (positions.len(), rows, o),
                     (dpatches.as_mut_ptr(), rows, 1),
                     (dy[positions.start..].as_ptr(), 1, cols),
@@ -246,6 +248,7 @@ pub(super) fn row_block_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out
                 // SAFETY: dwt is this task's own; dy and col are read in bounds.
                 unsafe {
                     gemm_into(
+                        g.products,
                         (block_rows, o, width),
                         (dwt.as_mut_ptr(), o, 1),
                         (col.as_ptr(), ld, 1),
@@ -282,6 +285,7 @@ pub(super) fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mu
         // SAFETY: dW is this task's own; dy and col are read in bounds.
         unsafe {
             gemm_into(
+                g.products,
                 (o, rows, width),
                 (dw.as_mut_ptr(), rows, 1),
                 (dy[n0 * per_image..].as_ptr(), cols, 1),
@@ -328,6 +332,7 @@ pub(super) fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &m
         // SAFETY: dW is this task's own; dyᵀ and the patches are read in bounds.
         unsafe {
             gemm_into(
+                g.products,
                 (o, rows, count),
                 (dw.as_mut_ptr(), rows, 1),
                 (dyt.as_ptr(), 1, o),

@@ -44,6 +44,7 @@ pub(super) fn im2col_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [
         // SAFETY: `y` is [O, N·S_out]; this chunk writes its own columns of every row.
         unsafe {
             gemm_into(
+                g.products,
                 (o, width, rows),
                 (out.0.add(n0 * per_image), cols, 1),
                 (w.as_ptr(), rows, 1),

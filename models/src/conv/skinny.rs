@@ -61,6 +61,7 @@ pub(super) fn skinny_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [
             // SAFETY: `part` holds this block's rows of y; the columns and W are read in bounds.
             unsafe {
                 gemm_into(
+                    g.products,
                     (cols, part.len() / cols, rows),
                     (part.as_mut_ptr(), 1, cols),
                     (col.as_ptr(), 1, cols),
@@ -88,6 +89,7 @@ pub(super) fn skinny_input_grad<T: Float>(g: Geom, w: &[T], dy: &[T], dx: &mut [
             // SAFETY: `part` holds this block's rows of dcol; dy and W are read in bounds.
             unsafe {
                 gemm_into(
+                    g.products,
                     (cols, part.len() / cols, o),
                     (part.as_mut_ptr(), 1, cols),
                     (dy.as_ptr(), 1, cols),
@@ -128,6 +130,7 @@ pub(super) fn skinny_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut 
             // SAFETY: dW is [O, C·k_vol]; this block writes its own columns `taps`.
             unsafe {
                 gemm_into(
+                    g.products,
                     (o, taps.len(), cols),
                     (out.0.add(taps.start), rows, 1),
                     (dy.as_ptr(), cols, 1),

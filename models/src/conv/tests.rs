@@ -276,34 +276,53 @@ fn init_is_pytorch_uniform() {
     assert_eq!(names, vec!["c.bias", "c.weight", "d.weight"]);
 }
 
+/// Under bf16 autocast the CPU convolution (the stem's: too few channels for Winograd) and its
+/// gradients are the f64 ones of bf16-rounded operands — `x`, `W` and, in the backward, the
+/// output gradient — up to f32 sums.
 #[test]
 fn bf16_autocast_convolves_the_rounded_operands() {
     use crate::autocast::{autocast, Precision};
-    let round = |t: &Tensor| {
-        t.to_dtype(DType::BF16)
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
-    };
-    let x = rand_tensor(8, &[2, 3, 7, 8], DType::F32);
-    let w = rand_tensor(9, &[4, 3, 3, 3], DType::F32);
-    let full = Conv::new(w.clone(), None, 1, 1)
+    use candle_core::Var;
+    let round = |t: &Tensor, dtype| t.to_dtype(DType::BF16).unwrap().to_dtype(dtype).unwrap();
+    let x = Var::from_tensor(&rand_tensor(8, &[2, 3, 7, 8], DType::F32)).unwrap();
+    let w = Var::from_tensor(&rand_tensor(9, &[4, 3, 3, 3], DType::F32)).unwrap();
+    // An output gradient of bf16 values plus a part that the backward's rounding removes.
+    let r = rand_tensor(10, &[2, 4, 7, 8], DType::F32);
+    let r = (round(&r, DType::F32) + (r * 1e-4).unwrap()).unwrap();
+    let full = Conv::new(w.as_tensor().clone(), None, 1, 1)
         .unwrap()
         .forward(&x)
         .unwrap();
-    let bf16 = {
+    let (bf16, grads) = {
         let _bf16 = autocast(Precision::Bf16);
-        Conv::new(w.clone(), None, 1, 1)
+        let y = Conv::new(w.as_tensor().clone(), None, 1, 1)
             .unwrap()
             .forward(&x)
-            .unwrap()
+            .unwrap();
+        let grads = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        (y, grads)
     };
-    let rounded = Conv::new(round(&w), None, 1, 1)
+    let (x64, w64) = (
+        Var::from_tensor(&round(&x, DType::F64)).unwrap(),
+        Var::from_tensor(&round(&w, DType::F64)).unwrap(),
+    );
+    let rounded = Conv::new(w64.as_tensor().clone(), None, 1, 1)
         .unwrap()
-        .forward(&round(&x))
+        .forward(&x64)
+        .unwrap();
+    let want = (&rounded * round(&r, DType::F64))
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
         .unwrap();
     assert_eq!(bf16.dtype(), DType::F32);
-    assert_eq!(max_abs_diff(&bf16, &rounded), 0.0);
+    assert!(max_abs_diff(&bf16, &rounded) < 1e-5);
+    for (ours, reference) in [(&x, &x64), (&w, &w64)] {
+        let (o, e) = (grads.get(ours).unwrap(), want.get(reference).unwrap());
+        let d = max_abs_diff(o, e);
+        assert!(d < 1e-4, "{:?}: {d}", ours.dims());
+    }
     let error = max_abs_diff(&bf16, &full);
     assert!(error > 0.0 && error < 0.05, "bf16 vs f32: {error}");
 }

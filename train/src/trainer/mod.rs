@@ -44,6 +44,7 @@ use candle_core::Device;
 use serde::{Deserialize, Serialize};
 use ssl_core::RunFacts;
 use ssl_dist::{Comm, GradientReduction};
+use ssl_linalg::bf16_gemm::native_bf16;
 use ssl_models::autocast::Precision;
 
 use crate::callbacks::Callbacks;
@@ -222,10 +223,10 @@ fn open_run_dir(
     device: &Device,
     comm: &dyn Comm,
 ) -> Result<RunConfig> {
-    if model.precision == Precision::Bf16 && device.is_cpu() {
+    if model.precision == Precision::Bf16 && device.is_cpu() && !native_bf16() {
         eprintln!(
-            "train.precision bf16 on the CPU is emulated (bf16-rounded operands, f32 products): \
-             it checks a recipe in bf16 but is slower than f32; use it for speed on cuda or metal"
+            "train.precision bf16: this CPU has no AVX512-BF16, so the products multiply \
+             bf16-rounded operands in f32: a check of a recipe in bf16, no faster than f32"
         );
     }
     let dir = rundir::prepare(cfg, start)?;

@@ -8,6 +8,7 @@ use super::super::Shared;
 use super::chunks::for_each_step_channel;
 use super::transforms::{transform_axes, Transforms};
 use super::Minimal;
+use crate::autocast::Precision;
 use crate::util::{gemm_into, vectorized, written_whole, Float, Scratch};
 
 /// Input channels per task of the weight gradient's last step: each task writes a run of
@@ -53,6 +54,7 @@ where
                         // ξ alone; the chunk's V and Ŷ hold the blocks read.
                         unsafe {
                             gemm_into(
+                                Precision::F32,
                                 (c, o, step.lane),
                                 (du_ptr.0.add(xi * c * o), o, 1),
                                 (v[step.v_at + xi * c * step.ld..].as_ptr(), step.ld, 1),
@@ -124,6 +126,7 @@ where
                         // SAFETY: du, v and dyt hold `points` blocks of the sizes used.
                         unsafe {
                             gemm_into(
+                                Precision::F32,
                                 (g.c, o, lane),
                                 (du[xi * g.c * o..].as_mut_ptr(), o, 1),
                                 (v[xi * g.c * ld..].as_ptr(), ld, 1),

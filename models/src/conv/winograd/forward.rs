@@ -7,6 +7,7 @@ use super::super::Shared;
 use super::chunks::for_each_step_channel;
 use super::transforms::Transforms;
 use super::Minimal;
+use crate::autocast::Precision;
 use crate::util::{gemm_into, vectorized, Float, Scratch};
 
 impl<const M: usize, const N: usize> Minimal<M, N>
@@ -49,6 +50,7 @@ where
                     // SAFETY: m, u and v hold `points` blocks of the sizes read and written.
                     unsafe {
                         gemm_into(
+                            Precision::F32,
                             (o, lane, g.c),
                             (m[xi * o * lane..].as_mut_ptr(), lane, 1),
                             (u[xi * o * g.c..].as_ptr(), g.c, 1),
@@ -92,6 +94,7 @@ where
                 // the sizes written and read; this task alone writes block ξ of its M.
                 unsafe {
                     gemm_into(
+                        Precision::F32,
                         (o, step.lane, c),
                         (m_ptr.0.add(step.out_at + xi * o * step.lane), step.lane, 1),
                         (u[xi * o * c..].as_ptr(), c, 1),

@@ -1,0 +1,145 @@
+//! The bf16 products of `train.precision: bf16` ([`ssl_linalg::bf16_gemm::gemm_bf16`]) against
+//! the f32 `gemm` crate's, single-threaded, on shapes of the training-step rows: per shape the
+//! median of `--reps` alternating calls of each, GFLOP/s and the ratio bf16 / f32.
+//!
+//! `cargo bench -p ssl-linalg --bench bf16_gemm [-- --reps 21]`
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use ssl_linalg::bf16_gemm::{gemm_bf16, native_bf16};
+
+/// `(name, m, n, k, a transposed, b transposed)`: `dst [m, n] = a [m, k] · b [k, n]`, an
+/// operand transposed when it is read through the strides of the transpose of a row-major one.
+const SHAPES: [(&str, usize, usize, usize, bool, bool); 8] = [
+    ("projector 128×512→2048 (x·Wᵀ)", 128, 2048, 512, false, true),
+    (
+        "projector 128×2048→2048 (x·Wᵀ)",
+        128,
+        2048,
+        2048,
+        false,
+        true,
+    ),
+    (
+        "projector dW 2048×2048 (Gᵀ·x)",
+        2048,
+        2048,
+        128,
+        true,
+        false,
+    ),
+    (
+        "conv 3×3 64→64, 32² chunk (W·cols)",
+        64,
+        2048,
+        576,
+        false,
+        false,
+    ),
+    (
+        "conv 3×3 256→256, 8² chunk (W·cols)",
+        256,
+        512,
+        2304,
+        false,
+        false,
+    ),
+    (
+        "conv dW 64×576, 32² chunk (dy·colsᵀ)",
+        64,
+        576,
+        2048,
+        false,
+        true,
+    ),
+    ("ViT-S qkv 392×384→1152 (x·Wᵀ)", 392, 1152, 384, false, true),
+    ("ViT-S mlp 392×1536→384 (x·Wᵀ)", 392, 384, 1536, false, true),
+];
+
+fn main() {
+    let mut reps = 21;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--reps" => reps = args.next().and_then(|v| v.parse().ok()).unwrap_or(reps),
+            "--bench" => {}
+            other => {
+                eprintln!("error: unknown argument {other}\nusage: bf16_gemm [--reps N]");
+                std::process::exit(2);
+            }
+        }
+    }
+    println!(
+        "bf16 instructions: {}; median of {reps} alternating calls",
+        native_bf16()
+    );
+    println!("| shape | f32 (ms) | bf16 (ms) | f32 GFLOP/s | bf16 GFLOP/s | bf16 / f32 |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, m, n, k, a_transposed, b_transposed) in SHAPES {
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 104_729) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        let a_strides = if a_transposed { (1, m) } else { (k, 1) };
+        let b_strides = if b_transposed { (1, k) } else { (n, 1) };
+        let mut dst = vec![0f32; m * n];
+        let (mut f32_ms, mut bf16_ms) = (Vec::new(), Vec::new());
+        for _ in 0..reps {
+            let start = Instant::now();
+            // SAFETY: `a`, `b` and `dst` hold `[m, k]`, `[k, n]` and `[m, n]` at these strides.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    dst.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    a_strides.1 as isize,
+                    a_strides.0 as isize,
+                    b.as_ptr(),
+                    b_strides.1 as isize,
+                    b_strides.0 as isize,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                )
+            };
+            f32_ms.push(start.elapsed().as_secs_f64() * 1e3);
+            black_box(&dst);
+            let start = Instant::now();
+            // SAFETY: as above.
+            unsafe {
+                gemm_bf16(
+                    (m, n, k),
+                    (dst.as_mut_ptr(), n, 1),
+                    (a.as_ptr(), a_strides.0, a_strides.1),
+                    (b.as_ptr(), b_strides.0, b_strides.1),
+                    false,
+                )
+            };
+            bf16_ms.push(start.elapsed().as_secs_f64() * 1e3);
+            black_box(&dst);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (f, h) = (median(&mut f32_ms), median(&mut bf16_ms));
+        let gflop = 2.0 * (m * n * k) as f64 / 1e9;
+        println!(
+            "| {name} | {f:.3} | {h:.3} | {:.0} | {:.0} | **{:.2}** |",
+            gflop / f * 1e3,
+            gflop / h * 1e3,
+            h / f
+        );
+    }
+}
