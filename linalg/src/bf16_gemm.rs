@@ -310,21 +310,25 @@ mod native {
             let panel = &mut packed[jr * pairs..][..NR * pairs];
             let mut p = 0;
             if rs == 1 && jr + NR <= nc {
-                // Each column's depths are consecutive: 32 of them round into 16 pairs.
+                // Each column's depths are consecutive: 32 of them round into 16 pairs, and 16
+                // columns' pairs, transposed, are 16 rows of the panel.
                 while 2 * p + 32 <= kc {
-                    for j in 0..NR {
-                        let mut pairs16 = [0u32; 16];
-                        // SAFETY: depths `2p .. 2p + 32` of column `jr + j` lie in the slice.
+                    for group in 0..NR / 16 {
+                        // SAFETY: depths `2p .. 2p + 32` of the group's 16 columns lie in the
+                        // slice; the panel holds pairs `p .. p + 16` of all `NR` columns.
                         unsafe {
-                            let src = b.add(k0 + 2 * p + (j0 + jr + j) * cs);
-                            let bf = _mm512_cvtne2ps_pbh(
-                                _mm512_loadu_ps(src.add(16)),
-                                _mm512_loadu_ps(src),
-                            );
-                            _mm512_storeu_si512(pairs16.as_mut_ptr().cast(), bf.into_m512i());
-                        }
-                        for (q, v) in pairs16.into_iter().enumerate() {
-                            panel[(p + q) * NR + j] = v;
+                            let columns: [__m512i; 16] = std::array::from_fn(|c| {
+                                let src = b.add(k0 + 2 * p + (j0 + jr + 16 * group + c) * cs);
+                                _mm512_cvtne2ps_pbh(
+                                    _mm512_loadu_ps(src.add(16)),
+                                    _mm512_loadu_ps(src),
+                                )
+                                .into_m512i()
+                            });
+                            for (q, row) in transpose_16x16(columns).into_iter().enumerate() {
+                                let out = panel.as_mut_ptr().add((p + q) * NR + 16 * group);
+                                _mm512_storeu_si512(out.cast(), row);
+                            }
                         }
                     }
                     p += 16;
@@ -440,6 +444,38 @@ mod native {
             4, 19, 3, 18, 2, 17, 1, 16, 0,
         );
         _mm512_permutexvar_epi16(order, halves)
+    }
+
+    /// The transpose of the 16 × 16 matrix of 32-bit lanes whose rows are `r`: in-lane
+    /// interleaves of 32 and 64 bits transpose each 4 × 4 block, and two shuffles of 128-bit
+    /// lanes the 4 × 4 matrix of blocks.
+    #[target_feature(enable = "avx512f")]
+    fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
+        let t: [__m512i; 16] = std::array::from_fn(|i| match i % 2 {
+            0 => _mm512_unpacklo_epi32(r[i], r[i + 1]),
+            _ => _mm512_unpackhi_epi32(r[i - 1], r[i]),
+        });
+        // u[4i + k], lane L: rows 4i .. 4i + 4 of column 4L + k.
+        let u: [__m512i; 16] = std::array::from_fn(|j| {
+            let (i, k) = (j / 4, j % 4);
+            let (x, y) = (t[4 * i + k / 2], t[4 * i + 2 + k / 2]);
+            match k % 2 {
+                0 => _mm512_unpacklo_epi64(x, y),
+                _ => _mm512_unpackhi_epi64(x, y),
+            }
+        });
+        let mut out = [_mm512_setzero_si512(); 16];
+        for k in 0..4 {
+            let a = _mm512_shuffle_i32x4::<0x44>(u[k], u[4 + k]);
+            let b = _mm512_shuffle_i32x4::<0xee>(u[k], u[4 + k]);
+            let c = _mm512_shuffle_i32x4::<0x44>(u[8 + k], u[12 + k]);
+            let d = _mm512_shuffle_i32x4::<0xee>(u[8 + k], u[12 + k]);
+            out[k] = _mm512_shuffle_i32x4::<0x88>(a, c);
+            out[4 + k] = _mm512_shuffle_i32x4::<0xdd>(a, c);
+            out[8 + k] = _mm512_shuffle_i32x4::<0x88>(b, d);
+            out[12 + k] = _mm512_shuffle_i32x4::<0xdd>(b, d);
+        }
+        out
     }
 
     trait IntoM512i {

@@ -8,13 +8,14 @@ minutes, so a ratio is only worth the pairs behind it: the per-pair ratio ours /
 reported at the median over all pairs and over each order alone, with its range.
 
     python3 tools/twins/train_step_pairs.py [--rows 1,2,3,4] [--pairs 4] [--threads 2]
-        [--steps 5] [--warmup 1] [--ours PATH]
+        [--steps 5] [--warmup 1] [--ours PATH] [--bf16]
 
 `--rows` takes any of the bench's six rows (default the first four; 5 is ViT-S/16 MAE and 6
 ViT-S/16 I-JEPA, both at B = 64 and several times row 3's step and memory).
 
 Without `--ours` the bench binary is built first (`cargo bench -p ssl-train --bench train_step
---no-run`). Prints one line per pair as it goes, then a Markdown table.
+--no-run`). Prints one line per pair as it goes, then a Markdown table. `--bf16` runs ours
+under `train.precision: bf16` and PyTorch under `torch.autocast("cpu", dtype=torch.bfloat16)`.
 """
 
 import argparse
@@ -69,6 +70,8 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--ours", help="a built train_step bench binary (default: build it)")
+    p.add_argument("--bf16", action="store_true",
+                   help="ours under train.precision: bf16, PyTorch under CPU autocast to bf16")
     a = p.parse_args()
     rows = [r.strip() for r in a.rows.split(",") if r.strip()]
     bad = [r for r in rows if r not in {"1", "2", "3", "4", "5", "6"}]
@@ -80,9 +83,9 @@ def main():
     table = []
     for row in rows:
         cmds = {
-            "ours": [ours_bin, "--row", row] + common,
+            "ours": [ours_bin, "--row", row, "--precision", "bf16" if a.bf16 else "f32"] + common,
             "torch": [sys.executable, os.path.join(ROOT, "tools/twins/train_step.py"),
-                      "--row", row] + common,
+                      "--row", row] + common + (["--bf16"] if a.bf16 else []),
         }
         pairs = []
         for i in range(a.pairs):
@@ -107,7 +110,9 @@ def main():
             max(r["peak_rss_mib"] for r in ours), max(r["peak_rss_mib"] for r in torch),
         ))
     print()
-    print(f"{a.pairs} pairs a row, --threads {a.threads} --steps {a.steps} --warmup {a.warmup}; "
+    precision = "bf16 (PyTorch: autocast)" if a.bf16 else "f32"
+    print(f"{a.pairs} pairs a row in {precision}, --threads {a.threads} --steps {a.steps} "
+          f"--warmup {a.warmup}; "
           "ratios ours / PyTorch per pair, median (range)")
     print()
     print("| row | step | ours (ms) | PyTorch (ms) | ours / PyTorch | ours first | PyTorch first "
