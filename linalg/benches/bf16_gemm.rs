@@ -1,5 +1,5 @@
 //! The bf16 products of `train.precision: bf16` ([`ssl_linalg::bf16_gemm::gemm_bf16`]) against
-//! the f32 `gemm` crate's, single-threaded, on shapes of the training-step rows: per shape the
+//! the f32 `gemm` crate's (through `gemm_in`, as our ops call it), single-threaded, on shapes of the training-step rows: per shape the
 //! median of `--reps` alternating calls of each, GFLOP/s and the ratio bf16 / f32.
 //!
 //! `cargo bench -p ssl-linalg --bench bf16_gemm [-- --reps 21]`
@@ -7,7 +7,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use ssl_linalg::bf16_gemm::{gemm_bf16, native_bf16};
+use ssl_linalg::bf16_gemm::{gemm_bf16, gemm_in, native_bf16, Precision};
 
 /// `(name, m, n, k, a transposed, b transposed)`: `dst [m, n] = a [m, k] · b [k, n]`, an
 /// operand transposed when it is read through the strides of the transpose of a row-major one.
@@ -91,26 +91,13 @@ fn main() {
             let start = Instant::now();
             // SAFETY: `a`, `b` and `dst` hold `[m, k]`, `[k, n]` and `[m, n]` at these strides.
             unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
-                    dst.as_mut_ptr(),
-                    1,
-                    n as isize,
+                gemm_in(
+                    Precision::F32,
+                    (m, n, k),
+                    (dst.as_mut_ptr(), n, 1),
+                    (a.as_ptr(), a_strides.0, a_strides.1),
+                    (b.as_ptr(), b_strides.0, b_strides.1),
                     false,
-                    a.as_ptr(),
-                    a_strides.1 as isize,
-                    a_strides.0 as isize,
-                    b.as_ptr(),
-                    b_strides.1 as isize,
-                    b_strides.0 as isize,
-                    1.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
                 )
             };
             f32_ms.push(start.elapsed().as_secs_f64() * 1e3);

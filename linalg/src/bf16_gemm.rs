@@ -196,26 +196,13 @@ unsafe fn rounded_f32_gemm(
     let (a, b) = (rounded(a, m, k), rounded(b, k, n));
     // SAFETY: `a` and `b` are row-major `[m, k]` and `[k, n]`; `dst` is the caller's.
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.0,
-            dst.2 as isize,
-            dst.1 as isize,
+        gemm_in(
+            Precision::F32,
+            (m, n, k),
+            dst,
+            (a.as_ptr(), k, 1),
+            (b.as_ptr(), n, 1),
             accumulate,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
         )
     }
 }
@@ -683,30 +670,21 @@ mod tests {
 
     #[test]
     fn an_empty_depth_gives_zero_or_leaves_dst() {
-        let mut dst = [f32::NAN; 6];
         let none: [f32; 0] = [];
-        // SAFETY: no operand value is read; `dst` is 2 × 3.
-        unsafe {
-            gemm_bf16(
-                (2, 3, 0),
-                (dst.as_mut_ptr(), 3, 1),
-                (none.as_ptr(), 0, 1),
-                (none.as_ptr(), 3, 1),
-                false,
-            )
-        };
-        assert_eq!(dst, [0.0; 6]);
-        let mut dst = [2.0f32; 6];
-        unsafe {
-            gemm_bf16(
-                (2, 3, 0),
-                (dst.as_mut_ptr(), 3, 1),
-                (none.as_ptr(), 0, 1),
-                (none.as_ptr(), 3, 1),
-                true,
-            )
-        };
-        assert_eq!(dst, [2.0; 6]);
+        for (start, accumulate, want) in [(f32::NAN, false, 0.0), (2.0, true, 2.0)] {
+            let mut dst = [start; 6];
+            // SAFETY: no operand value is read; `dst` is 2 × 3.
+            unsafe {
+                gemm_bf16(
+                    (2, 3, 0),
+                    (dst.as_mut_ptr(), 3, 1),
+                    (none.as_ptr(), 0, 1),
+                    (none.as_ptr(), 3, 1),
+                    accumulate,
+                )
+            };
+            assert_eq!(dst, [want; 6]);
+        }
     }
 
     fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {

@@ -178,7 +178,8 @@ fn depth_parts(m: usize, n: usize, k: usize) -> usize {
 /// (`depth_parts`): each part multiplies its own rows of both operands into a partial
 /// `[m, n]`, nothing is packed twice, and the partials are added in part order.
 ///
-/// Under [`Precision::Bf16`] f32 operands are multiplied as [`gemm_bf16`](crate::bf16_gemm::gemm_bf16) multiplies them.
+/// Under [`Precision::Bf16`] f32 operands are multiplied as
+/// [`gemm_bf16`](crate::bf16_gemm::gemm_bf16) multiplies them.
 pub fn matmul_strided<T: WithDType>(
     precision: Precision,
     a: (&[T], (usize, usize)),
@@ -402,8 +403,8 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// [`matmul`] with its three products in `precision`: under [`Precision::Bf16`] f32 operands
-/// are rounded to bf16 as the products pack them ([`gemm_bf16`](crate::bf16_gemm::gemm_bf16)), gradients included, and
-/// other dtypes and devices multiply as [`matmul`] does.
+/// are rounded to bf16 as the products pack them ([`gemm_bf16`](crate::bf16_gemm::gemm_bf16)),
+/// gradients included, and other dtypes and devices multiply as [`matmul`] does.
 pub fn matmul_in(precision: Precision, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (_, k) = a.dims2()?;
     let (kb, _) = b.dims2()?;

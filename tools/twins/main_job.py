@@ -29,6 +29,10 @@ evaluation, and in all, with the final accuracies. `tools/twins/main_job_pairs.p
 `ssl run` in alternating pairs.
 
     python3 tools/twins/main_job.py [--objective vicreg|frossl] [--views 2] [--epochs 50] [--threads 2]
+        [--bf16]
+
+`--bf16` runs the encoder and projector under `torch.autocast("cpu", dtype=torch.bfloat16)`
+(the twin of `--set train.precision=bf16`); the loss and the probe stay f32.
 """
 
 import argparse
@@ -131,6 +135,8 @@ def main():
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bf16", action="store_true",
+                   help="the views' forward and the loss under torch.autocast('cpu', bfloat16)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -174,8 +180,10 @@ def main():
             batch = x_train[perm[s * b:(s + 1) * b]]
             labels = y_train[perm[s * b:(s + 1) * b]]
             views = [views_of(batch, gen) for _ in range(a.views)]
-            feats = [encoder(v) for v in views]
-            z = torch.stack([projector(f) for f in feats])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                feats = [encoder(v) for v in views]
+                z = torch.stack([projector(f) for f in feats])
+            feats, z = [f.float() for f in feats], z.float()
             loss = loss_fn(z)
             f = torch.cat(feats[:a.views]).detach()
             f = (f - f.mean(0)) / torch.sqrt(f.var(0, unbiased=False) + 1e-5)

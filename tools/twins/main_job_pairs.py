@@ -8,6 +8,7 @@ and the per-pair ratios ours / PyTorch (median and range), over all pairs and ov
 
     cargo build --release -p ssl
     python3 tools/twins/main_job_pairs.py [--pairs 4] [--objective frossl --views 8] [--threads 2]
+        [--bf16]
 """
 
 import argparse
@@ -25,6 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def ours(a, out):
     cmd = [os.path.join(ROOT, "target", "release", "ssl"), "run", "--out", out, "--overwrite",
            "--threads", str(a.threads), "--objective", a.objective, "--views", str(a.views)]
+    if a.bf16:
+        cmd += ["--set", "train.precision=bf16"]
     started = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - started
@@ -38,6 +41,8 @@ def ours(a, out):
 def pytorch(a):
     cmd = [sys.executable, os.path.join(ROOT, "tools", "twins", "main_job.py"), "--threads",
            str(a.threads), "--objective", a.objective, "--views", str(a.views)]
+    if a.bf16:
+        cmd.append("--bf16")
     started = time.perf_counter()
     line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
     wall = time.perf_counter() - started
@@ -62,6 +67,8 @@ def main():
     p.add_argument("--objective", default="vicreg")
     p.add_argument("--views", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--bf16", action="store_true",
+                   help="ours under train.precision=bf16, PyTorch under CPU autocast to bf16")
     a = p.parse_args()
     pairs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,7 +84,8 @@ def main():
             print(f"pair {i + 1} ({first} first): ours {o['wall']:.1f} s (train {o['train']:.1f}), "
                   f"pytorch {t['wall']:.1f} s (train {t['train']:.1f}); phases "
                   + json.dumps(o["phases"]), file=sys.stderr)
-    print(f"`ssl run --objective {a.objective} --views {a.views}` against its PyTorch twin, "
+    precision = " --set train.precision=bf16" if a.bf16 else ""
+    print(f"`ssl run --objective {a.objective} --views {a.views}{precision}` against its PyTorch twin, "
           f"{a.pairs} pairs, {a.threads} threads (seconds; ratios ours / PyTorch)\n")
     print("| time | ours | PyTorch | ours / PyTorch | ours first | PyTorch first |")
     print("|---|---|---|---|---|---|")

@@ -317,9 +317,10 @@ fn our_transformer_kernels_match_the_cpu_ops() -> Result<()> {
 /// that lie channel-major and, in f32, batch-major in memory, as activations do on CUDA), as
 /// errors relative to each f32 tensor's largest magnitude: f32 within 1e-4 (sums over up to
 /// 74k products in another order, 1.5e-5 seen); bf16 products within 8× the distance from f32
-/// of the CPU's composed ops on bf16-rounded operands. The GPU also rounds `dy` and its results to bf16, so its
-/// distance is of that order, not equal: 1.2–1.5× on most shapes, 3× (2D) and 6× (3D, 1.6e-2)
-/// on the stems' input gradients, whose cuDNN bf16 kernels sum 22k products a value.
+/// of the CPU's composed ops on bf16-rounded operands. The GPU also rounds `dy` and its results
+/// to bf16, so its distance is of that order, not equal: 1.2–1.5× on most shapes, 3× (2D) and
+/// 6× (3D, 1.6e-2) on the stems' input gradients, whose cuDNN bf16 kernels sum 22k products a
+/// value.
 #[test]
 fn cudnn_convolutions_match_the_cpu_kernels() -> Result<()> {
     let device = gpu();
