@@ -1,6 +1,7 @@
 //! The bf16 products of `train.precision: bf16` ([`ssl_linalg::bf16_gemm::gemm_bf16`]) against
-//! the f32 `gemm` crate's (through `gemm_in`, as our ops call it), single-threaded, on shapes of the training-step rows: per shape the
-//! median of `--reps` alternating calls of each, GFLOP/s and the ratio bf16 / f32.
+//! the f32 `gemm` crate's (through `gemm_in`, as our ops call it), single-threaded, on shapes of
+//! the training-step rows: per shape the median of `--reps` alternating calls of each, GFLOP/s
+//! and the ratio bf16 / f32.
 //!
 //! `cargo bench -p ssl-linalg --bench bf16_gemm [-- --reps 21]`
 

@@ -27,12 +27,13 @@ use std::sync::Mutex;
 
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
+use ssl_linalg::bf16_gemm::gemm_in;
 use ssl_linalg::for_each_index;
 
 use crate::autocast::{matrix_product, precision, Precision};
 use crate::dispatch::{cuda_ops, fused_kernels};
 use crate::softmax::{softmax_last_dim, softmax_last_dim_backward};
-use crate::util::{contiguous_slice, gemm_into, lane_max, lane_sum, vectorized, Float};
+use crate::util::{contiguous_slice, lane_max, lane_sum, vectorized, Float};
 
 /// Self-attention of the packed projection `qkv`: `[N, T, 3·D]` laid out as `[N, T, 3, H,
 /// D/H]` (timm's `qkv` linear layer), giving `[N, T, D]` with the heads concatenated.
@@ -287,7 +288,7 @@ fn attention_weights<T: Float>(h: Heads, qkv: &[T], pair: usize, p: &mut [T]) {
     let (t, row) = (h.t, 3 * h.d);
     // SAFETY: q and k of the pair lie inside `qkv` at row stride 3·D; `p` holds T·T values.
     unsafe {
-        gemm_into(
+        gemm_in(
             h.precision,
             (t, t, h.head_dim()),
             (p.as_mut_ptr(), t, 1),
@@ -349,7 +350,7 @@ fn attention_forward<T: Float>(h: Heads, qkv: &[T], keep: bool) -> (Vec<T>, Opti
             // SAFETY: v lies in `qkv` at row stride 3·D; the pair's columns of `out` (allocated,
             // not yet initialised: the product writes them without reading) are its own.
             unsafe {
-                gemm_into(
+                gemm_in(
                     h.precision,
                     (t, h.head_dim(), t),
                     (dst.0.add(h.merged(pair)), h.d, 1),
@@ -396,7 +397,7 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T], kept: Option<&
             // and v columns of `grad` are written by this task alone.
             unsafe {
                 // dV = Pᵀ dO, dP = dO Vᵀ
-                gemm_into(
+                gemm_in(
                     h.precision,
                     (t, hd, t),
                     (dst.0.add(h.packed(pair, 2)), row, 1),
@@ -404,7 +405,7 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T], kept: Option<&
                     (d_o, h.d, 1),
                     false,
                 );
-                gemm_into(
+                gemm_in(
                     h.precision,
                     (t, t, hd),
                     (dp.as_mut_ptr(), t, 1),
@@ -430,7 +431,7 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T], kept: Option<&
             // SAFETY: as above.
             unsafe {
                 // dQ = dS K / √d, dK = dSᵀ Q / √d
-                gemm_into(
+                gemm_in(
                     h.precision,
                     (t, hd, t),
                     (dst.0.add(h.packed(pair, 0)), row, 1),
@@ -438,7 +439,7 @@ fn attention_backward<T: Float>(h: Heads, qkv: &[T], d_out: &[T], kept: Option<&
                     (at(1), row, 1),
                     false,
                 );
-                gemm_into(
+                gemm_in(
                     h.precision,
                     (t, hd, t),
                     (dst.0.add(h.packed(pair, 1)), row, 1),

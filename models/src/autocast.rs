@@ -14,8 +14,8 @@
 //! departures: convolutions taken by Winograd's algorithm (stride-1 3×3 layers of 16 channels
 //! or more) multiply in f32 — the products are of transformed operands, which bf16 rounds
 //! with up to 35× im2col's error, and F(4×4, 3×3) in f32 (2.25 multiply-adds an output) is
-//! faster than im2col in bf16 (9, at 1.5–1.9× the rate) — and
-//! what runs composed of Candle ops multiplies bf16-rounded copies in f32 (`matrix_product`).
+//! faster than im2col in bf16 (9, at 1.5–1.9× the rate) — and what runs composed of Candle
+//! ops multiplies bf16-rounded copies in f32 (`matrix_product`).
 //!
 //! The precision is a per-thread setting that the trainer holds around a step, as
 //! `torch.autocast` is a context: `let _bf16 = autocast(Precision::Bf16);`. Models need no

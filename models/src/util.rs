@@ -5,10 +5,7 @@ use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 
 use candle_core::{CpuStorage, Layout, Result, Tensor, WithDType};
-use ssl_linalg::bf16_gemm::gemm_in;
 use ssl_linalg::{exp_f32, extend_by_chunks};
-
-use crate::autocast::Precision;
 
 /// Float element types the custom ops support (f32 and f64).
 pub(crate) trait Float: WithDType + Copy + Send + Sync + std::ops::AddAssign {
@@ -312,9 +309,6 @@ pub(crate) fn batch_major_in_memory(x: &Tensor) -> Result<Option<Tensor>> {
     Ok(view.is_contiguous().then_some(view))
 }
 
-/// A matrix in memory: pointer, row stride, column stride (in elements).
-pub(crate) type Mat<T> = (*const T, usize, usize);
-
 /// `len` values of a backward's single output buffer `all` from `start`, as a tensor of its own:
 /// a parameter's gradient lives until the optimizer step, and a view would keep the whole
 /// buffer (the input gradient with it) alive that long.
@@ -323,31 +317,14 @@ pub(crate) fn owned_part(all: &Tensor, start: usize, len: usize) -> Result<Tenso
 }
 
 /// The distance to keep between rows of `len` values of a row-major left operand of
-/// [`gemm_into`] whose columns the product reads (`k` along the rows): `len` rounded up to an
-/// odd number of cache lines. The `gemm` crate packs such an operand one value at a time, 64
-/// rows at once; at a power-of-two row length (every chunk of a ResNet on 32² images) those
-/// rows all fall in one set of the L1 cache and each read misses it.
+/// [`gemm_in`](ssl_linalg::bf16_gemm::gemm_in) whose columns the product reads (`k` along the
+/// rows): `len` rounded up to an odd number of cache lines. The `gemm` crate packs such an
+/// operand one value at a time, 64 rows at once; at a power-of-two row length (every chunk of a
+/// ResNet on 32² images) those rows all fall in one set of the L1 cache and each read misses it.
 pub(crate) fn row_stride<T>(len: usize) -> usize {
     let per_line = (64 / std::mem::size_of::<T>()).max(1);
     let lines = len.div_ceil(per_line);
     (lines | 1) * per_line
-}
-
-/// `dst (+)= a b` for `[m, k]` × `[k, n]`, single-threaded, its operands in `precision`
-/// ([`gemm_in`]).
-///
-/// # Safety
-/// Every matrix lies in memory valid for its strides, and nothing else writes `dst`.
-pub(crate) unsafe fn gemm_into<T: Float>(
-    precision: Precision,
-    dims: (usize, usize, usize),
-    dst: (*mut T, usize, usize),
-    a: Mat<T>,
-    b: Mat<T>,
-    accumulate: bool,
-) {
-    // SAFETY: the caller's contract.
-    unsafe { gemm_in(precision, dims, dst, a, b, accumulate) }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! at stride 1, else `dyᵀ·W` added back patch by patch) and the weight gradient (Winograd's, or
 //! one of three im2col sums), each summed in an order fixed by the shapes.
 
+use ssl_linalg::bf16_gemm::gemm_in;
 use ssl_linalg::{for_each_chunk_mut, for_each_index};
 
 use super::forward::conv_forward_into;
@@ -12,7 +13,7 @@ use super::im2col::{
 use super::skinny::{skinny_input_grad, skinny_weight_grad};
 use super::winograd::Winograd;
 use super::Shared;
-use crate::util::{gemm_into, row_stride, written_whole, Float, Scratch};
+use crate::util::{row_stride, written_whole, Float, Scratch};
 
 /// Weight-gradient partial sums of the backward: a fixed count, so the result does not depend
 /// on the number of threads.
@@ -162,7 +163,7 @@ pub(super) fn input_grad_patches<T: Float>(
             // SAFETY: dpatches is this task's own; dy and W̃ are read in bounds; the chunk's images
             // of dx are written by this task alone.
             unsafe {
-                gemm_into(
+                gemm_in(
                     g.products,
                     (positions.len(), rows, o),
                     (dpatches.as_mut_ptr(), rows, 1),
@@ -247,7 +248,7 @@ pub(super) fn row_block_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out
                 im2col_chunk(&g, x, (n0, count), first_row, (col, ld));
                 // SAFETY: dwt is this task's own; dy and col are read in bounds.
                 unsafe {
-                    gemm_into(
+                    gemm_in(
                         g.products,
                         (block_rows, o, width),
                         (dwt.as_mut_ptr(), o, 1),
@@ -284,7 +285,7 @@ pub(super) fn stem_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &mu
         let (n0, width) = chunk_columns(&g, x, (chunk, chunks), col);
         // SAFETY: dW is this task's own; dy and col are read in bounds.
         unsafe {
-            gemm_into(
+            gemm_in(
                 g.products,
                 (o, rows, width),
                 (dw.as_mut_ptr(), rows, 1),
@@ -331,7 +332,7 @@ pub(super) fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &m
         }
         // SAFETY: dW is this task's own; dyᵀ and the patches are read in bounds.
         unsafe {
-            gemm_into(
+            gemm_in(
                 g.products,
                 (o, rows, count),
                 (dw.as_mut_ptr(), rows, 1),

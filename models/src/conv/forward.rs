@@ -1,6 +1,7 @@
 //! The CPU forward of the convolution op: a skinny convolution's products, Winograd's algorithm
 //! where it applies, else im2col and one GEMM chunk by chunk of images.
 
+use ssl_linalg::bf16_gemm::gemm_in;
 use ssl_linalg::for_each_index;
 
 use super::geom::Geom;
@@ -8,7 +9,7 @@ use super::im2col::{chunk_columns, PhaseRows};
 use super::skinny::skinny_forward_into;
 use super::winograd::Winograd;
 use super::Shared;
-use crate::util::{gemm_into, written_whole, Float, Scratch};
+use crate::util::{written_whole, Float, Scratch};
 
 /// `y = W · im2col(x)`: `[O, N·S_out]`, chunk by chunk of images on Candle's workers.
 pub(super) fn conv_forward<T: Float>(g: Geom, x: &[T], w: &[T], o: usize) -> Vec<T> {
@@ -43,7 +44,7 @@ pub(super) fn im2col_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [
         let (n0, width) = chunk_columns(&g, x, (chunk, chunks), col);
         // SAFETY: `y` is [O, N·S_out]; this chunk writes its own columns of every row.
         unsafe {
-            gemm_into(
+            gemm_in(
                 g.products,
                 (o, width, rows),
                 (out.0.add(n0 * per_image), cols, 1),

@@ -1,12 +1,13 @@
 //! The three products of a *skinny* convolution (few output positions against a large weight),
 //! each reading or writing `W` once, in place, on the column matrix of the whole batch.
 
+use ssl_linalg::bf16_gemm::gemm_in;
 use ssl_linalg::{for_each_chunk_mut, for_each_index};
 
 use super::geom::Geom;
 use super::im2col::{col2im_chunk, im2col_chunk, PhaseRows};
 use super::Shared;
-use crate::util::{gemm_into, Float, Scratch};
+use crate::util::{Float, Scratch};
 
 /// Most columns (`N·S_out`, output positions of the batch) of a *skinny* convolution: one whose
 /// weight matrix dwarfs its columns (the 3D ResNet's 2³ layers: `W` 512 × 13,824, 32 columns).
@@ -60,7 +61,7 @@ pub(super) fn skinny_forward_into<T: Float>(g: Geom, x: &[T], w: &[T], y: &mut [
             let first = block * block_channels;
             // SAFETY: `part` holds this block's rows of y; the columns and W are read in bounds.
             unsafe {
-                gemm_into(
+                gemm_in(
                     g.products,
                     (cols, part.len() / cols, rows),
                     (part.as_mut_ptr(), 1, cols),
@@ -88,7 +89,7 @@ pub(super) fn skinny_input_grad<T: Float>(g: Geom, w: &[T], dy: &[T], dx: &mut [
             let first = block * block_rows;
             // SAFETY: `part` holds this block's rows of dcol; dy and W are read in bounds.
             unsafe {
-                gemm_into(
+                gemm_in(
                     g.products,
                     (cols, part.len() / cols, o),
                     (part.as_mut_ptr(), 1, cols),
@@ -129,7 +130,7 @@ pub(super) fn skinny_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw: &mut 
             let taps = block * rows / SKINNY_BLOCKS..(block + 1) * rows / SKINNY_BLOCKS;
             // SAFETY: dW is [O, C·k_vol]; this block writes its own columns `taps`.
             unsafe {
-                gemm_into(
+                gemm_in(
                     g.products,
                     (o, taps.len(), cols),
                     (out.0.add(taps.start), rows, 1),

@@ -1,6 +1,7 @@
 //! The weight gradient of Winograd's algorithm: `dU` summed over the chunks from the transformed
 //! inputs and output gradients, then `dW = Gᵀ dU G`.
 
+use ssl_linalg::bf16_gemm::gemm_in;
 use ssl_linalg::for_each_index;
 
 use super::super::backward::group_partial_sums;
@@ -9,7 +10,7 @@ use super::chunks::for_each_step_channel;
 use super::transforms::{transform_axes, Transforms};
 use super::Minimal;
 use crate::autocast::Precision;
-use crate::util::{gemm_into, vectorized, written_whole, Float, Scratch};
+use crate::util::{vectorized, written_whole, Float, Scratch};
 
 /// Input channels per task of the weight gradient's last step: each task writes a run of
 /// `16 · k_vol` values in every row of `dW` (`[O, C·k_vol]`) instead of `k_vol`, a row apart,
@@ -53,7 +54,7 @@ where
                         // SAFETY: dU holds `points` blocks of `C·O` values, this task's block
                         // ξ alone; the chunk's V and Ŷ hold the blocks read.
                         unsafe {
-                            gemm_into(
+                            gemm_in(
                                 Precision::F32,
                                 (c, o, step.lane),
                                 (du_ptr.0.add(xi * c * o), o, 1),
@@ -125,7 +126,7 @@ where
                     for xi in 0..points {
                         // SAFETY: du, v and dyt hold `points` blocks of the sizes used.
                         unsafe {
-                            gemm_into(
+                            gemm_in(
                                 Precision::F32,
                                 (g.c, o, lane),
                                 (du[xi * g.c * o..].as_mut_ptr(), o, 1),

@@ -1,6 +1,7 @@
 //! The forward of Winograd's algorithm: per chunk of images, the input transform, one GEMM per
 //! transform point and the output transform; or, of few chunks, each step shared out.
 
+use ssl_linalg::bf16_gemm::gemm_in;
 use ssl_linalg::for_each_index;
 
 use super::super::Shared;
@@ -8,7 +9,7 @@ use super::chunks::for_each_step_channel;
 use super::transforms::Transforms;
 use super::Minimal;
 use crate::autocast::Precision;
-use crate::util::{gemm_into, vectorized, Float, Scratch};
+use crate::util::{vectorized, Float, Scratch};
 
 impl<const M: usize, const N: usize> Minimal<M, N>
 where
@@ -49,7 +50,7 @@ where
                 for xi in 0..points {
                     // SAFETY: m, u and v hold `points` blocks of the sizes read and written.
                     unsafe {
-                        gemm_into(
+                        gemm_in(
                             Precision::F32,
                             (o, lane, g.c),
                             (m[xi * o * lane..].as_mut_ptr(), lane, 1),
@@ -93,7 +94,7 @@ where
                 // SAFETY: the chunk's M and V, from `out_at` and `v_at`, hold `points` blocks of
                 // the sizes written and read; this task alone writes block ξ of its M.
                 unsafe {
-                    gemm_into(
+                    gemm_in(
                         Precision::F32,
                         (o, step.lane, c),
                         (m_ptr.0.add(step.out_at + xi * o * step.lane), step.lane, 1),
