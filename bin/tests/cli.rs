@@ -5,8 +5,8 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 /// Threads of every `ssl` these tests start. The harness runs as many tests at once as there are
-/// cores, and runs of two threads each then wait on each other's spinning workers: this file
-/// took 238 s that way on 2 cores, 137 s with one thread a run.
+/// cores, so one thread a run fills them without contention: on 2 cores this file took 137 s so,
+/// and 238 s with two threads a run (measured before Candle's waits yielded: vendor/README.md).
 const THREADS: &str = "1";
 
 fn ssl(args: &[&str]) -> Output {

@@ -8,6 +8,25 @@ use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 
 const DEFAULT_BARRIER_POOL_SPIN_LIMIT: u32 = 25_000;
+/// Spins (about 50 µs) a waiting thread takes before it starts yielding its core between checks.
+const YIELD_AFTER_SPINS: u32 = 2_000;
+
+/// Waits until `ready()`: spinning at first, then yielding the core between checks. A thread
+/// waited for may have been descheduled (more runnable threads than cores: two runs on one
+/// machine); yielding lets it run on this core, where spinning would hold the core through the
+/// rest of the time slice. On an idle machine `yield_now` returns at once and this still spins.
+#[inline]
+fn wait_until(ready: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while !ready() {
+        if spins < YIELD_AFTER_SPINS {
+            spins += 1;
+            spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
 
 /// Per-worker control on its own 64-byte cache line to prevent false sharing.
 #[repr(C, align(64))]
@@ -211,9 +230,8 @@ impl BarrierPool {
 
                             // Reduce: wait for all children before signalling parent.
                             for &child in &children {
-                                while inner.slots[child].done.load(Ordering::Acquire) != gen {
-                                    spin_loop();
-                                }
+                                let done = &inner.slots[child].done;
+                                wait_until(|| done.load(Ordering::Acquire) == gen);
                             }
 
                             // Signal done unconditionally so main/parent never deadlocks.
@@ -259,9 +277,8 @@ struct BarrierGuard<'a> {
 impl Drop for BarrierGuard<'_> {
     fn drop(&mut self) {
         for &root in self.roots {
-            while self.inner.slots[root].done.load(Ordering::Acquire) != self.gen {
-                spin_loop();
-            }
+            let done = &self.inner.slots[root].done;
+            wait_until(|| done.load(Ordering::Acquire) == self.gen);
         }
         // Always clear any stored panic. Propagate unless main is not already unwinding.
         let payload = self.inner.panic_payload.lock().unwrap().take();
