@@ -4,7 +4,7 @@
 # backward and optimiser from results.json's phases) and the trained encoder's k-NN accuracy.
 # A failed run's last lines are in OUT/NAME.log.
 #
-#   cargo build --release -p ssl
+#   cargo build --release --bin ssl
 #   tools/objectives_on_digits.sh [OUT]      # EPOCHS=5 SSL=target/release/ssl
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

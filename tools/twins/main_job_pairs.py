@@ -6,7 +6,7 @@ steps with their epoch monitor, without setup and the end-of-run evaluation) com
 twin's JSON line and from the `phases` of our `results.json`. The table gives each side's median
 and the per-pair ratios ours / PyTorch (median and range), over all pairs and over each order.
 
-    cargo build --release -p ssl
+    cargo build --release --bin ssl
     python3 tools/twins/main_job_pairs.py [--pairs 4] [--objective frossl --views 8] [--threads 2]
         [--bf16]
 """
