@@ -5,8 +5,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 /// Threads of every `ssl` these tests start. The harness runs as many tests at once as there are
-/// cores, so one thread a run fills them without contention: on 2 cores this file took 137 s so,
-/// and 238 s with two threads a run (measured before Candle's waits yielded: vendor/README.md).
+/// cores, so one thread a run fills them without contention: on 2 cores this file took 155 s so,
+/// and 212 s with two threads a run (back to back; 137 and 238 s before Candle's waits yielded,
+/// vendor/README.md).
 const THREADS: &str = "1";
 
 fn ssl(args: &[&str]) -> Output {
