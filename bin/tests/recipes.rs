@@ -124,8 +124,8 @@ fn check(file: &Path) -> Option<String> {
 fn smoke_all(files: &[PathBuf]) {
     // The CIFAR-100 halves grids (many cells, 100 classes to evaluate), the 3D ResNet at 28³,
     // STL-10's 96-px images, then two ResNet-50 models a cell with 257 classes: started first,
-    // the long ones do not end the run alone (104, 88, 61, 56 and 53 s of 309 on this 2-core
-    // machine, the others 12-50 s).
+    // the long ones do not end the run alone (285, 47, 47, 32 and 22 s in one run of this test
+    // on a 2-core machine, 2026-12-07; the others 0.2-26 s).
     const SLOWEST: [&str; 5] = [
         "sag-vicreg-generalise-vit-cifar100",
         "sag-vicreg-generalise-cifar100",
