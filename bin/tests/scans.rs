@@ -9,8 +9,9 @@ use std::process::{Command, Output};
 
 use ssl_data::scans::fixtures;
 
-/// `ssl ARGS` with its cache under `dir`, on one thread: the harness runs tests side by side,
-/// and two-thread runs sharing two cores wait on each other's spinning workers.
+/// `ssl ARGS` with its cache under `dir`, on one thread: the harness runs as many tests at once
+/// as there are cores, which one thread a run fills without contention (`tests/cli.rs` measured
+/// it).
 fn ssl(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ssl"))
         .args(args)

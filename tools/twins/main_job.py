@@ -136,7 +136,7 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true",
-                   help="the views' forward and the loss under torch.autocast('cpu', bfloat16)")
+                   help="encoder and projector under torch.autocast('cpu', bfloat16); loss and probe f32")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
