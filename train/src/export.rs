@@ -15,7 +15,7 @@ use candle_core::Tensor;
 
 use crate::checkpoint;
 use crate::config::{EvaluatedEncoder, RunConfig};
-use ssl_core::{atomic, ParamStore};
+use ssl_core::ParamStore;
 
 /// Prefix of the encoder's tensors in a run's checkpoint.
 pub const ENCODER_PREFIX: &str = EvaluatedEncoder::Student.prefix();
@@ -84,12 +84,7 @@ pub fn export_encoder(run_dir: &Path, out: &Path) -> Result<Exported> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let metadata = metadata(&cfg);
-    let bytes = safetensors::serialize(
-        encoder.iter().map(|(k, t)| (k.as_str(), t)),
-        Some(metadata.clone().into_iter().collect()),
-    )
-    .with_context(|| format!("cannot serialise the encoder for {}", out.display()))?;
-    atomic::write(out, &bytes)?;
+    checkpoint::write_safetensors(out, &encoder, Some(metadata.clone().into_iter().collect()))?;
     Ok(Exported {
         path: out.to_path_buf(),
         keys: encoder.into_keys().collect(),
