@@ -356,7 +356,7 @@ pub struct CompareArgs {
     #[arg(long)]
     pub threads: Option<usize>,
     /// Check the recipe in seconds instead of running it: every objective and view count for one
-    /// epoch, first seed, smallest batch (≤ 4), the first 8 classes of each half (`ssl
+    /// epoch, first seed, smallest batch (≤ 4), the first 4 classes of each half (`ssl
     /// generalise`), on data synthesised in the data set's exact format under OUT/data (OUT
     /// default runs/smoke/NAME); any failed cell is an error.
     #[arg(long)]

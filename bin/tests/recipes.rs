@@ -124,8 +124,9 @@ fn check(file: &Path) -> Option<String> {
 fn smoke_all(files: &[PathBuf]) {
     // The CIFAR-100 halves grids (many cells, 100 classes to evaluate), the 3D ResNet at 28³,
     // STL-10's 96-px images, then two ResNet-50 models a cell with 257 classes: started first,
-    // the long ones do not end the run alone (285, 47, 47, 32 and 22 s in one run of this test
-    // on a 2-core machine, 2026-12-07; the others 0.2-26 s).
+    // the long ones do not end the run alone (186, 35, 50, 32 and 21 s in one run of this test
+    // on a 2-core machine, 2026-12-07, after the halves' smoke went to 4 classes; the others
+    // 0.2-29 s, 511 s in all).
     const SLOWEST: [&str; 5] = [
         "sag-vicreg-generalise-vit-cifar100",
         "sag-vicreg-generalise-cifar100",

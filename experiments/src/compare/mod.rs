@@ -19,5 +19,8 @@ mod tests;
 
 pub use grid::{default_metrics, Cell, Grid, ObjectiveEntry};
 pub use runs::{run, run_cell, Outcome};
-pub use smoke::{SMOKE_BATCH, SMOKE_HALF_CLASSES, SMOKE_SIZE, SMOKE_TRAIN_SIZE, SMOKE_WIDTH};
+pub use smoke::{
+    SMOKE_BATCH, SMOKE_HALF_CLASSES, SMOKE_HALF_TRAIN_SIZE, SMOKE_SIZE, SMOKE_TRAIN_SIZE,
+    SMOKE_WIDTH,
+};
 pub use summary::mean_std;

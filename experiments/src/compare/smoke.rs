@@ -15,12 +15,13 @@ pub const SMOKE_TRAIN_SIZE: usize = 16;
 /// Side a smoke run shrinks an image folder's images to (a multiple of a ViT's 16-px patches).
 pub const SMOKE_SIZE: usize = 32;
 /// Classes a smoke run keeps of each half of a halves grid (the first listed): the protocol's
-/// training, pairs and trees run on 8 classes as on 50, and the evaluation embeds a sixth of
-/// the images (a ViT-B cell's evaluation was most of its smoke run). The synthesised archives
-/// and folders hold 2 training images a class, so 8 classes give the [`SMOKE_TRAIN_SIZE`]
-/// pretraining images.
-pub const SMOKE_HALF_CLASSES: usize = 8;
-const _: () = assert!(2 * SMOKE_HALF_CLASSES >= SMOKE_TRAIN_SIZE);
+/// training, pairs and trees run on 4 classes (6 pairs) as on 50. Each half pretrains on
+/// [`SMOKE_HALF_TRAIN_SIZE`] images and embeds 2 test images a class, so a ViT-B cell's steps
+/// and evaluation, most of its smoke run, are half what the [`SMOKE_TRAIN_SIZE`] would cost.
+pub const SMOKE_HALF_CLASSES: usize = 4;
+/// Instances each half of a halves grid's smoke run pretrains on: the synthesised archives
+/// hold 2 training images a class.
+pub const SMOKE_HALF_TRAIN_SIZE: usize = 2 * SMOKE_HALF_CLASSES;
 /// Widest projector layer a smoke run keeps: the papers' 8192-wide expanders (about 150 M
 /// parameters behind a ResNet-50) are most of a smoke run's time and none of what it checks.
 pub const SMOKE_WIDTH: usize = 256;
@@ -35,7 +36,8 @@ impl Grid {
     /// their official layouts, Caltech-256's extracted tree, or an ImageNet-style JPEG folder
     /// with the recipe's class directories — so that every cell's configuration, data path,
     /// encoder and objective is exercised in seconds. Pretraining sees a stratified subset of
-    /// [`SMOKE_TRAIN_SIZE`] images; where the reader takes any size, images are shrunk to
+    /// [`SMOKE_TRAIN_SIZE`] images (a halves grid's halves [`SMOKE_HALF_TRAIN_SIZE`] each);
+    /// where the reader takes any size, images are shrunk to
     /// [`SMOKE_SIZE`] px (MedMNIST 2D: its 64-px files; volumes keep theirs); projector layers
     /// wider than [`SMOKE_WIDTH`] are cut to it; each half of a halves grid keeps its first
     /// [`SMOKE_HALF_CLASSES`] classes; the encoder, the projector's depth and the
@@ -117,7 +119,11 @@ impl Grid {
         // instances would leave a last batch of one, which a batch-normed projector refuses.
         // (The probe learns the classes the subset has; the others score 0, which a smoke run
         // does not look at.)
-        self.set.push(format!("data.train_size={SMOKE_TRAIN_SIZE}"));
+        let train_size = match self.halves {
+            Some(_) => SMOKE_HALF_TRAIN_SIZE,
+            None => SMOKE_TRAIN_SIZE,
+        };
+        self.set.push(format!("data.train_size={train_size}"));
         self.set.push(format!("data.root='{}'", root.display()));
         self.cap_projectors(&cells)?;
         let forced = self.set[first..].to_vec();
@@ -126,7 +132,7 @@ impl Grid {
                 list.extend(forced.iter().map(|s| s.as_str().into()));
             }
         }
-        self.raise_small_batches(&cells, &recipe_cells)
+        self.raise_small_batches(&cells, &recipe_cells, train_size)
     }
 
     /// Adds to each entry's `set` its smoke cells' projector with every layer wider than
@@ -152,10 +158,16 @@ impl Grid {
 
     /// Has an entry that needs a larger batch than the smoke's (W-MSE whitens sub-batches of
     /// `w_size`; a batch-normed projector needs 2 where IConE's grids go down to 1) train one
-    /// batch of its smallest, on as many images: the built-in sets hold them; a synthesised
-    /// file holds [`SMOKE_TRAIN_SIZE`], and the run says so. The limit is read from the
-    /// recipe's largest batch of the entry (`recipe_cells`), as the real run builds it.
-    fn raise_small_batches(&mut self, cells: &[Cell], recipe_cells: &[Cell]) -> Result<()> {
+    /// batch of its smallest, on as many images (at least the smoke's `train_size`): the
+    /// built-in sets hold them; a synthesised file holds fewer, and the run says so. The limit
+    /// is read from the recipe's largest batch of the entry (`recipe_cells`), as the real run
+    /// builds it.
+    fn raise_small_batches(
+        &mut self,
+        cells: &[Cell],
+        recipe_cells: &[Cell],
+        train_size: usize,
+    ) -> Result<()> {
         for value in &mut self.objectives {
             let label = ObjectiveEntry::parse(value)?.label().to_string();
             let smoke = cells.iter().find(|c| c.label == label);
@@ -170,7 +182,7 @@ impl Grid {
                 .with_context(|| format!("objective entry `{label}`"))?;
             if need > smoke.batch_size {
                 entry_map(value)?.insert("batch_sizes".into(), vec![need as u64].into());
-                let set = format!("data.train_size={}", need.max(SMOKE_TRAIN_SIZE));
+                let set = format!("data.train_size={}", need.max(train_size));
                 entry_set(value)?.push(set.into());
             }
         }

@@ -8,7 +8,7 @@ use ssl_train::config::RunConfig;
 
 use super::runs::{config_text, same_config};
 use super::summary::Summary;
-use super::{Cell, Grid, Outcome, SMOKE_HALF_CLASSES, SMOKE_TRAIN_SIZE};
+use super::{Cell, Grid, Outcome, SMOKE_HALF_CLASSES, SMOKE_HALF_TRAIN_SIZE, SMOKE_TRAIN_SIZE};
 
 fn grid(yaml: &str) -> Result<Grid> {
     Ok(serde_yaml::from_str(yaml)?)
@@ -69,7 +69,8 @@ fn a_smoke_run_keeps_every_entry_and_view_at_one_small_cheap_cell() -> Result<()
     let [a, b] = halves.halves.clone().expect("halves");
     assert_eq!((a.len(), b.len()), (SMOKE_HALF_CLASSES, 2));
     let a = halves.half(&[a, b], 0).cells()?;
-    assert_eq!(a[0].config.data.classes, [0, 1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(a[0].config.data.classes, [0, 1, 2, 3]);
+    assert_eq!(a[0].config.data.train_size, SMOKE_HALF_TRAIN_SIZE);
     assert!(a[0].config.out.starts_with(dir.path().join("half-a")));
     Ok(())
 }
