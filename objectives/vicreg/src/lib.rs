@@ -39,6 +39,7 @@
 
 pub mod ctr;
 pub mod exp;
+mod fused;
 pub mod lse;
 pub mod vicreg;
 

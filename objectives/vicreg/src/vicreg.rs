@@ -73,8 +73,27 @@ pub(crate) fn covariance_of_centred(c: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 /// The unweighted VICReg terms of `z`: `[V, B, d]`, V ≥ 2: pair-mean invariance,
-/// `(1/V) Σ_v v(Z_v)` and `(2/V) Σ_v c(Z_v)`.
+/// `(1/V) Σ_v v(Z_v)` and `(2/V) Σ_v c(Z_v)`. On the CPU one op each way (`fused.rs`),
+/// elsewhere the composition of [`pairwise_invariance`], [`mean_variance`] and
+/// [`mean_covariance`].
 pub fn vicreg_terms(z: &Tensor) -> candle_core::Result<VicregTerms> {
+    let (v, b, _) = z.dims3()?;
+    if !z.device().is_cpu() {
+        return composed_terms(z);
+    }
+    if v < 2 || b < 2 {
+        candle_core::bail!("VICReg's terms need at least 2 views of 2 instances, got {v} of {b}");
+    }
+    let terms = crate::fused::terms(z)?;
+    Ok(VicregTerms {
+        invariance: terms.get(0)?,
+        variance: terms.get(1)?,
+        covariance: terms.get(2)?,
+    })
+}
+
+/// [`vicreg_terms`] as Candle ops.
+fn composed_terms(z: &Tensor) -> candle_core::Result<VicregTerms> {
     let centred = centred_dimensions(z)?;
     Ok(VicregTerms {
         invariance: pairwise_invariance(z)?,
@@ -216,6 +235,64 @@ mod tests {
             let z = randn(0f64, 0.5, (views, 5, 3), &Device::Cpu)?;
             let err = ssl_core::testing::max_gradient_error(&z, |z| vicreg_loss(z, &cfg))?;
             assert!(err < 1e-6, "V = {views}: relative gradient error {err}");
+        }
+        Ok(())
+    }
+
+    /// The CPU's fused terms equal the composed ones in value and in gradient (against random
+    /// weights on the three terms), for B < d and B ≥ d, two and three views, dimensions on
+    /// both sides of the variance hinge and a constant one, in f64 and in f32 at the main
+    /// job's `[2, 128, 512]`.
+    #[test]
+    fn fused_terms_equal_the_composed_ops() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let mut constant_column = randn(0f64, 2.0, (2, 6, 4), &dev)?.to_vec3::<f64>()?;
+        for view in &mut constant_column {
+            for row in view {
+                row[2] = 0.5;
+            }
+        }
+        let cases = [
+            (randn(0f64, 0.5, (2, 5, 3), &dev)?, 1e-12),
+            (randn(0f64, 2.0, (3, 4, 6), &dev)?, 1e-12),
+            (randn(0f64, 1.0, (3, 7, 4), &dev)?.transpose(1, 2)?, 1e-12),
+            (Tensor::new(constant_column, &dev)?, 1e-12),
+            (randn(0f32, 1.0, (2, 128, 512), &dev)?, 1e-4),
+        ];
+        for (z, tolerance) in cases {
+            let var = candle_core::Var::from_tensor(&z)?;
+            let weights = randn(0f64, 1., 3, &dev)?.to_dtype(z.dtype())?;
+            let stacked =
+                |t: VicregTerms| Tensor::stack(&[t.invariance, t.variance, t.covariance], 0);
+            let fused = stacked(vicreg_terms(var.as_tensor())?)?;
+            let composed = stacked(composed_terms(var.as_tensor())?)?;
+            let gradient = |terms: &Tensor| -> candle_core::Result<Tensor> {
+                let grads = (terms * &weights)?.sum_all()?.backward()?;
+                Ok(grads.get(&var).expect("a gradient").clone())
+            };
+            let relative = |a: &Tensor, b: &Tensor| -> candle_core::Result<f64> {
+                let scale = b
+                    .abs()?
+                    .max_all()?
+                    .to_dtype(DType::F64)?
+                    .to_scalar::<f64>()?;
+                let gap = (a - b)?.abs()?.max_all()?.to_dtype(DType::F64)?;
+                Ok(gap.to_scalar::<f64>()? / scale.max(1e-3))
+            };
+            let (values, gradients) = (
+                relative(&fused, &composed)?,
+                relative(&gradient(&fused)?, &gradient(&composed)?)?,
+            );
+            assert!(
+                values < tolerance,
+                "{:?}: values differ by {values}",
+                z.dims()
+            );
+            assert!(
+                gradients < tolerance,
+                "{:?}: gradients differ by {gradients}",
+                z.dims()
+            );
         }
         Ok(())
     }

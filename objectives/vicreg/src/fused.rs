@@ -1,0 +1,283 @@
+//! [`vicreg_terms`](crate::vicreg_terms) on the CPU as one op each way.
+//!
+//! The composed terms (the mean view and the distances from it, each view centred
+//! dimension-major, the per-dimension variances and their hinge, each view's smaller Gram
+//! matrix and its squared sums) are about twenty Candle ops forward and more backward over
+//! `[V, B, d]`; at the main job's `[2, 128, 512]` their dispatch and buffers cost more than the
+//! Gram products. Here the forward is one pass per view plus its Gram product, and the backward
+//! one pass plus one product per view, from what the forward kept.
+//!
+//! With `C_v` the view centred over the batch, `s_j = Σ_b C_bj²`, `σ_j = √(s_j/(B−1) + 1e-4)`,
+//! `G_v = C_v C_vᵀ` (or `C_vᵀC_v` when `B ≥ d`) and upstream gradients `g_i`, `g_v`, `g_c`:
+//!
+//! - invariance `(2/((V−1)Bd)) Σ_v ‖Z_v − Z̄‖²`: `∂/∂Z_v = (4/((V−1)Bd))·(Z_v − Z̄)`;
+//! - variance `(1/(Vd)) Σ_v Σ_j relu(1 − σ_j)`: `∂/∂C_bj = −[σ_j < 1]·C_bj/((B−1)·σ_j·V·d)`;
+//! - covariance `(2/(Vd)) Σ_v (‖G_v‖² − Σ_j s_j²)/(B−1)²`:
+//!   `∂/∂C_v = (8/(Vd(B−1)²))·(G_v C_v − C_v diag(s))` (`C_v G_v` for the `d × d` Gram);
+//!
+//! and through the centring, `∂/∂Z = ∂/∂C − mean_b ∂/∂C`.
+
+use std::sync::{Arc, OnceLock};
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, WithDType};
+use ssl_linalg::{for_each_chunk_mut, matmul_strided, Precision};
+
+/// `[3]`: the unweighted invariance, variance and covariance terms of `z`: `[V, B, d]`.
+pub(crate) fn terms(z: &Tensor) -> Result<Tensor> {
+    z.contiguous()?.apply_op1(Terms::default())
+}
+
+/// The variance's epsilon under the square root (spec §2.3).
+const EPS: f64 = 1e-4;
+
+/// What the forward keeps for the backward.
+struct Saved<T> {
+    /// `[V, B, d]`: each view centred over the batch.
+    centred: Vec<T>,
+    /// `[V, d]`: each dimension's mean over the batch, which `centred` lacks.
+    column_means: Vec<f64>,
+    /// `[V, d]`: `s_j`, each dimension's sum of squares.
+    squares: Vec<f64>,
+    /// `[V, R, R]`: each view's smaller Gram matrix.
+    gram: Vec<T>,
+    /// `[B, d]`: the mean view.
+    mean: Vec<f64>,
+}
+
+enum Kept {
+    F32(Saved<f32>),
+    F64(Saved<f64>),
+}
+
+#[derive(Default)]
+struct Terms {
+    kept: OnceLock<Arc<Kept>>,
+}
+
+impl CustomOp1 for Terms {
+    fn name(&self) -> &'static str {
+        "ssl-vicreg-terms"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let dims = layout.shape().dims3()?;
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("ssl-vicreg-terms expects a contiguous input");
+        };
+        let (out, kept) = match storage {
+            CpuStorage::F32(z) => {
+                let (out, saved) = forward(&z[start..end], dims)?;
+                (CpuStorage::F32(out), Kept::F32(saved))
+            }
+            CpuStorage::F64(z) => {
+                let (out, saved) = forward(&z[start..end], dims)?;
+                (CpuStorage::F64(out), Kept::F64(saved))
+            }
+            other => candle_core::bail!("VICReg's terms support f32 and f64, got {:?}", other),
+        };
+        // A graph evaluated again would run a new op; this one keeps its first forward.
+        let _ = self.kept.set(Arc::new(kept));
+        Ok((out, Shape::from(3)))
+    }
+
+    fn bwd(&self, z: &Tensor, _terms: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let Some(kept) = self.kept.get() else {
+            candle_core::bail!("ssl-vicreg-terms: backward before forward");
+        };
+        let backward = Backward {
+            kept: kept.clone(),
+            dims: z.dims3()?,
+        };
+        Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&backward)?))
+    }
+}
+
+/// The terms `[3]` and what the backward needs, of `z`: `[V, B, d]`.
+fn forward<T: WithDType>(z: &[T], (v, b, d): (usize, usize, usize)) -> Result<(Vec<T>, Saved<T>)> {
+    let mut mean = vec![0f64; b * d];
+    for view in z.chunks_exact(b * d) {
+        for (m, x) in mean.iter_mut().zip(view) {
+            *m += x.to_f64() / v as f64;
+        }
+    }
+    let spread: f64 = z
+        .chunks_exact(b * d)
+        .flat_map(|view| view.iter().zip(&mean))
+        .map(|(x, m)| (x.to_f64() - m) * (x.to_f64() - m))
+        .sum();
+    let mut centred = z.to_vec();
+    let mut squares = vec![0f64; v * d];
+    let mut column_means = vec![0f64; v * d];
+    let mut hinge = 0f64;
+    let per_view = centred
+        .chunks_exact_mut(b * d)
+        .zip(squares.chunks_exact_mut(d))
+        .zip(column_means.chunks_exact_mut(d));
+    for ((view, squares), column_mean) in per_view {
+        for row in view.chunks_exact(d) {
+            for (m, x) in column_mean.iter_mut().zip(row) {
+                *m += x.to_f64() / b as f64;
+            }
+        }
+        for row in view.chunks_exact_mut(d) {
+            for ((x, m), s) in row
+                .iter_mut()
+                .zip(column_mean.iter())
+                .zip(squares.iter_mut())
+            {
+                let c = x.to_f64() - m;
+                *x = T::from_f64(c);
+                *s += c * c;
+            }
+        }
+        for s in squares.iter() {
+            hinge += (1.0 - (s / (b as f64 - 1.0) + EPS).sqrt()).max(0.0);
+        }
+    }
+    let gram = smaller_grams(&centred, (v, b, d))?;
+    let r = b.min(d);
+    let off_diagonal: f64 = gram
+        .chunks_exact(r * r)
+        .zip(squares.chunks_exact(d))
+        .map(|(g, s)| {
+            let total: f64 = g.iter().map(|x| x.to_f64() * x.to_f64()).sum();
+            total - s.iter().map(|s| s * s).sum::<f64>()
+        })
+        .sum();
+    let vd = (v * d) as f64;
+    let out = [
+        spread * 2.0 / ((v - 1) * b * d) as f64,
+        hinge / vd,
+        off_diagonal * 2.0 / (vd * (b as f64 - 1.0).powi(2)),
+    ];
+    let saved = Saved {
+        centred,
+        column_means,
+        squares,
+        gram,
+        mean,
+    };
+    Ok((out.map(T::from_f64).to_vec(), saved))
+}
+
+/// Each view's `C Cᵀ` (`[B, B]`) if `B < d`, else `Cᵀ C` (`[d, d]`), as the composed form
+/// chooses.
+fn smaller_grams<T: WithDType>(c: &[T], (v, b, d): (usize, usize, usize)) -> Result<Vec<T>> {
+    let (r, transposed) = match b < d {
+        true => (b, false),
+        false => (d, true),
+    };
+    let mut out = vec![T::zero(); v * r * r];
+    for (view, g) in c.chunks_exact(b * d).zip(out.chunks_exact_mut(r * r)) {
+        match transposed {
+            false => matmul_strided(
+                Precision::F32,
+                (view, (d, 1)),
+                (view, (1, d)),
+                (b, b, d),
+                g,
+                false,
+            )?,
+            true => matmul_strided(
+                Precision::F32,
+                (view, (1, d)),
+                (view, (d, 1)),
+                (d, d, b),
+                g,
+                false,
+            )?,
+        }
+    }
+    Ok(out)
+}
+
+/// `∂L/∂Z` from the gradients of the three terms.
+struct Backward {
+    kept: Arc<Kept>,
+    dims: (usize, usize, usize),
+}
+
+impl CustomOp1 for Backward {
+    fn name(&self) -> &'static str {
+        "ssl-vicreg-terms-backward"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("ssl-vicreg-terms-backward expects a contiguous gradient");
+        };
+        let dims = self.dims;
+        let out = match (&*self.kept, storage) {
+            (Kept::F32(saved), CpuStorage::F32(g)) => {
+                CpuStorage::F32(backward(saved, &g[start..end], dims)?)
+            }
+            (Kept::F64(saved), CpuStorage::F64(g)) => {
+                CpuStorage::F64(backward(saved, &g[start..end], dims)?)
+            }
+            _ => candle_core::bail!("ssl-vicreg-terms-backward: the gradient's dtype differs"),
+        };
+        Ok((out, Shape::from(dims)))
+    }
+}
+
+fn backward<T: WithDType>(
+    saved: &Saved<T>,
+    grad: &[T],
+    (v, b, d): (usize, usize, usize),
+) -> Result<Vec<T>> {
+    let [g_inv, g_var, g_cov] = [0, 1, 2].map(|i| grad[i].to_f64());
+    // `G C` (or `C G`), every view.
+    let r = b.min(d);
+    let mut out = vec![T::zero(); v * b * d];
+    let views = saved
+        .centred
+        .chunks_exact(b * d)
+        .zip(saved.gram.chunks_exact(r * r));
+    for ((c, g), out) in views.zip(out.chunks_exact_mut(b * d)) {
+        let (a, x, dims) = match b < d {
+            true => ((g, (b, 1)), (c, (d, 1)), (b, d, b)),
+            false => ((c, (d, 1)), (g, (d, 1)), (b, d, d)),
+        };
+        matmul_strided(Precision::F32, a, x, dims, out, false)?;
+    }
+    let vd = (v * d) as f64;
+    let n1 = b as f64 - 1.0;
+    let cov_scale = g_cov * 8.0 / (vd * n1 * n1);
+    let inv_scale = g_inv * 4.0 / ((v - 1) * b * d) as f64;
+    for_each_chunk_mut(
+        &mut out,
+        b * d,
+        Vec::new,
+        |column_mean: &mut Vec<f64>, i, view| {
+            let c = &saved.centred[i * b * d..][..b * d];
+            let squares = &saved.squares[i * d..][..d];
+            let var_scale: Vec<f64> = squares
+                .iter()
+                .map(|s| {
+                    let sigma = (s / n1 + EPS).sqrt();
+                    match sigma < 1.0 {
+                        true => -g_var / (n1 * sigma * vd),
+                        false => 0.0,
+                    }
+                })
+                .collect();
+            // ∂L/∂C, and its mean over the batch by dimension.
+            column_mean.clear();
+            column_mean.resize(d, 0.0);
+            for (j, value) in view.iter_mut().enumerate() {
+                let col = j % d;
+                let x = c[j].to_f64();
+                let g = cov_scale * (value.to_f64() - x * squares[col]) + var_scale[col] * x;
+                *value = T::from_f64(g);
+                column_mean[col] += g / b as f64;
+            }
+            let means = &saved.column_means[i * d..][..d];
+            for (j, value) in view.iter_mut().enumerate() {
+                let z = c[j].to_f64() + means[j % d];
+                let invariance = inv_scale * (z - saved.mean[j]);
+                *value = T::from_f64(value.to_f64() - column_mean[j % d] + invariance);
+            }
+        },
+    );
+    Ok(out)
+}
