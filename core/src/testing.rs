@@ -162,6 +162,40 @@ pub fn max_gradient_error(x: &Tensor, loss: impl Fn(&Tensor) -> Result<Tensor>) 
     Ok(worst)
 }
 
+/// Asserts that a fused op's terms equal their composed form at `x` within `tolerance`: the
+/// terms, and the gradients of `Σ w · terms` (random weights `w`) with respect to `x`, each
+/// against the composed side's largest magnitude (at least 1e-3).
+pub fn assert_fused_matches_composed(
+    x: &Tensor,
+    tolerance: f64,
+    fused: impl Fn(&Tensor) -> Result<Tensor>,
+    composed: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<()> {
+    let var = Var::from_tensor(x)?;
+    let (fused, composed) = (fused(var.as_tensor())?, composed(var.as_tensor())?);
+    let weights = randn(0f64, 1., composed.shape(), x.device())?.to_dtype(x.dtype())?;
+    let gradient = |terms: &Tensor| -> Result<Tensor> {
+        let grads = (terms * &weights)?.sum_all()?.backward()?;
+        match grads.get(var.as_tensor()) {
+            Some(g) => Ok(g.clone()),
+            None => candle_core::bail!("the terms do not depend on their input"),
+        }
+    };
+    let relative = |a: &Tensor, b: &Tensor| -> Result<f64> {
+        let largest = |t: Tensor| t.abs()?.max_all()?.to_dtype(DType::F64)?.to_scalar::<f64>();
+        Ok(largest((a - b)?)? / largest(b.clone())?.max(1e-3))
+    };
+    let values = relative(&fused, &composed)?;
+    let gradients = relative(&gradient(&fused)?, &gradient(&composed)?)?;
+    let at = x.dims();
+    assert!(values < tolerance, "{at:?}: the terms differ by {values}");
+    assert!(
+        gradients < tolerance,
+        "{at:?}: the gradients differ by {gradients}"
+    );
+    Ok(())
+}
+
 /// A nested JSON array of numbers (a golden file's array, as the official code's scripts write
 /// them) as an f64 tensor of its shape.
 pub fn json_tensor(value: &serde_json::Value) -> Result<Tensor> {

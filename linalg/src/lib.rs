@@ -42,6 +42,7 @@ pub mod bf16_gemm;
 pub mod cholesky;
 pub mod columns;
 pub mod fast_math;
+pub mod fused_terms;
 pub mod gram;
 pub mod logdet;
 pub mod norm;
@@ -51,6 +52,7 @@ pub mod spectral;
 pub use bf16_gemm::Precision;
 pub use columns::{centre_and_scale_columns, mean_of_views, ColumnScale};
 pub use fast_math::exp_f32;
+pub use fused_terms::{apply_terms, TermsKernel};
 pub use gram::{gram, gram_of_columns};
 pub use norm::{l2_norm_keepdim, l2_normalize, logsumexp_rows, normalize_columns, normalize_rows};
 pub use parallel::{

@@ -17,21 +17,20 @@
 //! `∂L/∂Z = (G − Ẑ ⟨G, Ẑ⟩) / c` (`G / c` for a column under the floor, as the composed
 //! clamp passes no gradient).
 
-use std::sync::{Arc, OnceLock};
-
-use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, WithDType};
-use ssl_linalg::{for_each_chunk_mut, gram_blocks, matmul_strided, Precision};
+use candle_core::{Result, Shape, Tensor, WithDType};
+use ssl_linalg::{apply_terms, for_each_chunk_mut, gram_blocks, matmul_strided};
+use ssl_linalg::{Precision, TermsKernel};
 
 /// `[2, V]`: each view's `reg_v` (row 0) and `inv_v` at λ = 1 (row 1) of `z`: `[V, N, D]`.
 pub(crate) fn terms(z: &Tensor) -> Result<Tensor> {
-    z.contiguous()?.apply_op1(Terms::default())
+    apply_terms::<FrosslTerms>(z)
 }
 
 /// The smallest column norm divided by (spec §0), as `normalize_columns`.
 const NORM_FLOOR: f64 = 1e-12;
 
 /// What the forward keeps for the backward.
-struct Saved<T> {
+pub(crate) struct Saved<T> {
     /// `[V, N, D]`: the normalised views.
     z_hat: Vec<T>,
     /// `[V, D]`: the column norms, `None` where a column was under the floor.
@@ -44,52 +43,22 @@ struct Saved<T> {
     mean: Vec<T>,
 }
 
-enum Kept {
-    F32(Saved<f32>),
-    F64(Saved<f64>),
-}
+struct FrosslTerms;
 
-#[derive(Default)]
-struct Terms {
-    kept: OnceLock<Arc<Kept>>,
-}
+impl TermsKernel for FrosslTerms {
+    const NAME: &'static str = "ssl-frossl-terms";
+    type Saved<T: WithDType> = Saved<T>;
 
-impl CustomOp1 for Terms {
-    fn name(&self) -> &'static str {
-        "ssl-frossl-terms"
+    fn terms_shape(dims: &[usize]) -> Shape {
+        Shape::from((2, dims[0]))
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (v, n, d) = layout.shape().dims3()?;
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("ssl-frossl-terms expects a contiguous input");
-        };
-        let (out, kept) = match storage {
-            CpuStorage::F32(z) => {
-                let (out, saved) = forward(&z[start..end], (v, n, d))?;
-                (CpuStorage::F32(out), Kept::F32(saved))
-            }
-            CpuStorage::F64(z) => {
-                let (out, saved) = forward(&z[start..end], (v, n, d))?;
-                (CpuStorage::F64(out), Kept::F64(saved))
-            }
-            other => candle_core::bail!("FroSSL's terms support f32 and f64, got {:?}", other),
-        };
-        // A graph evaluated again would run a new op; this one keeps its first forward.
-        let _ = self.kept.set(Arc::new(kept));
-        Ok((out, Shape::from((2, v))))
+    fn forward<T: WithDType>(z: &[T], dims: &[usize]) -> Result<(Vec<T>, Saved<T>)> {
+        forward(z, (dims[0], dims[1], dims[2]))
     }
 
-    fn bwd(&self, z: &Tensor, _terms: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let Some(kept) = self.kept.get() else {
-            candle_core::bail!("ssl-frossl-terms: backward before forward");
-        };
-        let backward = Backward {
-            kept: kept.clone(),
-            dims: z.dims3()?,
-        };
-        let grad = grad.contiguous()?.apply_op1_no_bwd(&backward)?;
-        Ok(Some(grad))
+    fn backward<T: WithDType>(saved: &Saved<T>, grad: &[T], dims: &[usize]) -> Result<Vec<T>> {
+        backward(saved, grad, (dims[0], dims[1], dims[2]))
     }
 }
 
@@ -172,33 +141,6 @@ fn smaller_grams<T: WithDType>(z_hat: &[T], (v, n, d): (usize, usize, usize)) ->
 }
 
 /// `∂L/∂Z` from the gradients of the terms, `[2, V]`.
-struct Backward {
-    kept: Arc<Kept>,
-    dims: (usize, usize, usize),
-}
-
-impl CustomOp1 for Backward {
-    fn name(&self) -> &'static str {
-        "ssl-frossl-terms-backward"
-    }
-
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("ssl-frossl-terms-backward expects a contiguous gradient");
-        };
-        let out = match (&*self.kept, storage) {
-            (Kept::F32(saved), CpuStorage::F32(g)) => {
-                CpuStorage::F32(backward(saved, &g[start..end], self.dims)?)
-            }
-            (Kept::F64(saved), CpuStorage::F64(g)) => {
-                CpuStorage::F64(backward(saved, &g[start..end], self.dims)?)
-            }
-            _ => candle_core::bail!("ssl-frossl-terms-backward: the gradient's dtype differs"),
-        };
-        Ok((out, Shape::from(self.dims)))
-    }
-}
-
 fn backward<T: WithDType>(
     saved: &Saved<T>,
     grad: &[T],

@@ -17,21 +17,19 @@
 //!
 //! and through the centring, `∂/∂Z = ∂/∂C − mean_b ∂/∂C`.
 
-use std::sync::{Arc, OnceLock};
-
-use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, WithDType};
-use ssl_linalg::{for_each_chunk_mut, matmul_strided, Precision};
+use candle_core::{Result, Shape, Tensor, WithDType};
+use ssl_linalg::{apply_terms, for_each_chunk_mut, matmul_strided, Precision, TermsKernel};
 
 /// `[3]`: the unweighted invariance, variance and covariance terms of `z`: `[V, B, d]`.
 pub(crate) fn terms(z: &Tensor) -> Result<Tensor> {
-    z.contiguous()?.apply_op1(Terms::default())
+    apply_terms::<VicregTerms>(z)
 }
 
 /// The variance's epsilon under the square root (spec §2.3).
 const EPS: f64 = 1e-4;
 
 /// What the forward keeps for the backward.
-struct Saved<T> {
+pub(crate) struct Saved<T> {
     /// `[V, B, d]`: each view centred over the batch.
     centred: Vec<T>,
     /// `[V, d]`: each dimension's mean over the batch, which `centred` lacks.
@@ -44,51 +42,22 @@ struct Saved<T> {
     mean: Vec<f64>,
 }
 
-enum Kept {
-    F32(Saved<f32>),
-    F64(Saved<f64>),
-}
+struct VicregTerms;
 
-#[derive(Default)]
-struct Terms {
-    kept: OnceLock<Arc<Kept>>,
-}
+impl TermsKernel for VicregTerms {
+    const NAME: &'static str = "ssl-vicreg-terms";
+    type Saved<T: WithDType> = Saved<T>;
 
-impl CustomOp1 for Terms {
-    fn name(&self) -> &'static str {
-        "ssl-vicreg-terms"
+    fn terms_shape(_dims: &[usize]) -> Shape {
+        Shape::from(3)
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let dims = layout.shape().dims3()?;
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("ssl-vicreg-terms expects a contiguous input");
-        };
-        let (out, kept) = match storage {
-            CpuStorage::F32(z) => {
-                let (out, saved) = forward(&z[start..end], dims)?;
-                (CpuStorage::F32(out), Kept::F32(saved))
-            }
-            CpuStorage::F64(z) => {
-                let (out, saved) = forward(&z[start..end], dims)?;
-                (CpuStorage::F64(out), Kept::F64(saved))
-            }
-            other => candle_core::bail!("VICReg's terms support f32 and f64, got {:?}", other),
-        };
-        // A graph evaluated again would run a new op; this one keeps its first forward.
-        let _ = self.kept.set(Arc::new(kept));
-        Ok((out, Shape::from(3)))
+    fn forward<T: WithDType>(z: &[T], dims: &[usize]) -> Result<(Vec<T>, Saved<T>)> {
+        forward(z, (dims[0], dims[1], dims[2]))
     }
 
-    fn bwd(&self, z: &Tensor, _terms: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let Some(kept) = self.kept.get() else {
-            candle_core::bail!("ssl-vicreg-terms: backward before forward");
-        };
-        let backward = Backward {
-            kept: kept.clone(),
-            dims: z.dims3()?,
-        };
-        Ok(Some(grad.contiguous()?.apply_op1_no_bwd(&backward)?))
+    fn backward<T: WithDType>(saved: &Saved<T>, grad: &[T], dims: &[usize]) -> Result<Vec<T>> {
+        backward(saved, grad, (dims[0], dims[1], dims[2]))
     }
 }
 
@@ -192,34 +161,6 @@ fn smaller_grams<T: WithDType>(c: &[T], (v, b, d): (usize, usize, usize)) -> Res
 }
 
 /// `∂L/∂Z` from the gradients of the three terms.
-struct Backward {
-    kept: Arc<Kept>,
-    dims: (usize, usize, usize),
-}
-
-impl CustomOp1 for Backward {
-    fn name(&self) -> &'static str {
-        "ssl-vicreg-terms-backward"
-    }
-
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle_core::bail!("ssl-vicreg-terms-backward expects a contiguous gradient");
-        };
-        let dims = self.dims;
-        let out = match (&*self.kept, storage) {
-            (Kept::F32(saved), CpuStorage::F32(g)) => {
-                CpuStorage::F32(backward(saved, &g[start..end], dims)?)
-            }
-            (Kept::F64(saved), CpuStorage::F64(g)) => {
-                CpuStorage::F64(backward(saved, &g[start..end], dims)?)
-            }
-            _ => candle_core::bail!("ssl-vicreg-terms-backward: the gradient's dtype differs"),
-        };
-        Ok((out, Shape::from(dims)))
-    }
-}
-
 fn backward<T: WithDType>(
     saved: &Saved<T>,
     grad: &[T],

@@ -259,40 +259,13 @@ mod tests {
             (Tensor::new(constant_column, &dev)?, 1e-12),
             (randn(0f32, 1.0, (2, 128, 512), &dev)?, 1e-4),
         ];
+        let stacked = |t: VicregTerms| Tensor::stack(&[t.invariance, t.variance, t.covariance], 0);
         for (z, tolerance) in cases {
-            let var = candle_core::Var::from_tensor(&z)?;
-            let weights = randn(0f64, 1., 3, &dev)?.to_dtype(z.dtype())?;
-            let stacked =
-                |t: VicregTerms| Tensor::stack(&[t.invariance, t.variance, t.covariance], 0);
-            let fused = stacked(vicreg_terms(var.as_tensor())?)?;
-            let composed = stacked(composed_terms(var.as_tensor())?)?;
-            let gradient = |terms: &Tensor| -> candle_core::Result<Tensor> {
-                let grads = (terms * &weights)?.sum_all()?.backward()?;
-                Ok(grads.get(&var).expect("a gradient").clone())
-            };
-            let relative = |a: &Tensor, b: &Tensor| -> candle_core::Result<f64> {
-                let scale = b
-                    .abs()?
-                    .max_all()?
-                    .to_dtype(DType::F64)?
-                    .to_scalar::<f64>()?;
-                let gap = (a - b)?.abs()?.max_all()?.to_dtype(DType::F64)?;
-                Ok(gap.to_scalar::<f64>()? / scale.max(1e-3))
-            };
-            let (values, gradients) = (
-                relative(&fused, &composed)?,
-                relative(&gradient(&fused)?, &gradient(&composed)?)?,
+            let (fused, composed) = (
+                |z: &Tensor| stacked(vicreg_terms(z)?),
+                |z: &Tensor| stacked(composed_terms(z)?),
             );
-            assert!(
-                values < tolerance,
-                "{:?}: values differ by {values}",
-                z.dims()
-            );
-            assert!(
-                gradients < tolerance,
-                "{:?}: gradients differ by {gradients}",
-                z.dims()
-            );
+            ssl_core::testing::assert_fused_matches_composed(&z, tolerance, fused, composed)?;
         }
         Ok(())
     }
