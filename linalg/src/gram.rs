@@ -7,7 +7,8 @@
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, WithDType};
 
-use crate::parallel::{for_each_chunk_mut, gram_blocks, matmul_detached};
+use crate::bf16_gemm::Precision;
+use crate::parallel::{for_each_chunk_mut, gram_blocks, matmul_detached, matmul_strided};
 
 /// `X Xᵀ` for `x`: `[…, R, K]` → `[…, R, R]`, with the backward `(G + Gᵀ) X` on the CPU
 /// (other devices use the plain product).
@@ -27,6 +28,47 @@ pub fn gram(x: &Tensor) -> Result<Tensor> {
 /// `Xᵀ X` for `x`: `[…, N, d]` → `[…, d, d]` (a covariance from centred rows).
 pub fn gram_of_columns(x: &Tensor) -> Result<Tensor> {
     gram(&x.t()?)
+}
+
+/// The smaller Gram matrix of each of the `batch` row-major `[rows, cols]` blocks of `x`:
+/// `X Xᵀ` (`[rows, rows]`) where `rows ≤ cols`, else `Xᵀ X` (`[cols, cols]`). Both have the
+/// same squared Frobenius norm, so a loss on `‖Xᵀ X‖_F²` takes the cheaper one.
+pub fn smaller_gram_blocks<T: WithDType>(
+    x: &[T],
+    (batch, rows, cols): (usize, usize, usize),
+) -> Result<Vec<T>> {
+    if rows <= cols {
+        return gram_blocks(x, batch, rows, cols);
+    }
+    let mut out = vec![T::zero(); batch * cols * cols];
+    for (x, g) in x
+        .chunks_exact(rows * cols)
+        .zip(out.chunks_exact_mut(cols * cols))
+    {
+        let (xt, x) = ((x, (1, cols)), (x, (cols, 1)));
+        matmul_strided(Precision::F32, xt, x, (cols, cols, rows), g, false)?;
+    }
+    Ok(out)
+}
+
+/// `G X` (or `X G` for the `[cols, cols]` Gram) of each block of `x` and its
+/// [`smaller_gram_blocks`] `gram`: a quarter of `∂‖G‖_F²/∂X`.
+pub fn smaller_gram_times<T: WithDType>(
+    x: &[T],
+    gram: &[T],
+    (batch, rows, cols): (usize, usize, usize),
+) -> Result<Vec<T>> {
+    let r = rows.min(cols);
+    let mut out = vec![T::zero(); batch * rows * cols];
+    let blocks = x.chunks_exact(rows * cols).zip(gram.chunks_exact(r * r));
+    for ((x, g), out) in blocks.zip(out.chunks_exact_mut(rows * cols)) {
+        let (a, b) = match rows <= cols {
+            true => ((g, (rows, 1)), (x, (cols, 1))),
+            false => ((x, (cols, 1)), (g, (cols, 1))),
+        };
+        matmul_strided(Precision::F32, a, b, (rows, cols, r), out, false)?;
+    }
+    Ok(out)
 }
 
 struct Gram;
@@ -132,6 +174,37 @@ mod tests {
         };
         let difference = (gradient(&ours)? - gradient(&plain)?)?.abs()?.max_all()?;
         assert!(difference.to_dtype(DType::F64)?.to_scalar::<f64>()? < tolerance);
+        Ok(())
+    }
+
+    /// The smaller Gram and its product with the blocks, both ways round, against Candle's
+    /// matmul.
+    #[test]
+    fn smaller_gram_and_its_product_are_the_plain_products() -> Result<()> {
+        let dev = Device::Cpu;
+        for dims in [(2, 3, 5), (2, 5, 3), (1, 4, 4)] {
+            let x = randn(0f64, 1.0, dims, &dev)?;
+            let flat = x.flatten_all()?.to_vec1::<f64>()?;
+            let (g, xg) = match dims.1 <= dims.2 {
+                true => {
+                    let g = x.matmul(&x.t()?)?;
+                    (g.clone(), g.matmul(&x)?)
+                }
+                false => {
+                    let g = x.t()?.matmul(&x)?;
+                    (g.clone(), x.matmul(&g)?)
+                }
+            };
+            let gram = smaller_gram_blocks(&flat, dims)?;
+            let times = smaller_gram_times(&flat, &gram, dims)?;
+            for (ours, plain) in [(gram, g), (times, xg)] {
+                let plain = plain.flatten_all()?.to_vec1::<f64>()?;
+                assert_eq!(ours.len(), plain.len(), "{dims:?}");
+                for (a, b) in ours.iter().zip(&plain) {
+                    assert!((a - b).abs() < 1e-12, "{dims:?}: {a} against {b}");
+                }
+            }
+        }
         Ok(())
     }
 

@@ -53,7 +53,7 @@ pub use bf16_gemm::Precision;
 pub use columns::{centre_and_scale_columns, mean_of_views, ColumnScale};
 pub use fast_math::exp_f32;
 pub use fused_terms::{apply_terms, TermsKernel};
-pub use gram::{gram, gram_of_columns};
+pub use gram::{gram, gram_of_columns, smaller_gram_blocks, smaller_gram_times};
 pub use norm::{l2_norm_keepdim, l2_normalize, logsumexp_rows, normalize_columns, normalize_rows};
 pub use parallel::{
     extend_by_chunks, for_each_chunk_mut, for_each_index, gram_blocks, map_chunks_mut, matmul,

@@ -212,6 +212,18 @@ mod tests {
         Ok(())
     }
 
+    /// A file that cannot be written is an error naming it, and nothing is left behind.
+    #[test]
+    fn an_unwritable_file_is_an_error_naming_it() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("missing").join("t.safetensors");
+        let m = HashMap::from([("w".to_string(), Tensor::new(&[1f32], &Device::Cpu)?)]);
+        let err = format!("{:#}", write_safetensors(&path, &m, None).unwrap_err());
+        assert!(err.contains("t.safetensors"), "{err}");
+        assert!(!path.exists());
+        Ok(())
+    }
+
     #[test]
     fn round_trip_and_corrupt_file_error() -> Result<()> {
         let dir = tempfile::tempdir()?;

@@ -18,8 +18,8 @@
 //! clamp passes no gradient).
 
 use candle_core::{Result, Shape, Tensor, WithDType};
-use ssl_linalg::{apply_terms, for_each_chunk_mut, gram_blocks, matmul_strided};
-use ssl_linalg::{Precision, TermsKernel};
+use ssl_linalg::TermsKernel;
+use ssl_linalg::{apply_terms, for_each_chunk_mut, smaller_gram_blocks, smaller_gram_times};
 
 /// `[2, V]`: each view's `reg_v` (row 0) and `inv_v` at λ = 1 (row 1) of `z`: `[V, N, D]`.
 pub(crate) fn terms(z: &Tensor) -> Result<Tensor> {
@@ -40,7 +40,7 @@ pub(crate) struct Saved<T> {
     /// `[V]`: `‖K_v‖_F²`.
     frobenius: Vec<f64>,
     /// `[N, D]`: the mean view `Z̄`.
-    mean: Vec<T>,
+    mean: Vec<f64>,
 }
 
 struct FrosslTerms;
@@ -87,7 +87,7 @@ fn forward<T: WithDType>(z: &[T], (v, n, d): (usize, usize, usize)) -> Result<(V
             }
         }
     }
-    let gram = smaller_grams(&z_hat, (v, n, d))?;
+    let gram = smaller_gram_blocks(&z_hat, (v, n, d))?;
     let r = n.min(d);
     let frobenius: Vec<f64> = gram
         .chunks_exact(r * r)
@@ -110,7 +110,6 @@ fn forward<T: WithDType>(z: &[T], (v, n, d): (usize, usize, usize)) -> Result<(V
         out[i] = T::from_f64(frobenius[i].ln() - 2.0 * trace.ln());
         out[v + i] = T::from_f64(spread * v as f64 / n as f64);
     }
-    let mean = mean.into_iter().map(T::from_f64).collect();
     let saved = Saved {
         z_hat,
         norms,
@@ -119,25 +118,6 @@ fn forward<T: WithDType>(z: &[T], (v, n, d): (usize, usize, usize)) -> Result<(V
         mean,
     };
     Ok((out, saved))
-}
-
-/// Each view's `Ẑ_v Ẑ_vᵀ` (`[N, N]`) if `N ≤ D`, else `Ẑ_vᵀ Ẑ_v` (`[D, D]`).
-fn smaller_grams<T: WithDType>(z_hat: &[T], (v, n, d): (usize, usize, usize)) -> Result<Vec<T>> {
-    if n <= d {
-        return gram_blocks(z_hat, v, n, d);
-    }
-    let mut out = vec![T::zero(); v * d * d];
-    for (view, k) in z_hat.chunks_exact(n * d).zip(out.chunks_exact_mut(d * d)) {
-        matmul_strided(
-            Precision::F32,
-            (view, (1, d)),
-            (view, (d, 1)),
-            (d, d, n),
-            k,
-            false,
-        )?;
-    }
-    Ok(out)
 }
 
 /// `∂L/∂Z` from the gradients of the terms, `[2, V]`.
@@ -150,26 +130,10 @@ fn backward<T: WithDType>(
         .map(|i| (grad[i].to_f64(), grad[v + i].to_f64()))
         .unzip();
     // `K_v Ẑ_v` (or `Ẑ_v K_v`), every view.
-    let r = n.min(d);
-    let mut out = vec![T::zero(); v * n * d];
-    let views = saved
-        .z_hat
-        .chunks_exact(n * d)
-        .zip(saved.gram.chunks_exact(r * r));
-    for ((z_hat, k), out) in views.zip(out.chunks_exact_mut(n * d)) {
-        let (a, b, dims) = match n <= d {
-            true => ((k, (n, 1)), (z_hat, (d, 1)), (n, d, n)),
-            false => ((z_hat, (d, 1)), (k, (d, 1)), (n, d, d)),
-        };
-        matmul_strided(Precision::F32, a, b, dims, out, false)?;
-    }
+    let mut out = smaller_gram_times(&saved.z_hat, &saved.gram, (v, n, d))?;
     // (1/V) Σ_w s_w (Ẑ_w − Z̄), the share of every view's invariance gradient through Z̄.
     let weight_sum: f64 = inv.iter().sum();
-    let mut pull: Vec<f64> = saved
-        .mean
-        .iter()
-        .map(|m| -m.to_f64() * weight_sum)
-        .collect();
+    let mut pull: Vec<f64> = saved.mean.iter().map(|m| -m * weight_sum).collect();
     for (z_w, s_w) in saved.z_hat.chunks_exact(n * d).zip(&inv) {
         for (p, x) in pull.iter_mut().zip(z_w) {
             *p += s_w * x.to_f64();
@@ -183,7 +147,7 @@ fn backward<T: WithDType>(
         dots.clear();
         dots.resize(d, 0.0);
         for (j, value) in view.iter_mut().enumerate() {
-            let (x, m) = (z_hat[j].to_f64(), saved.mean[j].to_f64());
+            let (x, m) = (z_hat[j].to_f64(), saved.mean[j]);
             let g = scale * value.to_f64() + per_view * (inv[i] * (x - m) - pull[j] / v as f64);
             *value = T::from_f64(g);
             dots[j % d] += g * x;

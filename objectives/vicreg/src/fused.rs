@@ -8,7 +8,7 @@
 //! one pass plus one product per view, from what the forward kept.
 //!
 //! With `C_v` the view centred over the batch, `s_j = Σ_b C_bj²`, `σ_j = √(s_j/(B−1) + 1e-4)`,
-//! `G_v = C_v C_vᵀ` (or `C_vᵀC_v` when `B ≥ d`) and upstream gradients `g_i`, `g_v`, `g_c`:
+//! `G_v = C_v C_vᵀ` (or `C_vᵀC_v` when `B > d`) and upstream gradients `g_i`, `g_v`, `g_c`:
 //!
 //! - invariance `(2/((V−1)Bd)) Σ_v ‖Z_v − Z̄‖²`: `∂/∂Z_v = (4/((V−1)Bd))·(Z_v − Z̄)`;
 //! - variance `(1/(Vd)) Σ_v Σ_j relu(1 − σ_j)`: `∂/∂C_bj = −[σ_j < 1]·C_bj/((B−1)·σ_j·V·d)`;
@@ -18,7 +18,8 @@
 //! and through the centring, `∂/∂Z = ∂/∂C − mean_b ∂/∂C`.
 
 use candle_core::{Result, Shape, Tensor, WithDType};
-use ssl_linalg::{apply_terms, for_each_chunk_mut, matmul_strided, Precision, TermsKernel};
+use ssl_linalg::TermsKernel;
+use ssl_linalg::{apply_terms, for_each_chunk_mut, smaller_gram_blocks, smaller_gram_times};
 
 /// `[3]`: the unweighted invariance, variance and covariance terms of `z`: `[V, B, d]`.
 pub(crate) fn terms(z: &Tensor) -> Result<Tensor> {
@@ -103,7 +104,7 @@ fn forward<T: WithDType>(z: &[T], (v, b, d): (usize, usize, usize)) -> Result<(V
             hinge += (1.0 - (s / (b as f64 - 1.0) + EPS).sqrt()).max(0.0);
         }
     }
-    let gram = smaller_grams(&centred, (v, b, d))?;
+    let gram = smaller_gram_blocks(&centred, (v, b, d))?;
     let r = b.min(d);
     let off_diagonal: f64 = gram
         .chunks_exact(r * r)
@@ -129,37 +130,6 @@ fn forward<T: WithDType>(z: &[T], (v, b, d): (usize, usize, usize)) -> Result<(V
     Ok((out.map(T::from_f64).to_vec(), saved))
 }
 
-/// Each view's `C Cᵀ` (`[B, B]`) if `B < d`, else `Cᵀ C` (`[d, d]`), as the composed form
-/// chooses.
-fn smaller_grams<T: WithDType>(c: &[T], (v, b, d): (usize, usize, usize)) -> Result<Vec<T>> {
-    let (r, transposed) = match b < d {
-        true => (b, false),
-        false => (d, true),
-    };
-    let mut out = vec![T::zero(); v * r * r];
-    for (view, g) in c.chunks_exact(b * d).zip(out.chunks_exact_mut(r * r)) {
-        match transposed {
-            false => matmul_strided(
-                Precision::F32,
-                (view, (d, 1)),
-                (view, (1, d)),
-                (b, b, d),
-                g,
-                false,
-            )?,
-            true => matmul_strided(
-                Precision::F32,
-                (view, (1, d)),
-                (view, (d, 1)),
-                (d, d, b),
-                g,
-                false,
-            )?,
-        }
-    }
-    Ok(out)
-}
-
 /// `∂L/∂Z` from the gradients of the three terms.
 fn backward<T: WithDType>(
     saved: &Saved<T>,
@@ -168,19 +138,7 @@ fn backward<T: WithDType>(
 ) -> Result<Vec<T>> {
     let [g_inv, g_var, g_cov] = [0, 1, 2].map(|i| grad[i].to_f64());
     // `G C` (or `C G`), every view.
-    let r = b.min(d);
-    let mut out = vec![T::zero(); v * b * d];
-    let views = saved
-        .centred
-        .chunks_exact(b * d)
-        .zip(saved.gram.chunks_exact(r * r));
-    for ((c, g), out) in views.zip(out.chunks_exact_mut(b * d)) {
-        let (a, x, dims) = match b < d {
-            true => ((g, (b, 1)), (c, (d, 1)), (b, d, b)),
-            false => ((c, (d, 1)), (g, (d, 1)), (b, d, d)),
-        };
-        matmul_strided(Precision::F32, a, x, dims, out, false)?;
-    }
+    let mut out = smaller_gram_times(&saved.centred, &saved.gram, (v, b, d))?;
     let vd = (v * d) as f64;
     let n1 = b as f64 - 1.0;
     let cov_scale = g_cov * 8.0 / (vd * n1 * n1);

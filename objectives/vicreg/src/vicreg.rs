@@ -270,6 +270,17 @@ mod tests {
         Ok(())
     }
 
+    /// The fused terms refuse one view or one instance, naming what they got.
+    #[test]
+    fn fused_terms_refuse_one_view_or_one_instance() -> candle_core::Result<()> {
+        for dims in [(1, 4, 3), (2, 1, 3)] {
+            let z = randn(0f64, 1., dims, &Device::Cpu)?;
+            let err = vicreg_terms(&z).err().expect("an error").to_string();
+            assert!(err.contains("at least 2 views of 2 instances"), "{err}");
+        }
+        Ok(())
+    }
+
     #[test]
     fn needs_two_samples() {
         let err = Vicreg(VicregConfig::default())
