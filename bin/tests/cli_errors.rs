@@ -147,6 +147,30 @@ fn thread_counts_are_capped_with_a_warning() {
     );
 }
 
+/// `SSL_BF16_KERNEL` (which bf16 GEMM kernel a CPU run uses) naming no kernel is refused with
+/// the names it takes, before the run directory is made.
+#[test]
+fn an_unknown_bf16_kernel_is_refused() {
+    let cwd = tempfile::tempdir().expect("a temporary directory");
+    let o = Command::new(env!("CARGO_BIN_EXE_ssl"))
+        .args(["run", "--epochs", "1", "--set", "train.precision=bf16"])
+        .current_dir(cwd.path())
+        .env("RAYON_NUM_THREADS", "1")
+        .env("SSL_BF16_KERNEL", "tiles")
+        .output()
+        .expect("the ssl binary runs");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("SSL_BF16_KERNEL=tiles names no bf16 kernel: use one of amx, avx512, f32"),
+        "{stderr}"
+    );
+    assert!(
+        !cwd.path().join("runs").exists(),
+        "a run directory was made"
+    );
+}
+
 /// Recipes, grids and generalisation recipes are read up to 1 MiB.
 #[test]
 fn oversized_config_files_are_refused() {

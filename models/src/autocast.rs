@@ -8,8 +8,9 @@
 //! On CUDA and Metal the products run in bf16 (Candle's bf16 GEMMs accumulate in f32) and give
 //! bf16 results, widened back to f32. On the CPU our own ops — linear layers, convolutions by
 //! im2col, [`matmul`] — round their operands as their GEMMs pack them
-//! ([`ssl_linalg::bf16_gemm`]), with `vdpbf16ps` where the core has AVX512-BF16 (twice the
-//! multiply-adds of f32 per instruction) and f32 products of the rounded values elsewhere; their
+//! ([`ssl_linalg::bf16_gemm`]), on AMX tiles where the core has AMX, with `vdpbf16ps` where it
+//! has AVX512-BF16 (twice the multiply-adds of f32 per instruction) and f32 products of the
+//! rounded values elsewhere; their
 //! backward products round the output gradient too, as autocast's bf16 backward GEMMs do. Two
 //! departures: convolutions taken by Winograd's algorithm (stride-1 3×3 layers of 16 channels
 //! or more) multiply in f32 — the products are of transformed operands, which bf16 rounds

@@ -69,7 +69,7 @@ pub struct TrainConfig {
     pub accumulate: usize,
     /// `f32`, or `bf16`: the encoder's and projector's matrix products take bf16 operands and
     /// accumulate in f32, everything else stays f32 (as `torch.autocast(dtype=torch.bfloat16)`;
-    /// on the CPU a speed-up where the core has AVX512-BF16, else a check of the recipe).
+    /// on the CPU a speed-up where the core has AMX or AVX512-BF16, else a check of the recipe).
     pub precision: Precision,
     /// Gradient clipping over every trainable parameter: their gradients are scaled together
     /// so that their global norm is at most this (0: off). A parameter group clips its own.

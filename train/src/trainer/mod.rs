@@ -44,7 +44,7 @@ use candle_core::Device;
 use serde::{Deserialize, Serialize};
 use ssl_core::RunFacts;
 use ssl_dist::{Comm, GradientReduction};
-use ssl_linalg::bf16_gemm::native_bf16;
+use ssl_linalg::bf16_gemm::{native_bf16, Bf16Kernel};
 use ssl_models::autocast::Precision;
 
 use crate::callbacks::Callbacks;
@@ -223,11 +223,15 @@ fn open_run_dir(
     device: &Device,
     comm: &dyn Comm,
 ) -> Result<RunConfig> {
-    if model.precision == Precision::Bf16 && device.is_cpu() && !native_bf16() {
-        eprintln!(
-            "train.precision bf16: this CPU has no AVX512-BF16, so the products multiply \
-             bf16-rounded operands in f32: a check of a recipe in bf16, no faster than f32"
-        );
+    if model.precision == Precision::Bf16 && device.is_cpu() {
+        Bf16Kernel::from_env().map_err(anyhow::Error::msg)?;
+        if !native_bf16() {
+            eprintln!(
+                "train.precision bf16: this CPU has neither AMX nor AVX512-BF16, so the \
+                 products multiply bf16-rounded operands in f32: a check of a recipe in bf16, \
+                 no faster than f32"
+            );
+        }
     }
     let dir = rundir::prepare(cfg, start)?;
     let cfg = RunConfig {
