@@ -19,6 +19,7 @@
 
 use std::arch::asm;
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 use super::avx512::{blocked, interleave, transpose_16x16, IntoM512i, Microkernel};
@@ -114,9 +115,9 @@ impl Microkernel for TileRegisters {
         first: bool,
     ) {
         let in_place = cs == 1 && rows == MR && cols == NR;
-        let mut spill = [[0f32; NR]; MR];
         // The four f32 tiles: in `dst` itself where it is a whole row-major tile, else in
-        // `spill`, added or written to `dst` after.
+        // `spill`, added or written to `dst` after (every value stored before it is read).
+        let mut spill = MaybeUninit::<[[f32; NR]; MR]>::uninit();
         let (c, c_stride) = match in_place {
             true => (tile, rs * 4),
             false => (spill.as_mut_ptr().cast::<f32>(), NR * 4),
@@ -179,6 +180,8 @@ impl Microkernel for TileRegisters {
         if in_place {
             return;
         }
+        // SAFETY: the stores above wrote the whole of `spill`.
+        let spill = unsafe { spill.assume_init() };
         for (r, row) in spill.iter().enumerate().take(rows) {
             for (j, &v) in row.iter().enumerate().take(cols) {
                 // SAFETY: inside the tile.
