@@ -87,12 +87,17 @@ impl Bf16Kernel {
         }
     }
 
-    /// The kernel `SSL_BF16_KERNEL` names, `None` where it is unset; an error where it names no
-    /// kernel or one this CPU cannot run.
+    /// The kernel `SSL_BF16_KERNEL` names ([`Bf16Kernel::parse`]), `None` where it is unset.
     pub fn from_env() -> Result<Option<Bf16Kernel>, String> {
-        let Ok(name) = std::env::var("SSL_BF16_KERNEL") else {
-            return Ok(None);
-        };
+        match std::env::var("SSL_BF16_KERNEL") {
+            Ok(name) => Bf16Kernel::parse(&name).map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// The kernel `SSL_BF16_KERNEL={name}` picks; an error where `name` is no kernel's or names
+    /// one this CPU cannot run.
+    pub fn parse(name: &str) -> Result<Bf16Kernel, String> {
         let names = Bf16Kernel::ALL.map(Bf16Kernel::name).join(", ");
         let kernel = Bf16Kernel::ALL
             .into_iter()
@@ -101,7 +106,7 @@ impl Bf16Kernel {
                 format!("SSL_BF16_KERNEL={name} names no bf16 kernel: use one of {names}")
             })?;
         match kernel.available() {
-            true => Ok(Some(kernel)),
+            true => Ok(kernel),
             false => Err(format!(
                 "SSL_BF16_KERNEL={name}: this CPU cannot run it; unset it for the fastest it runs"
             )),
@@ -347,6 +352,28 @@ mod tests {
         // The largest f32 rounds past bf16's largest value, to infinity, as the instruction does.
         assert_eq!(widen_bf16(round_bf16(f32::MAX)), f32::INFINITY);
         assert_eq!(widen_bf16(round_bf16(1e-40)), 0.0);
+    }
+
+    #[test]
+    fn kernel_names_parse_to_kernels_this_cpu_runs_or_are_refused() {
+        for kernel in Bf16Kernel::ALL {
+            match kernel.available() {
+                true => assert_eq!(Bf16Kernel::parse(kernel.name()), Ok(kernel)),
+                false => assert_eq!(
+                    Bf16Kernel::parse(kernel.name()),
+                    Err(format!(
+                        "SSL_BF16_KERNEL={}: this CPU cannot run it; unset it for the fastest \
+                         it runs",
+                        kernel.name()
+                    ))
+                ),
+            }
+        }
+        // f32 copies run everywhere; the detected kernel is one this CPU runs.
+        assert_eq!(Bf16Kernel::parse("f32"), Ok(Bf16Kernel::RoundedF32));
+        assert!(bf16_kernel().available());
+        let refused = Bf16Kernel::parse("AMX").expect_err("names are lowercase");
+        assert!(refused.contains("use one of amx, avx512, f32"), "{refused}");
     }
 
     #[test]
