@@ -48,6 +48,7 @@ pub mod logdet;
 pub mod norm;
 pub mod parallel;
 pub mod spectral;
+pub mod transpose;
 
 pub use bf16_gemm::Precision;
 pub use columns::{centre_and_scale_columns, mean_of_views, ColumnScale};
@@ -59,3 +60,4 @@ pub use parallel::{
     extend_by_chunks, for_each_chunk_mut, for_each_index, gram_blocks, map_chunks_mut, matmul,
     matmul_detached, matmul_in, matmul_rows, matmul_strided, matmul_strided_uninit,
 };
+pub use transpose::{transpose, transpose_raw};

@@ -22,8 +22,9 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
-use super::avx512::{blocked, interleave, transpose_16x16, IntoM512i, Microkernel};
+use super::avx512::{blocked, interleave, IntoM512i, Microkernel};
 use super::Strided;
+use crate::transpose::transpose_16x16;
 
 /// Rows of the tile: two tile registers.
 const MR: usize = 32;

@@ -4,6 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::{round_bf16, Strided, PACKED};
+use crate::transpose::transpose_16x16;
 
 /// A microkernel of the blocked product: its block sizes, its packing of `a` and its tile.
 ///
@@ -306,38 +307,6 @@ pub(super) fn interleave(even: __m512, odd: __m512) -> __m512i {
         19, 3, 18, 2, 17, 1, 16, 0,
     );
     _mm512_permutexvar_epi16(order, halves)
-}
-
-/// The transpose of the 16 × 16 matrix of 32-bit lanes whose rows are `r`: in-lane
-/// interleaves of 32 and 64 bits transpose each 4 × 4 block, and two shuffles of 128-bit
-/// lanes the 4 × 4 matrix of blocks.
-#[target_feature(enable = "avx512f")]
-pub(super) fn transpose_16x16(r: [__m512i; 16]) -> [__m512i; 16] {
-    let t: [__m512i; 16] = std::array::from_fn(|i| match i % 2 {
-        0 => _mm512_unpacklo_epi32(r[i], r[i + 1]),
-        _ => _mm512_unpackhi_epi32(r[i - 1], r[i]),
-    });
-    // u[4i + k], lane L: rows 4i .. 4i + 4 of column 4L + k.
-    let u: [__m512i; 16] = std::array::from_fn(|j| {
-        let (i, k) = (j / 4, j % 4);
-        let (x, y) = (t[4 * i + k / 2], t[4 * i + 2 + k / 2]);
-        match k % 2 {
-            0 => _mm512_unpacklo_epi64(x, y),
-            _ => _mm512_unpackhi_epi64(x, y),
-        }
-    });
-    let mut out = [_mm512_setzero_si512(); 16];
-    for k in 0..4 {
-        let a = _mm512_shuffle_i32x4::<0x44>(u[k], u[4 + k]);
-        let b = _mm512_shuffle_i32x4::<0xee>(u[k], u[4 + k]);
-        let c = _mm512_shuffle_i32x4::<0x44>(u[8 + k], u[12 + k]);
-        let d = _mm512_shuffle_i32x4::<0xee>(u[8 + k], u[12 + k]);
-        out[k] = _mm512_shuffle_i32x4::<0x88>(a, c);
-        out[4 + k] = _mm512_shuffle_i32x4::<0xdd>(a, c);
-        out[8 + k] = _mm512_shuffle_i32x4::<0x88>(b, d);
-        out[12 + k] = _mm512_shuffle_i32x4::<0xdd>(b, d);
-    }
-    out
 }
 
 pub(super) trait IntoM512i {

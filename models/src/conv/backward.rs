@@ -3,7 +3,7 @@
 //! one of three im2col sums), each summed in an order fixed by the shapes.
 
 use ssl_linalg::bf16_gemm::gemm_in;
-use ssl_linalg::{for_each_chunk_mut, for_each_index};
+use ssl_linalg::{for_each_chunk_mut, for_each_index, transpose};
 
 use super::forward::conv_forward_into;
 use super::geom::{chunk_images, Geom, CHUNK_VALUES};
@@ -325,11 +325,7 @@ pub(super) fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &m
         patches.resize(count * rows);
         im2row(&g, x, positions.clone(), (patches, rows));
         dyt.resize(count * o);
-        for (oi, line) in dy.chunks(cols).enumerate() {
-            for (p, &value) in line[positions.clone()].iter().enumerate() {
-                dyt[p * o + oi] = value;
-            }
-        }
+        transpose(&dy[positions.start..], cols, (o, count), dyt, o);
         // SAFETY: dW is this task's own; dyᵀ and the patches are read in bounds.
         unsafe {
             gemm_in(
@@ -358,11 +354,7 @@ pub(super) fn patch_weight_grad<T: Float>(g: Geom, x: &[T], dy: &[T], dw_out: &m
 /// kernel offset) written transposed, `[b, a]`, into the same place of `dst`.
 fn transpose_blocks<T: Float>(src: &[T], (a, b): (usize, usize), dst: &mut [T]) {
     for (dst, src) in dst.chunks_mut(a * b).zip(src.chunks(a * b)) {
-        for (i, line) in src.chunks(b).enumerate() {
-            for (j, &v) in line.iter().enumerate() {
-                dst[j * a + i] = v;
-            }
-        }
+        transpose(src, b, (a, b), dst, a);
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use ssl_linalg::{for_each_chunk_mut, for_each_index};
+use ssl_linalg::{for_each_chunk_mut, for_each_index, transpose, transpose_raw};
 
 use super::geom::{chunk_images, Geom};
 use super::Shared;
@@ -440,12 +440,8 @@ pub(super) fn channels_last<'a, T: Float>(g: &Geom, x: &'a [T]) -> Cow<'a, [T]> 
         || (),
         |_, block, dst| {
             let first = block * CHANNELS_LAST_POSITIONS;
-            for c in 0..g.c {
-                let src = &x[c * positions + first..][..dst.len() / g.c];
-                for (d, &v) in dst[c..].iter_mut().step_by(g.c).zip(src) {
-                    *d = v;
-                }
-            }
+            let count = dst.len() / g.c;
+            transpose(&x[first..], positions, (g.c, count), dst, g.c);
         },
     );
     Cow::Owned(out)
@@ -550,15 +546,8 @@ pub(super) fn channels_first<T: Float>(g: &Geom, x: &[T], out: &mut [T]) {
             let first = block * CHANNELS_LAST_POSITIONS;
             let count = CHANNELS_LAST_POSITIONS.min(positions - first);
             let src = &x[first * g.c..][..count * g.c];
-            for c in 0..g.c {
-                // SAFETY: positions `first..first + count` of channel `c` belong to this block.
-                let row = unsafe {
-                    std::slice::from_raw_parts_mut(dst.0.add(c * positions + first), count)
-                };
-                for (d, &v) in row.iter_mut().zip(src[c..].iter().step_by(g.c)) {
-                    *d = v;
-                }
-            }
+            // SAFETY: positions `first..first + count` of every channel belong to this block.
+            unsafe { transpose_raw(src.as_ptr(), g.c, (count, g.c), dst.0.add(first), positions) };
         },
     );
 }
