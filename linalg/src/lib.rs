@@ -47,6 +47,7 @@ pub mod gram;
 pub mod logdet;
 pub mod norm;
 pub mod parallel;
+pub mod simd;
 pub mod spectral;
 pub mod transpose;
 
@@ -60,4 +61,5 @@ pub use parallel::{
     extend_by_chunks, for_each_chunk_mut, for_each_index, gram_blocks, map_chunks_mut, matmul,
     matmul_detached, matmul_in, matmul_rows, matmul_strided, matmul_strided_uninit,
 };
+pub use simd::vectorized;
 pub use transpose::{transpose, transpose_raw};

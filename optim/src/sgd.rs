@@ -22,7 +22,7 @@
 //! (`benches/optimizer_step.rs`).
 
 use candle_core::{bail, CpuStorage, DType, InplaceOp3, Layout, Result, Tensor, WithDType};
-use ssl_linalg::for_each_chunk_mut;
+use ssl_linalg::{for_each_chunk_mut, vectorized};
 
 use super::{part, part_mut};
 
@@ -261,9 +261,14 @@ fn each<T: WithDType>(out: &mut [T], a: &[T], b: &[T], f: impl Fn(f64, f64, f64)
         || (),
         |_, i, out| {
             let (a, b) = (&a[i * CHUNK..], &b[i * CHUNK..]);
-            for ((x, &a), &b) in out.iter_mut().zip(a).zip(b) {
-                *x = T::from_f64(f(x.to_f64(), a.to_f64(), b.to_f64()));
-            }
+            vectorized(
+                #[inline(always)]
+                || {
+                    for ((x, &a), &b) in out.iter_mut().zip(a).zip(b) {
+                        *x = T::from_f64(f(x.to_f64(), a.to_f64(), b.to_f64()));
+                    }
+                },
+            )
         },
     );
 }
