@@ -8,7 +8,7 @@ use ssl_linalg::{for_each_chunk_mut, for_each_index, transpose, transpose_raw};
 
 use super::geom::{chunk_images, Geom};
 use super::Shared;
-use crate::util::{Float, Scratch};
+use crate::util::{written_whole, Float, Scratch};
 
 /// Into `runs`, for every output row `(od, oh)` readable at kernel offsets `(kd, kh)`, its
 /// `(output row start, input row start)` in units of elements of one `[D, H, W]` volume: the
@@ -433,18 +433,20 @@ pub(super) fn channels_last<'a, T: Float>(g: &Geom, x: &'a [T]) -> Cow<'a, [T]> 
         return Cow::Borrowed(x);
     }
     let positions = x.len() / g.c;
-    let mut out = vec![T::from_f64(0.0); x.len()];
-    for_each_chunk_mut(
-        &mut out,
-        CHANNELS_LAST_POSITIONS * g.c,
-        || (),
-        |_, block, dst| {
-            let first = block * CHANNELS_LAST_POSITIONS;
-            let count = dst.len() / g.c;
-            transpose(&x[first..], positions, (g.c, count), dst, g.c);
-        },
-    );
-    Cow::Owned(out)
+    let write = |out: &mut [T]| {
+        for_each_chunk_mut(
+            out,
+            CHANNELS_LAST_POSITIONS * g.c,
+            || (),
+            |_, block, dst| {
+                let first = block * CHANNELS_LAST_POSITIONS;
+                let count = dst.len() / g.c;
+                transpose(&x[first..], positions, (g.c, count), dst, g.c);
+            },
+        )
+    };
+    // SAFETY: each block's transpose writes all of it: `count` positions of every channel.
+    Cow::Owned(unsafe { written_whole(x.len(), write) })
 }
 
 /// The window of output position `p` (flat in one image's `S_out`) on a channels-last image:
